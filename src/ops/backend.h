@@ -1,0 +1,206 @@
+// The Backend interface: every op kiln's models use, in coarse units (a whole
+// attention call, a whole MoE layer) so each backend can fuse inside.
+//
+// Conventions for every op:
+// - activations are in backend.activation_dtype() (fp32 on the CPU reference),
+//   contiguous row-major, with the shapes written next to each field;
+// - weights are in their stored dtype (see weight.h);
+// - outputs are fully overwritten (never accumulated into) unless a field says so;
+// - a call with inconsistent shapes is a bug in the caller and fails a KILN_CHECK.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "ops/batch.h"
+#include "ops/rope.h"
+#include "ops/weight.h"
+
+namespace kiln::ops {
+
+// out[t, :] = table[ids[t], :]
+struct EmbeddingArgs {
+  Tensor table;  // [vocab, d_model] stored dtype
+  Tensor ids;    // [n_tokens] i32 (host)
+  Tensor out;    // [n_tokens, d_model]
+};
+
+// If `residual` is defined: residual += x (in place), then out = norm(residual).
+// Else out = norm(x). norm(v) = v / sqrt(mean(v^2) + eps) * weight, over the last dim.
+// x may be [rows, dim] with dim = weight size (per-head QK-norm passes [n_tokens*n_heads, d_head]).
+// `out` may alias `x`.
+struct RmsNormArgs {
+  Tensor x;         // [rows, dim]
+  Tensor weight;    // [dim] stored dtype
+  Tensor residual;  // [rows, dim] or undefined
+  Tensor out;       // [rows, dim]
+  float eps = 1e-6f;
+};
+
+// out = x W^T (+ bias). fp32 accumulation.
+struct LinearArgs {
+  Tensor x;                // [n_tokens, n_in]
+  const Weight* w = nullptr;
+  Tensor out;              // [n_tokens, n_out]
+};
+
+// Rotates the first table.d_rot dims of every head of x in place, by the
+// angle positions[t] * inv_freq[i], cos/sin multiplied by attention_factor.
+struct RopeArgs {
+  Tensor x;                    // [n_tokens, n_heads, d_head]
+  const int32_t* positions = nullptr;  // [n_tokens] host
+  const RopeTable* table = nullptr;
+};
+
+// Writes the new tokens' K and V into the paged cache at batch.slot_mapping.
+struct KvStoreArgs {
+  Tensor k, v;               // [n_tokens, n_kv_heads, d_head]
+  Tensor k_cache, v_cache;   // [n_blocks, block_size, n_kv_heads, d_head]
+  const BatchMeta* batch = nullptr;
+};
+
+// Causal paged attention. For query token t of sequence s at position p and
+// head h (kv head h / (n_heads / n_kv_heads)), over cached positions j <= p
+// (and j > p - sliding_window when sliding_window > 0):
+//   out[t,h] = sum_j softmax_j(scale * q.k_j) v_j
+// With sinks, the softmax denominator also has exp(sinks[h]) (a virtual key
+// with no value; gpt-oss).
+struct AttentionArgs {
+  Tensor q;                  // [n_tokens, n_heads, d_head]
+  Tensor k_cache, v_cache;   // [n_blocks, block_size, n_kv_heads, d_head]
+  Tensor out;                // [n_tokens, n_heads, d_head]
+  Tensor sinks;              // [n_heads] stored dtype, or undefined
+  const BatchMeta* batch = nullptr;
+  float scale = 1.0f;
+  int32_t sliding_window = 0;  // 0: full causal
+};
+
+// Writes the new tokens' MLA latents into the latent cache at batch.slot_mapping:
+// cache[slot] = concat(kv_latent[t], k_rope[t]).
+struct MlaStoreArgs {
+  Tensor kv_latent;     // [n_tokens, d_latent] (after kv_a_layernorm)
+  Tensor k_rope;        // [n_tokens, d_rope] (rope applied)
+  Tensor latent_cache;  // [n_blocks, block_size, d_latent + d_rope]
+  const BatchMeta* batch = nullptr;
+};
+
+// Multi-head latent attention (DeepSeek-V2/V3, Kimi K2) over the latent cache.
+// kv_b = kv_b_proj.weight [n_heads * (d_nope + d_v), d_latent]; for head h its rows
+// [h*(d_nope+d_v), +d_nope) are W_uk[h], the next d_v rows W_uv[h]. For cached j:
+//   k_j = concat(W_uk[h] c_j, r_j),  v_j = W_uv[h] c_j
+//   out[t,h] = sum_j softmax_j(scale * (q_nope.W_uk[h] c_j + q_rope.r_j)) v_j
+// causal over positions like AttentionArgs.
+struct MlaArgs {
+  Tensor q_nope;        // [n_tokens, n_heads, d_nope]
+  Tensor q_rope;        // [n_tokens, n_heads, d_rope] (rope applied)
+  Tensor latent_cache;  // [n_blocks, block_size, d_latent + d_rope]
+  const Weight* kv_b = nullptr;
+  Tensor out;           // [n_tokens, n_heads, d_v]
+  const BatchMeta* batch = nullptr;
+  float scale = 1.0f;
+};
+
+enum class GluKind {
+  kSilu,         // act = silu(gate) * up
+  kGptOssClamp,  // gate = min(gate, limit); up = clamp(up, -limit, limit);
+                 // act = (up + 1) * gate * sigmoid(alpha * gate)
+};
+
+struct GluParams {
+  GluKind kind = GluKind::kSilu;
+  float alpha = 1.702f;
+  float limit = 7.0f;
+};
+
+// out[t, i] = glu(gate[t, i], up[t, i]).
+struct GluArgs {
+  Tensor gate, up;  // [n_tokens, d_ff]
+  Tensor out;       // [n_tokens, d_ff]
+  GluParams params;
+};
+
+// out = a + b (elementwise); out may alias a or b.
+struct AddArgs {
+  Tensor a, b, out;
+};
+
+enum class RouterKind {
+  // p = softmax(logits) over all experts; take top-k of p; renormalise the k if
+  // norm_topk_prob. (Qwen3-MoE, Mixtral)
+  kSoftmaxTopK,
+  // take top-k of logits; weights = softmax over those k. (gpt-oss)
+  kTopKSoftmax,
+  // s = sigmoid(logits); choice = s + correction_bias; keep the topk_group groups
+  // with the largest sum of their top-2 choice scores; top-k of choice in them;
+  // weights = s of the chosen (renormalised if norm_topk_prob, + 1e-20) times
+  // routed_scaling_factor. (DeepSeek-V3, Kimi K2, GLM-4.5+)
+  kSigmoidGroupedTopK,
+};
+
+struct RouterParams {
+  RouterKind kind = RouterKind::kSoftmaxTopK;
+  int32_t n_experts = 0;
+  int32_t top_k = 0;
+  int32_t n_group = 1;
+  int32_t topk_group = 1;
+  bool norm_topk_prob = false;
+  float routed_scaling_factor = 1.0f;
+};
+
+// Expert weights of one MoE layer. Either fused gate_up (n_out = 2 * d_ff, halves
+// concatenated or interleaved gate/up/gate/up...) or separate gate and up.
+struct MoeExperts {
+  std::vector<Weight> gate_up;  // [n_experts], each [2*d_ff, d_model]; or empty
+  bool gate_up_interleaved = false;
+  std::vector<Weight> gate, up; // [n_experts], each [d_ff, d_model]; or empty
+  std::vector<Weight> down;     // [n_experts], each [d_model, d_ff]
+  int64_t d_ff = 0;
+};
+
+// A whole routed-MoE layer (shared experts are separate dense MLPs in the model):
+//   logits = x router^T (+ router bias), fp32
+//   y[t] = sum_{e in topk} w[t,e] * down_e(glu(gate_e(x[t]), up_e(x[t])))
+struct MoeArgs {
+  Tensor x;                       // [n_tokens, d_model]
+  const Weight* router = nullptr; // [n_experts, d_model] (+ bias [n_experts])
+  Tensor correction_bias;         // [n_experts] (kSigmoidGroupedTopK) or undefined
+  const MoeExperts* experts = nullptr;
+  RouterParams routing;
+  GluParams glu;
+  Tensor out;                     // [n_tokens, d_model]
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual DType activation_dtype() const = 0;
+
+  // Memory. alloc: uninitialised device memory. upload: a checkpoint tensor made
+  // usable by this backend's ops (the CPU backend returns it as is: zero copy).
+  virtual Tensor alloc(DType dtype, Shape shape) = 0;
+  virtual Tensor upload(const Tensor& host) = 0;
+  // Copy a backend tensor into host fp32 (tests, logits).
+  virtual void to_host_f32(const Tensor& t, float* out) = 0;
+  // Copy host fp32 values into a backend tensor of activation dtype.
+  virtual void from_host_f32(const float* src, Tensor& t) = 0;
+  virtual void synchronize() {}
+
+  virtual void embedding(const EmbeddingArgs& a) = 0;
+  virtual void rms_norm(const RmsNormArgs& a) = 0;
+  virtual void linear(const LinearArgs& a) = 0;
+  virtual void rope(const RopeArgs& a) = 0;
+  virtual void kv_store(const KvStoreArgs& a) = 0;
+  virtual void attention(const AttentionArgs& a) = 0;
+  virtual void mla_store(const MlaStoreArgs& a) = 0;
+  virtual void mla_attention(const MlaArgs& a) = 0;
+  virtual void glu(const GluArgs& a) = 0;
+  virtual void add(const AddArgs& a) = 0;
+  virtual void moe(const MoeArgs& a) = 0;
+};
+
+}  // namespace kiln::ops

@@ -1,0 +1,32 @@
+// BatchMeta: a step's tokens as one flattened list with per-sequence metadata.
+// Prefill and decode mix in one step: sequence s contributes n_query(s) tokens
+// (its newest ones) at rows [q_start[s], q_start[s+1]) of every activation.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace kiln::ops {
+
+struct BatchMeta {
+  // per token, n_tokens entries
+  std::vector<int32_t> positions;     // absolute position of the token in its sequence
+  std::vector<int32_t> slot_mapping;  // KV cache slot: block * block_size + offset
+  // per sequence, n_seqs entries (q_start has n_seqs + 1)
+  std::vector<int32_t> q_start;       // first row of the sequence in the flattened batch
+  std::vector<int32_t> context_len;   // tokens in the KV cache after this step (incl. new ones)
+  std::vector<int32_t> block_table;   // [n_seqs, max_blocks_per_seq] physical block ids, row-major
+  int32_t max_blocks_per_seq = 0;
+  int32_t block_size = 16;            // tokens per KV block
+
+  int32_t n_tokens() const { return int32_t(positions.size()); }
+  int32_t n_seqs() const { return int32_t(context_len.size()); }
+  int32_t n_query(int32_t s) const { return q_start[s + 1] - q_start[s]; }
+  // Physical cache slot of token `pos` of sequence s.
+  int64_t slot(int32_t s, int32_t pos) const {
+    const int32_t block = block_table[int64_t(s) * max_blocks_per_seq + pos / block_size];
+    return int64_t(block) * block_size + pos % block_size;
+  }
+};
+
+}  // namespace kiln::ops
