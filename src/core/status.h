@@ -84,6 +84,7 @@ class [[nodiscard]] Result {
   } while (0)
 
 // KILN_ASSIGN_OR_RETURN(auto x, make_x()): unwrap a Result or return its Status.
+// Expands to several statements: put it in braces under an if.
 #define KILN_ASSIGN_OR_RETURN(lhs, expr) \
   KILN_ASSIGN_OR_RETURN_IMPL(KILN_CONCAT(kiln_result_, __LINE__), lhs, expr)
 #define KILN_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \

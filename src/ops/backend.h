@@ -22,11 +22,20 @@
 
 namespace kiln::ops {
 
-// out[t, :] = table[ids[t], :]
+// out[t, :] = table[ids[t], :]. Also the row gather of activations (table = a
+// [rows, d] activation tensor, ids = the rows to keep).
 struct EmbeddingArgs {
-  Tensor table;  // [vocab, d_model] stored dtype
+  Tensor table;  // [vocab, d_model] stored dtype, or an activation tensor
   Tensor ids;    // [n_tokens] i32 (host)
   Tensor out;    // [n_tokens, d_model]
+};
+
+// dst[r, :] = src[r, col_begin : col_begin + dst.dim(1)] (splits fused projections,
+// e.g. MLA's per-head [nope | rope] query and [latent | rope] kv).
+struct SliceColumnsArgs {
+  Tensor src;            // [rows, n_src]
+  int64_t col_begin = 0;
+  Tensor dst;            // [rows, n_dst], col_begin + n_dst <= n_src
 };
 
 // If `residual` is defined: residual += x (in place), then out = norm(residual).
@@ -200,6 +209,7 @@ class Backend {
   virtual void mla_attention(const MlaArgs& a) = 0;
   virtual void glu(const GluArgs& a) = 0;
   virtual void add(const AddArgs& a) = 0;
+  virtual void slice_columns(const SliceColumnsArgs& a) = 0;
   virtual void moe(const MoeArgs& a) = 0;
 };
 

@@ -1,0 +1,251 @@
+// The CPU reference of the paged KV cache ops: kv_store and attention (GQA,
+// sliding window, sinks), mla_store and mla_attention (absorbed form).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "backends/cpu/cpu_internal.h"
+
+namespace kiln::cpu {
+namespace {
+
+// Checks the batch metadata against the activations and the cache, and returns
+// the sequence of every token row.
+std::vector<int32_t> check_batch(const ops::BatchMeta* batch, int64_t n_tokens, int64_t n_blocks,
+                                 int64_t block_size, const char* op) {
+  KILN_CHECK(batch != nullptr) << op << ": batch is null";
+  const ops::BatchMeta& b = *batch;
+  KILN_CHECK_EQ(int64_t(b.n_tokens()), n_tokens) << op << ": batch.n_tokens() vs activation rows";
+  KILN_CHECK_EQ(b.slot_mapping.size(), b.positions.size()) << op << ": batch.slot_mapping.size()";
+  KILN_CHECK_EQ(int64_t(b.block_size), block_size) << op << ": batch.block_size vs cache.dim(1)";
+  const int32_t n_seqs = b.n_seqs();
+  KILN_CHECK_EQ(b.q_start.size(), size_t(n_seqs) + 1) << op << ": batch.q_start.size()";
+  KILN_CHECK_EQ(b.block_table.size(), size_t(n_seqs) * size_t(b.max_blocks_per_seq))
+      << op << ": batch.block_table.size() vs n_seqs * max_blocks_per_seq";
+  KILN_CHECK_EQ(b.q_start[0], 0) << op << ": batch.q_start[0]";
+  KILN_CHECK_EQ(int64_t(b.q_start[n_seqs]), n_tokens) << op << ": batch.q_start[n_seqs]";
+  std::vector<int32_t> seq_of(size_t(n_tokens), -1);
+  for (int32_t s = 0; s < n_seqs; ++s) {
+    KILN_CHECK_LE(b.q_start[s], b.q_start[s + 1]) << op << ": batch.q_start of sequence " << s;
+    KILN_CHECK_LE(int64_t(b.context_len[s]), int64_t(b.max_blocks_per_seq) * block_size)
+        << op << ": batch.context_len of sequence " << s << " vs its block table";
+    const int32_t n_blocks_used = (b.context_len[s] + b.block_size - 1) / b.block_size;
+    for (int32_t i = 0; i < n_blocks_used; ++i) {
+      const int32_t blk = b.block_table[size_t(s) * b.max_blocks_per_seq + i];
+      KILN_CHECK(blk >= 0 && blk < n_blocks)
+          << op << ": block " << blk << " of sequence " << s << " outside cache of " << n_blocks;
+    }
+    for (int32_t t = b.q_start[s]; t < b.q_start[s + 1]; ++t) {
+      seq_of[t] = s;
+      KILN_CHECK(b.positions[t] >= 0 && b.positions[t] < b.context_len[s])
+          << op << ": position " << b.positions[t] << " of row " << t << " vs context_len "
+          << b.context_len[s] << " of sequence " << s;
+    }
+  }
+  return seq_of;
+}
+
+void check_slots(const ops::BatchMeta& b, int64_t n_slots, const char* op) {
+  for (int32_t t = 0; t < b.n_tokens(); ++t) {
+    KILN_CHECK(b.slot_mapping[t] >= 0 && b.slot_mapping[t] < n_slots)
+        << op << ": slot " << b.slot_mapping[t] << " of row " << t << " outside cache of "
+        << n_slots << " slots";
+  }
+}
+
+// In place: scores[j] <- softmax weight of j. With a sink, the denominator also
+// has exp(sink - max), where max includes the sink.
+void softmax_in_place(std::vector<float>& scores, int64_t n, bool has_sink, float sink) {
+  float m = has_sink ? sink : -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, scores[j]);
+  float denom = has_sink ? std::exp(sink - m) : 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    scores[j] = std::exp(scores[j] - m);
+    denom += scores[j];
+  }
+  for (int64_t j = 0; j < n; ++j) scores[j] /= denom;
+}
+
+}  // namespace
+
+// ---- kv_store -----------------------------------------------------------------
+
+// k_cache[slot_mapping[t]] = k[t], v_cache[slot_mapping[t]] = v[t].
+void CpuBackend::kv_store(const ops::KvStoreArgs& a) {
+  check_activation(a.k, "kv_store k", 3);
+  check_activation(a.v, "kv_store v", 3);
+  check_activation(a.k_cache, "kv_store k_cache", 4);
+  check_activation(a.v_cache, "kv_store v_cache", 4);
+  KILN_CHECK_EQ(a.v.shape, a.k.shape) << "kv_store: v.shape vs k.shape";
+  KILN_CHECK_EQ(a.v_cache.shape, a.k_cache.shape) << "kv_store: v_cache.shape vs k_cache.shape";
+  KILN_CHECK_EQ(a.k_cache.dim(2), a.k.dim(1)) << "kv_store: k_cache.dim(2) vs k.dim(1) (n_kv_heads)";
+  KILN_CHECK_EQ(a.k_cache.dim(3), a.k.dim(2)) << "kv_store: k_cache.dim(3) vs k.dim(2) (d_head)";
+  KILN_CHECK(a.batch != nullptr) << "kv_store: batch is null";
+  KILN_CHECK_EQ(int64_t(a.batch->n_tokens()), a.k.dim(0)) << "kv_store: batch.n_tokens() vs k.dim(0)";
+  KILN_CHECK_EQ(int64_t(a.batch->block_size), a.k_cache.dim(1))
+      << "kv_store: batch.block_size vs k_cache.dim(1)";
+  check_slots(*a.batch, a.k_cache.dim(0) * a.k_cache.dim(1), "kv_store");
+  const int64_t row = a.k.dim(1) * a.k.dim(2);  // n_kv_heads * d_head
+  for (int64_t t = 0; t < a.k.dim(0); ++t) {
+    const int64_t slot = a.batch->slot_mapping[t];
+    std::memcpy(a.k_cache.as<float>() + slot * row, a.k.as<float>() + t * row, row * sizeof(float));
+    std::memcpy(a.v_cache.as<float>() + slot * row, a.v.as<float>() + t * row, row * sizeof(float));
+  }
+}
+
+// ---- attention ------------------------------------------------------------------
+
+// out[t, h] = sum_j softmax_j(scale * q[t, h] . k_j) v_j over cached positions
+// j in [lo, p] of the token's sequence, p = positions[t],
+// lo = max(0, p - sliding_window + 1) with a window, else 0.
+void CpuBackend::attention(const ops::AttentionArgs& a) {
+  check_activation(a.q, "attention q", 3);
+  check_activation(a.out, "attention out", 3);
+  check_activation(a.k_cache, "attention k_cache", 4);
+  check_activation(a.v_cache, "attention v_cache", 4);
+  const int64_t n_tokens = a.q.dim(0), n_heads = a.q.dim(1), d_head = a.q.dim(2);
+  const int64_t n_kv_heads = a.k_cache.dim(2);
+  KILN_CHECK_EQ(a.out.shape, a.q.shape) << "attention: out.shape vs q.shape";
+  KILN_CHECK_EQ(a.v_cache.shape, a.k_cache.shape) << "attention: v_cache.shape vs k_cache.shape";
+  KILN_CHECK_EQ(a.k_cache.dim(3), d_head) << "attention: k_cache.dim(3) vs q.dim(2) (d_head)";
+  KILN_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0)
+      << "attention: n_heads " << n_heads << " not a multiple of n_kv_heads " << n_kv_heads;
+  const bool has_sinks = a.sinks.defined();
+  if (has_sinks) {
+    check_float_dtype(a.sinks, "attention sinks");
+    KILN_CHECK_EQ(a.sinks.numel(), n_heads) << "attention: sinks.numel() vs q.dim(1) (n_heads)";
+  }
+  KILN_CHECK_GE(a.sliding_window, 0) << "attention: sliding_window";
+  const std::vector<int32_t> seq_of =
+      check_batch(a.batch, n_tokens, a.k_cache.dim(0), a.k_cache.dim(1), "attention");
+  const ops::BatchMeta& b = *a.batch;
+  const int64_t group = n_heads / n_kv_heads;
+  const int64_t kv_row = n_kv_heads * d_head;  // floats per cache slot
+  const float* q = a.q.as<float>();
+  const float* k_cache = a.k_cache.as<float>();
+  const float* v_cache = a.v_cache.as<float>();
+  float* out = a.out.as<float>();
+
+  pool_.parallel_for(n_tokens * n_heads, [&](int64_t w0, int64_t w1) {
+    std::vector<float> scores;
+    for (int64_t w = w0; w < w1; ++w) {
+      const int64_t t = w / n_heads, h = w % n_heads, kvh = h / group;
+      const int32_t s = seq_of[t], p = b.positions[t];
+      const int32_t lo = a.sliding_window > 0 ? std::max(0, p - a.sliding_window + 1) : 0;
+      const int64_t n = p - lo + 1;
+      const float* qv = q + (t * n_heads + h) * d_head;
+      scores.assign(size_t(n), 0.0f);
+      for (int64_t j = 0; j < n; ++j) {
+        const float* kv = k_cache + b.slot(s, lo + int32_t(j)) * kv_row + kvh * d_head;
+        float dot = 0.0f;
+        for (int64_t d = 0; d < d_head; ++d) dot += qv[d] * kv[d];
+        scores[j] = a.scale * dot;
+      }
+      softmax_in_place(scores, n, has_sinks, has_sinks ? load_f32(a.sinks, h) : 0.0f);
+      float* o = out + (t * n_heads + h) * d_head;
+      for (int64_t d = 0; d < d_head; ++d) o[d] = 0.0f;
+      for (int64_t j = 0; j < n; ++j) {
+        const float* vv = v_cache + b.slot(s, lo + int32_t(j)) * kv_row + kvh * d_head;
+        for (int64_t d = 0; d < d_head; ++d) o[d] += scores[j] * vv[d];
+      }
+    }
+  });
+}
+
+// ---- MLA ----------------------------------------------------------------------
+
+// latent_cache[slot_mapping[t]] = concat(kv_latent[t], k_rope[t]).
+void CpuBackend::mla_store(const ops::MlaStoreArgs& a) {
+  check_activation(a.kv_latent, "mla_store kv_latent", 2);
+  check_activation(a.k_rope, "mla_store k_rope", 2);
+  check_activation(a.latent_cache, "mla_store latent_cache", 3);
+  const int64_t n_tokens = a.kv_latent.dim(0), d_latent = a.kv_latent.dim(1);
+  const int64_t d_rope = a.k_rope.dim(1);
+  KILN_CHECK_EQ(a.k_rope.dim(0), n_tokens) << "mla_store: k_rope.dim(0) vs kv_latent.dim(0)";
+  KILN_CHECK_EQ(a.latent_cache.dim(2), d_latent + d_rope)
+      << "mla_store: latent_cache.dim(2) vs d_latent + d_rope";
+  KILN_CHECK(a.batch != nullptr) << "mla_store: batch is null";
+  KILN_CHECK_EQ(int64_t(a.batch->n_tokens()), n_tokens) << "mla_store: batch.n_tokens() vs kv_latent.dim(0)";
+  KILN_CHECK_EQ(int64_t(a.batch->block_size), a.latent_cache.dim(1))
+      << "mla_store: batch.block_size vs latent_cache.dim(1)";
+  check_slots(*a.batch, a.latent_cache.dim(0) * a.latent_cache.dim(1), "mla_store");
+  const int64_t row = d_latent + d_rope;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    float* dst = a.latent_cache.as<float>() + a.batch->slot_mapping[t] * row;
+    std::memcpy(dst, a.kv_latent.as<float>() + t * d_latent, d_latent * sizeof(float));
+    std::memcpy(dst + d_latent, a.k_rope.as<float>() + t * d_rope, d_rope * sizeof(float));
+  }
+}
+
+// Absorbed form, per query token t and head h (c_j, r_j: latent and rope parts
+// of cached position j):
+//   q_lat = W_uk[h]^T q_nope[t, h]                               [d_latent]
+//   p_j = softmax_j(scale * (q_lat . c_j + q_rope[t, h] . r_j))
+//   out[t, h] = W_uv[h] (sum_j p_j c_j)                          [d_v]
+// which equals attention with k_j = concat(W_uk[h] c_j, r_j), v_j = W_uv[h] c_j.
+void CpuBackend::mla_attention(const ops::MlaArgs& a) {
+  check_activation(a.q_nope, "mla_attention q_nope", 3);
+  check_activation(a.q_rope, "mla_attention q_rope", 3);
+  check_activation(a.latent_cache, "mla_attention latent_cache", 3);
+  check_activation(a.out, "mla_attention out", 3);
+  KILN_CHECK(a.kv_b != nullptr) << "mla_attention: kv_b is null";
+  check_weight(*a.kv_b, "mla_attention kv_b");
+  // A kv_b bias would shift every key by a constant (cancels in softmax) and add
+  // W_uv's bias to out; no MLA checkpoint has one, so it is not part of the contract.
+  KILN_CHECK(!a.kv_b->bias.defined()) << "mla_attention: kv_b with a bias is not supported";
+  const int64_t n_tokens = a.q_nope.dim(0), n_heads = a.q_nope.dim(1);
+  const int64_t d_nope = a.q_nope.dim(2), d_rope = a.q_rope.dim(2), d_v = a.out.dim(2);
+  const int64_t d_latent = a.latent_cache.dim(2) - d_rope;
+  KILN_CHECK_EQ(a.q_rope.dim(0), n_tokens) << "mla_attention: q_rope.dim(0) vs q_nope.dim(0)";
+  KILN_CHECK_EQ(a.q_rope.dim(1), n_heads) << "mla_attention: q_rope.dim(1) vs q_nope.dim(1)";
+  KILN_CHECK_EQ(a.out.dim(0), n_tokens) << "mla_attention: out.dim(0) vs q_nope.dim(0)";
+  KILN_CHECK_EQ(a.out.dim(1), n_heads) << "mla_attention: out.dim(1) vs q_nope.dim(1)";
+  KILN_CHECK_GT(d_latent, 0) << "mla_attention: latent_cache.dim(2) vs q_rope.dim(2)";
+  KILN_CHECK_EQ(a.kv_b->n_in(), d_latent) << "mla_attention: kv_b.n_in() vs d_latent";
+  KILN_CHECK_EQ(a.kv_b->n_out(), n_heads * (d_nope + d_v))
+      << "mla_attention: kv_b.n_out() vs n_heads * (d_nope + d_v)";
+  const std::vector<int32_t> seq_of = check_batch(a.batch, n_tokens, a.latent_cache.dim(0),
+                                                  a.latent_cache.dim(1), "mla_attention");
+  const ops::BatchMeta& b = *a.batch;
+  const int64_t row = d_latent + d_rope;  // floats per cache slot
+  const float* cache = a.latent_cache.as<float>();
+  const ops::Weight& kv_b = *a.kv_b;
+
+  pool_.parallel_for(n_tokens * n_heads, [&](int64_t w0, int64_t w1) {
+    std::vector<float> q_lat(d_latent), o_lat(d_latent), scores;
+    for (int64_t w = w0; w < w1; ++w) {
+      const int64_t t = w / n_heads, h = w % n_heads;
+      const int64_t uk_row = h * (d_nope + d_v);  // W_uk[h] = kv_b rows [uk_row, +d_nope)
+      const int64_t uv_row = uk_row + d_nope;     // W_uv[h] = kv_b rows [uv_row, +d_v)
+      const float* qn = a.q_nope.as<float>() + (t * n_heads + h) * d_nope;
+      const float* qr = a.q_rope.as<float>() + (t * n_heads + h) * d_rope;
+      // q_lat[c] = sum_d q_nope[d] W_uk[h][d, c], ascending d.
+      std::fill(q_lat.begin(), q_lat.end(), 0.0f);
+      for (int64_t d = 0; d < d_nope; ++d)
+        for (int64_t c = 0; c < d_latent; ++c) q_lat[c] += qn[d] * weight_at(kv_b, uk_row + d, c);
+
+      const int32_t s = seq_of[t], p = b.positions[t];
+      const int64_t n = int64_t(p) + 1;
+      scores.assign(size_t(n), 0.0f);
+      for (int64_t j = 0; j < n; ++j) {
+        const float* cj = cache + b.slot(s, int32_t(j)) * row;
+        float dot = 0.0f;
+        for (int64_t c = 0; c < d_latent; ++c) dot += q_lat[c] * cj[c];
+        for (int64_t r = 0; r < d_rope; ++r) dot += qr[r] * cj[d_latent + r];
+        scores[j] = a.scale * dot;
+      }
+      softmax_in_place(scores, n, false, 0.0f);
+      std::fill(o_lat.begin(), o_lat.end(), 0.0f);
+      for (int64_t j = 0; j < n; ++j) {
+        const float* cj = cache + b.slot(s, int32_t(j)) * row;
+        for (int64_t c = 0; c < d_latent; ++c) o_lat[c] += scores[j] * cj[c];
+      }
+      float* o = a.out.as<float>() + (t * n_heads + h) * d_v;
+      matvec(kv_b, o_lat.data(), o, uv_row, uv_row + d_v);
+    }
+  });
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,259 @@
+// The CPU reference backend: memory ops and the dense ops (embedding, rms_norm,
+// linear, rope, glu, add). Attention lives in cpu_attention.cpp, MoE in cpu_moe.cpp.
+#include "backends/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backends/cpu/cpu_internal.h"
+
+namespace kiln::cpu {
+
+// ---- helpers shared by the backend's files ----------------------------------
+
+void check_float_dtype(const Tensor& t, const char* what) {
+  KILN_CHECK(t.device == Device::kHost) << "cpu backend: " << what << " is not in host memory";
+  KILN_CHECK(t.dtype == DType::kF32 || t.dtype == DType::kBF16 || t.dtype == DType::kF16)
+      << "cpu backend: " << what << " has dtype " << dtype_name(t.dtype)
+      << "; the reference reads f32, bf16 and f16 only (quantized formats come later)";
+}
+
+void check_weight(const ops::Weight& w, const char* what) {
+  KILN_CHECK(w.defined()) << "cpu backend: weight " << what << " is undefined";
+  KILN_CHECK_EQ(w.data.rank(), 2) << "cpu backend: weight " << what << " " << w.data.shape;
+  check_float_dtype(w.data, what);
+  if (w.bias.defined()) {
+    check_float_dtype(w.bias, what);
+    KILN_CHECK_EQ(w.bias.numel(), w.n_out()) << "cpu backend: bias of weight " << what;
+  }
+}
+
+void check_activation(const Tensor& t, const char* what, int rank) {
+  KILN_CHECK(t.defined()) << "cpu backend: " << what << " is undefined";
+  KILN_CHECK(t.device == Device::kHost) << "cpu backend: " << what << " is not in host memory";
+  KILN_CHECK(t.dtype == DType::kF32) << "cpu backend: " << what << " has dtype "
+                                     << dtype_name(t.dtype) << ", activations are f32";
+  KILN_CHECK_EQ(t.rank(), rank) << "cpu backend: rank of " << what << " " << t.shape;
+}
+
+void matvec(const ops::Weight& w, const float* x, float* y, int64_t o_begin, int64_t o_end) {
+  const int64_t n_in = w.n_in();
+  if (!w.transposed) {
+    // W[o, :] is row o: one dot product per output.
+    for (int64_t o = o_begin; o < o_end; ++o) {
+      float acc = 0.0f;
+      for (int64_t i = 0; i < n_in; ++i) acc += x[i] * load_f32(w.data, o * n_in + i);
+      y[o - o_begin] = acc;
+    }
+  } else {
+    // Stored [n_in, n_out]: sweep rows of the storage so reads are contiguous.
+    // Every y[o] still accumulates x[i] W[o, i] in ascending i, as above.
+    const int64_t n_out = w.n_out();
+    for (int64_t o = o_begin; o < o_end; ++o) y[o - o_begin] = 0.0f;
+    for (int64_t i = 0; i < n_in; ++i) {
+      for (int64_t o = o_begin; o < o_end; ++o)
+        y[o - o_begin] += x[i] * load_f32(w.data, i * n_out + o);
+    }
+  }
+  if (w.bias.defined()) {
+    for (int64_t o = o_begin; o < o_end; ++o) y[o - o_begin] += load_f32(w.bias, o);
+  }
+}
+
+float glu_one(float gate, float up, const ops::GluParams& p) {
+  switch (p.kind) {
+    case ops::GluKind::kSilu: return gate / (1.0f + std::exp(-gate)) * up;
+    case ops::GluKind::kGptOssClamp: {
+      const float g = std::min(gate, p.limit);
+      const float u = std::clamp(up, -p.limit, p.limit);
+      const float sig = 1.0f / (1.0f + std::exp(-p.alpha * g));
+      return (u + 1.0f) * (g * sig);
+    }
+  }
+  KILN_CHECK(false) << "glu: unknown GluKind " << int(p.kind);
+  return 0.0f;
+}
+
+// ---- memory -------------------------------------------------------------------
+
+Tensor CpuBackend::alloc(DType dtype, Shape shape) { return host_tensor(dtype, shape); }
+
+Tensor CpuBackend::upload(const Tensor& host) {
+  KILN_CHECK(host.device == Device::kHost) << "upload: source is not in host memory";
+  return host;
+}
+
+void CpuBackend::to_host_f32(const Tensor& t, float* out) { to_f32(t, out); }
+
+void CpuBackend::from_host_f32(const float* src, Tensor& t) {
+  check_activation(t, "from_host_f32 destination", t.rank());
+  std::memcpy(t.data, src, size_t(t.numel()) * sizeof(float));
+}
+
+// ---- embedding ----------------------------------------------------------------
+
+// out[t, :] = table[ids[t], :]
+void CpuBackend::embedding(const ops::EmbeddingArgs& a) {
+  KILN_CHECK_EQ(a.table.rank(), 2) << "embedding: table " << a.table.shape;
+  check_float_dtype(a.table, "embedding table");
+  KILN_CHECK(a.ids.dtype == DType::kI32 && a.ids.device == Device::kHost)
+      << "embedding: ids must be host i32, got " << dtype_name(a.ids.dtype);
+  KILN_CHECK_EQ(a.ids.rank(), 1) << "embedding: ids " << a.ids.shape;
+  check_activation(a.out, "embedding out", 2);
+  const int64_t n_tokens = a.ids.dim(0), vocab = a.table.dim(0), d_model = a.table.dim(1);
+  KILN_CHECK_EQ(a.out.dim(0), n_tokens) << "embedding: out.dim(0) vs ids.dim(0)";
+  KILN_CHECK_EQ(a.out.dim(1), d_model) << "embedding: out.dim(1) vs table.dim(1)";
+  const int32_t* ids = a.ids.as<int32_t>();
+  float* out = a.out.as<float>();
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    KILN_CHECK(ids[t] >= 0 && ids[t] < vocab)
+        << "embedding: token id " << ids[t] << " at row " << t << " outside vocab " << vocab;
+    for (int64_t i = 0; i < d_model; ++i)
+      out[t * d_model + i] = load_f32(a.table, int64_t(ids[t]) * d_model + i);
+  }
+}
+
+// ---- rms_norm -----------------------------------------------------------------
+
+// out = v / sqrt(mean(v^2) + eps) * weight, v = x or (residual += x).
+void CpuBackend::rms_norm(const ops::RmsNormArgs& a) {
+  check_activation(a.x, "rms_norm x", 2);
+  check_activation(a.out, "rms_norm out", 2);
+  check_float_dtype(a.weight, "rms_norm weight");
+  KILN_CHECK_EQ(a.weight.rank(), 1) << "rms_norm: weight " << a.weight.shape;
+  const int64_t rows = a.x.dim(0), dim = a.x.dim(1);
+  KILN_CHECK_EQ(a.weight.dim(0), dim) << "rms_norm: weight.dim(0) vs x.dim(1)";
+  KILN_CHECK_EQ(a.out.shape, a.x.shape) << "rms_norm: out.shape vs x.shape";
+  const bool has_residual = a.residual.defined();
+  if (has_residual) {
+    check_activation(a.residual, "rms_norm residual", 2);
+    KILN_CHECK_EQ(a.residual.shape, a.x.shape) << "rms_norm: residual.shape vs x.shape";
+  }
+  const float* x = a.x.as<float>();
+  float* res = has_residual ? a.residual.as<float>() : nullptr;
+  float* out = a.out.as<float>();
+  pool_.parallel_for(rows, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      // The whole row of x is read (into the residual) before out is written,
+      // so out may alias x.
+      const float* v = x + r * dim;
+      if (has_residual) {
+        for (int64_t i = 0; i < dim; ++i) res[r * dim + i] += v[i];
+        v = res + r * dim;
+      }
+      float sum_sq = 0.0f;
+      for (int64_t i = 0; i < dim; ++i) sum_sq += v[i] * v[i];
+      const float inv_rms = 1.0f / std::sqrt(sum_sq / float(dim) + a.eps);
+      for (int64_t i = 0; i < dim; ++i)
+        out[r * dim + i] = v[i] * inv_rms * load_f32(a.weight, i);
+    }
+  }, 16);
+}
+
+// ---- linear -------------------------------------------------------------------
+
+// out[t, o] = sum_i x[t, i] W[o, i] (+ bias[o]); threaded over output columns so
+// decode (one token) uses every thread too.
+void CpuBackend::linear(const ops::LinearArgs& a) {
+  KILN_CHECK(a.w != nullptr) << "linear: weight is null";
+  check_weight(*a.w, "linear");
+  check_activation(a.x, "linear x", 2);
+  check_activation(a.out, "linear out", 2);
+  const int64_t n_tokens = a.x.dim(0), n_in = a.w->n_in(), n_out = a.w->n_out();
+  KILN_CHECK_EQ(a.x.dim(1), n_in) << "linear: x.dim(1) vs w.n_in() " << a.w->data.shape
+                                  << (a.w->transposed ? " (transposed)" : "");
+  KILN_CHECK_EQ(a.out.dim(0), n_tokens) << "linear: out.dim(0) vs x.dim(0)";
+  KILN_CHECK_EQ(a.out.dim(1), n_out) << "linear: out.dim(1) vs w.n_out()";
+  const float* x = a.x.as<float>();
+  float* out = a.out.as<float>();
+  pool_.parallel_for(n_out, [&](int64_t o0, int64_t o1) {
+    for (int64_t t = 0; t < n_tokens; ++t) matvec(*a.w, x + t * n_in, out + t * n_out + o0, o0, o1);
+  }, 16);
+}
+
+// ---- rope ---------------------------------------------------------------------
+
+// Rotates pairs (x1, x2) of each head in place: x1' = x1 cos - x2 sin,
+// x2' = x2 cos + x1 sin, with angle = float(pos) * inv_freq[i] in fp32 (as
+// transformers computes it) and cos, sin scaled by attention_factor.
+void CpuBackend::rope(const ops::RopeArgs& a) {
+  KILN_CHECK(a.table != nullptr && a.positions != nullptr) << "rope: table or positions is null";
+  check_activation(a.x, "rope x", 3);
+  const ops::RopeTable& tab = *a.table;
+  const int64_t n_tokens = a.x.dim(0), n_heads = a.x.dim(1), d_head = a.x.dim(2);
+  const int64_t half = tab.d_rot / 2;
+  KILN_CHECK(tab.d_rot > 0 && tab.d_rot % 2 == 0) << "rope: d_rot " << tab.d_rot;
+  KILN_CHECK_LE(int64_t(tab.d_rot), d_head) << "rope: table.d_rot vs x.dim(2)";
+  KILN_CHECK_EQ(int64_t(tab.inv_freq.size()), half) << "rope: inv_freq.size() vs d_rot/2";
+  float* x = a.x.as<float>();
+  pool_.parallel_for(n_tokens, [&](int64_t t0, int64_t t1) {
+    std::vector<float> cos_v(half), sin_v(half);
+    for (int64_t t = t0; t < t1; ++t) {
+      const float pos = float(a.positions[t]);
+      for (int64_t i = 0; i < half; ++i) {
+        const float angle = pos * tab.inv_freq[i];
+        cos_v[i] = std::cos(angle) * tab.attention_factor;
+        sin_v[i] = std::sin(angle) * tab.attention_factor;
+      }
+      for (int64_t h = 0; h < n_heads; ++h) {
+        float* v = x + (t * n_heads + h) * d_head;
+        for (int64_t i = 0; i < half; ++i) {
+          const int64_t i1 = tab.style == ops::RopeStyle::kHalf ? i : 2 * i;
+          const int64_t i2 = tab.style == ops::RopeStyle::kHalf ? i + half : 2 * i + 1;
+          const float x1 = v[i1], x2 = v[i2];
+          v[i1] = x1 * cos_v[i] - x2 * sin_v[i];
+          v[i2] = x2 * cos_v[i] + x1 * sin_v[i];
+        }
+      }
+    }
+  }, 4);
+}
+
+// ---- glu, add -------------------------------------------------------------------
+
+void CpuBackend::glu(const ops::GluArgs& a) {
+  check_activation(a.gate, "glu gate", 2);
+  check_activation(a.up, "glu up", 2);
+  check_activation(a.out, "glu out", 2);
+  KILN_CHECK_EQ(a.up.shape, a.gate.shape) << "glu: up.shape vs gate.shape";
+  KILN_CHECK_EQ(a.out.shape, a.gate.shape) << "glu: out.shape vs gate.shape";
+  const float* g = a.gate.as<float>();
+  const float* u = a.up.as<float>();
+  float* out = a.out.as<float>();
+  const int64_t n = a.gate.numel();
+  for (int64_t i = 0; i < n; ++i) out[i] = glu_one(g[i], u[i], a.params);
+}
+
+void CpuBackend::add(const ops::AddArgs& a) {
+  check_activation(a.a, "add a", a.a.rank());
+  check_activation(a.b, "add b", a.a.rank());
+  check_activation(a.out, "add out", a.a.rank());
+  KILN_CHECK_EQ(a.b.shape, a.a.shape) << "add: b.shape vs a.shape";
+  KILN_CHECK_EQ(a.out.shape, a.a.shape) << "add: out.shape vs a.shape";
+  const float* x = a.a.as<float>();
+  const float* y = a.b.as<float>();
+  float* out = a.out.as<float>();
+  const int64_t n = a.a.numel();
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] + y[i];
+}
+
+void CpuBackend::slice_columns(const ops::SliceColumnsArgs& a) {
+  check_activation(a.src, "slice_columns src", 2);
+  check_activation(a.dst, "slice_columns dst", 2);
+  KILN_CHECK_EQ(a.dst.dim(0), a.src.dim(0)) << "slice_columns: dst rows vs src rows";
+  const int64_t rows = a.src.dim(0), n_src = a.src.dim(1), n_dst = a.dst.dim(1);
+  KILN_CHECK(a.col_begin >= 0 && a.col_begin + n_dst <= n_src)
+      << "slice_columns: columns [" << a.col_begin << ", " << a.col_begin + n_dst << ") of " << n_src;
+  const float* src = a.src.as<float>();
+  float* dst = a.dst.as<float>();
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(dst + r * n_dst, src + r * n_src + a.col_begin, size_t(n_dst) * sizeof(float));
+}
+
+std::unique_ptr<ops::Backend> make_cpu_backend(int n_threads) {
+  return std::make_unique<CpuBackend>(n_threads);
+}
+
+}  // namespace kiln::cpu

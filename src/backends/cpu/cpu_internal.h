@@ -1,0 +1,96 @@
+// Private to the CPU backend (and its tests): the backend class, shared by
+// cpu_backend.cpp, cpu_attention.cpp and cpu_moe.cpp, and the helpers they use
+// to read weights in their stored dtype.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/check.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+#include "ops/backend.h"
+
+namespace kiln::cpu {
+
+// ---- reading stored dtypes -------------------------------------------------
+
+// Fails a check unless `t` holds a dtype the reference reads (f32, bf16, f16).
+// Quantized formats come in a later issue.
+void check_float_dtype(const Tensor& t, const char* what);
+
+// Element i of a host tensor in f32 / bf16 / f16, as fp32 (exact conversion).
+inline float load_f32(const void* data, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::kF32: return static_cast<const float*>(data)[i];
+    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(data)[i]);
+    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(data)[i]);
+    default: break;
+  }
+  KILN_CHECK(false) << "cpu backend: cannot read dtype " << dtype_name(dtype);
+  return 0.0f;
+}
+inline float load_f32(const Tensor& t, int64_t i) { return load_f32(t.data, t.dtype, i); }
+
+// Checks that `w` is a readable 2-D weight with a [n_out] bias if any.
+void check_weight(const ops::Weight& w, const char* what);
+
+// Logical element W[o, i] of a weight (whatever its storage order), as fp32.
+inline float weight_at(const ops::Weight& w, int64_t o, int64_t i) {
+  const int64_t idx = w.transposed ? i * w.n_out() + o : o * w.n_in() + i;
+  return load_f32(w.data, idx);
+}
+
+// y[o] = sum_i x[i] W[o, i] (+ bias[o]) for o in [o_begin, o_end); y is indexed
+// by o (y[o_begin] is the first written). Each y[o] is an fp32 sum in ascending
+// i, so the result is the same for every storage order and every o range.
+void matvec(const ops::Weight& w, const float* x, float* y, int64_t o_begin, int64_t o_end);
+
+// Activation tensors of the reference are fp32 on the host.
+void check_activation(const Tensor& t, const char* what, int rank);
+
+// ---- routing ----------------------------------------------------------------
+
+// One token's routing decision: experts[k] and weights[k] for k < top_k, in the
+// order they were chosen (best first; ties go to the lower expert index).
+// logits: [n_experts] fp32; correction_bias: [n_experts] fp32 or nullptr (used
+// only by kSigmoidGroupedTopK, where nullptr means zero).
+void route(const float* logits, const float* correction_bias, const ops::RouterParams& p,
+           int32_t* experts, float* weights);
+
+// ---- the backend ------------------------------------------------------------
+
+class CpuBackend final : public ops::Backend {
+ public:
+  explicit CpuBackend(int n_threads) : pool_(n_threads) {}
+
+  std::string name() const override { return "cpu"; }
+  DType activation_dtype() const override { return DType::kF32; }
+
+  Tensor alloc(DType dtype, Shape shape) override;
+  Tensor upload(const Tensor& host) override;
+  void to_host_f32(const Tensor& t, float* out) override;
+  void from_host_f32(const float* src, Tensor& t) override;
+
+  void embedding(const ops::EmbeddingArgs& a) override;
+  void rms_norm(const ops::RmsNormArgs& a) override;
+  void linear(const ops::LinearArgs& a) override;
+  void rope(const ops::RopeArgs& a) override;
+  void kv_store(const ops::KvStoreArgs& a) override;          // cpu_attention.cpp
+  void attention(const ops::AttentionArgs& a) override;       // cpu_attention.cpp
+  void mla_store(const ops::MlaStoreArgs& a) override;        // cpu_attention.cpp
+  void mla_attention(const ops::MlaArgs& a) override;         // cpu_attention.cpp
+  void glu(const ops::GluArgs& a) override;
+  void add(const ops::AddArgs& a) override;
+  void slice_columns(const ops::SliceColumnsArgs& a) override;
+  void moe(const ops::MoeArgs& a) override;                   // cpu_moe.cpp
+
+ private:
+  ThreadPool pool_;
+};
+
+// act = glu(gate, up) for one element (shared by glu and moe).
+float glu_one(float gate, float up, const ops::GluParams& p);
+
+}  // namespace kiln::cpu

@@ -1,0 +1,171 @@
+#include "cli/commands.h"
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "backends/cpu/cpu_backend.h"
+#include "cli/demo.h"
+#include "core/log.h"
+#include "runtime/engine.h"
+
+namespace kiln::cli {
+namespace {
+
+struct CommonOptions {
+  std::string model;
+  std::string backend = "cpu";
+  int threads = 0;
+  int block_size = 16;
+  int prefill_chunk = 0;
+  int64_t max_model_len = 0;
+  std::string tokens;
+};
+
+void add_common(CLI::App* cmd, CommonOptions& o) {
+  cmd->add_option("--model", o.model, "checkpoint directory (config.json + *.safetensors)");
+  cmd->add_option("--backend", o.backend, "cpu")->check(CLI::IsMember({"cpu"}));
+  cmd->add_option("--threads", o.threads, "CPU threads (0: all)");
+  cmd->add_option("--block-size", o.block_size, "KV cache block size in tokens");
+  cmd->add_option("--prefill-chunk", o.prefill_chunk, "prefill N tokens per step (0: whole prompt)");
+  cmd->add_option("--max-model-len", o.max_model_len, "maximum sequence length (0: from config)");
+  cmd->add_option("--tokens", o.tokens, "prompt token ids, comma separated, e.g. 1,2,3");
+}
+
+Result<std::vector<int32_t>> parse_tokens(const std::string& s) {
+  std::vector<int32_t> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    while (used < item.size() && std::isspace(static_cast<unsigned char>(item[used]))) ++used;
+    if (item.empty() || used != item.size() || v < 0 || v > INT32_MAX) {
+      return invalid_argument("--tokens: \"" + item + "\" is not a token id (expected e.g. 1,2,3)");
+    }
+    out.push_back(int32_t(v));
+  }
+  if (out.empty()) return invalid_argument("--tokens is empty");
+  return out;
+}
+
+Result<std::unique_ptr<runtime::Engine>> open_engine(const CommonOptions& o) {
+  std::string dir = o.model;
+  if (dir.empty()) {
+    KILN_ASSIGN_OR_RETURN(dir, ensure_demo_model());
+    KILN_LOG(kInfo, "no --model given: using the built-in demo model in " << dir);
+  }
+  std::unique_ptr<ops::Backend> backend = cpu::make_cpu_backend(o.threads);
+  return runtime::Engine::load(dir, std::move(backend),
+                               {.block_size = o.block_size,
+                                .max_model_len = o.max_model_len,
+                                .prefill_chunk = o.prefill_chunk});
+}
+
+int fail(const Status& s) {
+  std::fprintf(stderr, "kiln: error: %s\n", s.to_string().c_str());
+  return 1;
+}
+
+int cmd_logits(const CommonOptions& o) {
+  if (o.tokens.empty()) return fail(invalid_argument("logits needs --tokens"));
+  auto tokens = parse_tokens(o.tokens);
+  if (!tokens.ok()) return fail(tokens.status());
+  auto engine = open_engine(o);
+  if (!engine.ok()) return fail(engine.status());
+  auto logits = (*engine)->logits(*tokens);
+  if (!logits.ok()) return fail(logits.status());
+  nlohmann::json j = {{"logits", *logits}};
+  std::cout << j.dump() << "\n";
+  return 0;
+}
+
+struct GenerateOptions {
+  int max_tokens = 16;
+  runtime::SamplingParams sampling;
+  bool ignore_eos = false;
+  bool stats = false;
+};
+
+int cmd_generate(const CommonOptions& o, const GenerateOptions& g) {
+  auto tokens = parse_tokens(o.tokens.empty() ? std::string("1,2,3,4,5,6,7,8") : o.tokens);
+  if (!tokens.ok()) return fail(tokens.status());
+  auto engine = open_engine(o);
+  if (!engine.ok()) return fail(engine.status());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto result = (*engine)->generate(*tokens, g.max_tokens, g.sampling, g.ignore_eos);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!result.ok()) return fail(result.status());
+  std::cout << nlohmann::json({{"tokens", result->tokens}}).dump() << "\n";
+  if (g.stats) {
+    const size_t n = result->tokens.size();
+    std::fprintf(stderr, "kiln: %zu prompt + %zu generated tokens in %.3f s (%.1f tok/s overall)\n",
+                 tokens->size(), n, seconds, double(n) / seconds);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int run_cli(int argc, char** argv) {
+  CLI::App app{"kiln: serve large Mixture-of-Experts checkpoints on consumer GPUs"};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all");
+
+  CommonOptions logits_opt;
+  CLI::App* logits = app.add_subcommand("logits", "print fp32 logits for every prompt position as JSON");
+  add_common(logits, logits_opt);
+
+  CommonOptions gen_opt;
+  GenerateOptions gen;
+  CLI::App* generate = app.add_subcommand(
+      "generate", "generate tokens (without --model: the built-in demo model)");
+  add_common(generate, gen_opt);
+  generate->add_option("--max-tokens", gen.max_tokens, "tokens to generate")->check(CLI::NonNegativeNumber);
+  generate->add_option("--temperature", gen.sampling.temperature, "0: greedy")->check(CLI::NonNegativeNumber);
+  generate->add_option("--top-k", gen.sampling.top_k, "0: off")->check(CLI::NonNegativeNumber);
+  generate->add_option("--top-p", gen.sampling.top_p, "1: off")->check(CLI::Range(0.0, 1.0));
+  generate->add_option("--min-p", gen.sampling.min_p, "0: off")->check(CLI::Range(0.0, 1.0));
+  generate->add_option("--seed", gen.sampling.seed, "sampling seed");
+  generate->add_flag("--ignore-eos", gen.ignore_eos, "do not stop at end-of-sequence tokens");
+  generate->add_flag("--stats", gen.stats, "print timing to stderr");
+
+  std::string demo_dir;
+  CLI::App* demo = app.add_subcommand("demo-model", "write the built-in demo checkpoint");
+  demo->add_option("--out", demo_dir, "directory (default: the kiln cache)");
+
+  if (argc > 1 && argv[1][0] != '-') {
+    bool known = false;
+    for (const CLI::App* sub : app.get_subcommands({})) known = known || sub->get_name() == argv[1];
+    if (!known) {
+      std::fprintf(stderr, "kiln: error: unknown command '%s' (commands: logits, generate, demo-model)\n",
+                   argv[1]);
+      return 2;
+    }
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (logits->parsed()) return cmd_logits(logits_opt);
+  if (generate->parsed()) return cmd_generate(gen_opt, gen);
+  if (demo->parsed()) {
+    const std::string dir = demo_dir.empty() ? demo_model_dir() : demo_dir;
+    if (Status s = write_demo_model(dir); !s.ok()) return fail(s);
+    std::printf("%s\n", dir.c_str());
+    return 0;
+  }
+  return 2;
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,155 @@
+#include "model/blocks.h"
+
+namespace kiln::model {
+namespace {
+
+Tensor act(ops::Backend& be, Shape s) { return be.alloc(be.activation_dtype(), s); }
+
+Tensor linear(ops::Backend& be, const Tensor& x, const ops::Weight& w) {
+  Tensor y = act(be, {x.dim(0), w.n_out()});
+  be.linear({.x = x, .w = &w, .out = y});
+  return y;
+}
+
+// Per-head RMSNorm in place: x [n_tokens, n_heads * d_head] normalised per d_head.
+void head_norm(ops::Backend& be, Tensor& x, const Tensor& weight, int64_t d_head, float eps) {
+  Tensor rows = x.reshape({x.numel() / d_head, d_head});
+  be.rms_norm({.x = rows, .weight = weight, .out = rows, .eps = eps});
+}
+
+// dst [rows, n] = src[:, begin : begin + n]
+Tensor columns(ops::Backend& be, const Tensor& src, int64_t begin, int64_t n) {
+  Tensor dst = act(be, {src.dim(0), n});
+  be.slice_columns({.src = src, .col_begin = begin, .dst = dst});
+  return dst;
+}
+
+}  // namespace
+
+void Mlp::forward(ops::Backend& be, const Tensor& x, Tensor& out) const {
+  Tensor g = linear(be, x, gate);
+  Tensor u = linear(be, x, up);
+  be.glu({.gate = g, .up = u, .out = g, .params = {}});
+  be.linear({.x = g, .w = &down, .out = out});
+}
+
+void Attention::forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta& batch,
+                        LayerKv& kv, Tensor& out) const {
+  const int64_t n_tokens = x.dim(0);
+  Tensor qt = linear(be, x, q);
+  Tensor kt = linear(be, x, k);
+  Tensor vt = linear(be, x, v);
+  if (q_norm.defined()) head_norm(be, qt, q_norm, d_head, norm_eps);
+  if (k_norm.defined()) head_norm(be, kt, k_norm, d_head, norm_eps);
+  Tensor q3 = qt.reshape({n_tokens, n_heads, d_head});
+  Tensor k3 = kt.reshape({n_tokens, n_kv_heads, d_head});
+  be.rope({.x = q3, .positions = batch.positions.data(), .table = &rope});
+  be.rope({.x = k3, .positions = batch.positions.data(), .table = &rope});
+  be.kv_store({.k = k3, .v = vt.reshape({n_tokens, n_kv_heads, d_head}), .k_cache = kv.k,
+               .v_cache = kv.v, .batch = &batch});
+  Tensor attn = act(be, {n_tokens, n_heads, d_head});
+  be.attention({.q = q3, .k_cache = kv.k, .v_cache = kv.v, .out = attn, .sinks = sinks,
+                .batch = &batch, .scale = scale, .sliding_window = sliding_window});
+  be.linear({.x = attn.reshape({n_tokens, n_heads * d_head}), .w = &o, .out = out});
+}
+
+void Mla::forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta& batch, LayerKv& kv,
+                  Tensor& out) const {
+  const int64_t n_tokens = x.dim(0);
+  const int64_t d_qk = d_nope + d_rope;
+  // Queries, split per head into the position-free and the rotary part.
+  Tensor q_full;
+  if (q_a.defined()) {
+    Tensor qa = linear(be, x, q_a);
+    be.rms_norm({.x = qa, .weight = q_a_norm, .out = qa, .eps = norm_eps});
+    q_full = linear(be, qa, q_b);
+  } else {
+    q_full = linear(be, x, q);
+  }
+  Tensor q_heads = q_full.reshape({n_tokens * n_heads, d_qk});
+  Tensor q_nope = columns(be, q_heads, 0, d_nope);
+  Tensor q_rope = columns(be, q_heads, d_nope, d_rope);
+  be.rope({.x = q_rope.reshape({n_tokens, n_heads, d_rope}), .positions = batch.positions.data(),
+           .table = &rope});
+  // The compressed KV: latent (normalised) and one shared rotary key per token.
+  Tensor kva = linear(be, x, kv_a);
+  Tensor latent = columns(be, kva, 0, d_latent);
+  Tensor k_rope = columns(be, kva, d_latent, d_rope);
+  be.rms_norm({.x = latent, .weight = kv_a_norm, .out = latent, .eps = norm_eps});
+  be.rope({.x = k_rope.reshape({n_tokens, 1, d_rope}), .positions = batch.positions.data(),
+           .table = &rope});
+  be.mla_store({.kv_latent = latent, .k_rope = k_rope, .latent_cache = kv.latent, .batch = &batch});
+  Tensor attn = act(be, {n_tokens, n_heads, d_v});
+  be.mla_attention({.q_nope = q_nope.reshape({n_tokens, n_heads, d_nope}),
+                    .q_rope = q_rope.reshape({n_tokens, n_heads, d_rope}),
+                    .latent_cache = kv.latent, .kv_b = &kv_b, .out = attn, .batch = &batch,
+                    .scale = scale});
+  be.linear({.x = attn.reshape({n_tokens, n_heads * d_v}), .w = &o, .out = out});
+}
+
+void Moe::forward(ops::Backend& be, const Tensor& x, Tensor& out) const {
+  be.moe({.x = x, .router = &router, .correction_bias = correction_bias, .experts = &experts,
+          .routing = routing, .glu = glu, .out = out});
+  if (shared) {
+    Tensor s = act(be, out.shape);
+    shared->forward(be, x, s);
+    be.add({.a = out, .b = s, .out = out});
+  }
+}
+
+std::vector<KvLayout> CausalLM::kv_layouts() const {
+  std::vector<KvLayout> out;
+  for (const DecoderLayer& l : layers) {
+    KvLayout kl;
+    if (const auto* a = std::get_if<Attention>(&l.attn)) {
+      kl.n_kv_heads = a->n_kv_heads;
+      kl.d_head = a->d_head;
+    } else {
+      const Mla& m = std::get<Mla>(l.attn);
+      kl.mla = true;
+      kl.d_latent_rope = m.d_latent + m.d_rope;
+    }
+    out.push_back(kl);
+  }
+  return out;
+}
+
+Tensor CausalLM::forward(ops::Backend& be, const std::vector<int32_t>& ids,
+                         const ops::BatchMeta& batch, std::vector<LayerKv>& kv,
+                         const std::vector<int32_t>& logit_rows) const {
+  const int64_t n_tokens = int64_t(ids.size());
+  KILN_CHECK_EQ(n_tokens, int64_t(batch.n_tokens()));
+  KILN_CHECK_EQ(kv.size(), layers.size());
+  Tensor ids_t{.data = const_cast<int32_t*>(ids.data()), .dtype = DType::kI32, .shape = {n_tokens}};
+  Tensor residual = act(be, {n_tokens, d_model});
+  be.embedding({.table = embed, .ids = ids_t, .out = residual});
+
+  // Pre-norm residual stream: the norm op adds the previous block's output into
+  // `residual` and normalises it in one call.
+  Tensor normed = act(be, {n_tokens, d_model});
+  Tensor block_out = act(be, {n_tokens, d_model});
+  bool first = true;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const DecoderLayer& l = layers[i];
+    be.rms_norm({.x = first ? residual : block_out, .weight = l.input_norm,
+                 .residual = first ? Tensor{} : residual, .out = normed, .eps = norm_eps});
+    first = false;
+    std::visit([&](const auto& a) { a.forward(be, normed, batch, kv[i], block_out); }, l.attn);
+    be.rms_norm({.x = block_out, .weight = l.post_attn_norm, .residual = residual, .out = normed,
+                 .eps = norm_eps});
+    std::visit([&](const auto& f) { f.forward(be, normed, block_out); }, l.ffn);
+  }
+  be.rms_norm({.x = block_out, .weight = final_norm, .residual = residual, .out = normed,
+               .eps = norm_eps});
+
+  // Gather the requested rows, then project them to the vocabulary.
+  std::vector<int32_t> rows = logit_rows;
+  Tensor rows_t{.data = rows.data(), .dtype = DType::kI32, .shape = {int64_t(rows.size())}};
+  Tensor picked = act(be, {int64_t(rows.size()), d_model});
+  be.embedding({.table = normed, .ids = rows_t, .out = picked});
+  Tensor logits = act(be, {int64_t(rows.size()), vocab_size});
+  be.linear({.x = picked, .w = &lm_head, .out = logits});
+  return logits;
+}
+
+}  // namespace kiln::model

@@ -1,0 +1,109 @@
+// Model building blocks, written once against ops::Backend. Each block holds its
+// bound weights (shapes in the comments) and a forward over a flattened batch.
+#pragma once
+
+#include <optional>
+#include <variant>
+#include <vector>
+
+#include "ops/backend.h"
+
+namespace kiln::model {
+
+// Per-layer paged KV storage. GQA: k, v [n_blocks, block_size, n_kv_heads, d_head].
+// MLA: latent [n_blocks, block_size, d_latent + d_rope].
+struct LayerKv {
+  Tensor k, v;
+  Tensor latent;
+};
+
+// What a layer needs from the KV cache, per token slot.
+struct KvLayout {
+  bool mla = false;
+  int64_t n_kv_heads = 0, d_head = 0;  // GQA
+  int64_t d_latent_rope = 0;           // MLA: d_latent + d_rope
+};
+
+// down(glu(gate x, up x)); the dense SwiGLU MLP and MoE shared experts.
+struct Mlp {
+  ops::Weight gate;  // [d_ff, d_model]
+  ops::Weight up;    // [d_ff, d_model]
+  ops::Weight down;  // [d_model, d_ff]
+  void forward(ops::Backend& be, const Tensor& x, Tensor& out) const;
+};
+
+// Multi-head attention with grouped KV heads, optional q/k/v/o bias, per-head
+// QK-norm (before RoPE), attention sinks and a sliding window.
+struct Attention {
+  int64_t n_heads = 0, n_kv_heads = 0, d_head = 0;
+  ops::Weight q;       // [n_heads * d_head, d_model]
+  ops::Weight k, v;    // [n_kv_heads * d_head, d_model]
+  ops::Weight o;       // [d_model, n_heads * d_head]
+  Tensor q_norm, k_norm;  // [d_head] or undefined
+  float norm_eps = 1e-6f;
+  Tensor sinks;        // [n_heads] or undefined
+  ops::RopeTable rope;
+  float scale = 1.0f;
+  int32_t sliding_window = 0;
+
+  void forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta& batch, LayerKv& kv,
+               Tensor& out) const;
+};
+
+// Multi-head latent attention (DeepSeek-V2/V3, Kimi K2). The cache holds the
+// normalised latent c and the roped shared key r per token.
+struct Mla {
+  int64_t n_heads = 0, d_nope = 0, d_rope = 0, d_v = 0, d_latent = 0;
+  ops::Weight q;          // no q_lora: [n_heads * (d_nope + d_rope), d_model]
+  ops::Weight q_a;        // [q_lora_rank, d_model]
+  Tensor q_a_norm;        // [q_lora_rank]
+  ops::Weight q_b;        // [n_heads * (d_nope + d_rope), q_lora_rank]
+  ops::Weight kv_a;       // [d_latent + d_rope, d_model]
+  Tensor kv_a_norm;       // [d_latent]
+  ops::Weight kv_b;       // [n_heads * (d_nope + d_v), d_latent]
+  ops::Weight o;          // [d_model, n_heads * d_v]
+  float norm_eps = 1e-6f;
+  ops::RopeTable rope;    // interleaved, over d_rope
+  float scale = 1.0f;
+
+  void forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta& batch, LayerKv& kv,
+               Tensor& out) const;
+};
+
+// Routed experts plus optional shared experts (added unweighted).
+struct Moe {
+  ops::Weight router;        // [n_experts, d_model] (+ bias)
+  Tensor correction_bias;    // [n_experts] or undefined
+  ops::MoeExperts experts;
+  ops::RouterParams routing;
+  ops::GluParams glu;
+  std::optional<Mlp> shared;
+
+  void forward(ops::Backend& be, const Tensor& x, Tensor& out) const;
+};
+
+struct DecoderLayer {
+  Tensor input_norm;      // [d_model]
+  Tensor post_attn_norm;  // [d_model]
+  std::variant<Attention, Mla> attn;
+  std::variant<Mlp, Moe> ffn;
+};
+
+// A decoder-only causal LM: embed -> layers (pre-norm residual) -> norm -> lm_head.
+struct CausalLM {
+  int64_t vocab_size = 0, d_model = 0;
+  float norm_eps = 1e-6f;
+  Tensor embed;            // [vocab, d_model]
+  std::vector<DecoderLayer> layers;
+  Tensor final_norm;       // [d_model]
+  ops::Weight lm_head;     // [vocab, d_model] (may share memory with embed)
+
+  std::vector<KvLayout> kv_layouts() const;
+
+  // Runs one step over the flattened batch (ids [n_tokens]) and returns fp32
+  // logits [logit_rows.size(), vocab] for the requested token rows.
+  Tensor forward(ops::Backend& be, const std::vector<int32_t>& ids, const ops::BatchMeta& batch,
+                 std::vector<LayerKv>& kv, const std::vector<int32_t>& logit_rows) const;
+};
+
+}  // namespace kiln::model

@@ -1,0 +1,39 @@
+// Shared weight-binding helpers for the model families: the checkpoint naming
+// conventions of Hugging Face decoder models ("model.layers.N.self_attn.q_proj").
+#pragma once
+
+#include <string>
+
+#include "formats/hf_config.h"
+#include "model/blocks.h"
+#include "model/loader.h"
+
+namespace kiln::model {
+
+struct AttentionOptions {
+  bool qkv_bias = false;
+  bool o_bias = false;
+  bool qk_norm = false;
+  bool sinks = false;
+};
+
+// prefix = "model.layers.N.self_attn"
+Result<Attention> load_attention(WeightLoader& w, const formats::ModelConfig& c, int64_t layer,
+                                 const std::string& prefix, const AttentionOptions& opt);
+// prefix = "model.layers.N.self_attn" (DeepSeek naming)
+Result<Mla> load_mla(WeightLoader& w, const formats::ModelConfig& c, const std::string& prefix);
+// prefix = "model.layers.N.mlp": gate_proj / up_proj / down_proj
+Result<Mlp> load_mlp(WeightLoader& w, const std::string& prefix, int64_t d_model, int64_t d_ff);
+// Per-expert tensors prefix.E.{gate,up,down}_proj.weight (Qwen3-MoE, GLM, DeepSeek, Kimi).
+Result<ops::MoeExperts> load_experts(WeightLoader& w, const std::string& prefix, int64_t n_experts,
+                                     int64_t d_model, int64_t d_ff);
+
+// Embedding, final norm and lm_head (tied to the embedding when configured or absent).
+Status load_embedding_and_head(WeightLoader& w, const formats::ModelConfig& c, CausalLM& lm);
+// The two norms of decoder layer `layer`.
+Status load_layer_norms(WeightLoader& w, const formats::ModelConfig& c, int64_t layer,
+                        DecoderLayer& l);
+
+std::string layer_prefix(int64_t layer);  // "model.layers.N"
+
+}  // namespace kiln::model

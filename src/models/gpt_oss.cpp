@@ -1,0 +1,58 @@
+// gpt-oss (GptOssForCausalLM): attention with q/k/v/o bias and per-head sinks,
+// alternating sliding-window / full layers, YaRN RoPE, top-k-then-softmax
+// routing with a router bias, experts with the clamped SwiGLU (alpha 1.702,
+// limit 7) and biases, gate/up interleaved in one fused projection.
+//
+// BF16 checkpoints store experts input-major: gate_up_proj [E, d_model, 2*d_ff],
+// down_proj [E, d_ff, d_model]; the MXFP4 release (*_blocks/*_scales) is loaded
+// by the quantized-format path.
+#include "model/build.h"
+#include "models/registry.h"
+
+namespace kiln::models {
+
+Result<model::CausalLM> build_gpt_oss(const formats::ModelConfig& c, model::WeightLoader& w) {
+  const int64_t n_exp = c.n_experts, d_ff = c.d_ff, d = c.d_model;
+  if (n_exp <= 0 || c.n_experts_active <= 0 || d_ff <= 0) {
+    return corrupt("GptOssForCausalLM needs num_local_experts, num_experts_per_tok and intermediate_size");
+  }
+  model::CausalLM lm;
+  KILN_RETURN_IF_ERROR(model::load_embedding_and_head(w, c, lm));
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    const std::string p = model::layer_prefix(i);
+    model::DecoderLayer l;
+    KILN_RETURN_IF_ERROR(model::load_layer_norms(w, c, i, l));
+    KILN_ASSIGN_OR_RETURN(l.attn, model::load_attention(w, c, i, p + ".self_attn",
+                                                        {.qkv_bias = c.attention_bias,
+                                                         .o_bias = c.attention_bias,
+                                                         .sinks = true}));
+    const std::string e = p + ".mlp.experts";
+    if (w.has(e + ".gate_up_proj_blocks")) {
+      return unsupported(e + " is MXFP4 (gate_up_proj_blocks); quantized gpt-oss weights need the "
+                         "MXFP4 format path");
+    }
+    model::Moe moe;
+    KILN_ASSIGN_OR_RETURN(moe.router, w.linear(p + ".mlp.router", n_exp, d, true));
+    KILN_ASSIGN_OR_RETURN(Tensor gate_up, w.tensor(e + ".gate_up_proj", {n_exp, d, 2 * d_ff}));
+    KILN_ASSIGN_OR_RETURN(Tensor gate_up_bias, w.tensor(e + ".gate_up_proj_bias", {n_exp, 2 * d_ff}));
+    KILN_ASSIGN_OR_RETURN(Tensor down, w.tensor(e + ".down_proj", {n_exp, d_ff, d}));
+    KILN_ASSIGN_OR_RETURN(Tensor down_bias, w.tensor(e + ".down_proj_bias", {n_exp, d}));
+    moe.experts.d_ff = d_ff;
+    moe.experts.gate_up_interleaved = true;
+    for (int64_t x = 0; x < n_exp; ++x) {  // per-expert views of the stacked tensors
+      moe.experts.gate_up.push_back(
+          {.data = gate_up.index0(x), .transposed = true, .bias = gate_up_bias.index0(x)});
+      moe.experts.down.push_back(
+          {.data = down.index0(x), .transposed = true, .bias = down_bias.index0(x)});
+    }
+    moe.routing = {.kind = ops::RouterKind::kTopKSoftmax,
+                   .n_experts = int32_t(n_exp),
+                   .top_k = int32_t(c.n_experts_active)};
+    moe.glu = {.kind = ops::GluKind::kGptOssClamp, .alpha = 1.702f, .limit = 7.0f};
+    l.ffn = std::move(moe);
+    lm.layers.push_back(std::move(l));
+  }
+  return lm;
+}
+
+}  // namespace kiln::models

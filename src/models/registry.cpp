@@ -1,0 +1,34 @@
+#include "models/registry.h"
+
+#include <utility>
+
+namespace kiln::models {
+namespace {
+
+constexpr std::pair<const char*, Builder> kRegistry[] = {
+    {"LlamaForCausalLM", build_llama},
+    {"Qwen3ForCausalLM", build_qwen3},
+    {"Qwen3MoeForCausalLM", build_qwen3_moe},
+    {"Glm4MoeForCausalLM", build_glm4_moe},
+    {"DeepseekV3ForCausalLM", build_deepseek_v3},  // also Kimi K2 / K2.5 text models
+    {"GptOssForCausalLM", build_gpt_oss},
+};
+
+}  // namespace
+
+std::vector<std::string> supported_architectures() {
+  std::vector<std::string> out;
+  for (const auto& [name, fn] : kRegistry) out.emplace_back(name);
+  return out;
+}
+
+Result<model::CausalLM> build_model(const formats::ModelConfig& config, model::WeightLoader& loader) {
+  for (const auto& [name, fn] : kRegistry) {
+    if (config.architecture == name) return fn(config, loader);
+  }
+  std::string list;
+  for (const auto& [name, fn] : kRegistry) list += (list.empty() ? "" : ", ") + std::string(name);
+  return unsupported("architecture \"" + config.architecture + "\" is not supported; supported: " + list);
+}
+
+}  // namespace kiln::models

@@ -1,0 +1,134 @@
+#include "runtime/engine.h"
+
+#include <algorithm>
+
+#include "core/log.h"
+#include "formats/safetensors.h"
+#include "model/loader.h"
+#include "models/registry.h"
+
+namespace kiln::runtime {
+
+Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_dir,
+                                             std::unique_ptr<ops::Backend> backend,
+                                             const EngineOptions& options) {
+  std::unique_ptr<Engine> e(new Engine());
+  e->options_ = options;
+  e->backend_ = std::move(backend);
+  KILN_ASSIGN_OR_RETURN(e->config_, formats::load_config(model_dir));
+  KILN_ASSIGN_OR_RETURN(formats::Checkpoint ckpt, formats::Checkpoint::open(model_dir));
+  model::WeightLoader loader(ckpt, *e->backend_);
+  auto built = models::build_model(e->config_, loader);
+  if (!built.ok()) return built.status().with_context("loading " + model_dir);
+  e->model_ = std::move(built).value();
+  for (const std::string& name : loader.unused()) {
+    KILN_LOG(kInfo, "checkpoint tensor not used by " << e->config_.architecture << ": " << name);
+  }
+
+  int64_t len = options.max_model_len;
+  if (len <= 0) len = std::min<int64_t>(e->config_.max_position_embeddings > 0
+                                            ? e->config_.max_position_embeddings
+                                            : 8192,
+                                        8192);
+  e->max_model_len_ = len;
+  const int32_t bs = options.block_size;
+  if (bs <= 0) return invalid_argument("block size must be positive");
+  const int32_t n_blocks = int32_t((len + bs - 1) / bs);
+  e->kv_ = KvCache::create(*e->backend_, e->model_.kv_layouts(), n_blocks, bs);
+  e->blocks_ = BlockAllocator(n_blocks);
+  return e;
+}
+
+Status Engine::check_prompt(const std::vector<int32_t>& prompt, int64_t extra_tokens) const {
+  if (prompt.empty()) return invalid_argument("the prompt has no tokens");
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    if (prompt[i] < 0 || prompt[i] >= config_.vocab_size) {
+      return invalid_argument("token " + std::to_string(prompt[i]) + " at position " + std::to_string(i) +
+                              " is outside the vocabulary [0, " + std::to_string(config_.vocab_size) + ")");
+    }
+  }
+  if (int64_t(prompt.size()) + extra_tokens > max_model_len_) {
+    return invalid_argument("prompt (" + std::to_string(prompt.size()) + " tokens) plus " +
+                            std::to_string(extra_tokens) + " new tokens exceeds the maximum length " +
+                            std::to_string(max_model_len_));
+  }
+  return Status::Ok();
+}
+
+std::vector<float> Engine::step(const std::vector<int32_t>& seq, int32_t begin, int32_t end,
+                                const std::vector<int32_t>& block_table,
+                                const std::vector<int32_t>& rows) {
+  ops::BatchMeta b;
+  b.block_size = kv_.block_size;
+  b.block_table = block_table;
+  b.max_blocks_per_seq = int32_t(block_table.size());
+  b.q_start = {0, end - begin};
+  b.context_len = {end};
+  for (int32_t p = begin; p < end; ++p) {
+    b.positions.push_back(p);
+    b.slot_mapping.push_back(int32_t(b.slot(0, p)));
+  }
+  const std::vector<int32_t> ids(seq.begin() + begin, seq.begin() + end);
+  Tensor logits = model_.forward(*backend_, ids, b, kv_.layers, rows);
+  std::vector<float> out(size_t(logits.numel()));
+  backend_->to_host_f32(logits, out.data());
+  return out;
+}
+
+Result<std::vector<std::vector<float>>> Engine::logits(const std::vector<int32_t>& prompt) {
+  KILN_RETURN_IF_ERROR(check_prompt(prompt, 0));
+  const int32_t n = int32_t(prompt.size());
+  const int32_t n_blocks = (n + kv_.block_size - 1) / kv_.block_size;
+  if (!blocks_.can_allocate(n_blocks)) return Status(StatusCode::kResourceExhausted, "KV cache full");
+  const std::vector<int32_t> table = blocks_.allocate(n_blocks);
+  const int32_t chunk = options_.prefill_chunk > 0 ? options_.prefill_chunk : n;
+  std::vector<std::vector<float>> out;
+  for (int32_t begin = 0; begin < n; begin += chunk) {
+    const int32_t end = std::min(n, begin + chunk);
+    std::vector<int32_t> rows(size_t(end - begin));
+    for (int32_t r = 0; r < end - begin; ++r) rows[size_t(r)] = r;
+    const std::vector<float> flat = step(prompt, begin, end, table, rows);
+    const size_t vocab = size_t(config_.vocab_size);
+    for (size_t r = 0; r < rows.size(); ++r)
+      out.emplace_back(flat.begin() + long(r * vocab), flat.begin() + long((r + 1) * vocab));
+  }
+  blocks_.release(table);
+  return out;
+}
+
+Result<GenerateResult> Engine::generate(const std::vector<int32_t>& prompt, int32_t max_new_tokens,
+                                        const SamplingParams& sampling, bool ignore_eos) {
+  if (max_new_tokens < 0) return invalid_argument("max tokens must not be negative");
+  KILN_RETURN_IF_ERROR(check_prompt(prompt, max_new_tokens));
+  std::vector<int32_t> seq = prompt;
+  const int32_t total = int32_t(prompt.size()) + max_new_tokens;
+  const int32_t n_blocks = (total + kv_.block_size - 1) / kv_.block_size;
+  if (!blocks_.can_allocate(n_blocks)) return Status(StatusCode::kResourceExhausted, "KV cache full");
+  const std::vector<int32_t> table = blocks_.allocate(n_blocks);
+
+  Sampler sampler(sampling);
+  GenerateResult result;
+  const int32_t chunk = options_.prefill_chunk > 0 ? options_.prefill_chunk : int32_t(prompt.size());
+  int32_t done = 0;  // tokens already in the KV cache
+  while (int32_t(result.tokens.size()) < max_new_tokens) {
+    // Prefill (possibly chunked) until the whole sequence is cached; the last
+    // step's final row gives the next token's logits.
+    const int32_t end = std::min<int32_t>(int32_t(seq.size()), done + chunk);
+    const int32_t last_row = end - done - 1;
+    const std::vector<float> logits = step(seq, done, end, table, {last_row});
+    done = end;
+    if (done < int32_t(seq.size())) continue;
+    const int32_t tok = sampler.sample(logits);
+    result.tokens.push_back(tok);
+    seq.push_back(tok);
+    const auto& eos = config_.eos_token_ids;
+    if (!ignore_eos && std::find(eos.begin(), eos.end(), tok) != eos.end()) {
+      result.stopped_by_eos = true;
+      break;
+    }
+  }
+  blocks_.release(table);
+  return result;
+}
+
+}  // namespace kiln::runtime

@@ -1,0 +1,425 @@
+// CPU reference backend: memory ops, embedding, rms_norm, linear, rope, glu, add.
+// Expectations come from naive double-precision loops written here, never from
+// the backend itself.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <numbers>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "backends/cpu/cpu_backend.h"
+
+namespace kiln::cpu {
+namespace {
+
+// ---- helpers (each backend test file keeps its own small copy) --------------
+
+std::vector<float> random_values(std::mt19937& rng, int64_t n, float scale = 1.0f) {
+  std::uniform_real_distribution<float> dist(-scale, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// x rounded to the nearest value of dtype (exact for f32).
+float round_to(DType dt, float x) {
+  if (dt == DType::kBF16) return bf16_to_f32(f32_to_bf16(x));
+  if (dt == DType::kF16) return f16_to_f32(f32_to_f16(x));
+  return x;
+}
+
+// A host tensor of dtype dt holding `v` (rounded to dt). v is rounded in place
+// so a reference can use the exact stored values.
+Tensor make_tensor(DType dt, Shape s, std::vector<float>& v) {
+  Tensor t = host_tensor(dt, s);
+  EXPECT_EQ(t.numel(), int64_t(v.size()));
+  for (size_t i = 0; i < v.size(); ++i) {
+    v[i] = round_to(dt, v[i]);
+    if (dt == DType::kF32) t.as<float>()[i] = v[i];
+    if (dt == DType::kBF16) t.as<uint16_t>()[i] = f32_to_bf16(v[i]);
+    if (dt == DType::kF16) t.as<uint16_t>()[i] = f32_to_f16(v[i]);
+  }
+  return t;
+}
+
+// A random weight, logically W [n_out, n_in] (row-major in `logical`), stored in
+// dt, as [n_in, n_out] when transposed.
+struct TestWeight {
+  ops::Weight w;
+  std::vector<float> logical;  // [n_out, n_in], exact stored values
+  std::vector<float> bias;     // [n_out] or empty
+};
+
+TestWeight make_weight(std::mt19937& rng, DType dt, int64_t n_out, int64_t n_in, bool transposed,
+                       DType bias_dt = DType::kF32, bool with_bias = false) {
+  TestWeight tw;
+  tw.logical = random_values(rng, n_out * n_in);
+  for (float& x : tw.logical) x = round_to(dt, x);
+  std::vector<float> stored(tw.logical.size());
+  for (int64_t o = 0; o < n_out; ++o)
+    for (int64_t i = 0; i < n_in; ++i)
+      stored[transposed ? i * n_out + o : o * n_in + i] = tw.logical[o * n_in + i];
+  tw.w.data = transposed ? make_tensor(dt, {n_in, n_out}, stored) : make_tensor(dt, {n_out, n_in}, stored);
+  tw.w.transposed = transposed;
+  if (with_bias) {
+    tw.bias = random_values(rng, n_out);
+    tw.w.bias = make_tensor(bias_dt, {n_out}, tw.bias);
+  }
+  return tw;
+}
+
+// |got - ref| <= rel_tol * max|ref| for every element.
+void expect_close(const float* got, const std::vector<double>& ref, double rel_tol) {
+  double max_ref = 0.0;
+  for (double r : ref) max_ref = std::max(max_ref, std::abs(r));
+  ASSERT_GT(max_ref, 1e-3) << "degenerate reference";
+  for (size_t i = 0; i < ref.size(); ++i)
+    ASSERT_NEAR(got[i], ref[i], rel_tol * max_ref) << "element " << i;
+}
+
+// ---- memory -----------------------------------------------------------------
+
+TEST(CpuBackend, UploadIsZeroCopyAndHostCopiesConvert) {
+  auto be = make_cpu_backend(1);
+  EXPECT_EQ(be->activation_dtype(), DType::kF32);
+  std::vector<float> v = {1.5f, -2.25f, 3.0f, 0.125f};
+  Tensor w = make_tensor(DType::kBF16, {2, 2}, v);
+  Tensor up = be->upload(w);
+  EXPECT_EQ(up.data, w.data);
+  EXPECT_EQ(up.dtype, DType::kBF16);
+  float host[4];
+  be->to_host_f32(up, host);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(host[i], v[i]);
+
+  Tensor act = be->alloc(DType::kF32, {4});
+  be->from_host_f32(v.data(), act);
+  float back[4];
+  be->to_host_f32(act, back);
+  EXPECT_EQ(std::memcmp(back, v.data(), sizeof(back)), 0);
+}
+
+TEST(CpuBackend, EmbeddingGathersRowsOfABf16Table) {
+  std::mt19937 rng(1);
+  auto be = make_cpu_backend(2);
+  const int64_t vocab = 10, d_model = 6;
+  std::vector<float> table = random_values(rng, vocab * d_model);
+  Tensor table_t = make_tensor(DType::kBF16, {vocab, d_model}, table);
+  Tensor ids = host_tensor(DType::kI32, {4});
+  const int32_t id_values[4] = {7, 0, 7, 9};
+  std::memcpy(ids.data, id_values, sizeof(id_values));
+  Tensor out = be->alloc(DType::kF32, {4, d_model});
+  be->embedding({.table = table_t, .ids = ids, .out = out});
+  for (int t = 0; t < 4; ++t)
+    for (int i = 0; i < d_model; ++i)
+      EXPECT_EQ(out.as<float>()[t * d_model + i], table[id_values[t] * d_model + i]);
+}
+
+// ---- linear -----------------------------------------------------------------
+
+std::vector<double> linear_reference(const std::vector<float>& x, const TestWeight& tw,
+                                     int64_t n_tokens, int64_t n_in, int64_t n_out) {
+  std::vector<double> y(n_tokens * n_out);
+  for (int64_t t = 0; t < n_tokens; ++t)
+    for (int64_t o = 0; o < n_out; ++o) {
+      double acc = tw.bias.empty() ? 0.0 : tw.bias[o];
+      for (int64_t i = 0; i < n_in; ++i) acc += double(x[t * n_in + i]) * tw.logical[o * n_in + i];
+      y[t * n_out + o] = acc;
+    }
+  return y;
+}
+
+struct LinearCase {
+  DType w_dtype;
+  bool transposed;
+  bool with_bias;
+  DType bias_dtype;
+};
+
+TEST(CpuLinear, MatchesNaiveDoubleForEveryStoredDtypeAndLayout) {
+  const LinearCase cases[] = {
+      {DType::kF32, false, false, DType::kF32}, {DType::kBF16, false, false, DType::kF32},
+      {DType::kF16, false, false, DType::kF32}, {DType::kBF16, true, false, DType::kF32},
+      {DType::kF32, false, true, DType::kF32},  {DType::kBF16, false, true, DType::kBF16},
+      {DType::kF16, true, true, DType::kF16},
+  };
+  std::mt19937 rng(2);
+  auto be = make_cpu_backend(3);
+  const int64_t n_tokens = 5, n_in = 96, n_out = 37;
+  for (const LinearCase& c : cases) {
+    SCOPED_TRACE(std::string(dtype_name(c.w_dtype)) + (c.transposed ? " transposed" : "") +
+                 (c.with_bias ? " bias " + std::string(dtype_name(c.bias_dtype)) : ""));
+    TestWeight tw = make_weight(rng, c.w_dtype, n_out, n_in, c.transposed, c.bias_dtype, c.with_bias);
+    std::vector<float> x = random_values(rng, n_tokens * n_in);
+    Tensor x_t = make_tensor(DType::kF32, {n_tokens, n_in}, x);
+    Tensor out = be->alloc(DType::kF32, {n_tokens, n_out});
+    be->linear({.x = x_t, .w = &tw.w, .out = out});
+    expect_close(out.as<float>(), linear_reference(x, tw, n_tokens, n_in, n_out), 1e-5);
+  }
+}
+
+TEST(CpuLinear, ReadsAndWritesSlicesOfLargerTensors) {
+  std::mt19937 rng(3);
+  auto be = make_cpu_backend(2);
+  const int64_t n_in = 24, n_out = 10;
+  TestWeight tw = make_weight(rng, DType::kBF16, n_out, n_in, false);
+  std::vector<float> x = random_values(rng, 6 * n_in);
+  Tensor x_all = make_tensor(DType::kF32, {6, n_in}, x);
+  Tensor out_all = be->alloc(DType::kF32, {6, n_out});
+  be->linear({.x = x_all.slice0(2, 5), .w = &tw.w, .out = out_all.slice0(1, 4)});
+  const std::vector<double> ref = linear_reference(x, tw, 6, n_in, n_out);
+  for (int64_t t = 0; t < 3; ++t)
+    for (int64_t o = 0; o < n_out; ++o)
+      EXPECT_NEAR(out_all.as<float>()[(1 + t) * n_out + o], ref[(2 + t) * n_out + o], 1e-5);
+  for (int64_t o = 0; o < n_out; ++o) {
+    EXPECT_EQ(out_all.as<float>()[o], 0.0f);                  // row 0 untouched
+    EXPECT_EQ(out_all.as<float>()[4 * n_out + o], 0.0f);      // row 4 untouched
+  }
+}
+
+TEST(CpuLinear, OneAndFourThreadsGiveBitIdenticalResults) {
+  std::mt19937 rng(4);
+  auto be1 = make_cpu_backend(1);
+  auto be4 = make_cpu_backend(4);
+  const int64_t n_tokens = 7, n_in = 130, n_out = 203;
+  for (bool transposed : {false, true}) {
+    TestWeight tw = make_weight(rng, DType::kBF16, n_out, n_in, transposed, DType::kF32, true);
+    std::vector<float> x = random_values(rng, n_tokens * n_in);
+    Tensor x_t = make_tensor(DType::kF32, {n_tokens, n_in}, x);
+    Tensor out1 = be1->alloc(DType::kF32, {n_tokens, n_out});
+    Tensor out4 = be4->alloc(DType::kF32, {n_tokens, n_out});
+    be1->linear({.x = x_t, .w = &tw.w, .out = out1});
+    be4->linear({.x = x_t, .w = &tw.w, .out = out4});
+    EXPECT_EQ(std::memcmp(out1.data, out4.data, out1.nbytes()), 0) << "transposed " << transposed;
+  }
+}
+
+TEST(CpuLinearDeathTest, QuantizedWeightDtypeFailsNamingTheDtype) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto be = make_cpu_backend(1);
+  ops::Weight w;
+  w.data = host_tensor(DType::kF8E4M3, {4, 8});
+  Tensor x = host_tensor(DType::kF32, {1, 8});
+  Tensor out = host_tensor(DType::kF32, {1, 4});
+  EXPECT_DEATH(be->linear({.x = x, .w = &w, .out = out}), "f8e4m3");
+}
+
+TEST(CpuLinearDeathTest, ShapeMismatchPrintsBothValues) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto be = make_cpu_backend(1);
+  ops::Weight w;
+  w.data = host_tensor(DType::kF32, {4, 8});
+  Tensor x = host_tensor(DType::kF32, {1, 9});
+  Tensor out = host_tensor(DType::kF32, {1, 4});
+  EXPECT_DEATH(be->linear({.x = x, .w = &w, .out = out}), "9 vs 8");
+}
+
+// ---- rms_norm ---------------------------------------------------------------
+
+// HF semantics: v / sqrt(mean(v^2) + eps) * weight, row by row.
+std::vector<double> rms_norm_reference(const std::vector<double>& v, const std::vector<float>& w,
+                                       int64_t rows, int64_t dim, double eps) {
+  std::vector<double> y(v.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < dim; ++i) ss += v[r * dim + i] * v[r * dim + i];
+    const double inv = 1.0 / std::sqrt(ss / double(dim) + eps);
+    for (int64_t i = 0; i < dim; ++i) y[r * dim + i] = v[r * dim + i] * inv * w[i];
+  }
+  return y;
+}
+
+TEST(CpuRmsNorm, NormalisesRowsWithABf16Weight) {
+  std::mt19937 rng(5);
+  auto be = make_cpu_backend(2);
+  const int64_t rows = 6, dim = 64;
+  const float eps = 1e-5f;
+  std::vector<float> x = random_values(rng, rows * dim), w = random_values(rng, dim);
+  Tensor x_t = make_tensor(DType::kF32, {rows, dim}, x);
+  Tensor w_t = make_tensor(DType::kBF16, {dim}, w);
+  Tensor out = be->alloc(DType::kF32, {rows, dim});
+  be->rms_norm({.x = x_t, .weight = w_t, .residual = {}, .out = out, .eps = eps});
+  const std::vector<double> xd(x.begin(), x.end());
+  expect_close(out.as<float>(), rms_norm_reference(xd, w, rows, dim, eps), 1e-6);
+}
+
+TEST(CpuRmsNorm, AddsIntoTheResidualThenNormalisesIt) {
+  std::mt19937 rng(6);
+  auto be = make_cpu_backend(2);
+  const int64_t rows = 5, dim = 48;
+  std::vector<float> x = random_values(rng, rows * dim), res = random_values(rng, rows * dim);
+  std::vector<float> w = random_values(rng, dim);
+  Tensor x_t = make_tensor(DType::kF32, {rows, dim}, x);
+  Tensor res_t = make_tensor(DType::kF32, {rows, dim}, res);
+  Tensor w_t = make_tensor(DType::kF32, {dim}, w);
+  Tensor out = be->alloc(DType::kF32, {rows, dim});
+  be->rms_norm({.x = x_t, .weight = w_t, .residual = res_t, .out = out, .eps = 1e-6f});
+  std::vector<double> sum(rows * dim);
+  for (int64_t i = 0; i < rows * dim; ++i) {
+    sum[i] = double(x[i]) + res[i];
+    EXPECT_EQ(res_t.as<float>()[i], x[i] + res[i]) << "residual updated in place, element " << i;
+    EXPECT_EQ(x_t.as<float>()[i], x[i]) << "x unchanged, element " << i;
+  }
+  expect_close(out.as<float>(), rms_norm_reference(sum, w, rows, dim, 1e-6), 1e-6);
+}
+
+TEST(CpuRmsNorm, OutMayAliasX) {
+  std::mt19937 rng(7);
+  auto be = make_cpu_backend(2);
+  const int64_t rows = 3, dim = 32;
+  std::vector<float> w = random_values(rng, dim);
+  Tensor w_t = make_tensor(DType::kF16, {dim}, w);
+  for (bool with_residual : {false, true}) {
+    std::vector<float> x = random_values(rng, rows * dim), res = random_values(rng, rows * dim);
+    Tensor x_t = make_tensor(DType::kF32, {rows, dim}, x);
+    Tensor res_t = make_tensor(DType::kF32, {rows, dim}, res);
+    std::vector<double> v(rows * dim);
+    for (int64_t i = 0; i < rows * dim; ++i) v[i] = with_residual ? double(x[i]) + res[i] : x[i];
+    ops::RmsNormArgs args{.x = x_t, .weight = w_t, .residual = {}, .out = x_t};
+    if (with_residual) args.residual = res_t;
+    be->rms_norm(args);
+    SCOPED_TRACE(with_residual ? "with residual" : "without residual");
+    expect_close(x_t.as<float>(), rms_norm_reference(v, w, rows, dim, 1e-6), 1e-6);
+  }
+}
+
+// ---- rope -------------------------------------------------------------------
+
+ops::RopeTable make_table(int d_rot, double theta, float attention_factor, ops::RopeStyle style) {
+  ops::RopeTable tab{.d_rot = d_rot, .inv_freq = {}, .attention_factor = attention_factor, .style = style};
+  for (int i = 0; i < d_rot / 2; ++i) tab.inv_freq.push_back(float(std::pow(theta, -2.0 * i / d_rot)));
+  return tab;
+}
+
+// Rotates pairs of the first d_rot dims: angle = float(pos) * inv_freq[i] in fp32
+// (as the contract says), then cos / sin in double, times attention_factor.
+std::vector<double> rope_reference(const std::vector<float>& x, const std::vector<int32_t>& pos,
+                                   int64_t n_heads, int64_t d_head, const ops::RopeTable& tab) {
+  std::vector<double> y(x.begin(), x.end());
+  const int half = tab.d_rot / 2;
+  for (size_t t = 0; t < pos.size(); ++t)
+    for (int64_t h = 0; h < n_heads; ++h)
+      for (int i = 0; i < half; ++i) {
+        const float angle = float(pos[t]) * tab.inv_freq[i];
+        const double c = std::cos(double(angle)) * tab.attention_factor;
+        const double s = std::sin(double(angle)) * tab.attention_factor;
+        const bool halves = tab.style == ops::RopeStyle::kHalf;
+        const int64_t base = (int64_t(t) * n_heads + h) * d_head;
+        const int64_t i1 = base + (halves ? i : 2 * i), i2 = base + (halves ? i + half : 2 * i + 1);
+        y[i1] = double(x[i1]) * c - double(x[i2]) * s;
+        y[i2] = double(x[i2]) * c + double(x[i1]) * s;
+      }
+  return y;
+}
+
+TEST(CpuRope, HalfInterleavedAndPartialRotationMatchNaive) {
+  struct Case {
+    int d_rot;
+    float attention_factor;
+    ops::RopeStyle style;
+    const char* name;
+  };
+  const Case cases[] = {
+      {16, 1.0f, ops::RopeStyle::kHalf, "half, full rotation"},
+      {16, 1.0f, ops::RopeStyle::kInterleaved, "interleaved, full rotation"},
+      {8, 1.25f, ops::RopeStyle::kHalf, "half, partial rotation, attention_factor"},
+      {6, 0.8f, ops::RopeStyle::kInterleaved, "interleaved, partial rotation, attention_factor"},
+  };
+  std::mt19937 rng(8);
+  auto be = make_cpu_backend(2);
+  const int64_t n_heads = 3, d_head = 16;
+  const std::vector<int32_t> pos = {0, 1, 7, 100, 4095};
+  const int64_t n_tokens = int64_t(pos.size());
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const ops::RopeTable tab = make_table(c.d_rot, 10000.0, c.attention_factor, c.style);
+    std::vector<float> x = random_values(rng, n_tokens * n_heads * d_head);
+    Tensor x_t = make_tensor(DType::kF32, {n_tokens, n_heads, d_head}, x);
+    be->rope({.x = x_t, .positions = pos.data(), .table = &tab});
+    const std::vector<double> ref = rope_reference(x, pos, n_heads, d_head, tab);
+    expect_close(x_t.as<float>(), ref, 1e-6);
+    for (int64_t r = 0; r < n_tokens * n_heads; ++r)  // dims >= d_rot untouched, bit for bit
+      for (int64_t d = c.d_rot; d < d_head; ++d)
+        ASSERT_EQ(x_t.as<float>()[r * d_head + d], x[r * d_head + d]);
+  }
+}
+
+TEST(CpuRope, HandCheckedQuarterTurn) {
+  // inv_freq = pi/2 at position 1: (x1, x2) -> (-x2, x1), scaled by 2.
+  auto be = make_cpu_backend(1);
+  ops::RopeTable tab{.d_rot = 2, .inv_freq = {float(std::numbers::pi / 2)}, .attention_factor = 2.0f};
+  std::vector<float> x = {3.0f, 5.0f, 7.0f};  // d_head 3: the last dim is not rotated
+  Tensor x_t = make_tensor(DType::kF32, {1, 1, 3}, x);
+  const int32_t pos = 1;
+  be->rope({.x = x_t, .positions = &pos, .table = &tab});
+  EXPECT_NEAR(x_t.as<float>()[0], -10.0f, 1e-5);
+  EXPECT_NEAR(x_t.as<float>()[1], 6.0f, 1e-5);
+  EXPECT_EQ(x_t.as<float>()[2], 7.0f);
+}
+
+// ---- glu, add -----------------------------------------------------------------
+
+TEST(CpuGlu, SiluAndGptOssClampMatchNaive) {
+  std::mt19937 rng(9);
+  auto be = make_cpu_backend(1);
+  const int64_t n = 4, d_ff = 50;
+  // Values up to +-10 so the gpt-oss clamp (limit 7) bites on both sides.
+  std::vector<float> g = random_values(rng, n * d_ff, 10.0f), u = random_values(rng, n * d_ff, 10.0f);
+  Tensor g_t = make_tensor(DType::kF32, {n, d_ff}, g), u_t = make_tensor(DType::kF32, {n, d_ff}, u);
+  Tensor out = be->alloc(DType::kF32, {n, d_ff});
+
+  be->glu({.gate = g_t, .up = u_t, .out = out, .params = {.kind = ops::GluKind::kSilu}});
+  std::vector<double> ref(n * d_ff);
+  for (int64_t i = 0; i < n * d_ff; ++i) ref[i] = g[i] / (1.0 + std::exp(-double(g[i]))) * u[i];
+  expect_close(out.as<float>(), ref, 1e-6);
+
+  const ops::GluParams oss{.kind = ops::GluKind::kGptOssClamp, .alpha = 1.702f, .limit = 7.0f};
+  be->glu({.gate = g_t, .up = u_t, .out = out, .params = oss});
+  for (int64_t i = 0; i < n * d_ff; ++i) {
+    const double gc = std::min(double(g[i]), 7.0), uc = std::clamp(double(u[i]), -7.0, 7.0);
+    ref[i] = (uc + 1.0) * gc / (1.0 + std::exp(-1.702 * gc));
+  }
+  expect_close(out.as<float>(), ref, 1e-6);
+}
+
+TEST(CpuGlu, HandCheckedValues) {
+  auto be = make_cpu_backend(1);
+  std::vector<float> g = {0.0f, 9.0f}, u = {5.0f, -9.0f};
+  Tensor g_t = make_tensor(DType::kF32, {1, 2}, g), u_t = make_tensor(DType::kF32, {1, 2}, u);
+  Tensor out = be->alloc(DType::kF32, {1, 2});
+  be->glu({.gate = g_t, .up = u_t, .out = out, .params = {.kind = ops::GluKind::kGptOssClamp}});
+  EXPECT_EQ(out.as<float>()[0], 0.0f);  // gate 0: sigmoid(0) * 0
+  // gate 9 -> 7, up -9 -> -7: (-7 + 1) * 7 * sigmoid(1.702 * 7)
+  EXPECT_NEAR(out.as<float>()[1], -42.0 / (1.0 + std::exp(-1.702 * 7.0)), 1e-4);
+}
+
+TEST(CpuAdd, AddsElementwiseAndMayAliasAnInput) {
+  std::mt19937 rng(10);
+  auto be = make_cpu_backend(1);
+  std::vector<float> a = random_values(rng, 12), b = random_values(rng, 12);
+  Tensor a_t = make_tensor(DType::kF32, {3, 4}, a), b_t = make_tensor(DType::kF32, {3, 4}, b);
+  be->add({.a = a_t, .b = b_t, .out = a_t});
+  for (int i = 0; i < 12; ++i) EXPECT_EQ(a_t.as<float>()[i], a[i] + b[i]);
+}
+
+}  // namespace
+}  // namespace kiln::cpu
+
+namespace kiln::cpu {
+namespace {
+
+TEST(CpuSliceColumns, CopiesTheColumnRangeOfEveryRow) {
+  auto be = make_cpu_backend(1);
+  Tensor src = host_tensor(DType::kF32, {3, 5});
+  for (int i = 0; i < 15; ++i) src.as<float>()[i] = float(i) + 0.5f;
+  Tensor dst = host_tensor(DType::kF32, {3, 2});
+  be->slice_columns({.src = src, .col_begin = 3, .dst = dst});
+  const float expected[] = {3.5f, 4.5f, 8.5f, 9.5f, 13.5f, 14.5f};
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(dst.as<float>()[i], expected[i]) << i;
+}
+
+}  // namespace
+}  // namespace kiln::cpu

@@ -1,0 +1,110 @@
+// The CLI contract: JSON on stdout, errors on stderr with a non-zero exit code.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "fixture.h"
+
+namespace kiln {
+namespace {
+
+struct KilnRun {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+// Runs `env kiln args` in a shell; env is "" or "VAR=value ".
+KilnRun run_kiln_env(const std::string& env, const std::string& args) {
+  const std::string err_path = std::filesystem::temp_directory_path() /
+                               ("kiln_cli_err_" + std::to_string(::getpid()));
+  const std::string cmd = env + std::string(KILN_BINARY) + " " + args + " 2>" + err_path;
+  KilnRun r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[65536];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream f(err_path);
+  r.err.assign(std::istreambuf_iterator<char>(f), {});
+  std::filesystem::remove(err_path);
+  return r;
+}
+
+KilnRun run_kiln(const std::string& args) { return run_kiln_env("", args); }
+
+std::string join(const std::vector<int32_t>& v) {
+  std::string s;
+  for (int32_t x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+  return s;
+}
+
+TEST(Cli, LogitsPrintsOneRowPerPositionMatchingTransformers) {
+  const nlohmann::json g = testing::read_json(testing::fixture_dir("gpt_oss") + "/golden.json");
+  const auto prompt = g["prompt_long"].get<std::vector<int32_t>>();
+  KilnRun r = run_kiln("logits --model " + testing::fixture_dir("gpt_oss") + " --tokens " + join(prompt));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto got = nlohmann::json::parse(r.out)["logits"].get<std::vector<std::vector<float>>>();
+  ASSERT_EQ(got.size(), prompt.size());
+  EXPECT_LT(testing::relative_error(got, testing::golden_logits("gpt_oss", "long")), 1e-4);
+}
+
+TEST(Cli, GreedyGenerateReproducesTransformersTokens) {
+  const nlohmann::json g = testing::read_json(testing::fixture_dir("deepseek_v3") + "/golden.json");
+  const auto prompt = g["prompt_short"].get<std::vector<int32_t>>();
+  const auto expected = g["greedy_short"].get<std::vector<int32_t>>();
+  KilnRun r = run_kiln("generate --model " + testing::fixture_dir("deepseek_v3") + " --tokens " +
+                   join(prompt) + " --max-tokens " + std::to_string(expected.size()) + " --temperature 0");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["tokens"].get<std::vector<int32_t>>(), expected);
+}
+
+TEST(Cli, SeededSamplingIsReproducibleAndSeedDependent) {
+  const std::string base = "generate --model " + testing::fixture_dir("qwen3_moe") +
+                           " --tokens 3,1,4,1,5 --max-tokens 16 --temperature 1.0 --top-p 0.95";
+  KilnRun a = run_kiln(base + " --seed 7"), b = run_kiln(base + " --seed 7"), c = run_kiln(base + " --seed 8");
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_NE(a.out, c.out);
+}
+
+TEST(Cli, BadInputsFailWithAClearMessage) {
+  const std::string model = " --model " + testing::fixture_dir("llama");
+  struct Case {
+    std::string args, expect;
+  } cases[] = {
+      {"logits --model /nonexistent/dir --tokens 1,2", "/nonexistent/dir"},
+      {"logits" + model + " --tokens 1,x,3", "\"x\" is not a token id"},
+      {"logits" + model + " --tokens 1,99999", "outside the vocabulary"},
+      {"logits" + model, "needs --tokens"},
+      {"generate" + model + " --tokens 1,2 --max-tokens 100000", "exceeds the maximum length"},
+      {"frobnicate", "frobnicate"},
+  };
+  for (const Case& c : cases) {
+    KilnRun r = run_kiln(c.args);
+    EXPECT_NE(r.exit_code, 0) << c.args;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.args << "\nstderr: " << r.err;
+    EXPECT_TRUE(r.out.empty()) << c.args;
+  }
+}
+
+TEST(Cli, GenerateWithoutModelRunsTheBuiltInDemo) {
+  const auto dir = std::filesystem::temp_directory_path() / ("kiln_demo_" + std::to_string(::getpid()));
+  const std::string env = "KILN_CACHE_DIR=" + dir.string() + " ";
+  const std::string cmd = "generate --max-tokens 8";
+  KilnRun a = run_kiln_env(env, cmd);
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  const auto tokens = nlohmann::json::parse(a.out)["tokens"].get<std::vector<int32_t>>();
+  EXPECT_EQ(tokens.size(), 8u);
+  KilnRun b = run_kiln_env(env, cmd);  // second run reuses the cached checkpoint, same output
+  EXPECT_EQ(a.out, b.out);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kiln

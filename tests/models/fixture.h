@@ -1,0 +1,59 @@
+// Test helpers: the transformers fixtures in tests/data/models/<name>.
+#pragma once
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "formats/safetensors.h"
+
+namespace kiln::testing {
+
+inline std::string fixture_dir(const std::string& name) {
+  return std::string(KILN_TEST_DATA) + "/models/" + name;
+}
+
+inline nlohmann::json read_json(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return nlohmann::json::parse(ss.str());
+}
+
+// The golden logits [T][vocab] of `which` ("short" or "long").
+inline std::vector<std::vector<float>> golden_logits(const std::string& name, const std::string& which) {
+  auto file = formats::SafetensorsFile::open(fixture_dir(name) + "/golden.safetensors");
+  if (!file.ok()) return {};
+  const formats::TensorInfo* info = (*file)->find("logits_" + which);
+  if (info == nullptr) return {};
+  Tensor t = (*file)->get(*info);
+  std::vector<float> flat(size_t(t.numel()));
+  to_f32(t, flat.data());
+  std::vector<std::vector<float>> rows;
+  for (int64_t r = 0; r < t.dim(0); ++r)
+    rows.emplace_back(flat.begin() + r * t.dim(1), flat.begin() + (r + 1) * t.dim(1));
+  return rows;
+}
+
+// max |a - b| / max |ref| over all rows.
+inline double relative_error(const std::vector<std::vector<float>>& got,
+                             const std::vector<std::vector<float>>& ref) {
+  double max_diff = 0.0, max_ref = 0.0;
+  for (size_t r = 0; r < ref.size(); ++r)
+    for (size_t i = 0; i < ref[r].size(); ++i) {
+      max_diff = std::max(max_diff, std::abs(double(got[r][i]) - double(ref[r][i])));
+      max_ref = std::max(max_ref, std::abs(double(ref[r][i])));
+    }
+  return max_diff / max_ref;
+}
+
+inline const std::vector<std::string>& all_fixtures() {
+  static const std::vector<std::string> kNames = {"llama", "qwen3", "qwen3_moe", "glm4_moe",
+                                                  "deepseek_v3", "kimi_k2", "gpt_oss"};
+  return kNames;
+}
+
+}  // namespace kiln::testing

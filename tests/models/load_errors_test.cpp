@@ -1,0 +1,116 @@
+// Checkpoints that do not match their config, or that kiln cannot run, give an
+// error naming the tensor (or key) and the problem: never a crash, never garbage.
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "backends/cpu/cpu_backend.h"
+#include "fixture.h"
+#include "runtime/engine.h"
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+
+class LoadErrors : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("kiln_load_errors_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A copy of fixture `name` with config.json edited by `edit` and tensors
+  // filtered/replaced by `tensors`.
+  template <typename EditConfig, typename EditTensors>
+  std::string variant(const std::string& name, EditConfig edit, EditTensors tensors) {
+    const std::string src = testing::fixture_dir(name);
+    nlohmann::json cfg = testing::read_json(src + "/config.json");
+    edit(cfg);
+    std::ofstream(dir_ / "config.json") << cfg.dump(2);
+    auto file = formats::SafetensorsFile::open(src + "/model.safetensors");
+    EXPECT_TRUE(file.ok());
+    std::vector<std::pair<std::string, Tensor>> out;
+    for (const formats::TensorInfo& info : (*file)->tensors()) {
+      Tensor t = (*file)->get(info);
+      if (tensors(info.name, t)) out.emplace_back(info.name, t);
+    }
+    EXPECT_TRUE(formats::write_safetensors((dir_ / "model.safetensors").string(), out).ok());
+    return dir_.string();
+  }
+
+  Status load(const std::string& dir) {
+    auto e = runtime::Engine::load(dir, cpu::make_cpu_backend(1), {});
+    return e.ok() ? Status::Ok() : e.status();
+  }
+
+  fs::path dir_;
+};
+
+auto keep_config = [](nlohmann::json&) {};
+auto keep_all = [](const std::string&, Tensor&) { return true; };
+
+TEST_F(LoadErrors, MissingTensorIsNamed) {
+  const std::string missing = "model.layers.2.mlp.experts.3.down_proj.weight";
+  Status s = load(variant("qwen3_moe", keep_config,
+                          [&](const std::string& n, Tensor&) { return n != missing; }));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(missing), std::string::npos) << s.message();
+}
+
+TEST_F(LoadErrors, ShapeMismatchWithConfigNamesTensorAndShapes) {
+  Status s = load(variant("llama", [](nlohmann::json& c) { c["intermediate_size"] = 128; }, keep_all));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("model.layers.0.mlp.gate_proj.weight"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("128"), std::string::npos) << s.message();
+}
+
+TEST_F(LoadErrors, UnsupportedWeightDtypeIsNamed) {
+  const std::string name = "model.layers.0.self_attn.q_proj.weight";
+  Status s = load(variant("llama", keep_config, [&](const std::string& n, Tensor& t) {
+    if (n == name) t.dtype = DType::kI16;  // same bytes, wrong type
+    return true;
+  }));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(name), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("i16"), std::string::npos) << s.message();
+}
+
+TEST_F(LoadErrors, UnknownArchitectureListsTheSupportedOnes) {
+  Status s = load(variant("llama", [](nlohmann::json& c) { c["architectures"] = {"FooForCausalLM"}; },
+                          keep_all));
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kUnsupported);
+  EXPECT_NE(s.message().find("FooForCausalLM"), std::string::npos);
+  EXPECT_NE(s.message().find("GptOssForCausalLM"), std::string::npos);
+  EXPECT_NE(s.message().find("DeepseekV3ForCausalLM"), std::string::npos);
+}
+
+TEST_F(LoadErrors, MalformedConfigNamesTheKey) {
+  Status s = load(variant("glm4_moe", [](nlohmann::json& c) { c["num_experts_per_tok"] = "two"; },
+                          keep_all));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("num_experts_per_tok"), std::string::npos) << s.message();
+}
+
+TEST_F(LoadErrors, ConfigThatIsNotJsonIsReported) {
+  variant("llama", keep_config, keep_all);
+  std::ofstream(dir_ / "config.json") << "{\"architectures\": [\"LlamaForCausalLM\",";
+  Status s = load(dir_.string());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("config.json"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("JSON"), std::string::npos) << s.message();
+}
+
+TEST_F(LoadErrors, UnsupportedRopeTypeIsReported) {
+  Status s = load(variant("llama", [](nlohmann::json& c) { c["rope_scaling"]["rope_type"] = "longrope"; },
+                          keep_all));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("longrope"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace kiln
