@@ -38,13 +38,25 @@ void check_activation(const Tensor& t, const char* what, int rank) {
   KILN_CHECK_EQ(t.rank(), rank) << "cpu backend: rank of " << what << " " << t.shape;
 }
 
-void matvec(const ops::Weight& w, const float* x, float* y, int64_t o_begin, int64_t o_end) {
+namespace {
+
+// Element i of a weight stored as T, as fp32 (the same exact conversions as load_f32).
+inline float load_as(const float* p, int64_t i) { return p[i]; }
+inline float load_as(const bf16* p, int64_t i) { return bf16_to_f32(p[i].bits); }
+inline float load_as(const f16* p, int64_t i) { return f16_to_f32(p[i].bits); }
+
+// matvec for one storage type: the dtype dispatch happens once per call, not
+// per element; the arithmetic and its order are those documented on matvec().
+template <typename T>
+void matvec_typed(const ops::Weight& w, const float* x, float* y, int64_t o_begin, int64_t o_end) {
+  const T* data = static_cast<const T*>(w.data.data);
   const int64_t n_in = w.n_in();
   if (!w.transposed) {
     // W[o, :] is row o: one dot product per output.
     for (int64_t o = o_begin; o < o_end; ++o) {
+      const T* row = data + o * n_in;
       float acc = 0.0f;
-      for (int64_t i = 0; i < n_in; ++i) acc += x[i] * load_f32(w.data, o * n_in + i);
+      for (int64_t i = 0; i < n_in; ++i) acc += x[i] * load_as(row, i);
       y[o - o_begin] = acc;
     }
   } else {
@@ -53,9 +65,20 @@ void matvec(const ops::Weight& w, const float* x, float* y, int64_t o_begin, int
     const int64_t n_out = w.n_out();
     for (int64_t o = o_begin; o < o_end; ++o) y[o - o_begin] = 0.0f;
     for (int64_t i = 0; i < n_in; ++i) {
-      for (int64_t o = o_begin; o < o_end; ++o)
-        y[o - o_begin] += x[i] * load_f32(w.data, i * n_out + o);
+      const T* row = data + i * n_out;
+      for (int64_t o = o_begin; o < o_end; ++o) y[o - o_begin] += x[i] * load_as(row, o);
     }
+  }
+}
+
+}  // namespace
+
+void matvec(const ops::Weight& w, const float* x, float* y, int64_t o_begin, int64_t o_end) {
+  switch (w.data.dtype) {
+    case DType::kF32: matvec_typed<float>(w, x, y, o_begin, o_end); break;
+    case DType::kBF16: matvec_typed<bf16>(w, x, y, o_begin, o_end); break;
+    case DType::kF16: matvec_typed<f16>(w, x, y, o_begin, o_end); break;
+    default: KILN_CHECK(false) << "matvec: cannot read weight dtype " << dtype_name(w.data.dtype);
   }
   if (w.bias.defined()) {
     for (int64_t o = o_begin; o < o_end; ++o) y[o - o_begin] += load_f32(w.bias, o);
