@@ -126,3 +126,19 @@ Status load_layer_norms(WeightLoader& w, const formats::ModelConfig& c, int64_t 
 }
 
 }  // namespace kiln::model
+
+namespace kiln::model {
+
+Result<CausalLM> build_decoder(WeightLoader& w, const formats::ModelConfig& c, const LayerBinder& bind) {
+  CausalLM lm;
+  KILN_RETURN_IF_ERROR(load_embedding_and_head(w, c, lm));
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    DecoderLayer l;
+    KILN_RETURN_IF_ERROR(load_layer_norms(w, c, i, l));
+    KILN_RETURN_IF_ERROR(bind(i, layer_prefix(i), l));
+    lm.layers.push_back(std::move(l));
+  }
+  return lm;
+}
+
+}  // namespace kiln::model

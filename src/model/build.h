@@ -2,6 +2,7 @@
 // conventions of Hugging Face decoder models ("model.layers.N.self_attn.q_proj").
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "formats/hf_config.h"
@@ -35,5 +36,12 @@ Status load_layer_norms(WeightLoader& w, const formats::ModelConfig& c, int64_t 
                         DecoderLayer& l);
 
 std::string layer_prefix(int64_t layer);  // "model.layers.N"
+
+// Binds attention and ffn of decoder layer `layer` ("model.layers.N" = prefix).
+using LayerBinder =
+    std::function<Status(int64_t layer, const std::string& prefix, DecoderLayer& l)>;
+// The decoder stack every family shares: embedding, n_layers layers (their two
+// norms, then `bind` for attention and ffn), final norm and lm_head.
+Result<CausalLM> build_decoder(WeightLoader& w, const formats::ModelConfig& c, const LayerBinder& bind);
 
 }  // namespace kiln::model

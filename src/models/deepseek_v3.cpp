@@ -7,22 +7,16 @@
 namespace kiln::models {
 
 Result<model::CausalLM> build_deepseek_v3(const formats::ModelConfig& c, model::WeightLoader& w) {
-  model::CausalLM lm;
-  KILN_RETURN_IF_ERROR(model::load_embedding_and_head(w, c, lm));
   const int64_t freq = std::max<int64_t>(1, c.moe_layer_freq);
-  for (int64_t i = 0; i < c.n_layers; ++i) {
-    const std::string p = model::layer_prefix(i);
-    model::DecoderLayer l;
-    KILN_RETURN_IF_ERROR(model::load_layer_norms(w, c, i, l));
+  return model::build_decoder(w, c, [&](int64_t i, const std::string& p, model::DecoderLayer& l) {
     KILN_ASSIGN_OR_RETURN(l.attn, model::load_mla(w, c, p + ".self_attn"));
     if (c.n_experts > 0 && i >= c.first_k_dense_replace && i % freq == 0) {
       KILN_ASSIGN_OR_RETURN(l.ffn, load_grouped_sigmoid_moe(c, w, p + ".mlp"));
     } else {
       KILN_ASSIGN_OR_RETURN(l.ffn, model::load_mlp(w, p + ".mlp", c.d_model, c.d_ff));
     }
-    lm.layers.push_back(std::move(l));
-  }
-  return lm;
+    return Status::Ok();
+  });
 }
 
 }  // namespace kiln::models

@@ -8,12 +8,7 @@
 namespace kiln::models {
 
 Result<model::CausalLM> build_glm4_moe(const formats::ModelConfig& c, model::WeightLoader& w) {
-  model::CausalLM lm;
-  KILN_RETURN_IF_ERROR(model::load_embedding_and_head(w, c, lm));
-  for (int64_t i = 0; i < c.n_layers; ++i) {
-    const std::string p = model::layer_prefix(i);
-    model::DecoderLayer l;
-    KILN_RETURN_IF_ERROR(model::load_layer_norms(w, c, i, l));
+  return model::build_decoder(w, c, [&](int64_t i, const std::string& p, model::DecoderLayer& l) {
     KILN_ASSIGN_OR_RETURN(l.attn, model::load_attention(w, c, i, p + ".self_attn",
                                                         {.qkv_bias = c.attention_bias,
                                                          .o_bias = false,
@@ -23,9 +18,8 @@ Result<model::CausalLM> build_glm4_moe(const formats::ModelConfig& c, model::Wei
     } else {
       KILN_ASSIGN_OR_RETURN(l.ffn, model::load_mlp(w, p + ".mlp", c.d_model, c.d_ff));
     }
-    lm.layers.push_back(std::move(l));
-  }
-  return lm;
+    return Status::Ok();
+  });
 }
 
 }  // namespace kiln::models

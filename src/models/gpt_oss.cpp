@@ -16,12 +16,7 @@ Result<model::CausalLM> build_gpt_oss(const formats::ModelConfig& c, model::Weig
   if (n_exp <= 0 || c.n_experts_active <= 0 || d_ff <= 0) {
     return corrupt("GptOssForCausalLM needs num_local_experts, num_experts_per_tok and intermediate_size");
   }
-  model::CausalLM lm;
-  KILN_RETURN_IF_ERROR(model::load_embedding_and_head(w, c, lm));
-  for (int64_t i = 0; i < c.n_layers; ++i) {
-    const std::string p = model::layer_prefix(i);
-    model::DecoderLayer l;
-    KILN_RETURN_IF_ERROR(model::load_layer_norms(w, c, i, l));
+  return model::build_decoder(w, c, [&](int64_t i, const std::string& p, model::DecoderLayer& l) {
     KILN_ASSIGN_OR_RETURN(l.attn, model::load_attention(w, c, i, p + ".self_attn",
                                                         {.qkv_bias = c.attention_bias,
                                                          .o_bias = c.attention_bias,
@@ -50,9 +45,8 @@ Result<model::CausalLM> build_gpt_oss(const formats::ModelConfig& c, model::Weig
                    .top_k = int32_t(c.n_experts_active)};
     moe.glu = {.kind = ops::GluKind::kGptOssClamp, .alpha = 1.702f, .limit = 7.0f};
     l.ffn = std::move(moe);
-    lm.layers.push_back(std::move(l));
-  }
-  return lm;
+    return Status::Ok();
+  });
 }
 
 }  // namespace kiln::models

@@ -9,34 +9,28 @@ Result<model::CausalLM> build_qwen3_moe(const formats::ModelConfig& c, model::We
   if (c.n_experts <= 0 || c.n_experts_active <= 0 || c.d_ff_expert <= 0) {
     return corrupt("Qwen3MoeForCausalLM needs num_experts, num_experts_per_tok and moe_intermediate_size");
   }
-  model::CausalLM lm;
-  KILN_RETURN_IF_ERROR(model::load_embedding_and_head(w, c, lm));
-  for (int64_t i = 0; i < c.n_layers; ++i) {
-    const std::string p = model::layer_prefix(i);
-    model::DecoderLayer l;
-    KILN_RETURN_IF_ERROR(model::load_layer_norms(w, c, i, l));
+  return model::build_decoder(w, c, [&](int64_t i, const std::string& p, model::DecoderLayer& l) {
     KILN_ASSIGN_OR_RETURN(l.attn, model::load_attention(w, c, i, p + ".self_attn",
                                                         {.qkv_bias = c.attention_bias,
                                                          .o_bias = c.attention_bias,
                                                          .qk_norm = true}));
     bool sparse = (i + 1) % std::max<int64_t>(1, c.decoder_sparse_step) == 0;
     for (int64_t d : c.mlp_only_layers) sparse = sparse && d != i;
-    if (sparse) {
-      model::Moe moe;
-      KILN_ASSIGN_OR_RETURN(moe.router, w.linear(p + ".mlp.gate", c.n_experts, c.d_model, false));
-      KILN_ASSIGN_OR_RETURN(moe.experts, model::load_experts(w, p + ".mlp.experts", c.n_experts,
-                                                             c.d_model, c.d_ff_expert));
-      moe.routing = {.kind = ops::RouterKind::kSoftmaxTopK,
-                     .n_experts = int32_t(c.n_experts),
-                     .top_k = int32_t(c.n_experts_active),
-                     .norm_topk_prob = c.norm_topk_prob};
-      l.ffn = std::move(moe);
-    } else {
+    if (!sparse) {
       KILN_ASSIGN_OR_RETURN(l.ffn, model::load_mlp(w, p + ".mlp", c.d_model, c.d_ff));
+      return Status::Ok();
     }
-    lm.layers.push_back(std::move(l));
-  }
-  return lm;
+    model::Moe moe;
+    KILN_ASSIGN_OR_RETURN(moe.router, w.linear(p + ".mlp.gate", c.n_experts, c.d_model, false));
+    KILN_ASSIGN_OR_RETURN(moe.experts, model::load_experts(w, p + ".mlp.experts", c.n_experts,
+                                                           c.d_model, c.d_ff_expert));
+    moe.routing = {.kind = ops::RouterKind::kSoftmaxTopK,
+                   .n_experts = int32_t(c.n_experts),
+                   .top_k = int32_t(c.n_experts_active),
+                   .norm_topk_prob = c.norm_topk_prob};
+    l.ffn = std::move(moe);
+    return Status::Ok();
+  });
 }
 
 }  // namespace kiln::models
