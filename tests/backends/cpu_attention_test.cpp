@@ -11,42 +11,10 @@
 #include <gtest/gtest.h>
 
 #include "backends/cpu/cpu_backend.h"
+#include "test_util.h"
 
 namespace kiln::cpu {
 namespace {
-
-// ---- helpers (each backend test file keeps its own small copy) --------------
-
-std::vector<float> random_values(std::mt19937& rng, int64_t n, float scale = 1.0f) {
-  std::uniform_real_distribution<float> dist(-scale, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
-// A host tensor of dtype dt holding `v`; v is rounded to dt in place so a
-// reference uses the exact stored values.
-Tensor make_tensor(DType dt, Shape s, std::vector<float>& v) {
-  Tensor t = host_tensor(dt, s);
-  EXPECT_EQ(t.numel(), int64_t(v.size()));
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (dt == DType::kF32) t.as<float>()[i] = v[i];
-    if (dt == DType::kBF16) {
-      t.as<uint16_t>()[i] = f32_to_bf16(v[i]);
-      v[i] = bf16_to_f32(t.as<uint16_t>()[i]);
-    }
-  }
-  return t;
-}
-
-// |got - ref| <= rel_tol * max|ref| for every element.
-void expect_close(const float* got, const std::vector<double>& ref, double rel_tol) {
-  double max_ref = 0.0;
-  for (double r : ref) max_ref = std::max(max_ref, std::abs(r));
-  ASSERT_GT(max_ref, 1e-3) << "degenerate reference";
-  for (size_t i = 0; i < ref.size(); ++i)
-    ASSERT_NEAR(got[i], ref[i], rel_tol * max_ref) << "element " << i;
-}
 
 // One sequence of a step: its context after the step, how many of its newest
 // tokens are queried in the step, and its (deliberately scattered) blocks.

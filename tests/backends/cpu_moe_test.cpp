@@ -11,58 +11,12 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/cpu_internal.h"
+#include "test_util.h"
 
 namespace kiln::cpu {
 namespace {
 
-// ---- helpers (each backend test file keeps its own small copy) --------------
-
-std::vector<float> random_values(std::mt19937& rng, int64_t n, float scale = 1.0f) {
-  std::uniform_real_distribution<float> dist(-scale, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
-// A host tensor of dtype dt holding `v`; v is rounded to dt in place so a
-// reference uses the exact stored values.
-Tensor make_tensor(DType dt, Shape s, std::vector<float>& v) {
-  Tensor t = host_tensor(dt, s);
-  EXPECT_EQ(t.numel(), int64_t(v.size()));
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (dt == DType::kF32) t.as<float>()[i] = v[i];
-    if (dt == DType::kBF16) {
-      t.as<uint16_t>()[i] = f32_to_bf16(v[i]);
-      v[i] = bf16_to_f32(t.as<uint16_t>()[i]);
-    }
-  }
-  return t;
-}
-
-// A random weight, logically W [n_out, n_in] (row-major in `logical`), stored in
-// dt, as [n_in, n_out] when transposed.
-struct TestWeight {
-  ops::Weight w;
-  std::vector<float> logical;  // [n_out, n_in], exact stored values
-  std::vector<float> bias;     // [n_out] or empty
-};
-
-TestWeight make_weight(std::mt19937& rng, DType dt, int64_t n_out, int64_t n_in, bool transposed,
-                       bool with_bias) {
-  TestWeight tw;
-  std::vector<float> stored = random_values(rng, n_out * n_in);
-  tw.w.data = transposed ? make_tensor(dt, {n_in, n_out}, stored) : make_tensor(dt, {n_out, n_in}, stored);
-  tw.w.transposed = transposed;
-  tw.logical.resize(stored.size());
-  for (int64_t o = 0; o < n_out; ++o)
-    for (int64_t i = 0; i < n_in; ++i)
-      tw.logical[o * n_in + i] = stored[transposed ? i * n_out + o : o * n_in + i];
-  if (with_bias) {
-    tw.bias = random_values(rng, n_out);
-    tw.w.bias = make_tensor(dt, {n_out}, tw.bias);
-  }
-  return tw;
-}
+// ---- helpers ----------------------------------------------------------------
 
 // y = W x (+ bias) in double.
 std::vector<double> matvec_ref(const TestWeight& tw, const std::vector<double>& x) {
@@ -73,15 +27,6 @@ std::vector<double> matvec_ref(const TestWeight& tw, const std::vector<double>& 
     for (int64_t i = 0; i < n_in; ++i) y[o] += double(tw.logical[o * n_in + i]) * x[i];
   }
   return y;
-}
-
-// |got - ref| <= rel_tol * max|ref| for every element.
-void expect_close(const float* got, const std::vector<double>& ref, double rel_tol) {
-  double max_ref = 0.0;
-  for (double r : ref) max_ref = std::max(max_ref, std::abs(r));
-  ASSERT_GT(max_ref, 1e-3) << "degenerate reference";
-  for (size_t i = 0; i < ref.size(); ++i)
-    ASSERT_NEAR(got[i], ref[i], rel_tol * max_ref) << "element " << i;
 }
 
 struct Routed {
@@ -283,15 +228,16 @@ struct MoeFixture {
     experts.gate_up_interleaved = gu == GateUp::kFusedInterleaved;
     for (int32_t e = 0; e < n_experts; ++e) {
       if (gu == GateUp::kSeparate) {
-        gate.push_back(make_weight(rng, dt, d_ff, d_model, transposed, biases));
-        up.push_back(make_weight(rng, dt, d_ff, d_model, transposed, biases));
+        gate.push_back(make_weight(rng, dt, d_ff, d_model, transposed, biases, dt, WeightDrawOrder::kStored));
+        up.push_back(make_weight(rng, dt, d_ff, d_model, transposed, biases, dt, WeightDrawOrder::kStored));
         experts.gate.push_back(gate.back().w);
         experts.up.push_back(up.back().w);
       } else {
-        gate_up.push_back(make_weight(rng, dt, 2 * d_ff, d_model, transposed, biases));
+        gate_up.push_back(
+            make_weight(rng, dt, 2 * d_ff, d_model, transposed, biases, dt, WeightDrawOrder::kStored));
         experts.gate_up.push_back(gate_up.back().w);
       }
-      down.push_back(make_weight(rng, dt, d_model, d_ff, transposed, biases));
+      down.push_back(make_weight(rng, dt, d_model, d_ff, transposed, biases, dt, WeightDrawOrder::kStored));
       experts.down.push_back(down.back().w);
     }
     if (rp.kind == ops::RouterKind::kSigmoidGroupedTopK) {

@@ -12,74 +12,10 @@
 #include <gtest/gtest.h>
 
 #include "backends/cpu/cpu_backend.h"
+#include "test_util.h"
 
 namespace kiln::cpu {
 namespace {
-
-// ---- helpers (each backend test file keeps its own small copy) --------------
-
-std::vector<float> random_values(std::mt19937& rng, int64_t n, float scale = 1.0f) {
-  std::uniform_real_distribution<float> dist(-scale, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
-// x rounded to the nearest value of dtype (exact for f32).
-float round_to(DType dt, float x) {
-  if (dt == DType::kBF16) return bf16_to_f32(f32_to_bf16(x));
-  if (dt == DType::kF16) return f16_to_f32(f32_to_f16(x));
-  return x;
-}
-
-// A host tensor of dtype dt holding `v` (rounded to dt). v is rounded in place
-// so a reference can use the exact stored values.
-Tensor make_tensor(DType dt, Shape s, std::vector<float>& v) {
-  Tensor t = host_tensor(dt, s);
-  EXPECT_EQ(t.numel(), int64_t(v.size()));
-  for (size_t i = 0; i < v.size(); ++i) {
-    v[i] = round_to(dt, v[i]);
-    if (dt == DType::kF32) t.as<float>()[i] = v[i];
-    if (dt == DType::kBF16) t.as<uint16_t>()[i] = f32_to_bf16(v[i]);
-    if (dt == DType::kF16) t.as<uint16_t>()[i] = f32_to_f16(v[i]);
-  }
-  return t;
-}
-
-// A random weight, logically W [n_out, n_in] (row-major in `logical`), stored in
-// dt, as [n_in, n_out] when transposed.
-struct TestWeight {
-  ops::Weight w;
-  std::vector<float> logical;  // [n_out, n_in], exact stored values
-  std::vector<float> bias;     // [n_out] or empty
-};
-
-TestWeight make_weight(std::mt19937& rng, DType dt, int64_t n_out, int64_t n_in, bool transposed,
-                       DType bias_dt = DType::kF32, bool with_bias = false) {
-  TestWeight tw;
-  tw.logical = random_values(rng, n_out * n_in);
-  for (float& x : tw.logical) x = round_to(dt, x);
-  std::vector<float> stored(tw.logical.size());
-  for (int64_t o = 0; o < n_out; ++o)
-    for (int64_t i = 0; i < n_in; ++i)
-      stored[transposed ? i * n_out + o : o * n_in + i] = tw.logical[o * n_in + i];
-  tw.w.data = transposed ? make_tensor(dt, {n_in, n_out}, stored) : make_tensor(dt, {n_out, n_in}, stored);
-  tw.w.transposed = transposed;
-  if (with_bias) {
-    tw.bias = random_values(rng, n_out);
-    tw.w.bias = make_tensor(bias_dt, {n_out}, tw.bias);
-  }
-  return tw;
-}
-
-// |got - ref| <= rel_tol * max|ref| for every element.
-void expect_close(const float* got, const std::vector<double>& ref, double rel_tol) {
-  double max_ref = 0.0;
-  for (double r : ref) max_ref = std::max(max_ref, std::abs(r));
-  ASSERT_GT(max_ref, 1e-3) << "degenerate reference";
-  for (size_t i = 0; i < ref.size(); ++i)
-    ASSERT_NEAR(got[i], ref[i], rel_tol * max_ref) << "element " << i;
-}
 
 // ---- memory -----------------------------------------------------------------
 
@@ -152,7 +88,7 @@ TEST(CpuLinear, MatchesNaiveDoubleForEveryStoredDtypeAndLayout) {
   for (const LinearCase& c : cases) {
     SCOPED_TRACE(std::string(dtype_name(c.w_dtype)) + (c.transposed ? " transposed" : "") +
                  (c.with_bias ? " bias " + std::string(dtype_name(c.bias_dtype)) : ""));
-    TestWeight tw = make_weight(rng, c.w_dtype, n_out, n_in, c.transposed, c.bias_dtype, c.with_bias);
+    TestWeight tw = make_weight(rng, c.w_dtype, n_out, n_in, c.transposed, c.with_bias, c.bias_dtype);
     std::vector<float> x = random_values(rng, n_tokens * n_in);
     Tensor x_t = make_tensor(DType::kF32, {n_tokens, n_in}, x);
     Tensor out = be->alloc(DType::kF32, {n_tokens, n_out});
@@ -165,7 +101,7 @@ TEST(CpuLinear, ReadsAndWritesSlicesOfLargerTensors) {
   std::mt19937 rng(3);
   auto be = make_cpu_backend(2);
   const int64_t n_in = 24, n_out = 10;
-  TestWeight tw = make_weight(rng, DType::kBF16, n_out, n_in, false);
+  TestWeight tw = make_weight(rng, DType::kBF16, n_out, n_in, false, false);
   std::vector<float> x = random_values(rng, 6 * n_in);
   Tensor x_all = make_tensor(DType::kF32, {6, n_in}, x);
   Tensor out_all = be->alloc(DType::kF32, {6, n_out});
@@ -186,7 +122,7 @@ TEST(CpuLinear, OneAndFourThreadsGiveBitIdenticalResults) {
   auto be4 = make_cpu_backend(4);
   const int64_t n_tokens = 7, n_in = 130, n_out = 203;
   for (bool transposed : {false, true}) {
-    TestWeight tw = make_weight(rng, DType::kBF16, n_out, n_in, transposed, DType::kF32, true);
+    TestWeight tw = make_weight(rng, DType::kBF16, n_out, n_in, transposed, true, DType::kF32);
     std::vector<float> x = random_values(rng, n_tokens * n_in);
     Tensor x_t = make_tensor(DType::kF32, {n_tokens, n_in}, x);
     Tensor out1 = be1->alloc(DType::kF32, {n_tokens, n_out});
