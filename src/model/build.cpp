@@ -111,7 +111,7 @@ Status load_embedding_and_head(WeightLoader& w, const formats::ModelConfig& c, C
   if (c.tie_word_embeddings) {
     lm.lm_head.data = lm.embed;
   } else {
-    KILN_ASSIGN_OR_RETURN(lm.lm_head, w.linear("lm_head", c.vocab_size, c.d_model, false));
+    KILN_ASSIGN_OR_RETURN(lm.lm_head, w.dense_linear("lm_head", c.vocab_size, c.d_model, false));
   }
   return Status::Ok();
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "formats/quant_config.h"
 #include "formats/safetensors.h"
 #include "ops/backend.h"
 
@@ -15,8 +16,11 @@ namespace kiln::model {
 
 class WeightLoader {
  public:
-  WeightLoader(const formats::Checkpoint& ckpt, ops::Backend& backend)
-      : ckpt_(ckpt), backend_(backend) {}
+  WeightLoader(const formats::Checkpoint& ckpt, ops::Backend& backend,
+               formats::QuantConfig quant = {})
+      : ckpt_(ckpt), backend_(backend), quant_(std::move(quant)) {}
+
+  const formats::QuantConfig& quant() const { return quant_; }
 
   bool has(const std::string& name) const { return ckpt_.has(name); }
 
@@ -24,15 +28,28 @@ class WeightLoader {
   Result<Tensor> tensor(const std::string& name, const Shape& shape);
   // Like tensor(), or an undefined Tensor when the checkpoint has no such name.
   Result<Tensor> optional_tensor(const std::string& name, const Shape& shape);
-  // prefix.weight [n_out, n_in] (+ prefix.bias [n_out] when `bias`).
+  // The linear layer `prefix` (an nn.Linear of the checkpoint): prefix.weight
+  // [n_out, n_in] (+ prefix.bias [n_out] when `bias`), or its quantized tensors when
+  // quantization_config says this layer is quantized (formats/quant.h layouts).
   Result<ops::Weight> linear(const std::string& prefix, int64_t n_out, int64_t n_in, bool bias);
+  // A matrix that is never quantized (MoE routers, lm_head): prefix.weight (+ bias).
+  Result<ops::Weight> dense_linear(const std::string& prefix, int64_t n_out, int64_t n_in, bool bias);
+  // gpt-oss MXFP4 experts: NAME_blocks u8 [n_experts, n_out, n_in/32, 16] and
+  // NAME_scales e8m0 [n_experts, n_out, n_in/32], one QuantizedTensor per expert.
+  Result<std::vector<formats::QuantizedTensor>> mxfp4_experts(const std::string& name, int64_t n_experts,
+                                                               int64_t n_out, int64_t n_in);
 
   // Checkpoint tensors no block asked for (e.g. an MTP layer kiln skips).
   std::vector<std::string> unused() const;
 
  private:
+  // A tensor of exactly `dtype` (one of `dtypes`) and `shape`, uploaded.
+  Result<Tensor> typed(const std::string& name, std::initializer_list<DType> dtypes, const Shape& shape);
+  Result<formats::QuantizedTensor> quantized(const std::string& prefix, int64_t n_out, int64_t n_in);
+
   const formats::Checkpoint& ckpt_;
   ops::Backend& backend_;
+  formats::QuantConfig quant_;
   std::set<std::string> used_;
 };
 

@@ -4,8 +4,8 @@
 // limit 7) and biases, gate/up interleaved in one fused projection.
 //
 // BF16 checkpoints store experts input-major: gate_up_proj [E, d_model, 2*d_ff],
-// down_proj [E, d_ff, d_model]; the MXFP4 release (*_blocks/*_scales) is loaded
-// by the quantized-format path.
+// down_proj [E, d_ff, d_model]; the MXFP4 release stores them output-major as
+// *_blocks [E, rows, K/32, 16] + *_scales [E, rows, K/32] (formats/quant.h).
 #include "model/build.h"
 #include "models/registry.h"
 
@@ -22,23 +22,33 @@ Result<model::CausalLM> build_gpt_oss(const formats::ModelConfig& c, model::Weig
                                                          .o_bias = c.attention_bias,
                                                          .sinks = true}));
     const std::string e = p + ".mlp.experts";
-    if (w.has(e + ".gate_up_proj_blocks")) {
-      return unsupported(e + " is MXFP4 (gate_up_proj_blocks); quantized gpt-oss weights need the "
-                         "MXFP4 format path");
-    }
     model::Moe moe;
-    KILN_ASSIGN_OR_RETURN(moe.router, w.linear(p + ".mlp.router", n_exp, d, true));
-    KILN_ASSIGN_OR_RETURN(Tensor gate_up, w.tensor(e + ".gate_up_proj", {n_exp, d, 2 * d_ff}));
+    KILN_ASSIGN_OR_RETURN(moe.router, w.dense_linear(p + ".mlp.router", n_exp, d, true));
     KILN_ASSIGN_OR_RETURN(Tensor gate_up_bias, w.tensor(e + ".gate_up_proj_bias", {n_exp, 2 * d_ff}));
-    KILN_ASSIGN_OR_RETURN(Tensor down, w.tensor(e + ".down_proj", {n_exp, d_ff, d}));
     KILN_ASSIGN_OR_RETURN(Tensor down_bias, w.tensor(e + ".down_proj_bias", {n_exp, d}));
     moe.experts.d_ff = d_ff;
     moe.experts.gate_up_interleaved = true;
-    for (int64_t x = 0; x < n_exp; ++x) {  // per-expert views of the stacked tensors
-      moe.experts.gate_up.push_back(
-          {.data = gate_up.index0(x), .transposed = true, .bias = gate_up_bias.index0(x)});
-      moe.experts.down.push_back(
-          {.data = down.index0(x), .transposed = true, .bias = down_bias.index0(x)});
+    const bool mxfp4 = w.quant().kind == formats::QuantKind::kMxfp4 && w.quant().is_quantized(e);
+    if (mxfp4) {
+      // MXFP4 release: output-major blocks, gate/up rows interleaved like the bf16 columns.
+      KILN_ASSIGN_OR_RETURN(auto gate_up, w.mxfp4_experts(e + ".gate_up_proj", n_exp, 2 * d_ff, d));
+      KILN_ASSIGN_OR_RETURN(auto down, w.mxfp4_experts(e + ".down_proj", n_exp, d, d_ff));
+      for (int64_t x = 0; x < n_exp; ++x) {
+        moe.experts.gate_up.push_back({.bias = gate_up_bias.index0(x), .quant = gate_up[size_t(x)]});
+        moe.experts.down.push_back({.bias = down_bias.index0(x), .quant = down[size_t(x)]});
+      }
+    } else {
+      if (w.has(e + ".gate_up_proj_blocks")) {
+        return corrupt(e + ".gate_up_proj_blocks is MXFP4 but config.json has no mxfp4 quantization_config "
+                       "covering " + e);
+      }
+      KILN_ASSIGN_OR_RETURN(Tensor gate_up, w.tensor(e + ".gate_up_proj", {n_exp, d, 2 * d_ff}));
+      KILN_ASSIGN_OR_RETURN(Tensor down, w.tensor(e + ".down_proj", {n_exp, d_ff, d}));
+      for (int64_t x = 0; x < n_exp; ++x) {  // per-expert views of the stacked tensors
+        moe.experts.gate_up.push_back(
+            {.data = gate_up.index0(x), .transposed = true, .bias = gate_up_bias.index0(x)});
+        moe.experts.down.push_back({.data = down.index0(x), .transposed = true, .bias = down_bias.index0(x)});
+      }
     }
     moe.routing = {.kind = ops::RouterKind::kTopKSoftmax,
                    .n_experts = int32_t(n_exp),

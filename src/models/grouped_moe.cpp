@@ -8,7 +8,8 @@ Result<model::Moe> load_grouped_sigmoid_moe(const formats::ModelConfig& c, model
     return corrupt("routed MoE needs n_routed_experts, num_experts_per_tok and moe_intermediate_size");
   }
   model::Moe moe;
-  KILN_ASSIGN_OR_RETURN(moe.router, w.linear(p + ".gate", c.n_experts, c.d_model, false));
+  // The router (MoEGate / TopkRouter) is not an nn.Linear: never quantized.
+  KILN_ASSIGN_OR_RETURN(moe.router, w.dense_linear(p + ".gate", c.n_experts, c.d_model, false));
   KILN_ASSIGN_OR_RETURN(moe.correction_bias,
                         w.tensor(p + ".gate.e_score_correction_bias", {c.n_experts}));
   KILN_ASSIGN_OR_RETURN(moe.experts,

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/log.h"
+#include "formats/quant_config.h"
 #include "formats/safetensors.h"
 #include "model/loader.h"
 #include "models/registry.h"
@@ -17,7 +18,8 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_dir,
   e->backend_ = std::move(backend);
   KILN_ASSIGN_OR_RETURN(e->config_, formats::load_config(model_dir));
   KILN_ASSIGN_OR_RETURN(formats::Checkpoint ckpt, formats::Checkpoint::open(model_dir));
-  model::WeightLoader loader(ckpt, *e->backend_);
+  KILN_ASSIGN_OR_RETURN(formats::QuantConfig quant, formats::load_quant_config(model_dir));
+  model::WeightLoader loader(ckpt, *e->backend_, quant);
   auto built = models::build_model(e->config_, loader);
   if (!built.ok()) return built.status().with_context("loading " + model_dir);
   e->model_ = std::move(built).value();

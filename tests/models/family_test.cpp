@@ -74,5 +74,11 @@ TEST_P(Family, GreedyTokensMatchTransformers) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, Family, ::testing::ValuesIn(testing::all_fixtures()),
                          [](const auto& info) { return info.param; });
 
+// Quantized checkpoints in their shipped layouts (FP8 block / channel, NVFP4, INT4,
+// MXFP4) against transformers run in fp32 on the dequantized weights: the same
+// bound, since kiln dequantizes exactly the same values (formats/quant.h).
+INSTANTIATE_TEST_SUITE_P(Quantized, Family, ::testing::ValuesIn(testing::quant_fixtures()),
+                         [](const auto& info) { return info.param; });
+
 }  // namespace
 }  // namespace kiln

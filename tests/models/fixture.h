@@ -12,7 +12,11 @@
 
 namespace kiln::testing {
 
+// tests/data/models/<name>, or tests/data/quant/<name> for quantized fixtures
+// (made by scripts/fixtures/make_quant_fixtures.py).
 inline std::string fixture_dir(const std::string& name) {
+  const std::string quant = std::string(KILN_TEST_DATA) + "/quant/" + name;
+  if (std::ifstream(quant + "/config.json")) return quant;
   return std::string(KILN_TEST_DATA) + "/models/" + name;
 }
 
@@ -53,6 +57,13 @@ inline double relative_error(const std::vector<std::vector<float>>& got,
 inline const std::vector<std::string>& all_fixtures() {
   static const std::vector<std::string> kNames = {"llama", "qwen3", "qwen3_moe", "glm4_moe",
                                                   "deepseek_v3", "kimi_k2", "gpt_oss"};
+  return kNames;
+}
+
+inline const std::vector<std::string>& quant_fixtures() {
+  static const std::vector<std::string> kNames = {
+      "llama_fp8_block", "llama_fp8_channel", "llama_nvfp4",        "llama_int4",   "deepseek_v3_fp8_block",
+      "deepseek_v3_int4", "glm4_moe_fp8_channel", "glm4_moe_nvfp4", "gpt_oss_mxfp4"};
   return kNames;
 }
 

@@ -214,7 +214,7 @@ void CpuBackend::mla_attention(const ops::MlaArgs& a) {
   const ops::Weight& kv_b = *a.kv_b;
 
   pool_.parallel_for(n_tokens * n_heads, [&](int64_t w0, int64_t w1) {
-    std::vector<float> q_lat(d_latent), o_lat(d_latent), scores;
+    std::vector<float> q_lat(d_latent), o_lat(d_latent), uk(d_latent), scores;
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t t = w / n_heads, h = w % n_heads;
       const int64_t uk_row = h * (d_nope + d_v);  // W_uk[h] = kv_b rows [uk_row, +d_nope)
@@ -223,8 +223,10 @@ void CpuBackend::mla_attention(const ops::MlaArgs& a) {
       const float* qr = a.q_rope.as<float>() + (t * n_heads + h) * d_rope;
       // q_lat[c] = sum_d q_nope[d] W_uk[h][d, c], ascending d.
       std::fill(q_lat.begin(), q_lat.end(), 0.0f);
-      for (int64_t d = 0; d < d_nope; ++d)
-        for (int64_t c = 0; c < d_latent; ++c) q_lat[c] += qn[d] * weight_at(kv_b, uk_row + d, c);
+      for (int64_t d = 0; d < d_nope; ++d) {
+        weight_row(kv_b, uk_row + d, uk.data());
+        for (int64_t c = 0; c < d_latent; ++c) q_lat[c] += qn[d] * uk[c];
+      }
 
       const int32_t s = seq_of[t], p = b.positions[t];
       const int64_t n = int64_t(p) + 1;

@@ -22,8 +22,10 @@ void check_float_dtype(const Tensor& t, const char* what) {
 
 void check_weight(const ops::Weight& w, const char* what) {
   KILN_CHECK(w.defined()) << "cpu backend: weight " << what << " is undefined";
-  KILN_CHECK_EQ(w.data.rank(), 2) << "cpu backend: weight " << what << " " << w.data.shape;
-  check_float_dtype(w.data, what);
+  if (!w.quantized()) {
+    KILN_CHECK_EQ(w.data.rank(), 2) << "cpu backend: weight " << what << " " << w.data.shape;
+    check_float_dtype(w.data, what);
+  }
   if (w.bias.defined()) {
     check_float_dtype(w.bias, what);
     KILN_CHECK_EQ(w.bias.numel(), w.n_out()) << "cpu backend: bias of weight " << what;
@@ -73,12 +75,33 @@ void matvec_typed(const ops::Weight& w, const float* x, float* y, int64_t o_begi
 
 }  // namespace
 
+void weight_row(const ops::Weight& w, int64_t o, float* out) {
+  if (w.quantized()) {
+    formats::dequantize_row(w.quant, o, out);
+    return;
+  }
+  const int64_t n_in = w.n_in(), n_out = w.n_out();
+  for (int64_t i = 0; i < n_in; ++i) out[i] = load_f32(w.data, w.transposed ? i * n_out + o : o * n_in + i);
+}
+
 void matvec(const ops::Weight& w, const float* x, float* y, int64_t o_begin, int64_t o_end) {
-  switch (w.data.dtype) {
-    case DType::kF32: matvec_typed<float>(w, x, y, o_begin, o_end); break;
-    case DType::kBF16: matvec_typed<bf16>(w, x, y, o_begin, o_end); break;
-    case DType::kF16: matvec_typed<f16>(w, x, y, o_begin, o_end); break;
-    default: KILN_CHECK(false) << "matvec: cannot read weight dtype " << dtype_name(w.data.dtype);
+  if (w.quantized()) {
+    // Dequantize one row at a time (block by block of the format), then the same
+    // ascending-i fp32 dot product as the dense path.
+    std::vector<float> row(size_t(w.n_in()));
+    for (int64_t o = o_begin; o < o_end; ++o) {
+      formats::dequantize_row(w.quant, o, row.data());
+      float acc = 0.0f;
+      for (int64_t i = 0; i < w.n_in(); ++i) acc += x[i] * row[size_t(i)];
+      y[o - o_begin] = acc;
+    }
+  } else {
+    switch (w.data.dtype) {
+      case DType::kF32: matvec_typed<float>(w, x, y, o_begin, o_end); break;
+      case DType::kBF16: matvec_typed<bf16>(w, x, y, o_begin, o_end); break;
+      case DType::kF16: matvec_typed<f16>(w, x, y, o_begin, o_end); break;
+      default: KILN_CHECK(false) << "matvec: cannot read weight dtype " << dtype_name(w.data.dtype);
+    }
   }
   if (w.bias.defined()) {
     for (int64_t o = o_begin; o < o_end; ++o) y[o - o_begin] += load_f32(w.bias, o);

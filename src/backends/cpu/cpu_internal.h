@@ -36,11 +36,9 @@ inline float load_f32(const Tensor& t, int64_t i) { return load_f32(t.data, t.dt
 // Checks that `w` is a readable 2-D weight with a [n_out] bias if any.
 void check_weight(const ops::Weight& w, const char* what);
 
-// Logical element W[o, i] of a weight (whatever its storage order), as fp32.
-inline float weight_at(const ops::Weight& w, int64_t o, int64_t i) {
-  const int64_t idx = w.transposed ? i * w.n_out() + o : o * w.n_in() + i;
-  return load_f32(w.data, idx);
-}
+// Logical row o of a weight (W[o, 0..n_in)) as fp32, dense or quantized (the
+// scalar dequant reference of formats/quant.h).
+void weight_row(const ops::Weight& w, int64_t o, float* out);
 
 // y[o] = sum_i x[i] W[o, i] (+ bias[o]) for o in [o_begin, o_end); y is indexed
 // by o (y[o_begin] is the first written). Each y[o] is an fp32 sum in ascending
