@@ -10,6 +10,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "cli/demo.h"
+#include "cli/subcommand.h"
 #include "core/log.h"
 #include "runtime/engine.h"
 
@@ -143,12 +144,18 @@ int run_cli(int argc, char** argv) {
   CLI::App* demo = app.add_subcommand("demo-model", "write the built-in demo checkpoint");
   demo->add_option("--out", demo_dir, "directory (default: the kiln cache)");
 
+  Subcommands more;
+  add_inspect_command(app, more);
+
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
-    for (const CLI::App* sub : app.get_subcommands({})) known = known || sub->get_name() == argv[1];
+    std::string names;
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      known = known || sub->get_name() == argv[1];
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
     if (!known) {
-      std::fprintf(stderr, "kiln: error: unknown command '%s' (commands: logits, generate, demo-model)\n",
-                   argv[1]);
+      std::fprintf(stderr, "kiln: error: unknown command '%s' (commands: %s)\n", argv[1], names.c_str());
       return 2;
     }
   }
@@ -159,6 +166,8 @@ int run_cli(int argc, char** argv) {
   }
   if (logits->parsed()) return cmd_logits(logits_opt);
   if (generate->parsed()) return cmd_generate(gen_opt, gen);
+  for (const auto& [cmd, run] : more)
+    if (cmd->parsed()) return run();
   if (demo->parsed()) {
     const std::string dir = demo_dir.empty() ? demo_model_dir() : demo_dir;
     if (Status s = write_demo_model(dir); !s.ok()) return fail(s);

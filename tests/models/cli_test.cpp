@@ -93,6 +93,18 @@ TEST(Cli, BadInputsFailWithAClearMessage) {
   }
 }
 
+TEST(Cli, InspectReportsFormatsPerModuleGroup) {
+  KilnRun r = run_kiln("inspect --model " + testing::fixture_dir("glm4_moe_nvfp4"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("Glm4MoeForCausalLM"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("modelopt (nvfp4)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("routed experts     nvfp4 (12)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("bytes on disk"), std::string::npos) << r.out;
+  KilnRun bad = run_kiln("inspect --model /nonexistent");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("/nonexistent"), std::string::npos);
+}
+
 TEST(Cli, GenerateWithoutModelRunsTheBuiltInDemo) {
   const auto dir = std::filesystem::temp_directory_path() / ("kiln_demo_" + std::to_string(::getpid()));
   const std::string env = "KILN_CACHE_DIR=" + dir.string() + " ";

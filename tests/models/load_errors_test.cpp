@@ -112,5 +112,62 @@ TEST_F(LoadErrors, UnsupportedRopeTypeIsReported) {
   EXPECT_NE(s.message().find("longrope"), std::string::npos) << s.message();
 }
 
+// ---- quantized checkpoints ----------------------------------------------------
+
+TEST_F(LoadErrors, WrongScaleShapeNamesTheScaleTensor) {
+  const std::string name = "model.layers.0.mlp.up_proj.weight_scale";
+  Status s = load(variant("llama_int4", keep_config, [&](const std::string& n, Tensor& t) {
+    if (n == name) t.shape = {t.dim(0) * 2, t.dim(1) / 2};  // same bytes, wrong shape
+    return true;
+  }));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(name), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("shape"), std::string::npos) << s.message();
+}
+
+TEST_F(LoadErrors, MissingScaleTensorIsNamed) {
+  const std::string name = "model.layers.1.mlp.experts.2.gate_proj.weight_scale_inv";
+  Status s = load(variant("deepseek_v3_fp8_block", keep_config,
+                          [&](const std::string& n, Tensor&) { return n != name; }));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(name), std::string::npos) << s.message();
+}
+
+TEST_F(LoadErrors, GroupSizeNotDividingTheInputSize) {
+  Status s = load(variant("llama_int4", [](nlohmann::json& c) {
+    c["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 48;
+  }, keep_all));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("group size 48 does not divide"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("model.layers.0"), std::string::npos) << s.message();
+}
+
+TEST_F(LoadErrors, UnknownQuantMethodIsReported) {
+  Status s = load(variant("llama_nvfp4", [](nlohmann::json& c) { c["quantization_config"]["quant_method"] = "awq"; },
+                          keep_all));
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kUnsupported);
+  EXPECT_NE(s.message().find("awq"), std::string::npos) << s.message();
+}
+
+TEST_F(LoadErrors, QuantizedTensorsWithoutQuantizationConfig) {
+  Status s = load(variant("llama_fp8_channel", [](nlohmann::json& c) { c.erase("quantization_config"); },
+                          keep_all));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("model.layers.0.self_attn.q_proj"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("no quantization_config"), std::string::npos) << s.message();
+}
+
+TEST_F(LoadErrors, WrongPackedDtypeIsNamed) {
+  const std::string name = "model.layers.1.mlp.experts.down_proj_scales";
+  Status s = load(variant("gpt_oss_mxfp4", keep_config, [&](const std::string& n, Tensor& t) {
+    if (n == name) t.dtype = DType::kI8;
+    return true;
+  }));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(name), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("i8"), std::string::npos) << s.message();
+}
+
 }  // namespace
 }  // namespace kiln

@@ -1,0 +1,17 @@
+// How CLI files contribute subcommands: each add_*_command(s) registers its
+// CLI11 options on `app` and appends (subcommand, what to run when it was parsed).
+#pragma once
+
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+namespace kiln::cli {
+
+using Subcommands = std::vector<std::pair<CLI::App*, std::function<int()>>>;
+
+void add_inspect_command(CLI::App& app, Subcommands& commands);  // inspect_command.cpp
+
+}  // namespace kiln::cli

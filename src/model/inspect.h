@@ -1,0 +1,22 @@
+// A summary of a bound model: per module group, the storage formats, parameter
+// counts and bytes, as `kiln inspect` prints them.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "model/blocks.h"
+
+namespace kiln::model {
+
+struct GroupSummary {
+  std::string group;                   // "attention", "routed experts", "lm_head", ...
+  std::map<std::string, int64_t> formats;  // format ("bf16", "nvfp4", ...) -> number of tensors (biases not counted)
+  int64_t params = 0;                  // logical elements (a packed 4-bit weight counts n_out * n_in)
+  int64_t bytes = 0;                   // as stored
+};
+
+std::vector<GroupSummary> summarize(const CausalLM& lm);
+
+}  // namespace kiln::model
