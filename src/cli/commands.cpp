@@ -9,6 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/cpu/cpu_backend.h"
+#ifdef KILN_HAVE_CUDA
+#include "backends/cuda/cuda_backend.h"
+#endif
 #include "cli/demo.h"
 #include "cli/subcommand.h"
 #include "core/log.h"
@@ -21,6 +24,8 @@ struct CommonOptions {
   std::string model;
   std::string backend = "cpu";
   int threads = 0;
+  int device = 0;
+  int smem_cap = 0;
   int block_size = 16;
   int prefill_chunk = 0;
   int64_t max_model_len = 0;
@@ -29,8 +34,12 @@ struct CommonOptions {
 
 void add_common(CLI::App* cmd, CommonOptions& o) {
   cmd->add_option("--model", o.model, "checkpoint directory (config.json + *.safetensors)");
-  cmd->add_option("--backend", o.backend, "cpu")->check(CLI::IsMember({"cpu"}));
+  cmd->add_option("--backend", o.backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--threads", o.threads, "CPU threads (0: all)");
+  cmd->add_option("--device", o.device, "CUDA device index");
+  cmd->add_option("--smem-cap", o.smem_cap,
+                  "shared memory per block every CUDA kernel must fit, bytes (0: the device's limit; "
+                  "101376 runs what an RTX 50 / PRO 6000 runs)");
   cmd->add_option("--block-size", o.block_size, "KV cache block size in tokens");
   cmd->add_option("--prefill-chunk", o.prefill_chunk, "prefill N tokens per step (0: whole prompt)");
   cmd->add_option("--max-model-len", o.max_model_len, "maximum sequence length (0: from config)");
@@ -59,13 +68,21 @@ Result<std::vector<int32_t>> parse_tokens(const std::string& s) {
   return out;
 }
 
+Result<std::unique_ptr<ops::Backend>> make_backend(const CommonOptions& o) {
+  if (o.backend == "cpu") return cpu::make_cpu_backend(o.threads);
+#ifdef KILN_HAVE_CUDA
+  if (o.backend == "cuda") return cuda::make_cuda_backend({.device = o.device, .smem_cap = o.smem_cap});
+#endif
+  return unsupported("the " + o.backend + " backend is not part of this build (CUDA was not found at build time)");
+}
+
 Result<std::unique_ptr<runtime::Engine>> open_engine(const CommonOptions& o) {
   std::string dir = o.model;
   if (dir.empty()) {
     KILN_ASSIGN_OR_RETURN(dir, ensure_demo_model());
     KILN_LOG(kInfo, "no --model given: using the built-in demo model in " << dir);
   }
-  std::unique_ptr<ops::Backend> backend = cpu::make_cpu_backend(o.threads);
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<ops::Backend> backend, make_backend(o));
   return runtime::Engine::load(dir, std::move(backend),
                                {.block_size = o.block_size,
                                 .max_model_len = o.max_model_len,

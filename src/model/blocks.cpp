@@ -43,8 +43,8 @@ void Attention::forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta&
   if (k_norm.defined()) head_norm(be, kt, k_norm, d_head, norm_eps);
   Tensor q3 = qt.reshape({n_tokens, n_heads, d_head});
   Tensor k3 = kt.reshape({n_tokens, n_kv_heads, d_head});
-  be.rope({.x = q3, .positions = batch.positions.data(), .table = &rope});
-  be.rope({.x = k3, .positions = batch.positions.data(), .table = &rope});
+  be.rope({.x = q3, .batch = &batch, .table = &rope});
+  be.rope({.x = k3, .batch = &batch, .table = &rope});
   be.kv_store({.k = k3, .v = vt.reshape({n_tokens, n_kv_heads, d_head}), .k_cache = kv.k,
                .v_cache = kv.v, .batch = &batch});
   Tensor attn = act(be, {n_tokens, n_heads, d_head});
@@ -69,14 +69,14 @@ void Mla::forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta& batch
   Tensor q_heads = q_full.reshape({n_tokens * n_heads, d_qk});
   Tensor q_nope = columns(be, q_heads, 0, d_nope);
   Tensor q_rope = columns(be, q_heads, d_nope, d_rope);
-  be.rope({.x = q_rope.reshape({n_tokens, n_heads, d_rope}), .positions = batch.positions.data(),
+  be.rope({.x = q_rope.reshape({n_tokens, n_heads, d_rope}), .batch = &batch,
            .table = &rope});
   // The compressed KV: latent (normalised) and one shared rotary key per token.
   Tensor kva = linear(be, x, kv_a);
   Tensor latent = columns(be, kva, 0, d_latent);
   Tensor k_rope = columns(be, kva, d_latent, d_rope);
   be.rms_norm({.x = latent, .weight = kv_a_norm, .out = latent, .eps = norm_eps});
-  be.rope({.x = k_rope.reshape({n_tokens, 1, d_rope}), .positions = batch.positions.data(),
+  be.rope({.x = k_rope.reshape({n_tokens, 1, d_rope}), .batch = &batch,
            .table = &rope});
   be.mla_store({.kv_latent = latent, .k_rope = k_rope, .latent_cache = kv.latent, .batch = &batch});
   Tensor attn = act(be, {n_tokens, n_heads, d_v});
@@ -120,6 +120,7 @@ Tensor CausalLM::forward(ops::Backend& be, const std::vector<int32_t>& ids,
   const int64_t n_tokens = int64_t(ids.size());
   KILN_CHECK_EQ(n_tokens, int64_t(batch.n_tokens()));
   KILN_CHECK_EQ(kv.size(), layers.size());
+  be.begin_step(batch);
   Tensor ids_t{.data = const_cast<int32_t*>(ids.data()), .dtype = DType::kI32, .shape = {n_tokens}};
   Tensor residual = act(be, {n_tokens, d_model});
   be.embedding({.table = embed, .ids = ids_t, .out = residual});

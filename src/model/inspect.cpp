@@ -24,11 +24,6 @@ class Summarizer {
     g.bytes += int64_t(w.quantized() ? w.quant.nbytes() : w.data.nbytes());
     tensor(group, w.bias, /*count_format=*/false);
   }
-  void mlp(const std::string& group, const Mlp& m) {
-    weight(group, m.gate);
-    weight(group, m.up);
-    weight(group, m.down);
-  }
   std::vector<GroupSummary> take() { return std::move(groups_); }
 
  private:
@@ -43,41 +38,62 @@ class Summarizer {
 
 }  // namespace
 
-std::vector<GroupSummary> summarize(const CausalLM& lm) {
-  Summarizer s;
-  s.tensor("embedding", lm.embed);
+void visit_weights(const CausalLM& lm,
+                   const std::function<void(const std::string& group, const ops::Weight&)>& on_weight,
+                   const std::function<void(const std::string& group, const Tensor&)>& on_tensor) {
+  auto mlp = [&](const std::string& group, const Mlp& m) {
+    for (const ops::Weight* w : {&m.gate, &m.up, &m.down}) on_weight(group, *w);
+  };
+  on_tensor("embedding", lm.embed);
   for (const DecoderLayer& l : lm.layers) {
-    s.tensor("norms", l.input_norm);
-    s.tensor("norms", l.post_attn_norm);
+    on_tensor("norms", l.input_norm);
+    on_tensor("norms", l.post_attn_norm);
     if (const auto* a = std::get_if<Attention>(&l.attn)) {
-      for (const ops::Weight* w : {&a->q, &a->k, &a->v, &a->o}) s.weight("attention", *w);
-      s.tensor("norms", a->q_norm);
-      s.tensor("norms", a->k_norm);
-      s.tensor("attention", a->sinks);
+      for (const ops::Weight* w : {&a->q, &a->k, &a->v, &a->o}) on_weight("attention", *w);
+      on_tensor("norms", a->q_norm);
+      on_tensor("norms", a->k_norm);
+      on_tensor("attention", a->sinks);
     } else {
       const Mla& m = std::get<Mla>(l.attn);
-      for (const ops::Weight* w : {&m.q, &m.q_a, &m.q_b, &m.kv_a, &m.kv_b, &m.o}) s.weight("attention (MLA)", *w);
-      s.tensor("norms", m.q_a_norm);
-      s.tensor("norms", m.kv_a_norm);
+      for (const ops::Weight* w : {&m.q, &m.q_a, &m.q_b, &m.kv_a, &m.kv_b, &m.o}) on_weight("attention (MLA)", *w);
+      on_tensor("norms", m.q_a_norm);
+      on_tensor("norms", m.kv_a_norm);
     }
     if (const auto* m = std::get_if<Mlp>(&l.ffn)) {
-      s.mlp("dense MLP", *m);
+      mlp("dense MLP", *m);
     } else {
       const Moe& moe = std::get<Moe>(l.ffn);
-      s.weight("router", moe.router);
-      s.tensor("router", moe.correction_bias);
+      on_weight("router", moe.router);
+      on_tensor("router", moe.correction_bias);
       for (const auto* list : {&moe.experts.gate_up, &moe.experts.gate, &moe.experts.up, &moe.experts.down})
-        for (const ops::Weight& w : *list) s.weight("routed experts", w);
-      if (moe.shared) s.mlp("shared experts", *moe.shared);
+        for (const ops::Weight& w : *list) on_weight("routed experts", w);
+      if (moe.shared) mlp("shared experts", *moe.shared);
     }
   }
-  s.tensor("norms", lm.final_norm);
-  if (lm.lm_head.data.data == lm.embed.data) {
-    // tied: shares the embedding's memory
-  } else {
-    s.weight("lm_head", lm.lm_head);
-  }
+  on_tensor("norms", lm.final_norm);
+  // A tied lm_head shares the embedding's memory: not visited twice.
+  if (lm.lm_head.quantized() || lm.lm_head.data.data != lm.embed.data) on_weight("lm_head", lm.lm_head);
+}
+
+std::vector<GroupSummary> summarize(const CausalLM& lm) {
+  Summarizer s;
+  visit_weights(
+      lm, [&](const std::string& g, const ops::Weight& w) { s.weight(g, w); },
+      [&](const std::string& g, const Tensor& t) { s.tensor(g, t); });
   return s.take();
+}
+
+Status check_backend_support(const CausalLM& lm, const ops::Backend& be) {
+  Status first;
+  visit_weights(
+      lm,
+      [&](const std::string& group, const ops::Weight& w) {
+        if (!first.ok() || !w.defined()) return;
+        Status s = be.supports(w);
+        if (!s.ok()) first = s.with_context(group + " on the " + be.name() + " backend");
+      },
+      [](const std::string&, const Tensor&) {});
+  return first;
 }
 
 }  // namespace kiln::model

@@ -2,6 +2,7 @@
 // counts and bytes, as `kiln inspect` prints them.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -18,5 +19,14 @@ struct GroupSummary {
 };
 
 std::vector<GroupSummary> summarize(const CausalLM& lm);
+
+// Calls on_weight / on_tensor for every weight matrix and every other tensor of the
+// model (norms, embedding, sinks, biases are part of their weight), with its group.
+void visit_weights(const CausalLM& lm,
+                   const std::function<void(const std::string& group, const ops::Weight&)>& on_weight,
+                   const std::function<void(const std::string& group, const Tensor&)>& on_tensor);
+
+// The first weight `be` cannot compute with, as an error naming its group and format.
+Status check_backend_support(const CausalLM& lm, const ops::Backend& be);
 
 }  // namespace kiln::model

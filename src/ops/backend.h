@@ -58,10 +58,10 @@ struct LinearArgs {
 };
 
 // Rotates the first table.d_rot dims of every head of x in place, by the
-// angle positions[t] * inv_freq[i], cos/sin multiplied by attention_factor.
+// angle batch.positions[t] * inv_freq[i], cos/sin multiplied by attention_factor.
 struct RopeArgs {
   Tensor x;                    // [n_tokens, n_heads, d_head]
-  const int32_t* positions = nullptr;  // [n_tokens] host
+  const BatchMeta* batch = nullptr;
   const RopeTable* table = nullptr;
 };
 
@@ -198,6 +198,13 @@ class Backend {
   // Copy host fp32 values into a backend tensor of activation dtype.
   virtual void from_host_f32(const float* src, Tensor& t) = 0;
   virtual void synchronize() {}
+  // Called once per forward step before any op that reads `batch` (a GPU backend
+  // uploads the metadata here). `batch` must stay alive and unchanged until the
+  // step's last op.
+  virtual void begin_step(const BatchMeta& batch) {}
+  // Whether this backend can compute with `w` (its dtype / quantized format);
+  // checked at load so an unsupported checkpoint fails with a clear error.
+  virtual Status supports(const Weight& w) const { return Status::Ok(); }
 
   virtual void embedding(const EmbeddingArgs& a) = 0;
   virtual void rms_norm(const RmsNormArgs& a) = 0;

@@ -5,6 +5,7 @@
 #include "core/log.h"
 #include "formats/quant_config.h"
 #include "formats/safetensors.h"
+#include "model/inspect.h"
 #include "model/loader.h"
 #include "models/registry.h"
 
@@ -23,6 +24,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_dir,
   auto built = models::build_model(e->config_, loader);
   if (!built.ok()) return built.status().with_context("loading " + model_dir);
   e->model_ = std::move(built).value();
+  KILN_RETURN_IF_ERROR(model::check_backend_support(e->model_, *e->backend_).with_context("loading " + model_dir));
   for (const std::string& name : loader.unused()) {
     KILN_LOG(kInfo, "checkpoint tensor not used by " << e->config_.architecture << ": " << name);
   }

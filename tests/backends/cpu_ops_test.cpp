@@ -274,7 +274,9 @@ TEST(CpuRope, HalfInterleavedAndPartialRotationMatchNaive) {
     const ops::RopeTable tab = make_table(c.d_rot, 10000.0, c.attention_factor, c.style);
     std::vector<float> x = random_values(rng, n_tokens * n_heads * d_head);
     Tensor x_t = make_tensor(DType::kF32, {n_tokens, n_heads, d_head}, x);
-    be->rope({.x = x_t, .positions = pos.data(), .table = &tab});
+    ops::BatchMeta batch;
+    batch.positions = pos;
+    be->rope({.x = x_t, .batch = &batch, .table = &tab});
     const std::vector<double> ref = rope_reference(x, pos, n_heads, d_head, tab);
     expect_close(x_t.as<float>(), ref, 1e-6);
     for (int64_t r = 0; r < n_tokens * n_heads; ++r)  // dims >= d_rot untouched, bit for bit
@@ -289,8 +291,9 @@ TEST(CpuRope, HandCheckedQuarterTurn) {
   ops::RopeTable tab{.d_rot = 2, .inv_freq = {float(std::numbers::pi / 2)}, .attention_factor = 2.0f};
   std::vector<float> x = {3.0f, 5.0f, 7.0f};  // d_head 3: the last dim is not rotated
   Tensor x_t = make_tensor(DType::kF32, {1, 1, 3}, x);
-  const int32_t pos = 1;
-  be->rope({.x = x_t, .positions = &pos, .table = &tab});
+  ops::BatchMeta batch;
+  batch.positions = {1};
+  be->rope({.x = x_t, .batch = &batch, .table = &tab});
   EXPECT_NEAR(x_t.as<float>()[0], -10.0f, 1e-5);
   EXPECT_NEAR(x_t.as<float>()[1], 6.0f, 1e-5);
   EXPECT_EQ(x_t.as<float>()[2], 7.0f);

@@ -152,6 +152,7 @@ void CpuBackend::attention(const ops::AttentionArgs& a) {
       }
     }
   });
+  round_output(a.out);
 }
 
 // ---- MLA ----------------------------------------------------------------------
@@ -248,6 +249,7 @@ void CpuBackend::mla_attention(const ops::MlaArgs& a) {
       matvec(kv_b, o_lat.data(), o, uv_row, uv_row + d_v);
     }
   });
+  round_output(a.out);
 }
 
 }  // namespace kiln::cpu

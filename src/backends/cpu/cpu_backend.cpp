@@ -159,6 +159,7 @@ void CpuBackend::embedding(const ops::EmbeddingArgs& a) {
     for (int64_t i = 0; i < d_model; ++i)
       out[t * d_model + i] = load_f32(a.table, int64_t(ids[t]) * d_model + i);
   }
+  round_output(a.out);
 }
 
 // ---- rms_norm -----------------------------------------------------------------
@@ -186,7 +187,10 @@ void CpuBackend::rms_norm(const ops::RmsNormArgs& a) {
       // so out may alias x.
       const float* v = x + r * dim;
       if (has_residual) {
-        for (int64_t i = 0; i < dim; ++i) res[r * dim + i] += v[i];
+        for (int64_t i = 0; i < dim; ++i) {
+          res[r * dim + i] += v[i];
+          if (bf16_activations_) res[r * dim + i] = bf16_to_f32(f32_to_bf16(res[r * dim + i]));
+        }
         v = res + r * dim;
       }
       float sum_sq = 0.0f;
@@ -196,6 +200,7 @@ void CpuBackend::rms_norm(const ops::RmsNormArgs& a) {
         out[r * dim + i] = v[i] * inv_rms * load_f32(a.weight, i);
     }
   }, 16);
+  round_output(a.out);
 }
 
 // ---- linear -------------------------------------------------------------------
@@ -217,6 +222,7 @@ void CpuBackend::linear(const ops::LinearArgs& a) {
   pool_.parallel_for(n_out, [&](int64_t o0, int64_t o1) {
     for (int64_t t = 0; t < n_tokens; ++t) matvec(*a.w, x + t * n_in, out + t * n_out + o0, o0, o1);
   }, 16);
+  round_output(a.out);
 }
 
 // ---- rope ---------------------------------------------------------------------
@@ -225,7 +231,8 @@ void CpuBackend::linear(const ops::LinearArgs& a) {
 // x2' = x2 cos + x1 sin, with angle = float(pos) * inv_freq[i] in fp32 (as
 // transformers computes it) and cos, sin scaled by attention_factor.
 void CpuBackend::rope(const ops::RopeArgs& a) {
-  KILN_CHECK(a.table != nullptr && a.positions != nullptr) << "rope: table or positions is null";
+  KILN_CHECK(a.table != nullptr && a.batch != nullptr) << "rope: table or batch is null";
+  KILN_CHECK_EQ(int64_t(a.batch->positions.size()), a.x.dim(0)) << "rope: batch.positions.size() vs x.dim(0)";
   check_activation(a.x, "rope x", 3);
   const ops::RopeTable& tab = *a.table;
   const int64_t n_tokens = a.x.dim(0), n_heads = a.x.dim(1), d_head = a.x.dim(2);
@@ -237,7 +244,7 @@ void CpuBackend::rope(const ops::RopeArgs& a) {
   pool_.parallel_for(n_tokens, [&](int64_t t0, int64_t t1) {
     std::vector<float> cos_v(half), sin_v(half);
     for (int64_t t = t0; t < t1; ++t) {
-      const float pos = float(a.positions[t]);
+      const float pos = float(a.batch->positions[size_t(t)]);
       for (int64_t i = 0; i < half; ++i) {
         const float angle = pos * tab.inv_freq[i];
         cos_v[i] = std::cos(angle) * tab.attention_factor;
@@ -255,6 +262,7 @@ void CpuBackend::rope(const ops::RopeArgs& a) {
       }
     }
   }, 4);
+  round_output(a.x);
 }
 
 // ---- glu, add -------------------------------------------------------------------
@@ -270,6 +278,7 @@ void CpuBackend::glu(const ops::GluArgs& a) {
   float* out = a.out.as<float>();
   const int64_t n = a.gate.numel();
   for (int64_t i = 0; i < n; ++i) out[i] = glu_one(g[i], u[i], a.params);
+  round_output(a.out);
 }
 
 void CpuBackend::add(const ops::AddArgs& a) {
@@ -283,6 +292,7 @@ void CpuBackend::add(const ops::AddArgs& a) {
   float* out = a.out.as<float>();
   const int64_t n = a.a.numel();
   for (int64_t i = 0; i < n; ++i) out[i] = x[i] + y[i];
+  round_output(a.out);
 }
 
 void CpuBackend::slice_columns(const ops::SliceColumnsArgs& a) {
@@ -299,7 +309,11 @@ void CpuBackend::slice_columns(const ops::SliceColumnsArgs& a) {
 }
 
 std::unique_ptr<ops::Backend> make_cpu_backend(int n_threads) {
-  return std::make_unique<CpuBackend>(n_threads);
+  return std::make_unique<CpuBackend>(CpuOptions{.n_threads = n_threads});
+}
+
+std::unique_ptr<ops::Backend> make_cpu_backend(const CpuOptions& options) {
+  return std::make_unique<CpuBackend>(options);
 }
 
 }  // namespace kiln::cpu

@@ -10,7 +10,18 @@
 
 namespace kiln::cpu {
 
+struct CpuOptions {
+  int n_threads = 0;  // <= 0: all hardware threads
+  // Store every activation an op writes rounded to bf16 (values stay fp32 in
+  // memory; each op still computes in fp32). This is the reference for a backend
+  // whose activations are bf16: it rounds at the same op boundaries, so the
+  // comparison measures the kernels, not the storage precision (otherwise a
+  // near-tie in MoE routing flips on bf16 noise alone).
+  bool bf16_activations = false;
+};
+
 // n_threads <= 0: all hardware threads.
 std::unique_ptr<ops::Backend> make_cpu_backend(int n_threads = 0);
+std::unique_ptr<ops::Backend> make_cpu_backend(const CpuOptions& options);
 
 }  // namespace kiln::cpu

@@ -10,6 +10,7 @@
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
+#include "backends/cpu/cpu_backend.h"
 #include "ops/backend.h"
 
 namespace kiln::cpu {
@@ -61,9 +62,9 @@ void route(const float* logits, const float* correction_bias, const ops::RouterP
 
 class CpuBackend final : public ops::Backend {
  public:
-  explicit CpuBackend(int n_threads) : pool_(n_threads) {}
+  explicit CpuBackend(const CpuOptions& o) : pool_(o.n_threads), bf16_activations_(o.bf16_activations) {}
 
-  std::string name() const override { return "cpu"; }
+  std::string name() const override { return bf16_activations_ ? "cpu (bf16 activations)" : "cpu"; }
   DType activation_dtype() const override { return DType::kF32; }
 
   Tensor alloc(DType dtype, Shape shape) override;
@@ -85,7 +86,15 @@ class CpuBackend final : public ops::Backend {
   void moe(const ops::MoeArgs& a) override;                   // cpu_moe.cpp
 
  private:
+  // In bf16-activation mode, rounds the values an op wrote to bf16 (CpuOptions).
+  void round_output(const Tensor& t) const {
+    if (!bf16_activations_) return;
+    float* p = t.as<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = bf16_to_f32(f32_to_bf16(p[i]));
+  }
+
   ThreadPool pool_;
+  bool bf16_activations_ = false;
 };
 
 // act = glu(gate, up) for one element (shared by glu and moe).

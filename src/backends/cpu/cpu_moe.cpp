@@ -203,6 +203,7 @@ void CpuBackend::moe(const ops::MoeArgs& a) {
       std::copy(acc.begin(), acc.end(), out_all + t * d_model);
     }
   });
+  round_output(a.out);
 }
 
 }  // namespace kiln::cpu

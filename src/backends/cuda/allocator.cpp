@@ -1,0 +1,74 @@
+#include "backends/cuda/allocator.h"
+
+#include "backends/cuda/cuda_check.h"
+
+namespace kiln::cuda {
+
+size_t CachingAllocator::size_class(size_t bytes) {
+  // 512-byte granularity up to 1 MiB, then powers of two split in 4: at most
+  // 25% slack for large blocks, few distinct classes.
+  if (bytes <= (1u << 20)) return (bytes + 511) / 512 * 512;
+  size_t p = 1u << 20;
+  while (p < bytes) p <<= 1;
+  const size_t quarter = p / 8;  // classes p/2 + k * p/8
+  size_t c = p / 2;
+  while (c < bytes) c += quarter;
+  return c;
+}
+
+std::shared_ptr<void> CachingAllocator::allocate(size_t bytes) {
+  const size_t cls = size_class(bytes == 0 ? 1 : bytes);
+  void* p = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.find(cls);
+    if (it != free_.end() && !it->second.empty()) {
+      p = it->second.back();
+      it->second.pop_back();
+      cached_ -= cls;
+    }
+    in_use_ += cls;
+  }
+  if (p == nullptr) {
+    KILN_CUDA_CHECK(cudaSetDevice(device_));
+    cudaError_t e = cudaMalloc(&p, cls);
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      release_cached();  // retry once with the cache emptied
+      e = cudaMalloc(&p, cls);
+    }
+    KILN_CHECK(e == cudaSuccess) << "cudaMalloc of " << cls << " bytes: " << cudaGetErrorString(e)
+                                 << " (in use " << bytes_in_use() << " bytes)";
+  }
+  std::shared_ptr<CachingAllocator> self = shared_from_this();
+  return std::shared_ptr<void>(p, [self, cls](void* q) { self->give_back(q, cls); });
+}
+
+void CachingAllocator::give_back(void* p, size_t cls) {
+  std::lock_guard<std::mutex> lock(mu_);
+  free_[cls].push_back(p);
+  in_use_ -= cls;
+  cached_ += cls;
+}
+
+size_t CachingAllocator::bytes_in_use() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return in_use_;
+}
+
+size_t CachingAllocator::bytes_cached() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cached_;
+}
+
+void CachingAllocator::release_cached() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [cls, blocks] : free_)
+    for (void* p : blocks) cudaFree(p);
+  free_.clear();
+  cached_ = 0;
+}
+
+CachingAllocator::~CachingAllocator() { release_cached(); }
+
+}  // namespace kiln::cuda

@@ -1,0 +1,42 @@
+// A caching device allocator: cudaMalloc only (no managed memory), freed blocks
+// kept in size classes for reuse, so a steady decode loop allocates nothing.
+// Blocks are handed out as shared_ptr whose deleter returns them to the cache;
+// the cache lives as long as any block does. Reuse is safe because kiln issues
+// all work of a backend on one stream: a block freed by the host is reused only
+// by work queued after the work that used it.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace kiln::cuda {
+
+class CachingAllocator : public std::enable_shared_from_this<CachingAllocator> {
+ public:
+  static std::shared_ptr<CachingAllocator> create(int device) {
+    return std::shared_ptr<CachingAllocator>(new CachingAllocator(device));
+  }
+  ~CachingAllocator();
+
+  // A device block of at least `bytes` (rounded up to its size class).
+  std::shared_ptr<void> allocate(size_t bytes);
+  size_t bytes_in_use() const;
+  size_t bytes_cached() const;
+  // Returns every cached (free) block to the driver.
+  void release_cached();
+
+ private:
+  explicit CachingAllocator(int device) : device_(device) {}
+  static size_t size_class(size_t bytes);
+  void give_back(void* p, size_t bytes);
+
+  int device_;
+  mutable std::mutex mu_;
+  std::map<size_t, std::vector<void*>> free_;  // size class -> free blocks
+  size_t in_use_ = 0, cached_ = 0;
+};
+
+}  // namespace kiln::cuda

@@ -1,0 +1,23 @@
+// The CUDA backend: ops::Backend on one GPU, bf16 activations and KV cache.
+// Upload rule: floating-point matrices (rank >= 2) become bf16, vectors (norm
+// weights, biases, sinks, routing biases) fp32; other tensors are copied as is.
+// Quantized weight formats are the next part of this backend: supports() refuses
+// them with a clear error at load.
+#pragma once
+
+#include <memory>
+
+#include "backends/cuda/device.h"
+#include "core/status.h"
+#include "ops/backend.h"
+
+namespace kiln::cuda {
+
+struct CudaOptions {
+  int device = 0;
+  int smem_cap = 0;  // bytes of shared memory per block every kernel must fit; 0: the device's opt-in limit
+};
+
+Result<std::unique_ptr<ops::Backend>> make_cuda_backend(const CudaOptions& options);
+
+}  // namespace kiln::cuda

@@ -1,0 +1,85 @@
+// Private to the CUDA backend: the backend class (shared by cuda_backend.cpp
+// and cuda_ops.cpp).
+#pragma once
+
+#include <map>
+#include <utility>
+#include <memory>
+#include <vector>
+
+#include "backends/cuda/allocator.h"
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/kernels/kernels.h"
+
+namespace kiln::cuda {
+
+class CudaBackend final : public ops::Backend {
+ public:
+  CudaBackend(const DeviceInfo& info, int smem_cap);
+  ~CudaBackend() override;
+
+  std::string name() const override { return "cuda"; }
+  DType activation_dtype() const override { return DType::kBF16; }
+  Tensor alloc(DType dtype, Shape shape) override;
+  Tensor upload(const Tensor& host) override;
+  void to_host_f32(const Tensor& t, float* out) override;
+  void from_host_f32(const float* src, Tensor& t) override;
+  void synchronize() override { KILN_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void begin_step(const ops::BatchMeta& batch) override;
+  Status supports(const ops::Weight& w) const override;
+
+  void embedding(const ops::EmbeddingArgs& a) override;
+  void rms_norm(const ops::RmsNormArgs& a) override;
+  void linear(const ops::LinearArgs& a) override;
+  void rope(const ops::RopeArgs& a) override;
+  void kv_store(const ops::KvStoreArgs& a) override;
+  void attention(const ops::AttentionArgs& a) override;
+  void mla_store(const ops::MlaStoreArgs& a) override;
+  void mla_attention(const ops::MlaArgs& a) override;
+  void glu(const ops::GluArgs& a) override;
+  void add(const ops::AddArgs& a) override;
+  void slice_columns(const ops::SliceColumnsArgs& a) override;
+  void moe(const ops::MoeArgs& a) override;
+
+  const DeviceInfo& info() const { return info_; }
+  int smem_cap() const { return smem_cap_; }
+
+ private:
+  // Device scratch of n elements of T, valid until the stream passes this op.
+  template <typename T>
+  T* scratch(int64_t n, std::vector<std::shared_ptr<void>>& keep) {
+    keep.push_back(allocator_->allocate(size_t(n) * sizeof(T)));
+    return static_cast<T*>(keep.back().get());
+  }
+  const int32_t* device_ids(const Tensor& ids, std::vector<std::shared_ptr<void>>& keep);
+  const DeviceBatch& batch_for(const ops::BatchMeta* b) const;
+  const float* rope_table(const ops::RopeTable& t);
+  const ExpertWeights* expert_table(const ops::MoeExperts& ex);
+  // y [rows, n_out] = x [rows, n_in] W^T through cuBLASLt (bf16 in, fp32 accumulate).
+  void gemm(const Tensor& x, const ops::Weight& w, Tensor& y);
+
+  DeviceInfo info_;
+  int smem_cap_;
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  std::shared_ptr<CachingAllocator> allocator_;
+  std::shared_ptr<void> workspace_;
+  size_t workspace_bytes_ = 32u << 20;
+
+  const ops::BatchMeta* host_batch_ = nullptr;
+  DeviceBatch batch_;
+  std::shared_ptr<void> batch_buffer_;
+  // Device copies of per-model constants, keyed by the host object and checked
+  // against its content on every lookup (a freed object's address may be reused).
+  std::map<const ops::RopeTable*, std::pair<std::vector<float>, std::shared_ptr<void>>> rope_tables_;
+  struct ExpertTable {
+    std::vector<ExpertWeights> host;            // what was uploaded (the content key)
+    std::vector<const void*> sources;           // host-visible identity: weight and bias data pointers
+    std::vector<std::shared_ptr<void>> keep;    // the table and fp32 copies of bf16 biases
+  };
+  std::map<const ops::MoeExperts*, ExpertTable> expert_tables_;
+  std::vector<std::shared_ptr<void>> op_scratch_;  // released at begin_step
+};
+
+}  // namespace kiln::cuda

@@ -1,0 +1,192 @@
+// CudaBackend's ops: argument checks at entry, then the kernels of kernels/.
+#include "backends/cuda/cuda_backend_impl.h"
+
+namespace kiln::cuda {
+namespace {
+
+void check_act(const Tensor& t, const char* what) {
+  KILN_CHECK(t.defined() && t.device == Device::kCuda && t.dtype == DType::kBF16)
+      << "cuda: " << what << " must be a bf16 device tensor (dtype " << dtype_name(t.dtype) << ")";
+}
+
+const float* vec_or_null(const Tensor& t, const char* what) {
+  if (!t.defined()) return nullptr;
+  KILN_CHECK(t.device == Device::kCuda && t.dtype == DType::kF32) << "cuda: " << what << " must be an fp32 vector";
+  return t.as<float>();
+}
+
+}  // namespace
+
+void CudaBackend::embedding(const ops::EmbeddingArgs& a) {
+  check_act(a.table, "embedding table");
+  check_act(a.out, "embedding out");
+  KILN_CHECK_EQ(a.out.dim(1), a.table.dim(1)) << "embedding: out.dim(1) vs table.dim(1)";
+  const int32_t* ids = device_ids(a.ids, op_scratch_);
+  launch_embedding(a.table.as<bf16>(), ids, a.ids.numel(), a.table.dim(1), a.out.as<bf16>(), stream_);
+}
+
+void CudaBackend::rms_norm(const ops::RmsNormArgs& a) {
+  check_act(a.x, "rms_norm x");
+  check_act(a.out, "rms_norm out");
+  KILN_CHECK_EQ(a.weight.numel(), a.x.dim(1)) << "rms_norm: weight size vs x.dim(1)";
+  bf16* residual = nullptr;
+  if (a.residual.defined()) {
+    check_act(a.residual, "rms_norm residual");
+    residual = a.residual.as<bf16>();
+  }
+  launch_rms_norm(a.x.as<bf16>(), residual, vec_or_null(a.weight, "rms_norm weight"), a.out.as<bf16>(), a.x.dim(0),
+                  a.x.dim(1), a.eps, stream_);
+}
+
+void CudaBackend::linear(const ops::LinearArgs& a) {
+  check_act(a.x, "linear x");
+  check_act(a.out, "linear out");
+  Tensor out = a.out;
+  gemm(a.x, *a.w, out);
+}
+
+void CudaBackend::rope(const ops::RopeArgs& a) {
+  check_act(a.x, "rope x");
+  const DeviceBatch& b = batch_for(a.batch);
+  KILN_CHECK_EQ(a.x.dim(0), int64_t(b.n_tokens)) << "rope: x.dim(0) vs batch tokens";
+  launch_rope(a.x.as<bf16>(), a.x.dim(0), a.x.dim(1), a.x.dim(2), rope_table(*a.table), a.table->d_rot,
+              a.table->attention_factor, a.table->style == ops::RopeStyle::kInterleaved, b.positions, stream_);
+}
+
+void CudaBackend::kv_store(const ops::KvStoreArgs& a) {
+  const DeviceBatch& b = batch_for(a.batch);
+  check_act(a.k, "kv_store k");
+  check_act(a.k_cache, "k_cache");
+  const int64_t row = a.k.dim(1) * a.k.dim(2);
+  launch_store_rows(a.k.as<bf16>(), a.k_cache.as<bf16>(), b.slot_mapping, b.n_tokens, row, row, 0, stream_);
+  launch_store_rows(a.v.as<bf16>(), a.v_cache.as<bf16>(), b.slot_mapping, b.n_tokens, row, row, 0, stream_);
+}
+
+void CudaBackend::attention(const ops::AttentionArgs& a) {
+  const DeviceBatch& b = batch_for(a.batch);
+  check_act(a.q, "attention q");
+  check_act(a.out, "attention out");
+  const int n_heads = int(a.q.dim(1)), d_head = int(a.q.dim(2)), n_kv_heads = int(a.k_cache.dim(2));
+  KILN_CHECK_EQ(n_heads % n_kv_heads, 0) << "attention: n_heads vs n_kv_heads";
+  launch_attention(a.q.as<bf16>(), a.k_cache.as<bf16>(), a.v_cache.as<bf16>(), a.out.as<bf16>(),
+                   vec_or_null(a.sinks, "sinks"), b, n_heads, n_kv_heads, d_head, a.scale, a.sliding_window, stream_);
+}
+
+void CudaBackend::mla_store(const ops::MlaStoreArgs& a) {
+  const DeviceBatch& b = batch_for(a.batch);
+  const int64_t d_latent = a.kv_latent.dim(1), d_rope = a.k_rope.dim(1), row = a.latent_cache.dim(2);
+  KILN_CHECK_EQ(d_latent + d_rope, row) << "mla_store: d_latent + d_rope vs cache row";
+  launch_store_rows(a.kv_latent.as<bf16>(), a.latent_cache.as<bf16>(), b.slot_mapping, b.n_tokens, d_latent, row, 0,
+                    stream_);
+  launch_store_rows(a.k_rope.as<bf16>(), a.latent_cache.as<bf16>(), b.slot_mapping, b.n_tokens, d_rope, row,
+                    d_latent, stream_);
+}
+
+void CudaBackend::mla_attention(const ops::MlaArgs& a) {
+  const DeviceBatch& b = batch_for(a.batch);
+  check_act(a.q_nope, "mla q_nope");
+  check_act(a.out, "mla out");
+  const int n_heads = int(a.q_nope.dim(1)), d_nope = int(a.q_nope.dim(2)), d_rope = int(a.q_rope.dim(2));
+  const int d_v = int(a.out.dim(2)), d_latent = int(a.latent_cache.dim(2)) - d_rope;
+  KILN_CHECK(a.kv_b->data.dtype == DType::kBF16 && !a.kv_b->bias.defined()) << "mla: kv_b must be bf16 without bias";
+  float* scratch_f = scratch<float>(int64_t(b.n_tokens) * n_heads * d_latent * 2, op_scratch_);
+  launch_mla(a.q_nope.as<bf16>(), a.q_rope.as<bf16>(), a.latent_cache.as<bf16>(), a.kv_b->data.as<bf16>(),
+             a.out.as<bf16>(), scratch_f, b, n_heads, d_nope, d_rope, d_v, d_latent, a.scale, stream_);
+}
+
+void CudaBackend::glu(const ops::GluArgs& a) {
+  check_act(a.gate, "glu gate");
+  KILN_CHECK(a.up.shape == a.gate.shape && a.out.shape == a.gate.shape) << "glu: shapes";
+  launch_glu(a.gate.as<bf16>(), a.up.as<bf16>(), a.out.as<bf16>(), a.gate.numel(),
+             a.params.kind == ops::GluKind::kSilu ? 0 : 1, a.params.alpha, a.params.limit, stream_);
+}
+
+void CudaBackend::add(const ops::AddArgs& a) {
+  check_act(a.a, "add a");
+  KILN_CHECK(a.b.shape == a.a.shape && a.out.shape == a.a.shape) << "add: shapes";
+  launch_add(a.a.as<bf16>(), a.b.as<bf16>(), a.out.as<bf16>(), a.a.numel(), stream_);
+}
+
+void CudaBackend::slice_columns(const ops::SliceColumnsArgs& a) {
+  check_act(a.src, "slice_columns src");
+  check_act(a.dst, "slice_columns dst");
+  KILN_CHECK(a.col_begin >= 0 && a.col_begin + a.dst.dim(1) <= a.src.dim(1)) << "slice_columns: range";
+  launch_slice_columns(a.src.as<bf16>(), a.src.dim(1), a.col_begin, a.dst.as<bf16>(), a.dst.dim(1), a.src.dim(0),
+                       stream_);
+}
+
+const ExpertWeights* CudaBackend::expert_table(const ops::MoeExperts& ex) {
+  // Identity of the experts as the caller holds them: every weight and bias pointer.
+  std::vector<const void*> sources;
+  for (const auto* list : {&ex.gate_up, &ex.gate, &ex.up, &ex.down})
+    for (const ops::Weight& w : *list) sources.insert(sources.end(), {w.data.data, w.bias.data});
+  auto it = expert_tables_.find(&ex);
+  if (it != expert_tables_.end() && it->second.sources == sources) {
+    return static_cast<const ExpertWeights*>(it->second.keep.front().get());
+  }
+  ExpertTable table;
+  table.sources = std::move(sources);
+  table.keep.emplace_back();  // slot 0: the device table itself
+  // Biases may be views of a stacked [n_experts, n] tensor, uploaded as a bf16
+  // matrix: give the kernels fp32 copies.
+  auto bias = [&](const Tensor& t) -> const float* {
+    if (!t.defined()) return nullptr;
+    KILN_CHECK(t.device == Device::kCuda) << "moe: expert bias not on the device";
+    if (t.dtype == DType::kF32) return t.as<float>();
+    KILN_CHECK(t.dtype == DType::kBF16) << "moe: expert bias of dtype " << dtype_name(t.dtype);
+    table.keep.push_back(allocator_->allocate(size_t(t.numel()) * sizeof(float)));
+    auto* f = static_cast<float*>(table.keep.back().get());
+    launch_bf16_to_f32(t.as<bf16>(), f, t.numel(), stream_);
+    return f;
+  };
+  const size_t n = ex.down.size();
+  table.host.resize(n);
+  for (size_t e = 0; e < n; ++e) {
+    ExpertWeights& t = table.host[e];
+    if (!ex.gate_up.empty()) {
+      t.gate_up = ex.gate_up[e].data.as<bf16>();
+      t.gate_up_bias = bias(ex.gate_up[e].bias);
+    } else {
+      t.gate = ex.gate[e].data.as<bf16>();
+      t.up = ex.up[e].data.as<bf16>();
+    }
+    t.down = ex.down[e].data.as<bf16>();
+    t.down_bias = bias(ex.down[e].bias);
+  }
+  table.keep[0] = allocator_->allocate(n * sizeof(ExpertWeights));
+  KILN_CUDA_CHECK(cudaMemcpyAsync(table.keep[0].get(), table.host.data(), n * sizeof(ExpertWeights),
+                                  cudaMemcpyHostToDevice, stream_));
+  synchronize();
+  const ExpertWeights* device = static_cast<const ExpertWeights*>(table.keep[0].get());
+  expert_tables_[&ex] = std::move(table);
+  return device;
+}
+
+void CudaBackend::moe(const ops::MoeArgs& a) {
+  check_act(a.x, "moe x");
+  check_act(a.out, "moe out");
+  const int64_t n_tokens = a.x.dim(0), d_model = a.x.dim(1);
+  const ops::MoeExperts& ex = *a.experts;
+  const int n_experts = a.routing.n_experts, top_k = a.routing.top_k;
+  KILN_CHECK_EQ(int64_t(ex.down.size()), int64_t(n_experts)) << "moe: experts vs routing.n_experts";
+  KILN_CHECK(!a.router->transposed && a.router->data.dtype == DType::kBF16) << "moe: router must be bf16 row-major";
+  const bool transposed = !ex.down.empty() && ex.down[0].transposed;
+  float* logits = scratch<float>(n_tokens * n_experts, op_scratch_);
+  int32_t* chosen = scratch<int32_t>(n_tokens * top_k, op_scratch_);
+  float* weights = scratch<float>(n_tokens * top_k, op_scratch_);
+  float* y = scratch<float>(n_tokens * top_k * d_model, op_scratch_);
+  launch_router_logits(a.x.as<bf16>(), a.router->data.as<bf16>(), vec_or_null(a.router->bias, "router bias"),
+                       n_tokens, n_experts, d_model, logits, stream_);
+  const MoeRouting r{.kind = int(a.routing.kind), .n_experts = n_experts, .top_k = top_k,
+                     .n_group = a.routing.n_group, .topk_group = a.routing.topk_group,
+                     .norm_topk_prob = a.routing.norm_topk_prob,
+                     .routed_scaling_factor = a.routing.routed_scaling_factor};
+  launch_route(logits, vec_or_null(a.correction_bias, "correction bias"), r, n_tokens, chosen, weights, stream_);
+  const MoeShape s{.d_model = d_model, .d_ff = ex.d_ff, .interleaved = ex.gate_up_interleaved,
+                   .transposed = transposed, .glu_kind = a.glu.kind == ops::GluKind::kSilu ? 0 : 1,
+                   .alpha = a.glu.alpha, .limit = a.glu.limit};
+  launch_moe_experts(a.x.as<bf16>(), expert_table(ex), chosen, weights, s, n_tokens, top_k, y, a.out.as<bf16>(),
+                     smem_cap_, stream_);
+}
+
+}  // namespace kiln::cuda

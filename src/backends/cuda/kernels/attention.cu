@@ -1,0 +1,194 @@
+// Paged attention and MLA: the first CUDA versions, one warp per (query token,
+// head) with an online softmax over the cached positions. They use no shared
+// memory, so they run under any --smem-cap; they are the correctness baseline the
+// tiled mma.sync kernels (FlashAttention-2 prefill, split-KV decode) are checked
+// against.
+#include <cfloat>
+
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/kernels/common.cuh"
+#include "backends/cuda/kernels/kernels.h"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kWarpsPerBlock = 4;
+
+__device__ __forceinline__ int64_t slot_of(const DeviceBatch& b, int s, int j) {
+  return int64_t(b.block_table[int64_t(s) * b.max_blocks + j / b.block_size]) * b.block_size + j % b.block_size;
+}
+
+// Each lane owns head dims lane, lane + 32, ... (kPer of them; D <= 32 * kPer).
+template <int kPer>
+__global__ void attention_warp_kernel(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out,
+                                      const float* sinks, DeviceBatch b, int n_heads, int n_kv_heads, int d_head,
+                                      float scale, int window) {
+  const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (warp >= b.n_tokens * n_heads) return;
+  const int t = warp / n_heads, h = warp % n_heads, kvh = h / (n_heads / n_kv_heads);
+  const int s = b.seq_of_token[t], p = b.positions[t];
+  float qv[kPer], acc[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int d = lane + 32 * i;
+    qv[i] = d < d_head ? to_f(q[(int64_t(t) * n_heads + h) * d_head + d]) * scale : 0.0f;
+    acc[i] = 0.0f;
+  }
+  float m = -FLT_MAX, l = 0.0f;
+  const int j0 = window > 0 ? max(0, p - window + 1) : 0;
+  for (int j = j0; j <= p; ++j) {
+    const int64_t row = (slot_of(b, s, j) * n_kv_heads + kvh) * d_head;
+    float dot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int d = lane + 32 * i;
+      if (d < d_head) dot += qv[i] * to_f(k_cache[row + d]);
+    }
+    const float score = warp_sum(dot);
+    const float m_new = fmaxf(m, score), corr = __expf(m - m_new), pj = __expf(score - m_new);
+    l = l * corr + pj;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int d = lane + 32 * i;
+      acc[i] = acc[i] * corr + (d < d_head ? pj * to_f(v_cache[row + d]) : 0.0f);
+    }
+    m = m_new;
+  }
+  if (sinks != nullptr) {  // a virtual key with logit sinks[h] and no value
+    const float sink = sinks[h], m_new = fmaxf(m, sink), corr = __expf(m - m_new);
+    l = l * corr + __expf(sink - m_new);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) acc[i] *= corr;
+  }
+  const float inv_l = 1.0f / l;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int d = lane + 32 * i;
+    if (d < d_head) out[(int64_t(t) * n_heads + h) * d_head + d] = __float2bfloat16(acc[i] * inv_l);
+  }
+}
+
+// q_lat[t, h, c] = sum_d q_nope[t, h, d] W_uk[h][d, c]: one block per (t, h),
+// threads over c (coalesced rows of kv_b).
+__global__ void mla_absorb_q_kernel(const bf16* q_nope, const bf16* kv_b, float* q_lat, int n_heads, int d_nope,
+                                    int d_v, int d_latent) {
+  const int th = blockIdx.x, h = th % n_heads;
+  const bf16* qn = q_nope + int64_t(th) * d_nope;
+  const bf16* w_uk = kv_b + int64_t(h) * (d_nope + d_v) * d_latent;
+  for (int c = threadIdx.x; c < d_latent; c += blockDim.x) {
+    float acc = 0.0f;
+    for (int d = 0; d < d_nope; ++d) acc += to_f(qn[d]) * to_f(w_uk[int64_t(d) * d_latent + c]);
+    q_lat[int64_t(th) * d_latent + c] = acc;
+  }
+}
+
+// One warp per (t, h): scores over the latent cache, o_lat = sum_j p_j c_j.
+template <int kPerLat, int kPerRope>
+__global__ void mla_attend_kernel(const float* q_lat, const bf16* q_rope, const bf16* cache, float* o_lat,
+                                  DeviceBatch b, int n_heads, int d_latent, int d_rope, float scale) {
+  const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (warp >= b.n_tokens * n_heads) return;
+  const int t = warp / n_heads;
+  const int s = b.seq_of_token[t], p = b.positions[t];
+  const int row_elems = d_latent + d_rope;
+  float ql[kPerLat], qr[kPerRope], acc[kPerLat];
+#pragma unroll
+  for (int i = 0; i < kPerLat; ++i) {
+    const int c = lane + 32 * i;
+    ql[i] = c < d_latent ? q_lat[int64_t(warp) * d_latent + c] * scale : 0.0f;
+    acc[i] = 0.0f;
+  }
+#pragma unroll
+  for (int i = 0; i < kPerRope; ++i) {
+    const int c = lane + 32 * i;
+    qr[i] = c < d_rope ? to_f(q_rope[int64_t(warp) * d_rope + c]) * scale : 0.0f;
+  }
+  float m = -FLT_MAX, l = 0.0f;
+  for (int j = 0; j <= p; ++j) {
+    const bf16* row = cache + slot_of(b, s, j) * row_elems;
+    float dot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPerLat; ++i) {
+      const int c = lane + 32 * i;
+      if (c < d_latent) dot += ql[i] * to_f(row[c]);
+    }
+#pragma unroll
+    for (int i = 0; i < kPerRope; ++i) {
+      const int c = lane + 32 * i;
+      if (c < d_rope) dot += qr[i] * to_f(row[d_latent + c]);
+    }
+    const float score = warp_sum(dot);
+    const float m_new = fmaxf(m, score), corr = __expf(m - m_new), pj = __expf(score - m_new);
+    l = l * corr + pj;
+#pragma unroll
+    for (int i = 0; i < kPerLat; ++i) {
+      const int c = lane + 32 * i;
+      acc[i] = acc[i] * corr + (c < d_latent ? pj * to_f(row[c]) : 0.0f);
+    }
+    m = m_new;
+  }
+#pragma unroll
+  for (int i = 0; i < kPerLat; ++i) {
+    const int c = lane + 32 * i;
+    if (c < d_latent) o_lat[int64_t(warp) * d_latent + c] = acc[i] / l;
+  }
+}
+
+// out[t, h, v] = W_uv[h][v, :] . o_lat[t, h, :]: one warp per output element.
+__global__ void mla_up_v_kernel(const float* o_lat, const bf16* kv_b, bf16* out, int64_t n_rows, int n_heads,
+                                int d_nope, int d_v, int d_latent) {
+  const int64_t warp = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp >= n_rows * d_v) return;
+  const int64_t th = warp / d_v;
+  const int v = int(warp % d_v), h = int(th % n_heads);
+  const bf16* w = kv_b + (int64_t(h) * (d_nope + d_v) + d_nope + v) * d_latent;
+  const float* o = o_lat + th * d_latent;
+  float acc = 0.0f;
+  for (int c = lane; c < d_latent; c += 32) acc += to_f(w[c]) * o[c];
+  acc = warp_sum(acc);
+  if (lane == 0) out[th * d_v + v] = __float2bfloat16(acc);
+}
+
+template <int kPer>
+void attention_for(const bf16* q, const bf16* k, const bf16* v, bf16* out, const float* sinks, const DeviceBatch& b,
+                   int n_heads, int n_kv_heads, int d_head, float scale, int window, cudaStream_t stream) {
+  const int warps = b.n_tokens * n_heads;
+  attention_warp_kernel<kPer><<<ceil_div(warps, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream>>>(
+      q, k, v, out, sinks, b, n_heads, n_kv_heads, d_head, scale, window);
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void launch_attention(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, const float* sinks,
+                      const DeviceBatch& b, int n_heads, int n_kv_heads, int d_head, float scale, int sliding_window,
+                      cudaStream_t stream) {
+  if (b.n_tokens == 0) return;
+  KILN_CHECK(d_head > 0 && d_head <= 256) << "attention: head size " << d_head << " (supported up to 256)";
+  if (d_head <= 32) attention_for<1>(q, k_cache, v_cache, out, sinks, b, n_heads, n_kv_heads, d_head, scale, sliding_window, stream);
+  else if (d_head <= 64) attention_for<2>(q, k_cache, v_cache, out, sinks, b, n_heads, n_kv_heads, d_head, scale, sliding_window, stream);
+  else if (d_head <= 128) attention_for<4>(q, k_cache, v_cache, out, sinks, b, n_heads, n_kv_heads, d_head, scale, sliding_window, stream);
+  else attention_for<8>(q, k_cache, v_cache, out, sinks, b, n_heads, n_kv_heads, d_head, scale, sliding_window, stream);
+}
+
+void launch_mla(const bf16* q_nope, const bf16* q_rope, const bf16* latent_cache, const bf16* kv_b, bf16* out,
+                float* scratch, const DeviceBatch& b, int n_heads, int d_nope, int d_rope, int d_v, int d_latent,
+                float scale, cudaStream_t stream) {
+  if (b.n_tokens == 0) return;
+  KILN_CHECK(d_latent <= 512 && d_rope <= 64) << "mla: d_latent " << d_latent << ", d_rope " << d_rope
+                                              << " (supported up to 512 and 64)";
+  const int rows = b.n_tokens * n_heads;
+  float* q_lat = scratch;
+  float* o_lat = scratch + int64_t(rows) * d_latent;
+  mla_absorb_q_kernel<<<rows, 256, 0, stream>>>(q_nope, kv_b, q_lat, n_heads, d_nope, d_v, d_latent);
+  KILN_CUDA_LAUNCH_CHECK();
+  mla_attend_kernel<16, 2><<<ceil_div(rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream>>>(
+      q_lat, q_rope, latent_cache, o_lat, b, n_heads, d_latent, d_rope, scale);
+  KILN_CUDA_LAUNCH_CHECK();
+  mla_up_v_kernel<<<ceil_div(int64_t(rows) * d_v, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream>>>(
+      o_lat, kv_b, out, rows, n_heads, d_nope, d_v, d_latent);
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace kiln::cuda

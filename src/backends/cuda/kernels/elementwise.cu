@@ -1,0 +1,115 @@
+// Embedding / row gather, add, bias, column slices, GLU activations, casts.
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/kernels/common.cuh"
+#include "backends/cuda/kernels/kernels.h"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void embedding_kernel(const bf16* table, const int32_t* ids, int64_t d, bf16* out) {
+  const int64_t row = blockIdx.x;
+  const bf16* src = table + int64_t(ids[row]) * d;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) out[row * d + i] = src[i];
+}
+
+__global__ void add_kernel(const bf16* a, const bf16* b, bf16* out, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = __float2bfloat16(to_f(a[i]) + to_f(b[i]));
+}
+
+__global__ void add_bias_kernel(bf16* y, const float* bias, int64_t rows, int64_t cols) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < rows * cols) y[i] = __float2bfloat16(to_f(y[i]) + bias[i % cols]);
+}
+
+__global__ void bias_round_kernel(const float* y, const float* bias, bf16* out, int64_t rows, int64_t cols) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < rows * cols) out[i] = __float2bfloat16(y[i] + bias[i % cols]);
+}
+
+__global__ void slice_columns_kernel(const bf16* src, int64_t n_src, int64_t col_begin, bf16* dst, int64_t n_dst) {
+  const int64_t r = blockIdx.x;
+  for (int64_t c = threadIdx.x; c < n_dst; c += blockDim.x) dst[r * n_dst + c] = src[r * n_src + col_begin + c];
+}
+
+__global__ void glu_kernel(const bf16* gate, const bf16* up, bf16* out, int64_t n, int kind, float alpha,
+                           float limit) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float g = to_f(gate[i]), u = to_f(up[i]), r;
+  if (kind == 0) {
+    r = g / (1.0f + __expf(-g)) * u;
+  } else {
+    g = fminf(g, limit);
+    u = fminf(fmaxf(u, -limit), limit);
+    r = (u + 1.0f) * (g / (1.0f + __expf(-alpha * g)));
+  }
+  out[i] = __float2bfloat16(r);
+}
+
+__global__ void bf16_to_f32_kernel(const bf16* in, float* out, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = to_f(in[i]);
+}
+
+__global__ void f32_to_bf16_kernel(const float* in, bf16* out, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = __float2bfloat16(in[i]);
+}
+
+}  // namespace
+
+void launch_embedding(const bf16* table, const int32_t* ids, int64_t n_rows, int64_t d, bf16* out,
+                      cudaStream_t stream) {
+  if (n_rows == 0) return;
+  embedding_kernel<<<unsigned(n_rows), kThreads, 0, stream>>>(table, ids, d, out);
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+void launch_add(const bf16* a, const bf16* b, bf16* out, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  add_kernel<<<ceil_div(n, kThreads), kThreads, 0, stream>>>(a, b, out, n);
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+void launch_add_bias(bf16* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows * cols == 0) return;
+  add_bias_kernel<<<ceil_div(rows * cols, kThreads), kThreads, 0, stream>>>(y, bias, rows, cols);
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+void launch_bias_round(const float* y, const float* bias, bf16* out, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows * cols == 0) return;
+  bias_round_kernel<<<ceil_div(rows * cols, kThreads), kThreads, 0, stream>>>(y, bias, out, rows, cols);
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+void launch_slice_columns(const bf16* src, int64_t n_src, int64_t col_begin, bf16* dst, int64_t n_dst,
+                          int64_t rows, cudaStream_t stream) {
+  if (rows == 0) return;
+  slice_columns_kernel<<<unsigned(rows), kThreads, 0, stream>>>(src, n_src, col_begin, dst, n_dst);
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+void launch_glu(const bf16* gate, const bf16* up, bf16* out, int64_t n, int kind, float alpha, float limit,
+                cudaStream_t stream) {
+  if (n == 0) return;
+  glu_kernel<<<ceil_div(n, kThreads), kThreads, 0, stream>>>(gate, up, out, n, kind, alpha, limit);
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+void launch_bf16_to_f32(const bf16* in, float* out, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  bf16_to_f32_kernel<<<ceil_div(n, kThreads), kThreads, 0, stream>>>(in, out, n);
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+void launch_f32_to_bf16(const float* in, bf16* out, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  f32_to_bf16_kernel<<<ceil_div(n, kThreads), kThreads, 0, stream>>>(in, out, n);
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace kiln::cuda

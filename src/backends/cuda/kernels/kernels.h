@@ -1,0 +1,102 @@
+// Host-side launchers of the CUDA backend's kernels. Activations are bf16
+// [rows, cols] row-major; matrices (rank >= 2 weights) are bf16 on the device;
+// vectors (norm weights, biases, sinks, correction biases) are fp32 (the
+// upload rule of cuda_backend.cpp). Every launcher queues work on `stream` and
+// checks the launch.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+namespace kiln::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// The step's batch metadata on the device (see ops::BatchMeta).
+struct DeviceBatch {
+  const int32_t* positions = nullptr;     // [n_tokens]
+  const int32_t* slot_mapping = nullptr;  // [n_tokens]
+  const int32_t* seq_of_token = nullptr;  // [n_tokens]
+  const int32_t* block_table = nullptr;   // [n_seqs, max_blocks]
+  int32_t n_tokens = 0, n_seqs = 0, max_blocks = 0, block_size = 0;
+};
+
+// ---- elementwise.cu
+void launch_embedding(const bf16* table, const int32_t* ids, int64_t n_rows, int64_t d, bf16* out,
+                      cudaStream_t stream);
+void launch_add(const bf16* a, const bf16* b, bf16* out, int64_t n, cudaStream_t stream);
+void launch_add_bias(bf16* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream);
+// out = bf16(y + bias): one rounding, as a fused GEMM epilogue would.
+void launch_bias_round(const float* y, const float* bias, bf16* out, int64_t rows, int64_t cols, cudaStream_t stream);
+void launch_slice_columns(const bf16* src, int64_t n_src, int64_t col_begin, bf16* dst, int64_t n_dst,
+                          int64_t rows, cudaStream_t stream);
+// kind 0: silu(gate) * up; kind 1: gpt-oss clamped SwiGLU.
+void launch_glu(const bf16* gate, const bf16* up, bf16* out, int64_t n, int kind, float alpha, float limit,
+                cudaStream_t stream);
+void launch_bf16_to_f32(const bf16* in, float* out, int64_t n, cudaStream_t stream);
+void launch_f32_to_bf16(const float* in, bf16* out, int64_t n, cudaStream_t stream);
+
+// ---- norm_rope.cu
+// residual (optional) += x; out = norm(residual or x) * weight. out may alias x.
+void launch_rms_norm(const bf16* x, bf16* residual, const float* weight, bf16* out, int64_t rows, int64_t dim,
+                     float eps, cudaStream_t stream);
+// In place on x [n_tokens, n_heads, d_head]: the first d_rot dims of each head.
+// interleaved: pairs (2i, 2i+1), else (i, i + d_rot/2).
+void launch_rope(bf16* x, int64_t n_tokens, int64_t n_heads, int64_t d_head, const float* inv_freq, int d_rot,
+                 float attention_factor, bool interleaved, const int32_t* positions, cudaStream_t stream);
+// cache[slot_mapping[t], col_offset : col_offset + row_elems] = x[t] (x: [n_tokens, row_elems],
+// cache rows of cache_row_elems).
+void launch_store_rows(const bf16* x, bf16* cache, const int32_t* slot_mapping, int64_t n_tokens,
+                       int64_t row_elems, int64_t cache_row_elems, int64_t col_offset, cudaStream_t stream);
+
+// ---- attention.cu
+// Paged causal attention (ops::AttentionArgs). sinks: [n_heads] fp32 or nullptr.
+void launch_attention(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, const float* sinks,
+                      const DeviceBatch& b, int n_heads, int n_kv_heads, int d_head, float scale,
+                      int sliding_window, cudaStream_t stream);
+// MLA, absorbed (ops::MlaArgs): q_lat = W_uk^T q_nope; attend over the latent cache; out = W_uv o_lat.
+// kv_b: [n_heads * (d_nope + d_v), d_latent] bf16. scratch: n_tokens * n_heads * d_latent * 2 floats.
+void launch_mla(const bf16* q_nope, const bf16* q_rope, const bf16* latent_cache, const bf16* kv_b, bf16* out,
+                float* scratch, const DeviceBatch& b, int n_heads, int d_nope, int d_rope, int d_v, int d_latent,
+                float scale, cudaStream_t stream);
+
+// ---- moe.cu
+struct MoeRouting {
+  int kind = 0;  // ops::RouterKind as int
+  int n_experts = 0, top_k = 0, n_group = 1, topk_group = 1;
+  bool norm_topk_prob = false;
+  float routed_scaling_factor = 1.0f;
+};
+// logits [n_tokens, n_experts] fp32 -> experts / weights [n_tokens, top_k].
+void launch_route(const float* logits, const float* correction_bias, const MoeRouting& r, int64_t n_tokens,
+                  int32_t* experts, float* weights, cudaStream_t stream);
+// logits[t, e] = x[t] . router[e] (+ bias[e]), fp32.
+void launch_router_logits(const bf16* x, const bf16* router, const float* bias, int64_t n_tokens, int64_t n_experts,
+                          int64_t d_model, float* logits, cudaStream_t stream);
+
+// One expert's weights on the device (a table of these is passed to the kernel).
+struct ExpertWeights {
+  const bf16* gate_up = nullptr;  // fused [2*d_ff, d_model] (rows gate..up or interleaved) or nullptr
+  const bf16* gate = nullptr;     // [d_ff, d_model] when not fused
+  const bf16* up = nullptr;
+  const bf16* down = nullptr;     // [d_model, d_ff]
+  const float* gate_up_bias = nullptr;  // [2*d_ff] or nullptr
+  const float* down_bias = nullptr;     // [d_model] or nullptr
+};
+struct MoeShape {
+  int64_t d_model = 0, d_ff = 0;
+  bool interleaved = false;  // fused gate_up rows alternate gate, up
+  bool transposed = false;   // weights stored input-major (gpt-oss bf16)
+  int glu_kind = 0;
+  float alpha = 1.702f, limit = 7.0f;
+};
+// y[t, :] = sum over the top_k chosen experts (ascending expert id) of
+// w * down_e(glu(gate_e x, up_e x)). expert_table: device array [n_experts].
+// scratch: n_tokens * top_k * d_model floats.
+void launch_moe_experts(const bf16* x, const ExpertWeights* expert_table, const int32_t* experts,
+                        const float* weights, const MoeShape& s, int64_t n_tokens, int top_k, float* scratch,
+                        bf16* out, int smem_cap, cudaStream_t stream);
+
+}  // namespace kiln::cuda

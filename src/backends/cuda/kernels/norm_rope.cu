@@ -1,0 +1,100 @@
+// RMSNorm (fused residual add), RoPE (half / interleaved pairs, partial), and
+// row stores into the paged KV cache.
+#include <cmath>
+
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/kernels/common.cuh"
+#include "backends/cuda/kernels/kernels.h"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kNormThreads = 256;
+
+// One block per row. The residual sum is rounded to bf16 before normalising, as
+// the model's bf16 residual stream is stored.
+__global__ void rms_norm_kernel(const bf16* x, bf16* residual, const float* weight, bf16* out, int64_t dim,
+                                float eps) {
+  const int64_t row = blockIdx.x;
+  const bf16* xr = x + row * dim;
+  bf16* rr = residual ? residual + row * dim : nullptr;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    float v = to_f(xr[i]);
+    if (rr) {
+      const bf16 sum = __float2bfloat16(to_f(rr[i]) + v);
+      rr[i] = sum;
+      v = to_f(sum);
+    }
+    ss += v * v;
+  }
+  __shared__ float partial[kNormThreads / 32];
+  ss = warp_sum(ss);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = ss;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float v = threadIdx.x < kNormThreads / 32 ? partial[threadIdx.x] : 0.0f;
+    v = warp_sum(v);
+    if (threadIdx.x == 0) partial[0] = v;
+  }
+  __syncthreads();
+  const float inv = rsqrtf(partial[0] / float(dim) + eps);
+  const bf16* src = rr ? rr : xr;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) out[row * dim + i] = __float2bfloat16(to_f(src[i]) * inv * weight[i]);
+}
+
+// One thread per (token, head, pair). The angle is computed in fp32 as
+// transformers does (float(position) * inv_freq).
+__global__ void rope_kernel(bf16* x, int64_t n_tokens, int64_t n_heads, int64_t d_head, const float* inv_freq,
+                            int d_rot, float attention_factor, bool interleaved, const int32_t* positions) {
+  const int half = d_rot / 2;
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= n_tokens * n_heads * half) return;
+  const int i = int(idx % half);
+  const int64_t th = idx / half, t = th / n_heads;
+  const float angle = float(positions[t]) * inv_freq[i];
+  float s, c;
+  sincosf(angle, &s, &c);
+  c *= attention_factor;
+  s *= attention_factor;
+  bf16* head = x + th * d_head;
+  const int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
+  const float x1 = to_f(head[a]), x2 = to_f(head[b]);
+  head[a] = __float2bfloat16(x1 * c - x2 * s);
+  head[b] = __float2bfloat16(x2 * c + x1 * s);
+}
+
+__global__ void store_rows_kernel(const bf16* x, bf16* cache, const int32_t* slot_mapping, int64_t row_elems,
+                                  int64_t cache_row_elems, int64_t col_offset) {
+  const int64_t t = blockIdx.x;
+  bf16* dst = cache + int64_t(slot_mapping[t]) * cache_row_elems + col_offset;
+  for (int64_t i = threadIdx.x; i < row_elems; i += blockDim.x) dst[i] = x[t * row_elems + i];
+}
+
+}  // namespace
+
+void launch_rms_norm(const bf16* x, bf16* residual, const float* weight, bf16* out, int64_t rows, int64_t dim,
+                     float eps, cudaStream_t stream) {
+  if (rows == 0) return;
+  rms_norm_kernel<<<unsigned(rows), kNormThreads, 0, stream>>>(x, residual, weight, out, dim, eps);
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+void launch_rope(bf16* x, int64_t n_tokens, int64_t n_heads, int64_t d_head, const float* inv_freq, int d_rot,
+                 float attention_factor, bool interleaved, const int32_t* positions, cudaStream_t stream) {
+  const int64_t n = n_tokens * n_heads * (d_rot / 2);
+  if (n == 0) return;
+  rope_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(x, n_tokens, n_heads, d_head, inv_freq, d_rot,
+                                                     attention_factor, interleaved, positions);
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+void launch_store_rows(const bf16* x, bf16* cache, const int32_t* slot_mapping, int64_t n_tokens, int64_t row_elems,
+                       int64_t cache_row_elems, int64_t col_offset, cudaStream_t stream) {
+  if (n_tokens == 0) return;
+  store_rows_kernel<<<unsigned(n_tokens), 128, 0, stream>>>(x, cache, slot_mapping, row_elems, cache_row_elems,
+                                                            col_offset);
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace kiln::cuda
