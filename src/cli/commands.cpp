@@ -11,6 +11,7 @@
 #include "backends/cpu/cpu_backend.h"
 #ifdef KILN_HAVE_CUDA
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/selftest.h"
 #endif
 #include "cli/demo.h"
 #include "cli/subcommand.h"
@@ -71,7 +72,14 @@ Result<std::vector<int32_t>> parse_tokens(const std::string& s) {
 Result<std::unique_ptr<ops::Backend>> make_backend(const CommonOptions& o) {
   if (o.backend == "cpu") return cpu::make_cpu_backend(o.threads);
 #ifdef KILN_HAVE_CUDA
-  if (o.backend == "cuda") return cuda::make_cuda_backend({.device = o.device, .smem_cap = o.smem_cap});
+  if (o.backend == "cuda") {
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<ops::Backend> be,
+                          cuda::make_cuda_backend({.device = o.device, .smem_cap = o.smem_cap}));
+    // Never serve a kernel that gives wrong answers: every path is checked
+    // against the CPU reference before the model loads (kiln doctor prints it).
+    KILN_RETURN_IF_ERROR(cuda::self_test_status(cuda::run_self_test(*be)));
+    return be;
+  }
 #endif
   return unsupported("the " + o.backend + " backend is not part of this build (CUDA was not found at build time)");
 }
@@ -163,6 +171,7 @@ int run_cli(int argc, char** argv) {
 
   Subcommands more;
   add_inspect_command(app, more);
+  add_doctor_command(app, more);
 
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;

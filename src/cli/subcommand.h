@@ -13,5 +13,6 @@ namespace kiln::cli {
 using Subcommands = std::vector<std::pair<CLI::App*, std::function<int()>>>;
 
 void add_inspect_command(CLI::App& app, Subcommands& commands);  // inspect_command.cpp
+void add_doctor_command(CLI::App& app, Subcommands& commands);   // doctor_command.cpp
 
 }  // namespace kiln::cli

@@ -24,6 +24,9 @@ struct DeviceBatch {
 };
 
 // ---- elementwise.cu
+// Whether this build has a kernel image the current device can run (cudaSuccess),
+// e.g. cudaErrorNoKernelImageForDevice when its architecture was not compiled.
+cudaError_t probe_kernel_image();
 void launch_embedding(const bf16* table, const int32_t* ids, int64_t n_rows, int64_t d, bf16* out,
                       cudaStream_t stream);
 void launch_add(const bf16* a, const bf16* b, bf16* out, int64_t n, cudaStream_t stream);

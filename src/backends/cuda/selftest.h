@@ -1,0 +1,27 @@
+// The start-up self-test: each CUDA kernel path runs once on a small random
+// problem and is compared with the CPU reference (in its bf16-activation mode).
+// kiln refuses to serve with a path that fails; `kiln doctor` prints the table.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ops/backend.h"
+
+namespace kiln::cuda {
+
+struct PathResult {
+  std::string path;       // "attention (warp, d 128, GQA 4, window, sinks)"
+  bool passed = false;
+  double rel_err = 0.0;   // max |cuda - cpu| / max |cpu|
+  double tolerance = 0.0;
+  std::string detail;     // why it failed
+};
+
+// Runs every path on `gpu`; results in a fixed order.
+std::vector<PathResult> run_self_test(ops::Backend& gpu);
+
+// The first failure as an error ("self-test failed: <path>: ..."), or Ok.
+Status self_test_status(const std::vector<PathResult>& results);
+
+}  // namespace kiln::cuda
