@@ -15,6 +15,7 @@
 #endif
 #include "cli/demo.h"
 #include "cli/subcommand.h"
+#include "cli/tokenize_commands.h"
 #include "core/log.h"
 #include "runtime/engine.h"
 
@@ -172,6 +173,7 @@ int run_cli(int argc, char** argv) {
   Subcommands more;
   add_inspect_command(app, more);
   add_doctor_command(app, more);
+  add_tokenize_commands(app, more);  // tokenize, detokenize
 
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
