@@ -14,6 +14,7 @@
 #include "backends/cuda/selftest.h"
 #endif
 #include "cli/demo.h"
+#include "cli/render_command.h"
 #include "cli/subcommand.h"
 #include "cli/tokenize_commands.h"
 #include "core/log.h"
@@ -174,6 +175,7 @@ int run_cli(int argc, char** argv) {
   add_inspect_command(app, more);
   add_doctor_command(app, more);
   add_tokenize_commands(app, more);  // tokenize, detokenize
+  add_render_command(app, more);
 
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
