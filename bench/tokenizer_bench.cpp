@@ -4,12 +4,9 @@
 // encoding thread's CPU time) for a cold pass (empty word cache) and a warm pass, and the
 // load time (wall).
 //
-// Not in CMake yet (the lead wires the `tokenizer_bench` target: an executable from this
-// file linking kiln_tokenizer). Standalone build, after building kiln_tokenizer in build-tok
-// (one line):
-//   g++ -O2 -std=c++20 -Isrc bench/tokenizer_bench.cpp build-tok/libkiln_tokenizer.a
-//       build-tok/libkiln_core.a -lpcre2-8 -lutf8proc -o build-tok/tokenizer_bench
-//   taskset -c 0 build-tok/tokenizer_bench [--mb 8] [DIR ...]
+// Build and run (the `tokenizer_bench` target):
+//   cmake --build build --target tokenizer_bench
+//   taskset -c 0 build/bin/tokenizer_bench [--mb 8] [DIR ...]
 // DIR holds tokenizer.json (+ tokenizer_config.json); default: the five npm reference
 // tokenizers under $KILN_NPM_PEERS or ~/.cache/kiln/npm-peers (see scripts/npm-peers).
 #include <chrono>
