@@ -45,6 +45,11 @@ class CudaBackend final : public ops::Backend {
   const DeviceInfo& info() const { return info_; }
   int smem_cap() const { return smem_cap_; }
 
+  // Attention path control (the self-test): force one path, or keep a path that
+  // failed its self-test out of the automatic choice (the warp kernel remains).
+  void force_attention_path(AttentionPath p) { forced_attention_path_ = p; }
+  void disable_attention_path(AttentionPath p) { disabled_attention_paths_.push_back(p); }
+
  private:
   // Device scratch of n elements of T, valid until the stream passes this op.
   template <typename T>
@@ -80,6 +85,8 @@ class CudaBackend final : public ops::Backend {
   };
   std::map<const ops::MoeExperts*, ExpertTable> expert_tables_;
   std::vector<std::shared_ptr<void>> op_scratch_;  // released at begin_step
+  AttentionPath forced_attention_path_ = AttentionPath::kAuto;
+  std::vector<AttentionPath> disabled_attention_paths_;
 };
 
 }  // namespace kiln::cuda

@@ -68,8 +68,18 @@ void CudaBackend::attention(const ops::AttentionArgs& a) {
   check_act(a.out, "attention out");
   const int n_heads = int(a.q.dim(1)), d_head = int(a.q.dim(2)), n_kv_heads = int(a.k_cache.dim(2));
   KILN_CHECK_EQ(n_heads % n_kv_heads, 0) << "attention: n_heads vs n_kv_heads";
+  AttentionPath path = forced_attention_path_;
+  if (path == AttentionPath::kAuto) {
+    path = choose_attention_path(b, d_head, smem_cap_);
+    for (AttentionPath off : disabled_attention_paths_)
+      if (path == off) path = AttentionPath::kWarp;  // failed its self-test
+  }
+  AttentionOptions opt{.path = path};
+  const size_t bytes = attention_scratch_bytes(b, n_heads, n_kv_heads, d_head, a.sliding_window, smem_cap_, opt);
+  if (bytes > 0) opt.scratch = scratch<char>(int64_t(bytes), op_scratch_);
   launch_attention(a.q.as<bf16>(), a.k_cache.as<bf16>(), a.v_cache.as<bf16>(), a.out.as<bf16>(),
-                   vec_or_null(a.sinks, "sinks"), b, n_heads, n_kv_heads, d_head, a.scale, a.sliding_window, stream_);
+                   vec_or_null(a.sinks, "sinks"), b, n_heads, n_kv_heads, d_head, a.scale, a.sliding_window, stream_,
+                   smem_cap_, opt);
 }
 
 void CudaBackend::mla_store(const ops::MlaStoreArgs& a) {

@@ -16,12 +16,14 @@ struct PathResult {
   double rel_err = 0.0;   // max |cuda - cpu| / max |cpu|
   double tolerance = 0.0;
   std::string detail;     // why it failed
+  bool required = true;   // false: a fast path with a fallback; a failure disables it instead
 };
 
 // Runs every path on `gpu`; results in a fixed order.
 std::vector<PathResult> run_self_test(ops::Backend& gpu);
 
-// The first failure as an error ("self-test failed: <path>: ..."), or Ok.
+// The first failure of a required path as an error ("self-test failed: <path>: ..."),
+// or Ok. Failed optional paths were already disabled by run_self_test, with a log line.
 Status self_test_status(const std::vector<PathResult>& results);
 
 }  // namespace kiln::cuda

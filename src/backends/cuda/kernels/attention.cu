@@ -1,8 +1,9 @@
 // Paged attention and MLA: the first CUDA versions, one warp per (query token,
 // head) with an online softmax over the cached positions. They use no shared
 // memory, so they run under any --smem-cap; they are the correctness baseline the
-// tiled mma.sync kernels (FlashAttention-2 prefill, split-KV decode) are checked
-// against.
+// tiled mma.sync kernels (attention_fa2.cu prefill, attention_decode.cu split-KV
+// decode) are checked against, and the fallback where those have no instance.
+// launch_attention is the dispatch between the three attention paths.
 #include <cfloat>
 
 #include "backends/cuda/cuda_check.h"
@@ -161,15 +162,84 @@ void attention_for(const bf16* q, const bf16* k, const bf16* v, bf16* out, const
 
 }  // namespace
 
+const char* attention_path_name(AttentionPath path) {
+  switch (path) {
+    case AttentionPath::kAuto: return "auto";
+    case AttentionPath::kWarp: return "warp";
+    case AttentionPath::kFa2: return "fa2";
+    case AttentionPath::kSplitKv: return "split-kv";
+  }
+  return "?";
+}
+
+AttentionPath choose_attention_path(const DeviceBatch& b, int d_head, int smem_cap) {
+  const bool paged_ok = b.block_size > 0 && (b.block_size & (b.block_size - 1)) == 0;
+  const auto fits = [&](int bytes) { return paged_ok && bytes > 0 && bytes <= smem_cap; };
+  // DeviceBatch has no per-sequence query counts on the host, hence the average.
+  if (int64_t(b.n_tokens) <= 4 * int64_t(b.n_seqs) && fits(attention_decode_smem_bytes(d_head))) {
+    return AttentionPath::kSplitKv;
+  }
+  if (fits(attention_fa2_smem_bytes(d_head))) return AttentionPath::kFa2;
+  return AttentionPath::kWarp;
+}
+
+namespace {
+
+AttentionPath resolve(const DeviceBatch& b, int d_head, int smem_cap, const AttentionOptions& o) {
+  const AttentionPath path = o.path == AttentionPath::kAuto ? choose_attention_path(b, d_head, smem_cap) : o.path;
+  if (path == AttentionPath::kSplitKv) {
+    const int bytes = attention_decode_smem_bytes(d_head);
+    KILN_CHECK(bytes > 0 && bytes <= smem_cap) << "attention split-kv: head size " << d_head << ", " << bytes
+                                               << " bytes of shared memory vs cap " << smem_cap;
+  } else if (path == AttentionPath::kFa2) {
+    const int bytes = attention_fa2_smem_bytes(d_head, o.fa2_variant);
+    KILN_CHECK(bytes > 0 && bytes <= smem_cap) << "attention fa2: head size " << d_head << ", " << bytes
+                                               << " bytes of shared memory vs cap " << smem_cap;
+  }
+  return path;
+}
+
+}  // namespace
+
+size_t attention_scratch_bytes(const DeviceBatch& b, int n_heads, int n_kv_heads, int d_head, int sliding_window,
+                               int smem_cap, const AttentionOptions& options) {
+  if (b.n_tokens == 0) return 0;
+  switch (resolve(b, d_head, smem_cap, options)) {
+    case AttentionPath::kSplitKv:
+      return attention_decode_scratch_bytes(b, n_heads, n_kv_heads, d_head, sliding_window, options.n_splits);
+    case AttentionPath::kFa2:
+      return attention_fa2_scratch_bytes(b, n_heads, n_kv_heads, d_head, options.fa2_variant);
+    default:
+      return 0;
+  }
+}
+
 void launch_attention(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, const float* sinks,
                       const DeviceBatch& b, int n_heads, int n_kv_heads, int d_head, float scale, int sliding_window,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, int smem_cap, const AttentionOptions& options) {
   if (b.n_tokens == 0) return;
   KILN_CHECK(d_head > 0 && d_head <= 256) << "attention: head size " << d_head << " (supported up to 256)";
-  if (d_head <= 32) attention_for<1>(q, k_cache, v_cache, out, sinks, b, n_heads, n_kv_heads, d_head, scale, sliding_window, stream);
-  else if (d_head <= 64) attention_for<2>(q, k_cache, v_cache, out, sinks, b, n_heads, n_kv_heads, d_head, scale, sliding_window, stream);
-  else if (d_head <= 128) attention_for<4>(q, k_cache, v_cache, out, sinks, b, n_heads, n_kv_heads, d_head, scale, sliding_window, stream);
-  else attention_for<8>(q, k_cache, v_cache, out, sinks, b, n_heads, n_kv_heads, d_head, scale, sliding_window, stream);
+  const AttentionPath path = resolve(b, d_head, smem_cap, options);
+  if (path == AttentionPath::kWarp) {
+    if (d_head <= 32) attention_for<1>(q, k_cache, v_cache, out, sinks, b, n_heads, n_kv_heads, d_head, scale, sliding_window, stream);
+    else if (d_head <= 64) attention_for<2>(q, k_cache, v_cache, out, sinks, b, n_heads, n_kv_heads, d_head, scale, sliding_window, stream);
+    else if (d_head <= 128) attention_for<4>(q, k_cache, v_cache, out, sinks, b, n_heads, n_kv_heads, d_head, scale, sliding_window, stream);
+    else attention_for<8>(q, k_cache, v_cache, out, sinks, b, n_heads, n_kv_heads, d_head, scale, sliding_window, stream);
+    return;
+  }
+  // Scratch: the caller's, else stream-ordered from the device's default pool.
+  void* scratch = options.scratch;
+  const size_t bytes = scratch != nullptr ? 0 : attention_scratch_bytes(b, n_heads, n_kv_heads, d_head,
+                                                                        sliding_window, smem_cap, options);
+  if (bytes > 0) KILN_CUDA_CHECK(cudaMallocAsync(&scratch, bytes, stream));
+  if (path == AttentionPath::kSplitKv) {
+    launch_attention_decode(q, k_cache, v_cache, out, sinks, b, n_heads, n_kv_heads, d_head, scale, sliding_window,
+                            options.n_splits, scratch, stream);
+  } else {
+    launch_attention_fa2(q, k_cache, v_cache, out, sinks, b, n_heads, n_kv_heads, d_head, scale, sliding_window,
+                         options.fa2_variant, scratch, stream);
+  }
+  if (bytes > 0) KILN_CUDA_CHECK(cudaFreeAsync(scratch, stream));
 }
 
 void launch_mla(const bf16* q_nope, const bf16* q_rope, const bf16* latent_cache, const bf16* kv_b, bf16* out,

@@ -5,6 +5,7 @@
 // checks the launch.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include <cuda_bf16.h>
@@ -54,11 +55,53 @@ void launch_rope(bf16* x, int64_t n_tokens, int64_t n_heads, int64_t d_head, con
 void launch_store_rows(const bf16* x, bf16* cache, const int32_t* slot_mapping, int64_t n_tokens,
                        int64_t row_elems, int64_t cache_row_elems, int64_t col_offset, cudaStream_t stream);
 
-// ---- attention.cu
+// ---- attention.cu, attention_fa2.cu, attention_decode.cu
 // Paged causal attention (ops::AttentionArgs). sinks: [n_heads] fp32 or nullptr.
+// Three paths compute it:
+//   kWarp:    one warp per (token, head), no shared memory: the reference path;
+//   kFa2:     FlashAttention-2 tiles on mma.sync (prefill and mixed batches);
+//   kSplitKv: split-KV flash-decoding on mma.sync, with a combine kernel (decode).
+enum class AttentionPath { kAuto, kWarp, kFa2, kSplitKv };
+const char* attention_path_name(AttentionPath path);
+// kSplitKv when n_tokens <= 4 * n_seqs (decode steps: on average at most 4 query
+// tokens per sequence; n_tokens <= n_seqs + 3 guarantees at most 4 in every
+// one), else kFa2; kWarp where the tensor-core kernels have no instance (head
+// size other than 64 / 128, block size not a power of two) or their shared
+// memory exceeds smem_cap. Every path is exact for every batch: the kernels tile
+// each sequence's own rows, so the rule only picks the faster one.
+AttentionPath choose_attention_path(const DeviceBatch& b, int d_head, int smem_cap);
+
+struct AttentionOptions {
+  AttentionPath path = AttentionPath::kAuto;
+  int n_splits = 0;         // kSplitKv: KV splits per row tile; 0: from the SM count and context bound
+  int fa2_variant = -1;     // kFa2: tile variant (attention_fa2.cu's table); -1: the default
+  void* scratch = nullptr;  // attention_scratch_bytes(...) device bytes, free in stream order until
+                            // the launch completes; nullptr: cudaMallocAsync / cudaFreeAsync on the stream
+};
+// smem_cap: the backend's --smem-cap; no path requests more dynamic shared
+// memory per block than it.
 void launch_attention(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, const float* sinks,
                       const DeviceBatch& b, int n_heads, int n_kv_heads, int d_head, float scale,
-                      int sliding_window, cudaStream_t stream);
+                      int sliding_window, cudaStream_t stream, int smem_cap = 101376,
+                      const AttentionOptions& options = {});
+// Scratch the same call of launch_attention uses (0 for the warp path).
+size_t attention_scratch_bytes(const DeviceBatch& b, int n_heads, int n_kv_heads, int d_head, int sliding_window,
+                               int smem_cap, const AttentionOptions& options = {});
+
+// The tensor-core paths (launch_attention checks support and provides scratch).
+// Dynamic shared memory per block; 0: no kernel for d_head.
+int attention_fa2_variant_count();
+int attention_fa2_smem_bytes(int d_head, int variant = -1);
+int attention_decode_smem_bytes(int d_head);
+size_t attention_fa2_scratch_bytes(const DeviceBatch& b, int n_heads, int n_kv_heads, int d_head, int variant);
+size_t attention_decode_scratch_bytes(const DeviceBatch& b, int n_heads, int n_kv_heads, int d_head,
+                                      int sliding_window, int n_splits);
+void launch_attention_fa2(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, const float* sinks,
+                          const DeviceBatch& b, int n_heads, int n_kv_heads, int d_head, float scale,
+                          int sliding_window, int variant, void* scratch, cudaStream_t stream);
+void launch_attention_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out,
+                             const float* sinks, const DeviceBatch& b, int n_heads, int n_kv_heads, int d_head,
+                             float scale, int sliding_window, int n_splits, void* scratch, cudaStream_t stream);
 // MLA, absorbed (ops::MlaArgs): q_lat = W_uk^T q_nope; attend over the latent cache; out = W_uv o_lat.
 // kv_b: [n_heads * (d_nope + d_v), d_latent] bf16. scratch: n_tokens * n_heads * d_latent * 2 floats.
 void launch_mla(const bf16* q_nope, const bf16* q_rope, const bf16* latent_cache, const bf16* kv_b, bf16* out,

@@ -1,0 +1,270 @@
+// Device pieces shared by the tensor-core attention kernels (attention_fa2.cu,
+// attention_decode.cu): PTX wrappers (cp.async, ldmatrix, mma.sync bf16), the
+// swizzled shared-memory tile layout, the paged K/V tile gather, the per-row
+// online softmax, and the "row space" that maps CTAs to query rows.
+//
+// Row space. For one sequence s and one kv head, the query rows are the pairs
+// (token, q head of the kv head's group), row R = i * group + g for the
+// sequence's i-th query token and g in [0, group). A CTA owns kBM consecutive
+// rows, so the K/V it streams is read once for every q head that shares it
+// (GQA) and any group size works (a tile may hold part of a token's heads).
+// Tiles of all sequences are numbered on the device by launch_attention_tiles
+// from DeviceBatch.seq_of_token (sorted: tokens are grouped by sequence), since
+// the host holds no per-sequence query counts.
+#pragma once
+
+#include <cfloat>
+#include <climits>
+#include <cstdint>
+
+#include "backends/cuda/kernels/common.cuh"
+#include "backends/cuda/kernels/kernels.h"
+
+namespace kiln::cuda::attn {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct Params {
+  const bf16* q;        // [n_tokens, n_heads, D]
+  const bf16* k_cache;  // [n_blocks, block_size, n_kv_heads, D]
+  const bf16* v_cache;
+  bf16* out;            // [n_tokens, n_heads, D]
+  const float* sinks;   // [n_heads] or nullptr
+  DeviceBatch b;
+  int n_heads, n_kv_heads, group;
+  float scale_log2;     // scale * log2(e): scores live in the exp2 domain
+  int window;           // 0: full causal
+  int bs_shift;         // log2(block_size) (block_size is a power of two)
+  const int4* tiles;          // [gridDim.x] (sequence, first row, first token, rows); x < 0: no tile
+  int tiles_per_seq;          // tiles == nullptr (split-KV, one token per sequence): CTA x is
+                              // tile x % tiles_per_seq of sequence x / tiles_per_seq
+  int n_splits;               // KV splits (gridDim.z); 1: write `out` directly
+  float* part_o;              // [n_tokens, n_heads, n_splits, D] unnormalised partial outputs
+  float* part_ml;             // [n_tokens, n_heads, n_splits, 2] (max in exp2 domain, sum)
+};
+
+// ---- PTX wrappers (sm_80+)
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+// 16 bytes global -> shared, bypassing L1; valid == false zero-fills.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// d += a (16x16 bf16, row) * b (16x8 bf16, col), fp32 accumulation.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ float exp2_approx(float x) {  // ex2.approx(-inf) = +0
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ int warp_max_i(int v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ int warp_min_i(int v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// ---- tiles: rows of D bf16 (D * 2 bytes), 16-byte chunks XOR-swizzled by the
+// row's low 3 bits so the 8 row addresses of one ldmatrix hit 8 different bank
+// groups (rows are 128 or 256 bytes apart, which would otherwise all collide).
+template <int D>
+__device__ __forceinline__ uint32_t swz(int row, int chunk) {
+  return uint32_t(row * (D * 2) + ((chunk ^ (row & 7)) << 4));
+}
+
+// Rows [0, kRows) of a K or V tile = cached positions j0 + r of sequence s,
+// kv head kvh, gathered through the block table (one 16-byte cp.async per
+// chunk). Positions past j_hi (beyond every row's query position, possibly past
+// the sequence's blocks) are zero-filled: P is 0 there, and 0 * 0 stays 0.
+template <int D, int kRows, int kThreads>
+__device__ __forceinline__ void load_kv_tile(uint32_t dst, const bf16* cache, const Params& p, const int32_t* table,
+                                             int kvh, int j0, int j_hi) {
+  constexpr int kChunks = D / 8;
+  static_assert((kRows * kChunks) % kThreads == 0, "tile chunks must divide over the threads");
+  const int bs_mask = (1 << p.bs_shift) - 1;
+#pragma unroll
+  for (int i = 0; i < kRows * kChunks / kThreads; ++i) {
+    const int c = int(threadIdx.x) + i * kThreads, r = c / kChunks, ch = c % kChunks, j = j0 + r;
+    const bool valid = j <= j_hi;
+    const bf16* src = cache;
+    if (valid) {
+      const int64_t slot = (int64_t(__ldg(table + (j >> p.bs_shift))) << p.bs_shift) + (j & bs_mask);
+      src = cache + (slot * p.n_kv_heads + kvh) * D + ch * 8;
+    }
+    cp_async_16(dst + swz<D>(r, ch), src, valid);
+  }
+}
+
+// Rows [row0, row0 + kRows) of sequence s's row space -> a Q tile; rows past
+// the sequence are zero-filled.
+template <int D, int kRows, int kThreads>
+__device__ __forceinline__ void load_q_tile(uint32_t dst, const Params& p, int q0, int n_rows, int row0, int kvh) {
+  constexpr int kChunks = D / 8;
+  for (int c = int(threadIdx.x); c < kRows * kChunks; c += kThreads) {
+    const int r = c / kChunks, ch = c % kChunks, R = row0 + r;
+    const bool valid = R < n_rows;
+    const bf16* src = p.q;
+    if (valid) {
+      const int t = q0 + R / p.group, h = kvh * p.group + R % p.group;
+      src = p.q + (int64_t(t) * p.n_heads + h) * D + ch * 8;
+    }
+    cp_async_16(dst + swz<D>(r, ch), src, valid);
+  }
+}
+
+// The query row this thread holds in an m16 fragment (lane / 4, + 8 for half 1).
+struct Row {
+  int token = -1, head = -1;
+  int pos = -1;       // -1: no row (past the sequence): every key masked
+  int lo = INT_MAX;   // first visible key
+};
+
+__device__ __forceinline__ Row row_info(const Params& p, int q0, int n_rows, int R, int kvh) {
+  Row r;
+  if (R < n_rows) {
+    r.token = q0 + R / p.group;
+    r.head = kvh * p.group + R % p.group;
+    r.pos = p.b.positions[r.token];
+    r.lo = p.window > 0 ? max(0, r.pos - p.window + 1) : 0;
+  }
+  return r;
+}
+
+// One online-softmax step for the two rows (half 0: lane/4, half 1: +8) of an
+// m16 x (8 * kN) score fragment: scale into the exp2 domain, mask keys outside
+// [lo, pos], rescale the running (m, l, acc) and turn scores into P in place.
+// l stays per-thread (the 4 lanes of a quad sum at the end).
+template <int kN, int kAccN>
+__device__ __forceinline__ void online_softmax(float (&s)[kN][4], float (&acc)[kAccN][4], float (&m)[2],
+                                               float (&l)[2], const Row (&row)[2], int j0, float scale_log2,
+                                               bool need_mask) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < kN; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float v = s[n][2 * half + e] * scale_log2;
+        if (need_mask) {
+          const int j = j0 + n * 8 + 2 * (lane % 4) + e;
+          if (j > row[half].pos || j < row[half].lo) v = -INFINITY;
+        }
+        s[n][2 * half + e] = v;
+        mx = fmaxf(mx, v);
+      }
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m[half], mx);
+    const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a fully masked row: exp2(-inf - 0) = 0
+    const float corr = exp2_approx(m[half] - m_use);
+    l[half] *= corr;
+#pragma unroll
+    for (int n = 0; n < kAccN; ++n) {
+      acc[n][2 * half] *= corr;
+      acc[n][2 * half + 1] *= corr;
+    }
+#pragma unroll
+    for (int n = 0; n < kN; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float pv = exp2_approx(s[n][2 * half + e] - m_use);
+        s[n][2 * half + e] = pv;
+        l[half] += pv;
+      }
+    }
+    m[half] = m_new;
+  }
+}
+
+// The sink (a virtual key with logit sinks[h] and no value) joins the
+// denominator; returns 1 / l with acc already rescaled to the new max.
+__device__ __forceinline__ float finish_row(float m, float l, const float* sinks, int head, float& acc_scale) {
+  acc_scale = 1.0f;
+  if (sinks != nullptr) {
+    const float sink = sinks[head] * kLog2e, m_new = fmaxf(m, sink);
+    acc_scale = exp2_approx(m - m_new);
+    l = l * acc_scale + exp2_approx(sink - m_new);
+  }
+  return acc_scale / l;
+}
+
+// Numbers the row tiles (see the top of this file) into a table of n_slots
+// int4 (sequence, first row, first token of the sequence, rows of the
+// sequence), heaviest tile first (a sequence's later rows see more keys), the
+// unused slots marked with sequence -1; CTA x of a kernel's grid reads entry x.
+// scratch: tile_table_bytes(b, n_slots). Defined in attention_fa2.cu.
+size_t tile_table_bytes(const DeviceBatch& b, int n_slots);
+const int4* launch_attention_tiles(const DeviceBatch& b, int group, int bm, int n_slots, void* scratch,
+                                   cudaStream_t stream);
+
+// Upper bound of the row tiles of a batch (the grid's x): per sequence
+// ceil(rows / bm) <= rows / bm + 1.
+inline int max_row_tiles(const DeviceBatch& b, int group, int bm) {
+  return int((int64_t(b.n_tokens) * group + bm - 1) / bm) + b.n_seqs;
+}
+
+inline int log2_exact(int v) {  // -1 unless v is a power of two
+  if (v <= 0 || (v & (v - 1)) != 0) return -1;
+  int s = 0;
+  while ((1 << s) < v) ++s;
+  return s;
+}
+
+inline Params make_params(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, const float* sinks,
+                          const DeviceBatch& b, int n_heads, int n_kv_heads, float scale, int window) {
+  Params p{};
+  p.q = q;
+  p.k_cache = k_cache;
+  p.v_cache = v_cache;
+  p.out = out;
+  p.sinks = sinks;
+  p.b = b;
+  p.n_heads = n_heads;
+  p.n_kv_heads = n_kv_heads;
+  p.group = n_heads / n_kv_heads;
+  p.scale_log2 = scale * kLog2e;
+  p.window = window;
+  p.bs_shift = log2_exact(b.block_size);
+  p.n_splits = 1;
+  return p;
+}
+
+}  // namespace kiln::cuda::attn

@@ -1,0 +1,304 @@
+// The tensor-core attention paths (FlashAttention-2 prefill, split-KV decode)
+// against the CPU reference and against the warp kernel, on batches that mix a
+// long prefill over a scattered block table, a chunked prefill continuing at
+// position 200, partial query tiles (1, 3, 17 tokens) and decode rows at
+// contexts 1, 17, 1000 and 4000; head sizes 64 and 128, GQA 1, 4 and 8 (and
+// 12, which does not divide a tile), with and without a 128-token sliding
+// window and sinks; every FA2 tile variant and forced KV split counts.
+//
+// Tolerance as in cuda_ops_test.cpp: inputs are bf16-representable, every path
+// accumulates in fp32 and rounds to bf16 once at its output, so each path is
+// within two bf16 half-ulps of the largest reference value:
+//   |cuda - cpu| <= 2 * 2^-8 * max|cpu|,
+// and two paths within twice that of each other. (P is rounded to bf16 before
+// the P V mma, as in FlashAttention-2; its error averages over the keys and
+// stays well inside the bound, which the measured errors below confirm.)
+// Outputs are poisoned with NaN before each launch.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/kernels/kernels.h"
+
+namespace kiln {
+namespace {
+
+constexpr double kBf16Tol = 2.0 / 256.0;
+
+int smem_cap() {
+  const char* v = std::getenv("KILN_SMEM_CAP");
+  return v ? std::atoi(v) : 101376;
+}
+
+float bf16_round(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+// Device copy of a host vector, freed at scope exit.
+template <typename T>
+struct DeviceVec {
+  T* ptr = nullptr;
+  explicit DeviceVec(const std::vector<T>& host) {
+    EXPECT_EQ(cudaMalloc(&ptr, std::max<size_t>(1, host.size()) * sizeof(T)), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(ptr, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  DeviceVec(const DeviceVec&) = delete;
+  ~DeviceVec() { cudaFree(ptr); }
+};
+
+struct Seq {
+  int n_query, context;
+};
+
+struct Shape4 {
+  int n_heads, n_kv_heads, d_head, window;
+  bool sinks;
+};
+
+// Sequences -> batch metadata over a block table that scatters every
+// sequence's blocks over the cache in random order. Entries past a sequence's
+// last block hold an id far outside the cache, so a kernel that reads past a
+// sequence faults instead of passing silently.
+ops::BatchMeta make_batch(const std::vector<Seq>& seqs, std::mt19937& rng, int& n_blocks) {
+  constexpr int kBs = 16;
+  ops::BatchMeta b;
+  b.block_size = kBs;
+  int max_blocks = 0;
+  n_blocks = 0;
+  for (const Seq& s : seqs) {
+    max_blocks = std::max(max_blocks, (s.context + kBs - 1) / kBs);
+    n_blocks += (s.context + kBs - 1) / kBs;
+  }
+  b.max_blocks_per_seq = max_blocks;
+  std::vector<int32_t> perm(static_cast<size_t>(n_blocks));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  size_t next = 0;
+  b.q_start.push_back(0);
+  for (const Seq& s : seqs) {
+    const int used = (s.context + kBs - 1) / kBs;
+    for (int i = 0; i < max_blocks; ++i) b.block_table.push_back(i < used ? perm[next++] : (1 << 26));
+    b.context_len.push_back(s.context);
+  }
+  for (size_t si = 0; si < seqs.size(); ++si) {
+    for (int p = seqs[si].context - seqs[si].n_query; p < seqs[si].context; ++p) {
+      b.positions.push_back(p);
+      b.slot_mapping.push_back(int32_t(b.slot(int32_t(si), p)));
+    }
+    b.q_start.push_back(int32_t(b.positions.size()));
+  }
+  return b;
+}
+
+class CudaAttention : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto be = cuda::make_cuda_backend({.smem_cap = smem_cap()});
+    if (!be.ok()) GTEST_SKIP() << be.status().to_string();
+    gpu_ = std::move(be).value();
+    cpu_ = cpu::make_cpu_backend(0);
+  }
+
+  Tensor random(Shape s, float scale = 1.0f) {
+    Tensor t = host_tensor(DType::kF32, s);
+    std::uniform_real_distribution<float> d(-scale, scale);
+    for (int64_t i = 0; i < t.numel(); ++i) t.as<float>()[i] = bf16_round(d(rng_));
+    return t;
+  }
+  Tensor to_gpu(const Tensor& host) {
+    Tensor t = gpu_->alloc(DType::kBF16, host.shape);
+    gpu_->from_host_f32(host.as<float>(), t);
+    return t;
+  }
+  void poison(Tensor& t) {
+    std::vector<float> nan(size_t(t.numel()), std::nanf(""));
+    gpu_->from_host_f32(nan.data(), t);
+  }
+  std::vector<float> from_gpu(const Tensor& t) {
+    std::vector<float> v(size_t(t.numel()));
+    gpu_->to_host_f32(t, v.data());
+    return v;
+  }
+  // max |got - ref| / max |ref|; fails on an unwritten (NaN) element.
+  static double rel_err(const std::vector<float>& got, const std::vector<float>& ref, const std::string& what) {
+    EXPECT_EQ(got.size(), ref.size()) << what;
+    double max_ref = 0.0, max_err = 0.0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      if (std::isnan(got[i])) {
+        ADD_FAILURE() << what << ": element " << i << " not written (or NaN)";
+        return INFINITY;
+      }
+      max_ref = std::max(max_ref, double(std::abs(ref[i])));
+      max_err = std::max(max_err, std::abs(double(got[i]) - double(ref[i])));
+    }
+    return max_err / max_ref;
+  }
+
+  // Runs one problem through the backend (auto path) and through every path
+  // directly; checks each against the CPU and the tensor-core paths against
+  // the warp kernel; prints a one-line summary of the errors.
+  void check(const char* batch_name, const std::vector<Seq>& seqs, const Shape4& c,
+             cuda::AttentionPath expected_auto) {
+    int n_blocks = 0;
+    const ops::BatchMeta b = make_batch(seqs, rng_, n_blocks);
+    const int n_tokens = b.n_tokens(), D = c.d_head;
+    Tensor kc = random({n_blocks, b.block_size, c.n_kv_heads, D});
+    Tensor vc = random({n_blocks, b.block_size, c.n_kv_heads, D});
+    Tensor q = random({n_tokens, c.n_heads, D});
+    Tensor sinks = c.sinks ? random({c.n_heads}, 2.0f) : Tensor{};
+    const float scale = 1.0f / std::sqrt(float(D));
+    Tensor ref = host_tensor(DType::kF32, {n_tokens, c.n_heads, D});
+    cpu_->attention({.q = q, .k_cache = kc, .v_cache = vc, .out = ref, .sinks = sinks, .batch = &b, .scale = scale,
+                     .sliding_window = c.window});
+    const std::vector<float> ref_v(ref.as<float>(), ref.as<float>() + ref.numel());
+
+    Tensor qg = to_gpu(q), kcg = gpu_->upload(kc), vcg = gpu_->upload(vc);
+    Tensor sg = c.sinks ? gpu_->upload(sinks) : Tensor{};
+    Tensor out = gpu_->alloc(DType::kBF16, ref.shape);
+
+    std::string summary;
+    auto record = [&](const std::string& path, double err, double tol) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, " %s %.2e", path.c_str(), err);
+      summary += buf;
+      EXPECT_LE(err, tol) << path;
+      RecordProperty(std::string(batch_name) + "_d" + std::to_string(D) + "_g" +
+                         std::to_string(c.n_heads / c.n_kv_heads) + (c.window ? "_window_sinks_" : "_") + path,
+                     std::to_string(err));
+    };
+
+    // The backend's own dispatch (what the model runs).
+    poison(out);
+    gpu_->begin_step(b);
+    gpu_->attention({.q = qg, .k_cache = kcg, .v_cache = vcg, .out = out, .sinks = sg, .batch = &b, .scale = scale,
+                     .sliding_window = c.window});
+    record("backend", rel_err(from_gpu(out), ref_v, "backend"), kBf16Tol);
+
+    // Each path directly, on a DeviceBatch of our own (stream 0, synchronised).
+    std::vector<int32_t> seq_of(static_cast<size_t>(n_tokens));
+    for (int s = 0; s < b.n_seqs(); ++s)
+      for (int t = b.q_start[size_t(s)]; t < b.q_start[size_t(s) + 1]; ++t) seq_of[size_t(t)] = s;
+    DeviceVec<int32_t> pos(b.positions), slots(b.slot_mapping), seqs_d(seq_of), table(b.block_table);
+    const cuda::DeviceBatch db{.positions = pos.ptr, .slot_mapping = slots.ptr, .seq_of_token = seqs_d.ptr,
+                               .block_table = table.ptr, .n_tokens = n_tokens, .n_seqs = b.n_seqs(),
+                               .max_blocks = b.max_blocks_per_seq, .block_size = b.block_size};
+    EXPECT_EQ(cuda::choose_attention_path(db, D, smem_cap()), expected_auto);
+    const auto* qp = static_cast<const cuda::bf16*>(qg.data);
+    const auto* kp = static_cast<const cuda::bf16*>(kcg.data);
+    const auto* vp = static_cast<const cuda::bf16*>(vcg.data);
+    auto* op = static_cast<cuda::bf16*>(out.data);
+    const float* sp = c.sinks ? sg.as<float>() : nullptr;
+    auto run = [&](auto&& launch) {
+      poison(out);
+      launch();
+      EXPECT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+      return from_gpu(out);
+    };
+    auto launch = [&](const cuda::AttentionOptions& o) {
+      return run([&] {
+        cuda::launch_attention(qp, kp, vp, op, sp, db, c.n_heads, c.n_kv_heads, D, scale, c.window, nullptr,
+                               smem_cap(), o);
+      });
+    };
+    const std::vector<float> warp = launch({.path = cuda::AttentionPath::kWarp});
+    record("warp", rel_err(warp, ref_v, "warp"), kBf16Tol);
+    for (int v = 0; v < cuda::attention_fa2_variant_count(); ++v) {
+      const std::vector<float> fa2 = launch({.path = cuda::AttentionPath::kFa2, .fa2_variant = v});
+      const std::string name = "fa2_v" + std::to_string(v);
+      record(name, rel_err(fa2, ref_v, name), kBf16Tol);
+      record(name + "_vs_warp", rel_err(fa2, warp, name + " vs warp"), 2 * kBf16Tol);
+    }
+    const std::vector<float> split = launch({.path = cuda::AttentionPath::kSplitKv});
+    record("splitkv", rel_err(split, ref_v, "split-kv"), kBf16Tol);
+    record("splitkv_vs_warp", rel_err(split, warp, "split-kv vs warp"), 2 * kBf16Tol);
+    for (int n_splits : {1, 3, 16}) {
+      const std::string name = "splitkv_n" + std::to_string(n_splits);
+      record(name, rel_err(launch({.path = cuda::AttentionPath::kSplitKv, .n_splits = n_splits}), ref_v, name),
+             kBf16Tol);
+    }
+    // The caller's scratch (what the backend's allocator would hand over).
+    const cuda::AttentionOptions automatic{};
+    const size_t bytes = cuda::attention_scratch_bytes(db, c.n_heads, c.n_kv_heads, D, c.window, smem_cap());
+    void* scratch = nullptr;
+    ASSERT_EQ(cudaMalloc(&scratch, std::max<size_t>(bytes, 1)), cudaSuccess);
+    cuda::AttentionOptions with_scratch = automatic;
+    with_scratch.scratch = scratch;
+    record("auto_caller_scratch", rel_err(launch(with_scratch), ref_v, "auto with caller scratch"), kBf16Tol);
+    cudaFree(scratch);
+    std::printf("[attention] %-8s d %3d heads %2d/%d window %3d sinks %d:%s\n", batch_name, D, c.n_heads,
+                c.n_kv_heads, c.window, int(c.sinks), summary.c_str());
+  }
+
+  std::mt19937 rng_{4321};
+  std::unique_ptr<ops::Backend> gpu_, cpu_;
+};
+
+// A 300-token prefill (19 blocks), a chunk of 37 continuing at position 200,
+// partial tiles of 1, 3 and 17 tokens, and decode rows at 17, 1000, 4000.
+const std::vector<Seq> kPrefillMix = {{300, 300}, {37, 237}, {1, 1}, {3, 3}, {17, 17}, {1, 17}, {1, 1000}, {1, 4000}};
+// Decode rows at contexts 1, 17, 1000, 4000 and short speculative chunks.
+const std::vector<Seq> kDecode = {{1, 1}, {1, 17}, {1, 1000}, {1, 4000}, {3, 203}, {4, 77}};
+// One query token per sequence: split-KV's grid without a tile table.
+const std::vector<Seq> kDecodeOne = {{1, 4000}, {1, 1}, {1, 1000}, {1, 17}, {1, 129}};
+
+std::vector<Shape4> shapes(int d_head) {
+  std::vector<Shape4> out;
+  for (int group : {1, 4, 8}) {
+    out.push_back({2 * group, 2, d_head, 0, false});
+    out.push_back({2 * group, 2, d_head, 128, true});
+  }
+  return out;
+}
+
+TEST_F(CudaAttention, Fa2AndSplitKvMatchCpuAndWarpKernelAtHeadSize64) {
+  for (const Shape4& c : shapes(64)) {
+    SCOPED_TRACE(::testing::Message() << "heads " << c.n_heads << "/" << c.n_kv_heads << " window " << c.window);
+    check("prefill", kPrefillMix, c, cuda::AttentionPath::kFa2);
+    check("decode", kDecode, c, cuda::AttentionPath::kSplitKv);
+    check("decode1", kDecodeOne, c, cuda::AttentionPath::kSplitKv);
+  }
+}
+
+TEST_F(CudaAttention, Fa2AndSplitKvMatchCpuAndWarpKernelAtHeadSize128) {
+  for (const Shape4& c : shapes(128)) {
+    SCOPED_TRACE(::testing::Message() << "heads " << c.n_heads << "/" << c.n_kv_heads << " window " << c.window);
+    check("prefill", kPrefillMix, c, cuda::AttentionPath::kFa2);
+    check("decode", kDecode, c, cuda::AttentionPath::kSplitKv);
+    check("decode1", kDecodeOne, c, cuda::AttentionPath::kSplitKv);
+  }
+}
+
+TEST_F(CudaAttention, GroupsThatDoNotDivideTheTileAreExact) {
+  // GLM-4.5's 96 / 8 = 12 q heads per kv head: a 64-row tile holds 5 1/3 tokens.
+  check("prefill", kPrefillMix, {24, 2, 128, 0, false}, cuda::AttentionPath::kFa2);
+  check("decode", kDecode, {24, 2, 128, 128, true}, cuda::AttentionPath::kSplitKv);
+  check("decode1", kDecodeOne, {24, 2, 64, 0, true}, cuda::AttentionPath::kSplitKv);
+}
+
+TEST(CudaAttentionDispatch, RespectsTheSharedMemoryCapAndHeadSize) {
+  cuda::DeviceBatch decode{.n_tokens = 8, .n_seqs = 8, .max_blocks = 64, .block_size = 16};
+  cuda::DeviceBatch prefill{.n_tokens = 300, .n_seqs = 2, .max_blocks = 64, .block_size = 16};
+  EXPECT_EQ(cuda::choose_attention_path(decode, 128, 101376), cuda::AttentionPath::kSplitKv);
+  EXPECT_EQ(cuda::choose_attention_path(prefill, 128, 101376), cuda::AttentionPath::kFa2);
+  // 48 KiB: the D = 128 decode ring (98,304 B) does not fit; FA2 (49,152 B) does.
+  EXPECT_EQ(cuda::choose_attention_path(decode, 128, 48 * 1024), cuda::AttentionPath::kFa2);
+  EXPECT_EQ(cuda::choose_attention_path(decode, 128, 16 * 1024), cuda::AttentionPath::kWarp);
+  EXPECT_EQ(cuda::choose_attention_path(prefill, 96, 101376), cuda::AttentionPath::kWarp);
+  cuda::DeviceBatch odd_blocks = prefill;
+  odd_blocks.block_size = 24;
+  EXPECT_EQ(cuda::choose_attention_path(odd_blocks, 128, 101376), cuda::AttentionPath::kWarp);
+  for (int d : {64, 128}) {
+    for (int v = 0; v < cuda::attention_fa2_variant_count(); ++v) EXPECT_LE(cuda::attention_fa2_smem_bytes(d, v), 101376);
+    EXPECT_LE(cuda::attention_decode_smem_bytes(d), 101376);
+  }
+}
+
+}  // namespace
+}  // namespace kiln
