@@ -254,6 +254,9 @@ std::vector<Shape4> shapes(int d_head) {
     out.push_back({2 * group, 2, d_head, 0, false});
     out.push_back({2 * group, 2, d_head, 128, true});
   }
+  // Windows shorter than a key tile and than a 16-token KV block.
+  out.push_back({8, 2, d_head, 16, true});
+  out.push_back({8, 2, d_head, 5, false});
   return out;
 }
 

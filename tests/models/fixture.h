@@ -55,8 +55,11 @@ inline double relative_error(const std::vector<std::vector<float>>& got,
 }
 
 inline const std::vector<std::string>& all_fixtures() {
-  static const std::vector<std::string> kNames = {"llama", "qwen3", "qwen3_moe", "glm4_moe",
-                                                  "deepseek_v3", "kimi_k2", "gpt_oss"};
+  // The last four use the target models' real head sizes (64; 128; MLA 128 + 64 / 128 / 512 + 64).
+  static const std::vector<std::string> kNames = {
+      "llama",       "qwen3",       "qwen3_moe",      "glm4_moe",      "deepseek_v3",
+      "kimi_k2",     "gpt_oss",     "gpt_oss_d64",    "qwen3_moe_d128", "glm4_moe_d128",
+      "deepseek_v3_mla"};
   return kNames;
 }
 

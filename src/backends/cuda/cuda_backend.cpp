@@ -2,6 +2,7 @@
 // cuBLASLt GEMMs. The ops themselves are in cuda_ops.cpp.
 #include "backends/cuda/cuda_backend_impl.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #include "core/log.h"
@@ -17,7 +18,17 @@ Result<std::unique_ptr<ops::Backend>> make_cuda_backend(const CudaOptions& optio
   }
   KILN_LOG(kInfo, "cuda: " << info.name << " (sm_" << info.cc() << ", " << info.sm_count << " SMs), smem cap " << cap
                            << " bytes per block");
-  return std::unique_ptr<ops::Backend>(new CudaBackend(info, cap));
+  auto backend = std::make_unique<CudaBackend>(info, cap);
+  // Debugging knob: KILN_ATTENTION_PATH=warp|fa2|split_kv forces one attention path.
+  if (const char* p = std::getenv("KILN_ATTENTION_PATH"); p && *p) {
+    const std::string v = p;
+    if (v == "warp") backend->force_attention_path(AttentionPath::kWarp);
+    else if (v == "fa2") backend->force_attention_path(AttentionPath::kFa2);
+    else if (v == "split_kv") backend->force_attention_path(AttentionPath::kSplitKv);
+    else return invalid_argument("KILN_ATTENTION_PATH=" + v + " (expected warp, fa2 or split_kv)");
+    KILN_LOG(kWarn, "cuda: attention path forced to " << v << " (KILN_ATTENTION_PATH)");
+  }
+  return std::unique_ptr<ops::Backend>(std::move(backend));
 }
 
 CudaBackend::CudaBackend(const DeviceInfo& info, int smem_cap) : info_(info), smem_cap_(smem_cap) {
