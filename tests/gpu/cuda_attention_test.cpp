@@ -28,18 +28,14 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/kernels/kernels.h"
+#include "gpu/gpu_test_util.h"
 
 namespace kiln {
 namespace {
 
-constexpr double kBf16Tol = 2.0 / 256.0;
-
-int smem_cap() {
-  const char* v = std::getenv("KILN_SMEM_CAP");
-  return v ? std::atoi(v) : 101376;
-}
-
-float bf16_round(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+using gpu_testing::bf16_round;
+using gpu_testing::kBf16Tol;
+using gpu_testing::smem_cap;
 
 // Device copy of a host vector, freed at scope exit.
 template <typename T>
@@ -97,35 +93,13 @@ ops::BatchMeta make_batch(const std::vector<Seq>& seqs, std::mt19937& rng, int& 
   return b;
 }
 
-class CudaAttention : public ::testing::Test {
+class CudaAttention : public gpu_testing::GpuTest {
  protected:
   void SetUp() override {
-    auto be = cuda::make_cuda_backend({.smem_cap = smem_cap()});
-    if (!be.ok()) GTEST_SKIP() << be.status().to_string();
-    gpu_ = std::move(be).value();
-    cpu_ = cpu::make_cpu_backend(0);
+    GpuTest::SetUp();
+    rng_.seed(4321);
   }
 
-  Tensor random(Shape s, float scale = 1.0f) {
-    Tensor t = host_tensor(DType::kF32, s);
-    std::uniform_real_distribution<float> d(-scale, scale);
-    for (int64_t i = 0; i < t.numel(); ++i) t.as<float>()[i] = bf16_round(d(rng_));
-    return t;
-  }
-  Tensor to_gpu(const Tensor& host) {
-    Tensor t = gpu_->alloc(DType::kBF16, host.shape);
-    gpu_->from_host_f32(host.as<float>(), t);
-    return t;
-  }
-  void poison(Tensor& t) {
-    std::vector<float> nan(size_t(t.numel()), std::nanf(""));
-    gpu_->from_host_f32(nan.data(), t);
-  }
-  std::vector<float> from_gpu(const Tensor& t) {
-    std::vector<float> v(size_t(t.numel()));
-    gpu_->to_host_f32(t, v.data());
-    return v;
-  }
   // max |got - ref| / max |ref|; fails on an unwritten (NaN) element.
   static double rel_err(const std::vector<float>& got, const std::vector<float>& ref, const std::string& what) {
     EXPECT_EQ(got.size(), ref.size()) << what;
@@ -236,8 +210,6 @@ class CudaAttention : public ::testing::Test {
                 c.n_kv_heads, c.window, int(c.sinks), summary.c_str());
   }
 
-  std::mt19937 rng_{4321};
-  std::unique_ptr<ops::Backend> gpu_, cpu_;
 };
 
 // A 300-token prefill (19 blocks), a chunk of 37 continuing at position 200,

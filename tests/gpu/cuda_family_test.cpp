@@ -24,6 +24,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
+#include "gpu/gpu_test_util.h"
 #include "models/fixture.h"
 #include "runtime/engine.h"
 
@@ -36,9 +37,28 @@ constexpr double kTol = 2e-2;
 // within 5% of the logit scale (a near-tie), never at a clear choice.
 constexpr double kFastPathMargin = 5e-2;
 
-int smem_cap() {
-  const char* v = std::getenv("KILN_SMEM_CAP");
-  return v ? std::atoi(v) : 101376;
+using gpu_testing::smem_cap;
+
+// When two greedy runs differ, the reference's top-2 margin at the first
+// differing step must be below margin * max|logit| (a near-tie), else a failure.
+void expect_divergence_explained(runtime::Engine& ref, const std::vector<int32_t>& prompt,
+                                 const std::vector<int32_t>& got, const std::vector<int32_t>& want, double margin,
+                                 const std::string& what) {
+  if (got == want) return;
+  size_t i = 0;
+  while (i < got.size() && i < want.size() && got[i] == want[i]) ++i;
+  std::vector<int32_t> seq = prompt;
+  seq.insert(seq.end(), want.begin(), want.begin() + long(i));
+  auto l = ref.logits(seq);
+  ASSERT_TRUE(l.ok());
+  std::vector<float> last = l->back();
+  double max_abs = 0;
+  for (float v : last) max_abs = std::max(max_abs, double(std::abs(v)));
+  std::sort(last.begin(), last.end(), std::greater<>());
+  EXPECT_LT(last[0] - last[1], margin * max_abs) << what << ": greedy diverged at step " << i
+                                                 << " with a top-2 margin of " << last[0] - last[1];
+  std::printf("%s: greedy diverged at step %zu, top-2 margin %.4g (a near-tie)\n", what.c_str(), i,
+              double(last[0] - last[1]));
 }
 
 class CudaFamily : public ::testing::TestWithParam<std::string> {};
@@ -69,18 +89,7 @@ TEST_P(CudaFamily, AutoAttentionPathsGiveTheSameGreedyTokens) {
   auto tg = (*g)->generate(prompt, 12, {});
   auto tc = (*c)->generate(prompt, 12, {});
   ASSERT_TRUE(tg.ok() && tc.ok());
-  if (tg->tokens == tc->tokens) return;
-  size_t i = 0;
-  while (tg->tokens[i] == tc->tokens[i]) ++i;
-  std::vector<int32_t> seq = prompt;
-  seq.insert(seq.end(), tc->tokens.begin(), tc->tokens.begin() + long(i));
-  auto l = (*c)->logits(seq);
-  ASSERT_TRUE(l.ok());
-  std::vector<float> last = l->back();
-  double max_abs = 0;
-  for (float v : last) max_abs = std::max(max_abs, double(std::abs(v)));
-  std::sort(last.begin(), last.end(), std::greater<>());
-  EXPECT_LT(last[0] - last[1], kFastPathMargin * max_abs) << GetParam() << ": greedy diverged at step " << i;
+  expect_divergence_explained(**c, prompt, tg->tokens, tc->tokens, kFastPathMargin, GetParam());
 }
 
 TEST_P(CudaFamily, LogitsAndGreedyTokensMatchTheCpuBackend) {
@@ -113,24 +122,7 @@ TEST_P(CudaFamily, LogitsAndGreedyTokensMatchTheCpuBackend) {
   auto tg = (*g)->generate(prompt, 12, {});
   auto tc = (*c)->generate(prompt, 12, {});
   ASSERT_TRUE(tg.ok() && tc.ok());
-  if (tg->tokens != tc->tokens) {
-    // Explain the divergence: the CPU's top-2 margin at the first differing step
-    // must be within the tolerance.
-    size_t i = 0;
-    while (tg->tokens[i] == tc->tokens[i]) ++i;
-    std::vector<int32_t> seq = prompt;
-    seq.insert(seq.end(), tc->tokens.begin(), tc->tokens.begin() + long(i));
-    auto l = (*c)->logits(seq);
-    ASSERT_TRUE(l.ok());
-    std::vector<float> last = l->back();
-    std::sort(last.begin(), last.end(), std::greater<>());
-    double max_abs = 0;
-    for (float v : l->back()) max_abs = std::max(max_abs, double(std::abs(v)));
-    EXPECT_LT(last[0] - last[1], kTol * max_abs) << GetParam() << ": greedy diverged at step " << i
-                                                 << " with a top-2 margin of " << last[0] - last[1];
-    std::printf("%s: greedy diverged at step %zu, top-2 margin %.4g (explained by bf16)\n", GetParam().c_str(), i,
-                double(last[0] - last[1]));
-  }
+  expect_divergence_explained(**c, prompt, tg->tokens, tc->tokens, kTol, GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFamily, ::testing::ValuesIn(testing::all_fixtures()),

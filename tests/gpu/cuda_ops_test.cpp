@@ -16,59 +16,16 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
+#include "gpu/gpu_test_util.h"
 
 namespace kiln {
 namespace {
 
-constexpr double kBf16Tol = 2.0 / 256.0;
+using gpu_testing::bf16_round;
+using gpu_testing::kBf16Tol;
 
-int smem_cap() {
-  const char* v = std::getenv("KILN_SMEM_CAP");
-  return v ? std::atoi(v) : 101376;
-}
-
-float bf16_round(float x) { return bf16_to_f32(f32_to_bf16(x)); }
-
-class CudaOps : public ::testing::Test {
+class CudaOps : public gpu_testing::GpuTest {
  protected:
-  void SetUp() override {
-    auto be = cuda::make_cuda_backend({.smem_cap = smem_cap()});
-    if (!be.ok()) GTEST_SKIP() << be.status().to_string();
-    gpu_ = std::move(be).value();
-    cpu_ = cpu::make_cpu_backend(0);
-  }
-
-  // A host fp32 tensor of bf16-representable random values in [-scale, scale].
-  Tensor random(Shape s, float scale = 1.0f) {
-    Tensor t = host_tensor(DType::kF32, s);
-    std::uniform_real_distribution<float> d(-scale, scale);
-    for (int64_t i = 0; i < t.numel(); ++i) t.as<float>()[i] = bf16_round(d(rng_));
-    return t;
-  }
-  // The same values as a bf16 host tensor (a "checkpoint" weight).
-  Tensor as_bf16(const Tensor& f) {
-    Tensor t = host_tensor(DType::kBF16, f.shape);
-    for (int64_t i = 0; i < f.numel(); ++i) t.as<uint16_t>()[i] = f32_to_bf16(f.as<float>()[i]);
-    return t;
-  }
-  // Activation on the GPU holding host values.
-  Tensor to_gpu(const Tensor& host) {
-    Tensor t = gpu_->alloc(DType::kBF16, host.shape);
-    gpu_->from_host_f32(host.as<float>(), t);
-    return t;
-  }
-  // A GPU activation pre-filled with NaN (poison).
-  Tensor poisoned(Shape s) {
-    Tensor t = gpu_->alloc(DType::kBF16, s);
-    std::vector<float> nan(size_t(t.numel()), std::nanf(""));
-    gpu_->from_host_f32(nan.data(), t);
-    return t;
-  }
-  std::vector<float> from_gpu(const Tensor& t) {
-    std::vector<float> v(size_t(t.numel()));
-    gpu_->to_host_f32(t, v.data());
-    return v;
-  }
   void expect_close(const std::vector<float>& got, const Tensor& ref, double tol, const char* what) {
     ASSERT_EQ(int64_t(got.size()), ref.numel()) << what;
     double max_ref = 0.0, max_err = 0.0;
@@ -81,8 +38,6 @@ class CudaOps : public ::testing::Test {
     RecordProperty(std::string(what) + "_rel_err", std::to_string(max_err / max_ref));
   }
 
-  std::mt19937 rng_{1234};
-  std::unique_ptr<ops::Backend> gpu_, cpu_;
 };
 
 TEST_F(CudaOps, LinearMatchesCpuAtModelShapes) {

@@ -1,0 +1,78 @@
+// Shared by the GPU tests: a fixture with a CUDA backend under the SM120 cap
+// (KILN_SMEM_CAP, default 101376) and a CPU reference, and helpers for
+// bf16-representable random inputs, poisoned outputs and host copies.
+#pragma once
+
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/cuda_backend.h"
+
+namespace kiln::gpu_testing {
+
+// One bf16 rounding at an op's output, with fp32 accumulation inside: two bf16
+// half-ulps of the largest reference value.
+constexpr double kBf16Tol = 2.0 / 256.0;
+
+inline int smem_cap() {
+  const char* v = std::getenv("KILN_SMEM_CAP");
+  return v ? std::atoi(v) : 101376;
+}
+
+inline float bf16_round(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+class GpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto be = cuda::make_cuda_backend({.smem_cap = smem_cap()});
+    if (!be.ok()) GTEST_SKIP() << be.status().to_string();
+    gpu_ = std::move(be).value();
+    cpu_ = cpu::make_cpu_backend(0);
+  }
+
+  // A host fp32 tensor of bf16-representable random values in [-scale, scale].
+  Tensor random(Shape s, float scale = 1.0f) {
+    Tensor t = host_tensor(DType::kF32, s);
+    std::uniform_real_distribution<float> d(-scale, scale);
+    for (int64_t i = 0; i < t.numel(); ++i) t.as<float>()[i] = bf16_round(d(rng_));
+    return t;
+  }
+  // The same values as a bf16 host tensor (a "checkpoint" weight).
+  Tensor as_bf16(const Tensor& f) {
+    Tensor t = host_tensor(DType::kBF16, f.shape);
+    for (int64_t i = 0; i < f.numel(); ++i) t.as<uint16_t>()[i] = f32_to_bf16(f.as<float>()[i]);
+    return t;
+  }
+  // An activation on the GPU holding host values.
+  Tensor to_gpu(const Tensor& host) {
+    Tensor t = gpu_->alloc(DType::kBF16, host.shape);
+    gpu_->from_host_f32(host.as<float>(), t);
+    return t;
+  }
+  // Fill a GPU activation with NaN, so an element an op does not write is caught.
+  void poison(Tensor& t) {
+    std::vector<float> nan(size_t(t.numel()), std::nanf(""));
+    gpu_->from_host_f32(nan.data(), t);
+  }
+  Tensor poisoned(Shape s) {
+    Tensor t = gpu_->alloc(DType::kBF16, s);
+    poison(t);
+    return t;
+  }
+  std::vector<float> from_gpu(const Tensor& t) {
+    std::vector<float> v(size_t(t.numel()));
+    gpu_->to_host_f32(t, v.data());
+    return v;
+  }
+
+  std::mt19937 rng_{1234};
+  std::unique_ptr<ops::Backend> gpu_, cpu_;
+};
+
+}  // namespace kiln::gpu_testing
