@@ -75,6 +75,10 @@ std::string write_int4_checkpoint(const fs::path& dir) {
 }
 
 TEST(Memory, QuantizedWeightsAreNotExpandedAtLoad) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer's shadow memory and quarantine inflate the resident set; "
+                  "this bound is checked in the normal build";
+#endif
   const fs::path dir = fs::temp_directory_path() / ("kiln_memory_" + std::to_string(::getpid()));
   const std::string model = write_int4_checkpoint(dir);
   const int64_t disk = int64_t(fs::file_size(dir / "model.safetensors"));
