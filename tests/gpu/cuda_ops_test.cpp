@@ -16,6 +16,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/selftest.h"
 #include "gpu/gpu_test_util.h"
 
 namespace kiln {
@@ -70,28 +71,7 @@ TEST_F(CudaOps, RmsNormWithResidualMatchesCpu) {
   }
 }
 
-// A batch of sequences, each (n_query newest tokens, context_len), with block
-// tables that scatter blocks (sequence s owns blocks s, s + n_seqs, ...).
-ops::BatchMeta make_batch(const std::vector<std::pair<int, int>>& seqs, int block_size, int max_blocks) {
-  ops::BatchMeta b;
-  b.block_size = block_size;
-  b.max_blocks_per_seq = max_blocks;
-  const int n_seqs = int(seqs.size());
-  b.q_start.push_back(0);
-  for (int s = 0; s < n_seqs; ++s) {
-    for (int i = 0; i < max_blocks; ++i) b.block_table.push_back(s + i * n_seqs);
-    b.context_len.push_back(seqs[size_t(s)].second);
-  }
-  for (int s = 0; s < n_seqs; ++s) {
-    const auto [n_query, ctx] = seqs[size_t(s)];
-    for (int p = ctx - n_query; p < ctx; ++p) {
-      b.positions.push_back(p);
-      b.slot_mapping.push_back(int32_t(b.slot(s, p)));
-    }
-    b.q_start.push_back(int32_t(b.positions.size()));
-  }
-  return b;
-}
+using cuda::scattered_batch;
 
 struct AttnCase {
   int n_heads, n_kv_heads, d_head, window;
@@ -106,7 +86,7 @@ TEST_F(CudaOps, PagedAttentionMatchesCpuForPrefillDecodeWindowsAndSinks) {
     // Step 1 caches every token; step 2 queries: a 37-token prefill, a 1-token
     // decode at position 49, and a 3-token chunk at 20..22.
     const std::vector<std::pair<int, int>> fill3 = {{37, 37}, {50, 50}, {23, 23}}, query3 = {{37, 37}, {1, 50}, {3, 23}};
-    const ops::BatchMeta b1 = make_batch(fill3, bs, max_blocks), b2 = make_batch(query3, bs, max_blocks);
+    const ops::BatchMeta b1 = scattered_batch(fill3, bs, max_blocks), b2 = scattered_batch(query3, bs, max_blocks);
     Tensor k = random({b1.n_tokens(), c.n_kv_heads, c.d_head}), v = random({b1.n_tokens(), c.n_kv_heads, c.d_head});
     Tensor kc = host_tensor(DType::kF32, {3 * n_blocks, bs, c.n_kv_heads, c.d_head});
     Tensor vc = host_tensor(DType::kF32, {3 * n_blocks, bs, c.n_kv_heads, c.d_head});
@@ -131,8 +111,8 @@ TEST_F(CudaOps, PagedAttentionMatchesCpuForPrefillDecodeWindowsAndSinks) {
 
 TEST_F(CudaOps, MlaMatchesCpuAtDeepSeekHeadSizes) {
   const int n_heads = 16, d_nope = 128, d_rope = 64, d_v = 128, d_latent = 512, bs = 16, max_blocks = 4;
-  const ops::BatchMeta b1 = make_batch({{40, 40}, {3, 3}}, bs, max_blocks);
-  const ops::BatchMeta b2 = make_batch({{40, 40}, {1, 3}}, bs, max_blocks);
+  const ops::BatchMeta b1 = scattered_batch({{40, 40}, {3, 3}}, bs, max_blocks);
+  const ops::BatchMeta b2 = scattered_batch({{40, 40}, {1, 3}}, bs, max_blocks);
   Tensor lat = random({b1.n_tokens(), d_latent}), rope = random({b1.n_tokens(), d_rope});
   Tensor cache = host_tensor(DType::kF32, {2 * max_blocks, bs, d_latent + d_rope});
   cpu_->mla_store({.kv_latent = lat, .k_rope = rope, .latent_cache = cache, .batch = &b1});
@@ -155,7 +135,7 @@ TEST_F(CudaOps, MlaMatchesCpuAtDeepSeekHeadSizes) {
 }
 
 TEST_F(CudaOps, RopeMatchesCpuForEveryStyle) {
-  const ops::BatchMeta b = make_batch({{5, 900}, {3, 3}}, 16, 64);
+  const ops::BatchMeta b = scattered_batch({{5, 900}, {3, 3}}, 16, 64);
   for (auto style : {ops::RopeStyle::kHalf, ops::RopeStyle::kInterleaved}) {
     ops::RopeTable tab{.d_rot = 64, .attention_factor = 1.3f, .style = style};
     for (int i = 0; i < 32; ++i) tab.inv_freq.push_back(std::pow(10000.0f, -float(2 * i) / 64.0f));

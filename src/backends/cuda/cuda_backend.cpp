@@ -46,6 +46,7 @@ CudaBackend::~CudaBackend() {
   rope_tables_.clear();
   expert_tables_.clear();
   workspace_.reset();
+  release_gemm_plans();
   if (lt_) cublasLtDestroy(lt_);
   if (stream_) cudaStreamDestroy(stream_);
 }
@@ -172,45 +173,60 @@ const float* CudaBackend::rope_table(const ops::RopeTable& t) {
   return static_cast<const float*>(it->second.second.get());
 }
 
-void CudaBackend::gemm(const Tensor& x, const ops::Weight& w, Tensor& y) {
-  const int64_t rows = x.dim(0), n_in = w.n_in(), n_out = w.n_out();
-  KILN_CHECK_EQ(x.dim(1), n_in) << "linear: x.dim(1) vs w.n_in()";
-  KILN_CHECK_EQ(y.dim(1), n_out) << "linear: out.dim(1) vs w.n_out()";
-  KILN_CHECK(w.data.dtype == DType::kBF16 && x.dtype == DType::kBF16 && y.dtype == DType::kBF16);
-  if (rows == 0) return;
+void CudaBackend::release_gemm_plans() {
+  for (auto& [key, p] : gemm_plans_) {
+    cublasLtMatrixLayoutDestroy(p.a);
+    cublasLtMatrixLayoutDestroy(p.b);
+    cublasLtMatrixLayoutDestroy(p.c);
+    cublasLtMatmulDescDestroy(p.op);
+  }
+  gemm_plans_.clear();
+}
+
+const CudaBackend::GemmPlan& CudaBackend::gemm_plan(int64_t rows, int64_t n_out, int64_t n_in, bool transposed,
+                                                    bool bias) {
+  const GemmKey key{rows, n_out, n_in, transposed, bias};
+  if (auto it = gemm_plans_.find(key); it != gemm_plans_.end()) return it->second;
+  if (gemm_plans_.size() >= 1024) release_gemm_plans();  // prefill lengths vary: keep the cache bounded
   // Column-major view: Y^T [n_out, rows] = W [n_out, n_in] * X^T [n_in, rows].
   // Row-major W [n_out, n_in] is column-major [n_in, n_out]: transpose it (op T);
   // input-major storage [n_in, n_out] is column-major [n_out, n_in]: op N.
-  cublasLtMatmulDesc_t op;
-  KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t ta = w.transposed ? CUBLAS_OP_N : CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-  cublasLtMatrixLayout_t la, lb, lc;
-  if (w.transposed) KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, n_out, n_in, n_out));
-  else KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, n_in, n_out, n_in));
-  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, n_in, rows, n_in));
+  GemmPlan p;
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = transposed ? CUBLAS_OP_N : CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  if (transposed) KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, n_out, n_in, n_out));
+  else KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, n_in, n_out, n_in));
+  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, n_in, rows, n_in));
   // With a bias the GEMM writes fp32 and one kernel adds the bias and rounds once.
-  const bool bias = w.bias.defined();
-  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, bias ? CUDA_R_32F : CUDA_R_16BF, n_out, rows, n_out));
+  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, bias ? CUDA_R_32F : CUDA_R_16BF, n_out, rows, n_out));
   cublasLtMatmulPreference_t pref;
   KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                          &workspace_bytes_, sizeof workspace_bytes_));
   cublasLtMatmulHeuristicResult_t heur{};
   int found = 0;
-  KILN_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, op, la, lb, lc, lc, pref, 1, &heur, &found));
+  KILN_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, p.op, p.a, p.b, p.c, p.c, pref, 1, &heur, &found));
+  cublasLtMatmulPreferenceDestroy(pref);
   KILN_CHECK_GT(found, 0) << "cuBLASLt has no algorithm for a bf16 GEMM " << n_out << " x " << rows << " x " << n_in;
+  p.algo = heur.algo;
+  return gemm_plans_.emplace(key, p).first->second;
+}
+
+void CudaBackend::gemm(const Tensor& x, const ops::Weight& w, Tensor& y) {
+  const int64_t rows = x.dim(0), n_in = w.n_in(), n_out = w.n_out();
+  KILN_CHECK_EQ(x.dim(1), n_in) << "linear: x.dim(1) vs w.n_in()";
+  KILN_CHECK_EQ(y.dim(1), n_out) << "linear: out.dim(1) vs w.n_out()";
+  KILN_CHECK(w.data.dtype == DType::kBF16 && x.dtype == DType::kBF16 && y.dtype == DType::kBF16);
+  if (rows == 0) return;
+  const bool bias = w.bias.defined();
+  const GemmPlan& plan = gemm_plan(rows, n_out, n_in, w.transposed, bias);
   const float alpha = 1.0f, beta = 0.0f;
   std::shared_ptr<void> y32 = bias ? allocator_->allocate(size_t(rows * n_out) * sizeof(float)) : nullptr;
   void* d = bias ? y32.get() : y.data;
-  KILN_CUBLAS_CHECK(cublasLtMatmul(lt_, op, &alpha, w.data.data, la, x.data, lb, &beta, d, lc, d, lc, &heur.algo,
-                                   workspace_.get(), workspace_bytes_, stream_));
-  cublasLtMatmulPreferenceDestroy(pref);
-  cublasLtMatrixLayoutDestroy(la);
-  cublasLtMatrixLayoutDestroy(lb);
-  cublasLtMatrixLayoutDestroy(lc);
-  cublasLtMatmulDescDestroy(op);
+  KILN_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.op, &alpha, w.data.data, plan.a, x.data, plan.b, &beta, d, plan.c, d,
+                                   plan.c, &plan.algo, workspace_.get(), workspace_bytes_, stream_));
   if (bias) {
     KILN_CHECK(w.bias.dtype == DType::kF32) << "linear: bias must be fp32 on the device";
     launch_bias_round(static_cast<const float*>(d), w.bias.as<float>(), y.as<bf16>(), rows, n_out, stream_);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <map>
+#include <tuple>
 #include <utility>
 #include <memory>
 #include <vector>
@@ -85,6 +86,17 @@ class CudaBackend final : public ops::Backend {
   };
   std::map<const ops::MoeExperts*, ExpertTable> expert_tables_;
   std::vector<std::shared_ptr<void>> op_scratch_;  // released at begin_step
+  // cuBLASLt descriptors and the chosen algorithm per GEMM shape, made once: a
+  // decode step runs the same few shapes every time.
+  struct GemmPlan {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  using GemmKey = std::tuple<int64_t, int64_t, int64_t, bool, bool>;  // rows, n_out, n_in, transposed, bias
+  std::map<GemmKey, GemmPlan> gemm_plans_;
+  const GemmPlan& gemm_plan(int64_t rows, int64_t n_out, int64_t n_in, bool transposed, bool bias);
+  void release_gemm_plans();
   AttentionPath forced_attention_path_ = AttentionPath::kAuto;
   std::vector<AttentionPath> disabled_attention_paths_;
 };

@@ -72,7 +72,9 @@ class Harness {
   std::mt19937 rng_{20261122};
 };
 
-ops::BatchMeta make_batch(const std::vector<std::pair<int, int>>& seqs, int block_size, int max_blocks) {
+}  // namespace
+
+ops::BatchMeta scattered_batch(const std::vector<std::pair<int, int>>& seqs, int block_size, int max_blocks) {
   ops::BatchMeta b;
   b.block_size = block_size;
   b.max_blocks_per_seq = max_blocks;
@@ -91,6 +93,8 @@ ops::BatchMeta make_batch(const std::vector<std::pair<int, int>>& seqs, int bloc
   }
   return b;
 }
+
+namespace {
 
 PathResult test_linear(Harness& h) {
   Tensor x = h.random({5, 256}), w = h.random({384, 256}, 0.05f), b = h.random({384}, 0.1f);
@@ -112,7 +116,7 @@ PathResult test_rms_norm(Harness& h) {
 }
 
 PathResult test_rope(Harness& h, ops::RopeStyle style) {
-  const ops::BatchMeta b = make_batch({{3, 700}, {2, 2}}, 16, 48);
+  const ops::BatchMeta b = scattered_batch({{3, 700}, {2, 2}}, 16, 48);
   ops::RopeTable tab{.d_rot = 32, .attention_factor = 1.2f, .style = style};
   for (int i = 0; i < 16; ++i) tab.inv_freq.push_back(std::pow(10000.0f, -float(2 * i) / 32.0f));
   Tensor x = h.random({b.n_tokens(), 2, 64});
@@ -132,7 +136,7 @@ PathResult test_glu(Harness& h, ops::GluKind kind) {
 }
 
 PathResult test_attention(Harness& h, int n_heads, int n_kv, int d, int window, bool sinks) {
-  const ops::BatchMeta b1 = make_batch({{20, 20}, {40, 40}}, 16, 3), b2 = make_batch({{20, 20}, {1, 40}}, 16, 3);
+  const ops::BatchMeta b1 = scattered_batch({{20, 20}, {40, 40}}, 16, 3), b2 = scattered_batch({{20, 20}, {1, 40}}, 16, 3);
   Tensor k = h.random({b1.n_tokens(), n_kv, d}), v = h.random({b1.n_tokens(), n_kv, d});
   Tensor kc = h.cpu_out({6, 16, n_kv, d}), vc = h.cpu_out({6, 16, n_kv, d});
   Tensor kg = h.gpu_backend().alloc(DType::kBF16, kc.shape), vg = h.gpu_backend().alloc(DType::kBF16, vc.shape);
@@ -156,7 +160,7 @@ PathResult test_attention(Harness& h, int n_heads, int n_kv, int d, int window, 
 
 PathResult test_mla(Harness& h) {
   const int n_heads = 2, d_nope = 128, d_rope = 64, d_v = 128, d_latent = 512;
-  const ops::BatchMeta b1 = make_batch({{18, 18}}, 16, 2), b2 = make_batch({{1, 18}}, 16, 2);
+  const ops::BatchMeta b1 = scattered_batch({{18, 18}}, 16, 2), b2 = scattered_batch({{1, 18}}, 16, 2);
   Tensor lat = h.random({18, d_latent}), rope = h.random({18, d_rope});
   Tensor cache = h.cpu_out({2, 16, d_latent + d_rope});
   Tensor cg = h.gpu_backend().alloc(DType::kBF16, cache.shape);

@@ -19,6 +19,11 @@ struct PathResult {
   bool required = true;   // false: a fast path with a fallback; a failure disables it instead
 };
 
+// A batch of sequences, each (n_query newest tokens, context_len), whose block
+// tables scatter blocks (sequence s owns blocks s, s + n_seqs, ...). Self-test
+// and GPU tests build their batches with it.
+ops::BatchMeta scattered_batch(const std::vector<std::pair<int, int>>& seqs, int block_size, int max_blocks);
+
 // Runs every path on `gpu`; results in a fixed order.
 std::vector<PathResult> run_self_test(ops::Backend& gpu);
 
