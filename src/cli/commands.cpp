@@ -133,7 +133,19 @@ int cmd_generate(const CommonOptions& o, const GenerateOptions& g) {
   auto result = (*engine)->generate(*tokens, g.max_tokens, g.sampling, g.ignore_eos);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!result.ok()) return fail(result.status());
-  std::cout << nlohmann::json({{"tokens", result->tokens}}).dump() << "\n";
+  nlohmann::json out = {{"tokens", result->tokens}};
+  if (g.sampling.logprobs >= 0) {
+    // One entry per generated token: its logprob and the top alternatives.
+    nlohmann::json lps = nlohmann::json::array();
+    for (const runtime::SampledToken& t : result->logprobs) {
+      nlohmann::json top = nlohmann::json::array();
+      for (size_t j = 0; j < t.top_ids.size(); ++j)
+        top.push_back({{"id", t.top_ids[j]}, {"logprob", t.top_logprobs[j]}});
+      lps.push_back({{"token", t.token}, {"logprob", t.logprob}, {"top", std::move(top)}});
+    }
+    out["logprobs"] = std::move(lps);
+  }
+  std::cout << out.dump() << "\n";
   if (g.stats) {
     const size_t n = result->tokens.size();
     std::fprintf(stderr, "kiln: %zu prompt + %zu generated tokens in %.3f s (%.1f tok/s overall)\n",
@@ -164,6 +176,8 @@ int run_cli(int argc, char** argv) {
   generate->add_option("--top-p", gen.sampling.top_p, "1: off")->check(CLI::Range(0.0, 1.0));
   generate->add_option("--min-p", gen.sampling.min_p, "0: off")->check(CLI::Range(0.0, 1.0));
   generate->add_option("--seed", gen.sampling.seed, "sampling seed");
+  generate->add_option("--logprobs", gen.sampling.logprobs,
+                       "print each token's logprob and N top alternatives (0..20; -1: none)");
   generate->add_flag("--ignore-eos", gen.ignore_eos, "do not stop at end-of-sequence tokens");
   generate->add_flag("--stats", gen.stats, "print timing to stderr");
 

@@ -114,16 +114,16 @@ std::vector<KvLayout> CausalLM::kv_layouts() const {
   return out;
 }
 
-Tensor CausalLM::forward(ops::Backend& be, const std::vector<int32_t>& ids,
-                         const ops::BatchMeta& batch, std::vector<LayerKv>& kv,
-                         const std::vector<int32_t>& logit_rows) const {
-  const int64_t n_tokens = int64_t(ids.size());
-  KILN_CHECK_EQ(n_tokens, int64_t(batch.n_tokens()));
+Tensor CausalLM::forward(ops::Backend& be, const ops::BatchMeta& batch, std::vector<LayerKv>& kv) const {
+  KILN_CHECK_EQ(int64_t(batch.token_ids.size()), int64_t(batch.n_tokens())) << "forward: token_ids vs positions";
   KILN_CHECK_EQ(kv.size(), layers.size());
-  be.begin_step(batch);
-  Tensor ids_t{.data = const_cast<int32_t*>(ids.data()), .dtype = DType::kI32, .shape = {n_tokens}};
+  return be.run_step(batch, uint64_t(reinterpret_cast<uintptr_t>(this)), [&] { return step_ops(be, batch, kv); });
+}
+
+Tensor CausalLM::step_ops(ops::Backend& be, const ops::BatchMeta& batch, std::vector<LayerKv>& kv) const {
+  const int64_t n_tokens = batch.n_tokens();
   Tensor residual = act(be, {n_tokens, d_model});
-  be.embedding({.table = embed, .ids = ids_t, .out = residual});
+  be.embedding({.table = embed, .out = residual, .from_batch = ops::BatchIds::kTokens, .batch = &batch});
 
   // Pre-norm residual stream: the norm op adds the previous block's output into
   // `residual` and normalises it in one call.
@@ -144,11 +144,10 @@ Tensor CausalLM::forward(ops::Backend& be, const std::vector<int32_t>& ids,
                .eps = norm_eps});
 
   // Gather the requested rows, then project them to the vocabulary.
-  std::vector<int32_t> rows = logit_rows;
-  Tensor rows_t{.data = rows.data(), .dtype = DType::kI32, .shape = {int64_t(rows.size())}};
-  Tensor picked = act(be, {int64_t(rows.size()), d_model});
-  be.embedding({.table = normed, .ids = rows_t, .out = picked});
-  Tensor logits = act(be, {int64_t(rows.size()), vocab_size});
+  const int64_t n_rows = int64_t(batch.logit_rows.size());
+  Tensor picked = act(be, {n_rows, d_model});
+  be.embedding({.table = normed, .out = picked, .from_batch = ops::BatchIds::kLogitRows, .batch = &batch});
+  Tensor logits = act(be, {n_rows, vocab_size});
   be.linear({.x = picked, .w = &lm_head, .out = logits});
   return logits;
 }

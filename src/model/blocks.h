@@ -100,10 +100,13 @@ struct CausalLM {
 
   std::vector<KvLayout> kv_layouts() const;
 
-  // Runs one step over the flattened batch (ids [n_tokens]) and returns fp32
-  // logits [logit_rows.size(), vocab] for the requested token rows.
-  Tensor forward(ops::Backend& be, const std::vector<int32_t>& ids, const ops::BatchMeta& batch,
-                 std::vector<LayerKv>& kv, const std::vector<int32_t>& logit_rows) const;
+  // Runs one step over the flattened batch (batch.token_ids) through
+  // Backend::run_step and returns the logits [batch.logit_rows.size(), vocab]
+  // (activation dtype) of the requested rows, valid until the next step.
+  Tensor forward(ops::Backend& be, const ops::BatchMeta& batch, std::vector<LayerKv>& kv) const;
+
+ private:
+  Tensor step_ops(ops::Backend& be, const ops::BatchMeta& batch, std::vector<LayerKv>& kv) const;
 };
 
 }  // namespace kiln::model

@@ -10,7 +10,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -22,13 +25,22 @@
 
 namespace kiln::ops {
 
+// Where an embedding's ids come from: a host tensor, or the step's batch
+// (uploaded by begin_step, so a recorded step replays with new ids).
+enum class BatchIds { kNone, kTokens, kLogitRows };
+
 // out[t, :] = table[ids[t], :]. Also the row gather of activations (table = a
 // [rows, d] activation tensor, ids = the rows to keep).
 struct EmbeddingArgs {
   Tensor table;  // [vocab, d_model] stored dtype, or an activation tensor
-  Tensor ids;    // [n_tokens] i32 (host)
+  Tensor ids;    // [n_tokens] i32 (host), when from_batch is kNone
   Tensor out;    // [n_tokens, d_model]
+  BatchIds from_batch = BatchIds::kNone;  // else ids = batch->token_ids or batch->logit_rows
+  const BatchMeta* batch = nullptr;
 };
+
+// The ids of an embedding call, on the host (either source).
+std::span<const int32_t> embedding_ids(const EmbeddingArgs& a);
 
 // dst[r, :] = src[r, col_begin : col_begin + dst.dim(1)] (splits fused projections,
 // e.g. MLA's per-head [nope | rope] query and [latent | rope] kv).
@@ -183,6 +195,56 @@ struct MoeArgs {
   Tensor out;                     // [n_tokens, d_model]
 };
 
+// Per-row sampling parameters. The kept candidates are the logits sorted descending
+// (ids ascending on ties), cut to the first top_k, then to the shortest prefix whose
+// probability (softmax(logits / temperature) over the top_k) sums to >= top_p, then to the
+// prefix with p >= min_p * p_max (at least one token).
+struct SamplingParams {
+  float temperature = 0.0f;  // <= 0: greedy (argmax, lowest id on ties); filters are ignored
+  int32_t top_k = 0;         // 0: off
+  float top_p = 1.0f;        // 1: off; in (0, 1]
+  float min_p = 0.0f;        // 0: off; in [0, 1]
+};
+constexpr int32_t kMaxTopLogprobs = 20;
+
+// Samples one token per row of logits. The draw is given: uniform[r] in [0, 1) selects the
+// token at which the cumulative probability over the kept candidates (sorted by logit
+// descending, ids ascending on ties) first exceeds uniform[r] * (kept mass). Logprobs are of
+// the model's own distribution, log_softmax(logits) before temperature or filtering.
+// Logits are finite or -inf (never NaN). Outputs are in host memory when the call returns.
+struct SampleArgs {
+  Tensor logits;                           // [n_rows, vocab] activation dtype
+  std::span<const SamplingParams> params;  // [n_rows]
+  std::span<const float> uniform;          // [n_rows], each in [0, 1)
+  int32_t n_top = 0;                       // alternatives per row, 0..kMaxTopLogprobs (<= vocab)
+  std::span<int32_t> tokens;               // [n_rows] host output
+  std::span<float> logprobs;               // [n_rows] host output (logprob of tokens[r]), or empty
+  std::span<int32_t> top_ids;              // [n_rows * n_top] host output: logprob descending, ids
+                                           // ascending on ties (the same order as the candidates)
+  std::span<float> top_logprobs;           // [n_rows * n_top] host output
+};
+
+// The contract of SampleArgs, checked by every backend at entry (a violation is a bug in
+// the caller: the engine validates request parameters before they get here).
+inline void check_sample_args(const SampleArgs& a) {
+  KILN_CHECK_EQ(a.logits.rank(), 2) << "sample: logits " << a.logits.shape;
+  const size_t n_rows = size_t(a.logits.dim(0));
+  const int64_t vocab = a.logits.dim(1);
+  KILN_CHECK_EQ(a.params.size(), n_rows) << "sample: params per row";
+  KILN_CHECK_EQ(a.uniform.size(), n_rows) << "sample: uniform per row";
+  KILN_CHECK_EQ(a.tokens.size(), n_rows) << "sample: tokens per row";
+  KILN_CHECK(a.logprobs.empty() || a.logprobs.size() == n_rows) << "sample: logprobs " << a.logprobs.size();
+  KILN_CHECK(a.n_top >= 0 && a.n_top <= kMaxTopLogprobs && a.n_top <= vocab) << "sample: n_top " << a.n_top;
+  KILN_CHECK_EQ(a.top_ids.size(), n_rows * size_t(a.n_top)) << "sample: top_ids";
+  KILN_CHECK_EQ(a.top_logprobs.size(), n_rows * size_t(a.n_top)) << "sample: top_logprobs";
+  for (size_t r = 0; r < n_rows; ++r) {
+    const SamplingParams& p = a.params[r];
+    KILN_CHECK(a.uniform[r] >= 0.0f && a.uniform[r] < 1.0f) << "sample: uniform " << a.uniform[r] << " row " << r;
+    KILN_CHECK(p.top_k >= 0 && p.top_p > 0.0f && p.top_p <= 1.0f && p.min_p >= 0.0f && p.min_p <= 1.0f)
+        << "sample: row " << r << " top_k " << p.top_k << " top_p " << p.top_p << " min_p " << p.min_p;
+  }
+}
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -202,6 +264,16 @@ class Backend {
   // uploads the metadata here). `batch` must stay alive and unchanged until the
   // step's last op.
   virtual void begin_step(const BatchMeta& batch) {}
+  // Runs one forward step: begin_step(batch), then `ops` (which issues the
+  // step's ops and returns its output). A GPU backend may record the ops of a
+  // decode-shaped step once and replay the recording on later steps with the
+  // same `key` and batch shape (CUDA graphs); the caller guarantees that the
+  // same key issues the same ops on the same tensors, with every per-step input
+  // taken from `batch` (BatchIds). The returned tensor is valid until the next step.
+  virtual Tensor run_step(const BatchMeta& batch, uint64_t key, const std::function<Tensor()>& ops) {
+    begin_step(batch);
+    return ops();
+  }
   // Whether this backend can compute with `w` (its dtype / quantized format);
   // checked at load so an unsupported checkpoint fails with a clear error.
   virtual Status supports(const Weight& w) const { return Status::Ok(); }
@@ -218,6 +290,7 @@ class Backend {
   virtual void add(const AddArgs& a) = 0;
   virtual void slice_columns(const SliceColumnsArgs& a) = 0;
   virtual void moe(const MoeArgs& a) = 0;
+  virtual void sample(const SampleArgs& a) = 0;
 };
 
 }  // namespace kiln::ops

@@ -10,6 +10,7 @@ namespace kiln::ops {
 
 struct BatchMeta {
   // per token, n_tokens entries
+  std::vector<int32_t> token_ids;     // the input token ids
   std::vector<int32_t> positions;     // absolute position of the token in its sequence
   std::vector<int32_t> slot_mapping;  // KV cache slot: block * block_size + offset
   // per sequence, n_seqs entries (q_start has n_seqs + 1)
@@ -18,6 +19,8 @@ struct BatchMeta {
   std::vector<int32_t> block_table;   // [n_seqs, max_blocks_per_seq] physical block ids, row-major
   int32_t max_blocks_per_seq = 0;
   int32_t block_size = 16;            // tokens per KV block
+  // rows of the batch whose logits the step returns (e.g. each sequence's last token)
+  std::vector<int32_t> logit_rows;
 
   int32_t n_tokens() const { return int32_t(positions.size()); }
   int32_t n_seqs() const { return int32_t(context_len.size()); }

@@ -59,24 +59,28 @@ Status Engine::check_prompt(const std::vector<int32_t>& prompt, int64_t extra_to
   return Status::Ok();
 }
 
-std::vector<float> Engine::step(const std::vector<int32_t>& seq, int32_t begin, int32_t end,
-                                const std::vector<int32_t>& block_table,
-                                const std::vector<int32_t>& rows) {
+Tensor Engine::step(const std::vector<int32_t>& seq, int32_t begin, int32_t end,
+                    const std::vector<int32_t>& block_table, const std::vector<int32_t>& rows) {
   ops::BatchMeta b;
   b.block_size = kv_.block_size;
+  // The block table padded to a power of two (entries past the sequence's own
+  // blocks are never read): one batch shape per context bucket, so a decode step
+  // can be replayed (Backend::run_step) for the whole generation.
+  size_t padded = 1;
+  while (padded < block_table.size()) padded *= 2;
   b.block_table = block_table;
-  b.max_blocks_per_seq = int32_t(block_table.size());
+  b.block_table.resize(padded, block_table.empty() ? 0 : block_table.back());
+  b.max_blocks_per_seq = int32_t(padded);
   b.q_start = {0, end - begin};
   b.context_len = {end};
   for (int32_t p = begin; p < end; ++p) {
+    b.token_ids.push_back(seq[size_t(p)]);
     b.positions.push_back(p);
     b.slot_mapping.push_back(int32_t(b.slot(0, p)));
   }
-  const std::vector<int32_t> ids(seq.begin() + begin, seq.begin() + end);
-  Tensor logits = model_.forward(*backend_, ids, b, kv_.layers, rows);
-  std::vector<float> out(size_t(logits.numel()));
-  backend_->to_host_f32(logits, out.data());
-  return out;
+  b.logit_rows = rows;
+  step_batch_ = std::move(b);  // run_step needs the batch alive until the step's last op
+  return model_.forward(*backend_, step_batch_, kv_.layers);
 }
 
 Result<std::vector<std::vector<float>>> Engine::logits(const std::vector<int32_t>& prompt) {
@@ -91,7 +95,9 @@ Result<std::vector<std::vector<float>>> Engine::logits(const std::vector<int32_t
     const int32_t end = std::min(n, begin + chunk);
     std::vector<int32_t> rows(size_t(end - begin));
     for (int32_t r = 0; r < end - begin; ++r) rows[size_t(r)] = r;
-    const std::vector<float> flat = step(prompt, begin, end, table, rows);
+    const Tensor logits = step(prompt, begin, end, table, rows);
+    std::vector<float> flat(size_t(logits.numel()));
+    backend_->to_host_f32(logits, flat.data());
     const size_t vocab = size_t(config_.vocab_size);
     for (size_t r = 0; r < rows.size(); ++r)
       out.emplace_back(flat.begin() + long(r * vocab), flat.begin() + long((r + 1) * vocab));
@@ -103,6 +109,7 @@ Result<std::vector<std::vector<float>>> Engine::logits(const std::vector<int32_t
 Result<GenerateResult> Engine::generate(const std::vector<int32_t>& prompt, int32_t max_new_tokens,
                                         const SamplingParams& sampling, bool ignore_eos) {
   if (max_new_tokens < 0) return invalid_argument("max tokens must not be negative");
+  KILN_RETURN_IF_ERROR(validate(sampling, config_.vocab_size));
   KILN_RETURN_IF_ERROR(check_prompt(prompt, max_new_tokens));
   std::vector<int32_t> seq = prompt;
   const int32_t total = int32_t(prompt.size()) + max_new_tokens;
@@ -119,11 +126,13 @@ Result<GenerateResult> Engine::generate(const std::vector<int32_t>& prompt, int3
     // step's final row gives the next token's logits.
     const int32_t end = std::min<int32_t>(int32_t(seq.size()), done + chunk);
     const int32_t last_row = end - done - 1;
-    const std::vector<float> logits = step(seq, done, end, table, {last_row});
+    const Tensor logits = step(seq, done, end, table, {last_row});
     done = end;
     if (done < int32_t(seq.size())) continue;
-    const int32_t tok = sampler.sample(logits);
+    SampledToken sampled = sampler.sample(*backend_, logits);
+    const int32_t tok = sampled.token;
     result.tokens.push_back(tok);
+    if (sampling.logprobs >= 0) result.logprobs.push_back(std::move(sampled));
     seq.push_back(tok);
     const auto& eos = config_.eos_token_ids;
     if (!ignore_eos && std::find(eos.begin(), eos.end(), tok) != eos.end()) {

@@ -25,6 +25,9 @@ struct EngineOptions {
 struct GenerateResult {
   std::vector<int32_t> tokens;  // generated ids (the final eos included if one stopped it)
   bool stopped_by_eos = false;
+  // One per token when SamplingParams::logprobs >= 0 (token, its logprob, the top
+  // alternatives), else empty.
+  std::vector<SampledToken> logprobs;
 };
 
 class Engine {
@@ -36,6 +39,7 @@ class Engine {
   // fp32 logits of every prompt position, [n_prompt][vocab].
   Result<std::vector<std::vector<float>>> logits(const std::vector<int32_t>& prompt);
   // Up to max_new_tokens sampled tokens; stops early at an eos id unless ignore_eos.
+  // Sampling runs on the backend: only token ids (and logprobs) come back to the host.
   Result<GenerateResult> generate(const std::vector<int32_t>& prompt, int32_t max_new_tokens,
                                   const SamplingParams& sampling, bool ignore_eos = false);
 
@@ -47,9 +51,9 @@ class Engine {
   Engine() = default;
   Status check_prompt(const std::vector<int32_t>& prompt, int64_t extra_tokens) const;
   // Runs tokens [begin, end) of `seq` (earlier ones are already cached) and returns
-  // fp32 logits for the rows in `rows` (relative to begin).
-  std::vector<float> step(const std::vector<int32_t>& seq, int32_t begin, int32_t end,
-                          const std::vector<int32_t>& block_table, const std::vector<int32_t>& rows);
+  // the logits of the rows in `rows` (relative to begin): [rows, vocab] backend tensor.
+  Tensor step(const std::vector<int32_t>& seq, int32_t begin, int32_t end, const std::vector<int32_t>& block_table,
+              const std::vector<int32_t>& rows);
 
   formats::ModelConfig config_;
   std::unique_ptr<ops::Backend> backend_;
@@ -58,6 +62,7 @@ class Engine {
   BlockAllocator blocks_{0};
   EngineOptions options_;
   int64_t max_model_len_ = 0;
+  ops::BatchMeta step_batch_;  // the current step's batch (backends read it until the step ends)
 };
 
 }  // namespace kiln::runtime

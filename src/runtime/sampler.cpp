@@ -1,58 +1,47 @@
 #include "runtime/sampler.h"
 
 #include <algorithm>
-#include <cmath>
-#include <numeric>
-#include <vector>
+#include <string>
 
 namespace kiln::runtime {
 
-int32_t Sampler::sample(std::span<const float> logits) {
-  const int32_t vocab = int32_t(logits.size());
-  if (params_.temperature <= 0.0f) {
-    return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+Status validate(const SamplingParams& p, int64_t vocab) {
+  if (!(p.temperature >= 0.0f)) {
+    return invalid_argument("temperature must be >= 0 (got " + std::to_string(p.temperature) + ")");
   }
-  // Candidates sorted by logit (descending, ids ascending on ties: deterministic).
-  std::vector<int32_t> ids(static_cast<size_t>(vocab));
-  std::iota(ids.begin(), ids.end(), 0);
-  std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
-  if (params_.top_k > 0 && params_.top_k < vocab) ids.resize(size_t(params_.top_k));
+  if (p.top_k < 0) return invalid_argument("top_k must be >= 0 (got " + std::to_string(p.top_k) + ")");
+  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) {
+    return invalid_argument("top_p must be in (0, 1] (got " + std::to_string(p.top_p) + ")");
+  }
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) {
+    return invalid_argument("min_p must be in [0, 1] (got " + std::to_string(p.min_p) + ")");
+  }
+  const int64_t max_logprobs = std::min<int64_t>(ops::kMaxTopLogprobs, vocab);
+  if (p.logprobs < -1 || p.logprobs > max_logprobs) {
+    return invalid_argument("logprobs must be -1 (none) or in [0, " + std::to_string(max_logprobs) + "] (got " +
+                            std::to_string(p.logprobs) + ")");
+  }
+  return Status::Ok();
+}
 
-  const float max_logit = logits[ids[0]];
-  std::vector<double> p(ids.size());
-  double sum = 0.0;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    p[i] = std::exp(double(logits[ids[i]] - max_logit) / params_.temperature);
-    sum += p[i];
-  }
-  for (double& x : p) x /= sum;
-
-  size_t keep = p.size();
-  if (params_.top_p < 1.0f) {
-    double cum = 0.0;
-    for (size_t i = 0; i < p.size(); ++i) {
-      cum += p[i];
-      if (cum >= params_.top_p) {
-        keep = i + 1;
-        break;
-      }
-    }
-  }
-  if (params_.min_p > 0.0f) {
-    const double floor = params_.min_p * p[0];
-    size_t n = 0;
-    while (n < keep && p[n] >= floor) ++n;
-    keep = std::max<size_t>(1, n);
-  }
-  double kept = 0.0;
-  for (size_t i = 0; i < keep; ++i) kept += p[i];
-  const double u = std::uniform_real_distribution<double>(0.0, kept)(rng_);
-  double cum = 0.0;
-  for (size_t i = 0; i < keep; ++i) {
-    cum += p[i];
-    if (u < cum) return ids[i];
-  }
-  return ids[keep - 1];
+SampledToken Sampler::sample(ops::Backend& backend, const Tensor& logits) {
+  KILN_CHECK_EQ(logits.rank(), 2) << "sampler: logits " << logits.shape;
+  KILN_CHECK_EQ(logits.dim(0), 1) << "sampler: one row per sampler";
+  const ops::SamplingParams params[1] = {op_params()};
+  const float uniform[1] = {next_uniform()};
+  const int32_t n_top = std::max(0, params_.logprobs);
+  SampledToken out;
+  out.top_ids.resize(size_t(n_top));
+  out.top_logprobs.resize(size_t(n_top));
+  backend.sample({.logits = logits,
+                  .params = params,
+                  .uniform = uniform,
+                  .n_top = n_top,
+                  .tokens = std::span<int32_t>(&out.token, 1),
+                  .logprobs = params_.logprobs >= 0 ? std::span<float>(&out.logprob, 1) : std::span<float>(),
+                  .top_ids = out.top_ids,
+                  .top_logprobs = out.top_logprobs});
+  return out;
 }
 
 }  // namespace kiln::runtime

@@ -1,11 +1,17 @@
-// Token sampling from fp32 logits: greedy at temperature 0, otherwise
-// temperature, then top-k, top-p and min-p filtering, then a draw from a
-// seeded generator (same seed, same logits -> same token).
+// Token sampling through the backend's sample op (ops::SampleArgs): greedy at
+// temperature 0, otherwise temperature, then top-k, top-p and min-p filtering,
+// then a draw. The Sampler owns the seeded generator and draws the uniform of
+// each token on the host (same seed, same logits -> same tokens), so only token
+// ids and logprobs leave the device.
 #pragma once
 
 #include <cstdint>
 #include <random>
-#include <span>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "ops/backend.h"
 
 namespace kiln::runtime {
 
@@ -15,12 +21,38 @@ struct SamplingParams {
   float top_p = 1.0f;        // 1: off
   float min_p = 0.0f;        // 0: off
   uint64_t seed = 0;
+  int32_t logprobs = -1;     // -1: none; 0..ops::kMaxTopLogprobs: the chosen token's
+                             // logprob and that many top alternatives
+};
+
+// invalid_argument unless temperature >= 0, top_k >= 0, top_p in (0, 1],
+// min_p in [0, 1] and logprobs in [-1, min(kMaxTopLogprobs, vocab)].
+[[nodiscard]] Status validate(const SamplingParams& p, int64_t vocab);
+
+// One sampled token, with its logprobs when SamplingParams::logprobs >= 0.
+struct SampledToken {
+  int32_t token = 0;
+  float logprob = 0.0f;              // log_softmax(logits)[token]
+  std::vector<int32_t> top_ids;      // [logprobs] logprob descending, ids ascending on ties
+  std::vector<float> top_logprobs;   // [logprobs]
 };
 
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& p) : params_(p), rng_(p.seed) {}
-  int32_t sample(std::span<const float> logits);
+
+  // Samples one token from logits [1, vocab] (backend activation tensor) on `backend`.
+  SampledToken sample(ops::Backend& backend, const Tensor& logits);
+
+  // The next draw in [0, 1): the top 24 bits of one generator output, exact in fp32
+  // (so the value the backend sees is the value drawn). One per sampled token.
+  float next_uniform() { return float(rng_() >> 40) * 0x1p-24f; }
+
+  // The per-row parameters of the sample op.
+  ops::SamplingParams op_params() const {
+    return {.temperature = params_.temperature, .top_k = params_.top_k, .top_p = params_.top_p,
+            .min_p = params_.min_p};
+  }
 
  private:
   SamplingParams params_;

@@ -16,6 +16,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/cuda_backend_impl.h"
 #include "backends/cuda/selftest.h"
 #include "gpu/gpu_test_util.h"
 
@@ -109,10 +110,13 @@ TEST_F(CudaOps, PagedAttentionMatchesCpuForPrefillDecodeWindowsAndSinks) {
   }
 }
 
+// Both MLA attend paths. 20 heads: a partial 16-head tile on the mma path;
+// contexts 300 and 700 over 64-block tables: several KV splits, a partial last
+// key tile; sequence 0 has 5 query tokens (causal within the step).
 TEST_F(CudaOps, MlaMatchesCpuAtDeepSeekHeadSizes) {
-  const int n_heads = 16, d_nope = 128, d_rope = 64, d_v = 128, d_latent = 512, bs = 16, max_blocks = 4;
-  const ops::BatchMeta b1 = scattered_batch({{40, 40}, {3, 3}}, bs, max_blocks);
-  const ops::BatchMeta b2 = scattered_batch({{40, 40}, {1, 3}}, bs, max_blocks);
+  const int n_heads = 20, d_nope = 128, d_rope = 64, d_v = 128, d_latent = 512, bs = 16, max_blocks = 64;
+  const ops::BatchMeta b1 = scattered_batch({{300, 300}, {700, 700}}, bs, max_blocks);
+  const ops::BatchMeta b2 = scattered_batch({{5, 300}, {1, 700}}, bs, max_blocks);
   Tensor lat = random({b1.n_tokens(), d_latent}), rope = random({b1.n_tokens(), d_rope});
   Tensor cache = host_tensor(DType::kF32, {2 * max_blocks, bs, d_latent + d_rope});
   cpu_->mla_store({.kv_latent = lat, .k_rope = rope, .latent_cache = cache, .batch = &b1});
@@ -127,11 +131,19 @@ TEST_F(CudaOps, MlaMatchesCpuAtDeepSeekHeadSizes) {
   Tensor ref = host_tensor(DType::kF32, {b2.n_tokens(), n_heads, d_v});
   cpu_->mla_attention({.q_nope = qn, .q_rope = qr, .latent_cache = cache, .kv_b = &wc, .out = ref, .batch = &b2,
                        .scale = scale});
-  gpu_->begin_step(b2);
-  Tensor out = poisoned(ref.shape);
-  gpu_->mla_attention({.q_nope = to_gpu(qn), .q_rope = to_gpu(qr), .latent_cache = cache_g, .kv_b = &wg, .out = out,
-                       .batch = &b2, .scale = scale});
-  expect_close(from_gpu(out), ref, kBf16Tol, "mla");
+  auto* cuda = dynamic_cast<cuda::CudaBackend*>(gpu_.get());
+  ASSERT_NE(cuda, nullptr);
+  // The mma path rounds q_lat and the probabilities to bf16 (one half-ulp each).
+  for (auto [path, tol] : {std::pair{cuda::MlaPath::kWarp, kBf16Tol}, std::pair{cuda::MlaPath::kMma, 2 * kBf16Tol}}) {
+    SCOPED_TRACE(cuda::mla_path_name(path));
+    cuda->force_mla_path(path);
+    gpu_->begin_step(b2);
+    Tensor out = poisoned(ref.shape);
+    gpu_->mla_attention({.q_nope = to_gpu(qn), .q_rope = to_gpu(qr), .latent_cache = cache_g, .kv_b = &wg,
+                         .out = out, .batch = &b2, .scale = scale});
+    expect_close(from_gpu(out), ref, tol, "mla");
+  }
+  cuda->force_mla_path(cuda::MlaPath::kAuto);
 }
 
 TEST_F(CudaOps, RopeMatchesCpuForEveryStyle) {
@@ -163,7 +175,13 @@ TEST_F(CudaOps, MoeMatchesCpuForEveryRouterAndLayout) {
       {ops::RouterKind::kSoftmaxTopK, 32, 8, 1, 1, 2048, 768, false, false, false, false, ops::GluKind::kSilu},
       // DeepSeek / Kimi / GLM: sigmoid grouped top-k with correction bias and scaling
       {ops::RouterKind::kSigmoidGroupedTopK, 64, 8, 8, 4, 1024, 512, false, false, false, false, ops::GluKind::kSilu},
+      // fused [gate; up] rows (concatenated, row-major), odd width: column tails in every tile
+      {ops::RouterKind::kSoftmaxTopK, 16, 2, 1, 1, 520, 200, true, false, false, false, ops::GluKind::kSilu},
+      // input-major fused but not interleaved: only the GEMV path takes it
+      {ops::RouterKind::kSoftmaxTopK, 8, 2, 1, 1, 256, 128, true, false, true, true, ops::GluKind::kSilu},
   };
+  auto* cuda = dynamic_cast<cuda::CudaBackend*>(gpu_.get());
+  ASSERT_NE(cuda, nullptr);
   for (const MoeCase& c : cases) {
     SCOPED_TRACE(::testing::Message() << "router " << int(c.kind) << " d " << c.d_model << " ff " << c.d_ff);
     ops::MoeExperts ec, eg;
@@ -196,20 +214,31 @@ TEST_F(CudaOps, MoeMatchesCpuForEveryRouterAndLayout) {
     Tensor corr = c.kind == ops::RouterKind::kSigmoidGroupedTopK ? random({c.n_experts}, 0.05f) : Tensor{};
     const ops::RouterParams rp{.kind = c.kind, .n_experts = c.n_experts, .top_k = c.top_k, .n_group = c.n_group,
                                .topk_group = c.topk_group, .norm_topk_prob = true, .routed_scaling_factor = 2.5f};
-    for (int tokens : {1, 3, 17, 200}) {
+    const cuda::MoeShape shape{.d_model = c.d_model, .d_ff = c.d_ff, .interleaved = c.interleaved,
+                               .transposed = c.transposed};
+    // 1-17 tokens: decode tiles (16 rows); 200 / 600: 64-row prefill tiles where
+    // there are at least 32 rows per expert; with 64 experts and 1-3 tokens most
+    // experts receive none.
+    for (int tokens : {1, 3, 17, 200, 600}) {
       SCOPED_TRACE(::testing::Message() << tokens << " tokens");
       Tensor x = random({tokens, c.d_model});
       Tensor ref = host_tensor(DType::kF32, {tokens, c.d_model});
       cpu_->moe({.x = x, .router = &rc, .correction_bias = corr, .experts = &ec, .routing = rp,
                  .glu = {.kind = c.glu}, .out = ref});
-      Tensor out = poisoned(ref.shape);
-      gpu_->moe({.x = to_gpu(x), .router = &rg, .correction_bias = corr.defined() ? gpu_->upload(corr) : Tensor{},
-                 .experts = &eg, .routing = rp, .glu = {.kind = c.glu}, .out = out});
-      // Routing compares bf16-rounded router logits computed in a different
-      // order; a near-tie can legitimately pick another expert. Inputs are
-      // random, so a mismatch beyond tolerance here would be a real bug unless
-      // a tie occurs; the check stays strict and reports the error.
-      expect_close(from_gpu(out), ref, 2 * kBf16Tol, "moe");
+      for (cuda::MoePath path : {cuda::MoePath::kGemv, cuda::MoePath::kGrouped}) {
+        if (path == cuda::MoePath::kGrouped && !cuda::moe_grouped_supported(shape, c.fused, c.n_experts)) continue;
+        SCOPED_TRACE(cuda::moe_path_name(path));
+        cuda->force_moe_path(path);
+        Tensor out = poisoned(ref.shape);
+        gpu_->moe({.x = to_gpu(x), .router = &rg, .correction_bias = corr.defined() ? gpu_->upload(corr) : Tensor{},
+                   .experts = &eg, .routing = rp, .glu = {.kind = c.glu}, .out = out});
+        // Routing compares bf16-rounded router logits computed in a different
+        // order; a near-tie can legitimately pick another expert. Inputs are
+        // random, so a mismatch beyond tolerance here would be a real bug unless
+        // a tie occurs; the check stays strict and reports the error.
+        expect_close(from_gpu(out), ref, 2 * kBf16Tol, "moe");
+      }
+      cuda->force_moe_path(cuda::MoePath::kAuto);
     }
   }
 }

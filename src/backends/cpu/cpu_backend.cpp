@@ -144,14 +144,12 @@ void CpuBackend::from_host_f32(const float* src, Tensor& t) {
 void CpuBackend::embedding(const ops::EmbeddingArgs& a) {
   KILN_CHECK_EQ(a.table.rank(), 2) << "embedding: table " << a.table.shape;
   check_float_dtype(a.table, "embedding table");
-  KILN_CHECK(a.ids.dtype == DType::kI32 && a.ids.device == Device::kHost)
-      << "embedding: ids must be host i32, got " << dtype_name(a.ids.dtype);
-  KILN_CHECK_EQ(a.ids.rank(), 1) << "embedding: ids " << a.ids.shape;
+  const std::span<const int32_t> id_span = ops::embedding_ids(a);
   check_activation(a.out, "embedding out", 2);
-  const int64_t n_tokens = a.ids.dim(0), vocab = a.table.dim(0), d_model = a.table.dim(1);
-  KILN_CHECK_EQ(a.out.dim(0), n_tokens) << "embedding: out.dim(0) vs ids.dim(0)";
+  const int64_t n_tokens = int64_t(id_span.size()), vocab = a.table.dim(0), d_model = a.table.dim(1);
+  KILN_CHECK_EQ(a.out.dim(0), n_tokens) << "embedding: out.dim(0) vs the number of ids";
   KILN_CHECK_EQ(a.out.dim(1), d_model) << "embedding: out.dim(1) vs table.dim(1)";
-  const int32_t* ids = a.ids.as<int32_t>();
+  const int32_t* ids = id_span.data();
   float* out = a.out.as<float>();
   for (int64_t t = 0; t < n_tokens; ++t) {
     KILN_CHECK(ids[t] >= 0 && ids[t] < vocab)

@@ -1,6 +1,6 @@
 // Private to the CPU backend (and its tests): the backend class, shared by
-// cpu_backend.cpp, cpu_attention.cpp and cpu_moe.cpp, and the helpers they use
-// to read weights in their stored dtype.
+// cpu_backend.cpp, cpu_attention.cpp, cpu_moe.cpp and cpu_sampling.cpp, and the
+// helpers they use to read weights in their stored dtype.
 #pragma once
 
 #include <cstdint>
@@ -84,6 +84,7 @@ class CpuBackend final : public ops::Backend {
   void add(const ops::AddArgs& a) override;
   void slice_columns(const ops::SliceColumnsArgs& a) override;
   void moe(const ops::MoeArgs& a) override;                   // cpu_moe.cpp
+  void sample(const ops::SampleArgs& a) override;             // cpu_sampling.cpp
 
  private:
   // In bf16-activation mode, rounds the values an op wrote to bf16 (CpuOptions).

@@ -197,6 +197,9 @@ void CpuBackend::moe(const ops::MoeArgs& a) {
           matvec(ex.up[e], x, up.data(), 0, d_ff);
         }
         for (int64_t i = 0; i < d_ff; ++i) act[i] = glu_one(gate[i], up[i], a.glu);
+        // A bf16 pipeline feeds the activation to the down projection as bf16.
+        if (bf16_activations_)
+          for (float& v : act) v = bf16_to_f32(f32_to_bf16(v));
         matvec(ex.down[e], act.data(), y.data(), 0, d_model);
         for (int64_t d = 0; d < d_model; ++d) acc[d] += weight * y[d];
       }

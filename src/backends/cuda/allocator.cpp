@@ -41,7 +41,10 @@ std::shared_ptr<void> CachingAllocator::allocate(size_t bytes) {
                                  << " (in use " << bytes_in_use() << " bytes)";
   }
   std::shared_ptr<CachingAllocator> self = shared_from_this();
-  return std::shared_ptr<void>(p, [self, cls](void* q) { self->give_back(q, cls); });
+  std::shared_ptr<void> block(p, [self, cls](void* q) { self->give_back(q, cls); });
+  std::lock_guard<std::mutex> lock(mu_);
+  if (record_ != nullptr) record_->push_back(block);
+  return block;
 }
 
 void CachingAllocator::give_back(void* p, size_t cls) {

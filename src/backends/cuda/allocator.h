@@ -27,6 +27,12 @@ class CachingAllocator : public std::enable_shared_from_this<CachingAllocator> {
   size_t bytes_cached() const;
   // Returns every cached (free) block to the driver.
   void release_cached();
+  // While set, every block handed out is also appended to *sink (a CUDA graph
+  // being recorded keeps the blocks its kernels use); nullptr stops recording.
+  void record_into(std::vector<std::shared_ptr<void>>* sink) {
+    std::lock_guard<std::mutex> lock(mu_);
+    record_ = sink;
+  }
 
  private:
   explicit CachingAllocator(int device) : device_(device) {}
@@ -37,6 +43,7 @@ class CachingAllocator : public std::enable_shared_from_this<CachingAllocator> {
   mutable std::mutex mu_;
   std::map<size_t, std::vector<void*>> free_;  // size class -> free blocks
   size_t in_use_ = 0, cached_ = 0;
+  std::vector<std::shared_ptr<void>>* record_ = nullptr;
 };
 
 }  // namespace kiln::cuda

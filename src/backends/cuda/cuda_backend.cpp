@@ -2,6 +2,7 @@
 // cuBLASLt GEMMs. The ops themselves are in cuda_ops.cpp.
 #include "backends/cuda/cuda_backend_impl.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -18,7 +19,9 @@ Result<std::unique_ptr<ops::Backend>> make_cuda_backend(const CudaOptions& optio
   }
   KILN_LOG(kInfo, "cuda: " << info.name << " (sm_" << info.cc() << ", " << info.sm_count << " SMs), smem cap " << cap
                            << " bytes per block");
-  auto backend = std::make_unique<CudaBackend>(info, cap);
+  bool graphs = options.graphs;
+  if (const char* g = std::getenv("KILN_CUDA_GRAPHS"); g && std::string(g) == "0") graphs = false;
+  auto backend = std::make_unique<CudaBackend>(info, cap, graphs);
   // Debugging knob: KILN_ATTENTION_PATH=warp|fa2|split_kv forces one attention path.
   if (const char* p = std::getenv("KILN_ATTENTION_PATH"); p && *p) {
     const std::string v = p;
@@ -31,9 +34,11 @@ Result<std::unique_ptr<ops::Backend>> make_cuda_backend(const CudaOptions& optio
   return std::unique_ptr<ops::Backend>(std::move(backend));
 }
 
-CudaBackend::CudaBackend(const DeviceInfo& info, int smem_cap) : info_(info), smem_cap_(smem_cap) {
+CudaBackend::CudaBackend(const DeviceInfo& info, int smem_cap, bool graphs)
+    : info_(info), smem_cap_(smem_cap), graphs_enabled_(graphs) {
   KILN_CUDA_CHECK(cudaSetDevice(info.index));
   KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  KILN_CUDA_CHECK(cudaEventCreateWithFlags(&batch_copied_, cudaEventDisableTiming));
   KILN_CUBLAS_CHECK(cublasLtCreate(&lt_));
   allocator_ = CachingAllocator::create(info.index);
   workspace_ = allocator_->allocate(workspace_bytes_);
@@ -41,8 +46,11 @@ CudaBackend::CudaBackend(const DeviceInfo& info, int smem_cap) : info_(info), sm
 
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
+  release_graphs();
   op_scratch_.clear();
   batch_buffer_.reset();
+  if (batch_staging_) cudaFreeHost(batch_staging_);
+  if (batch_copied_) cudaEventDestroy(batch_copied_);
   rope_tables_.clear();
   expert_tables_.clear();
   workspace_.reset();
@@ -111,24 +119,86 @@ void CudaBackend::from_host_f32(const float* src, Tensor& t) {
 
 void CudaBackend::begin_step(const ops::BatchMeta& b) {
   op_scratch_.clear();  // the previous step's scratch: reusable in stream order
-  std::vector<int32_t> seq_of(b.positions.size());
+  const size_t n = b.positions.size(), n_table = b.block_table.size(), n_rows = b.logit_rows.size();
+  KILN_CHECK(b.slot_mapping.size() == n && b.q_start.size() == b.context_len.size() + 1)
+      << "begin_step: inconsistent batch (" << n << " positions, " << b.slot_mapping.size() << " slots)";
+  KILN_CHECK(b.token_ids.empty() || b.token_ids.size() == n) << "begin_step: token_ids vs positions";
+  // One buffer: positions | slot_mapping | seq_of_token | token_ids | block_table | logit_rows.
+  const size_t total = 4 * n + n_table + n_rows;
+  KILN_CUDA_CHECK(cudaEventSynchronize(batch_copied_));  // the previous step's copy left the staging
+  if (total > batch_capacity_) {
+    release_graphs();  // they read the old buffer
+    synchronize();
+    if (batch_staging_) KILN_CUDA_CHECK(cudaFreeHost(batch_staging_));
+    batch_capacity_ = std::max<size_t>(total, 2 * batch_capacity_);
+    KILN_CUDA_CHECK(cudaMallocHost(&batch_staging_, batch_capacity_ * sizeof(int32_t)));
+    batch_buffer_ = allocator_->allocate(batch_capacity_ * sizeof(int32_t));
+  }
+  int32_t* h = batch_staging_;
+  std::copy(b.positions.begin(), b.positions.end(), h);
+  std::copy(b.slot_mapping.begin(), b.slot_mapping.end(), h + n);
   for (int32_t s = 0; s < b.n_seqs(); ++s)
-    for (int32_t t = b.q_start[size_t(s)]; t < b.q_start[size_t(s) + 1]; ++t) seq_of[size_t(t)] = s;
-  // One buffer: positions | slot_mapping | seq_of_token | block_table.
-  std::vector<int32_t> packed;
-  packed.insert(packed.end(), b.positions.begin(), b.positions.end());
-  packed.insert(packed.end(), b.slot_mapping.begin(), b.slot_mapping.end());
-  packed.insert(packed.end(), seq_of.begin(), seq_of.end());
-  packed.insert(packed.end(), b.block_table.begin(), b.block_table.end());
-  batch_buffer_ = allocator_->allocate(packed.size() * sizeof(int32_t));
+    for (int32_t t = b.q_start[size_t(s)]; t < b.q_start[size_t(s) + 1]; ++t) h[2 * n + size_t(t)] = s;
+  std::fill(h + 3 * n, h + 4 * n, 0);
+  std::copy(b.token_ids.begin(), b.token_ids.end(), h + 3 * n);
+  std::copy(b.block_table.begin(), b.block_table.end(), h + 4 * n);
+  std::copy(b.logit_rows.begin(), b.logit_rows.end(), h + 4 * n + n_table);
   auto* d = static_cast<int32_t*>(batch_buffer_.get());
-  KILN_CUDA_CHECK(cudaMemcpyAsync(d, packed.data(), packed.size() * 4, cudaMemcpyHostToDevice, stream_));
-  synchronize();  // `packed` is a host temporary
-  const size_t n = b.positions.size();
-  batch_ = {.positions = d, .slot_mapping = d + n, .seq_of_token = d + 2 * n, .block_table = d + 3 * n,
-            .n_tokens = b.n_tokens(), .n_seqs = b.n_seqs(), .max_blocks = b.max_blocks_per_seq,
-            .block_size = b.block_size};
+  KILN_CUDA_CHECK(cudaMemcpyAsync(d, h, total * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  KILN_CUDA_CHECK(cudaEventRecord(batch_copied_, stream_));
+  batch_ = {.positions = d, .slot_mapping = d + n, .seq_of_token = d + 2 * n, .block_table = d + 4 * n,
+            .token_ids = d + 3 * n, .logit_rows = d + 4 * n + n_table, .n_tokens = b.n_tokens(),
+            .n_seqs = b.n_seqs(), .max_blocks = b.max_blocks_per_seq, .block_size = b.block_size,
+            .n_logit_rows = int32_t(n_rows)};
   host_batch_ = &b;
+}
+
+void CudaBackend::release_graphs() {
+  for (auto& [key, g] : graphs_)
+    if (g.exec) cudaGraphExecDestroy(g.exec);
+  graphs_.clear();
+}
+
+// Decode-shaped steps (one new token per sequence, up to kMaxGraphTokens) are
+// recorded once per key and batch shape and replayed: the launches of a whole
+// forward pass become one cudaGraphLaunch. Everything a replay reads that changes
+// between steps lives in the batch buffer begin_step refills in place; every
+// block the recorded kernels touch is held by the graph, so no later allocation
+// can alias it.
+Tensor CudaBackend::run_step(const ops::BatchMeta& b, uint64_t key, const std::function<Tensor()>& ops) {
+  constexpr int32_t kMaxGraphTokens = 256;
+  begin_step(b);
+  if (!graphs_enabled_ || b.n_tokens() != b.n_seqs() || b.n_tokens() > kMaxGraphTokens) return ops();
+  StepGraph& g = graphs_[GraphKey{key, b.n_tokens(), b.n_seqs(), b.max_blocks_per_seq, b.block_size,
+                                  int32_t(b.logit_rows.size())}];
+  if (g.exec != nullptr) {
+    KILN_CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
+    ++graph_replays_;
+    return g.out;
+  }
+  if (g.failed || g.eager_runs++ == 0) return ops();
+  std::vector<std::shared_ptr<void>> keep;
+  allocator_->record_into(&keep);
+  KILN_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+  Tensor out = ops();
+  cudaGraph_t graph = nullptr;
+  const cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+  allocator_->record_into(nullptr);
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t ie = e == cudaSuccess ? cudaGraphInstantiate(&exec, graph, 0) : e;
+  if (graph) cudaGraphDestroy(graph);
+  if (ie != cudaSuccess) {  // some op is not capturable: run this shape eagerly from now on
+    cudaGetLastError();
+    g.failed = true;
+    KILN_LOG(kWarn, "cuda: recording a decode step failed (" << cudaGetErrorString(ie) << "); running it eagerly");
+    begin_step(b);
+    return ops();
+  }
+  g.exec = exec;
+  g.out = out;
+  g.keep = std::move(keep);
+  KILN_CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
+  return g.out;
 }
 
 const DeviceBatch& CudaBackend::batch_for(const ops::BatchMeta* b) const {

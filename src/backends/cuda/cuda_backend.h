@@ -16,6 +16,7 @@ namespace kiln::cuda {
 struct CudaOptions {
   int device = 0;
   int smem_cap = 0;  // bytes of shared memory per block every kernel must fit; 0: the device's opt-in limit
+  bool graphs = true;  // record decode steps as CUDA graphs and replay them (env KILN_CUDA_GRAPHS=0: off)
 };
 
 Result<std::unique_ptr<ops::Backend>> make_cuda_backend(const CudaOptions& options);

@@ -2,6 +2,7 @@
 // and cuda_ops.cpp).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <tuple>
 #include <utility>
@@ -17,7 +18,7 @@ namespace kiln::cuda {
 
 class CudaBackend final : public ops::Backend {
  public:
-  CudaBackend(const DeviceInfo& info, int smem_cap);
+  CudaBackend(const DeviceInfo& info, int smem_cap, bool graphs = true);
   ~CudaBackend() override;
 
   std::string name() const override { return "cuda"; }
@@ -28,6 +29,7 @@ class CudaBackend final : public ops::Backend {
   void from_host_f32(const float* src, Tensor& t) override;
   void synchronize() override { KILN_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
   void begin_step(const ops::BatchMeta& batch) override;
+  Tensor run_step(const ops::BatchMeta& batch, uint64_t key, const std::function<Tensor()>& ops) override;
   Status supports(const ops::Weight& w) const override;
 
   void embedding(const ops::EmbeddingArgs& a) override;
@@ -42,6 +44,7 @@ class CudaBackend final : public ops::Backend {
   void add(const ops::AddArgs& a) override;
   void slice_columns(const ops::SliceColumnsArgs& a) override;
   void moe(const ops::MoeArgs& a) override;
+  void sample(const ops::SampleArgs& a) override;  // cuda_sampling.cpp
 
   const DeviceInfo& info() const { return info_; }
   int smem_cap() const { return smem_cap_; }
@@ -50,6 +53,14 @@ class CudaBackend final : public ops::Backend {
   // failed its self-test out of the automatic choice (the warp kernel remains).
   void force_attention_path(AttentionPath p) { forced_attention_path_ = p; }
   void disable_attention_path(AttentionPath p) { disabled_attention_paths_.push_back(p); }
+  // MoE expert path control, likewise (the GEMV path remains).
+  void force_moe_path(MoePath p) { forced_moe_path_ = p; }
+  void disable_grouped_moe() { grouped_moe_disabled_ = true; }
+  // Decode steps replayed from a recorded CUDA graph so far (tests, doctor).
+  int64_t graph_replays() const { return graph_replays_; }
+  // MLA attend path control, likewise (the warp kernel remains).
+  void force_mla_path(MlaPath p) { forced_mla_path_ = p; }
+  void disable_mla_mma() { mla_mma_disabled_ = true; }
 
  private:
   // Device scratch of n elements of T, valid until the stream passes this op.
@@ -75,7 +86,26 @@ class CudaBackend final : public ops::Backend {
 
   const ops::BatchMeta* host_batch_ = nullptr;
   DeviceBatch batch_;
+  // The step's metadata: packed in pinned host memory, copied to one device
+  // buffer that moves only when it grows (recorded graphs read it in place).
   std::shared_ptr<void> batch_buffer_;
+  int32_t* batch_staging_ = nullptr;  // pinned, batch_capacity_ entries
+  size_t batch_capacity_ = 0;
+  cudaEvent_t batch_copied_ = nullptr;  // the staging may be rewritten once this passed
+
+  // CUDA graphs of decode-shaped steps (run_step), per key and batch shape.
+  struct StepGraph {
+    int eager_runs = 0;               // the first run is eager: it creates lazy tables and plans
+    bool failed = false;              // capture failed once: stay eager
+    cudaGraphExec_t exec = nullptr;
+    Tensor out;
+    std::vector<std::shared_ptr<void>> keep;  // every block the recorded kernels use
+  };
+  using GraphKey = std::tuple<uint64_t, int32_t, int32_t, int32_t, int32_t, int32_t>;
+  std::map<GraphKey, StepGraph> graphs_;
+  bool graphs_enabled_ = true;
+  int64_t graph_replays_ = 0;
+  void release_graphs();
   // Device copies of per-model constants, keyed by the host object and checked
   // against its content on every lookup (a freed object's address may be reused).
   std::map<const ops::RopeTable*, std::pair<std::vector<float>, std::shared_ptr<void>>> rope_tables_;
@@ -99,6 +129,10 @@ class CudaBackend final : public ops::Backend {
   void release_gemm_plans();
   AttentionPath forced_attention_path_ = AttentionPath::kAuto;
   std::vector<AttentionPath> disabled_attention_paths_;
+  MoePath forced_moe_path_ = MoePath::kAuto;
+  bool grouped_moe_disabled_ = false;
+  MlaPath forced_mla_path_ = MlaPath::kAuto;
+  bool mla_mma_disabled_ = false;
 };
 
 }  // namespace kiln::cuda

@@ -21,8 +21,19 @@ void CudaBackend::embedding(const ops::EmbeddingArgs& a) {
   check_act(a.table, "embedding table");
   check_act(a.out, "embedding out");
   KILN_CHECK_EQ(a.out.dim(1), a.table.dim(1)) << "embedding: out.dim(1) vs table.dim(1)";
-  const int32_t* ids = device_ids(a.ids, op_scratch_);
-  launch_embedding(a.table.as<bf16>(), ids, a.ids.numel(), a.table.dim(1), a.out.as<bf16>(), stream_);
+  const std::span<const int32_t> host = ops::embedding_ids(a);
+  KILN_CHECK_EQ(a.out.dim(0), int64_t(host.size())) << "embedding: out.dim(0) vs the number of ids";
+  for (size_t i = 0; i < host.size(); ++i)
+    KILN_CHECK(host[i] >= 0 && host[i] < a.table.dim(0))
+        << "embedding: id " << host[i] << " at row " << i << " outside [0, " << a.table.dim(0) << ")";
+  const int32_t* ids = nullptr;
+  if (a.from_batch == ops::BatchIds::kNone) {
+    ids = device_ids(a.ids, op_scratch_);
+  } else {
+    KILN_CHECK(a.batch == host_batch_) << "embedding: ids from a batch other than the step's";
+    ids = a.from_batch == ops::BatchIds::kTokens ? batch_.token_ids : batch_.logit_rows;
+  }
+  launch_embedding(a.table.as<bf16>(), ids, int64_t(host.size()), a.table.dim(1), a.out.as<bf16>(), stream_);
 }
 
 void CudaBackend::rms_norm(const ops::RmsNormArgs& a) {
@@ -99,9 +110,16 @@ void CudaBackend::mla_attention(const ops::MlaArgs& a) {
   const int n_heads = int(a.q_nope.dim(1)), d_nope = int(a.q_nope.dim(2)), d_rope = int(a.q_rope.dim(2));
   const int d_v = int(a.out.dim(2)), d_latent = int(a.latent_cache.dim(2)) - d_rope;
   KILN_CHECK(a.kv_b->data.dtype == DType::kBF16 && !a.kv_b->bias.defined()) << "mla: kv_b must be bf16 without bias";
-  float* scratch_f = scratch<float>(int64_t(b.n_tokens) * n_heads * d_latent * 2, op_scratch_);
+  MlaPath path = forced_mla_path_;
+  if (path == MlaPath::kAuto) {
+    const bool mma = mla_mma_supported(d_latent, d_rope) && mla_mma_smem_bytes() <= smem_cap_ && !mla_mma_disabled_;
+    path = mma ? MlaPath::kMma : MlaPath::kWarp;
+  }
+  const int64_t floats = int64_t(b.n_tokens) * n_heads * d_latent * 2 +
+                         (path == MlaPath::kMma ? int64_t(mla_mma_scratch_floats(b, n_heads)) : 0);
+  float* scratch_f = scratch<float>(floats, op_scratch_);
   launch_mla(a.q_nope.as<bf16>(), a.q_rope.as<bf16>(), a.latent_cache.as<bf16>(), a.kv_b->data.as<bf16>(),
-             a.out.as<bf16>(), scratch_f, b, n_heads, d_nope, d_rope, d_v, d_latent, a.scale, stream_);
+             a.out.as<bf16>(), scratch_f, b, n_heads, d_nope, d_rope, d_v, d_latent, a.scale, path, stream_);
 }
 
 void CudaBackend::glu(const ops::GluArgs& a) {
@@ -184,7 +202,6 @@ void CudaBackend::moe(const ops::MoeArgs& a) {
   float* logits = scratch<float>(n_tokens * n_experts, op_scratch_);
   int32_t* chosen = scratch<int32_t>(n_tokens * top_k, op_scratch_);
   float* weights = scratch<float>(n_tokens * top_k, op_scratch_);
-  float* y = scratch<float>(n_tokens * top_k * d_model, op_scratch_);
   launch_router_logits(a.x.as<bf16>(), a.router->data.as<bf16>(), vec_or_null(a.router->bias, "router bias"),
                        n_tokens, n_experts, d_model, logits, stream_);
   const MoeRouting r{.kind = int(a.routing.kind), .n_experts = n_experts, .top_k = top_k,
@@ -195,8 +212,24 @@ void CudaBackend::moe(const ops::MoeArgs& a) {
   const MoeShape s{.d_model = d_model, .d_ff = ex.d_ff, .interleaved = ex.gate_up_interleaved,
                    .transposed = transposed, .glu_kind = a.glu.kind == ops::GluKind::kSilu ? 0 : 1,
                    .alpha = a.glu.alpha, .limit = a.glu.limit};
-  launch_moe_experts(a.x.as<bf16>(), expert_table(ex), chosen, weights, s, n_tokens, top_k, y, a.out.as<bf16>(),
-                     smem_cap_, stream_);
+  const int64_t n_pairs = n_tokens * top_k;
+  float* y = scratch<float>(n_pairs * d_model, op_scratch_);
+  const bool grouped_ok = moe_grouped_supported(s, !ex.gate_up.empty(), n_experts) &&
+                          moe_grouped_smem_bytes() <= smem_cap_;
+  MoePath path = forced_moe_path_;
+  if (path == MoePath::kAuto) path = grouped_ok && !grouped_moe_disabled_ ? MoePath::kGrouped : MoePath::kGemv;
+  KILN_CHECK(path != MoePath::kGrouped || grouped_ok) << "moe: the grouped path does not take this layout";
+  if (path == MoePath::kGrouped) {
+    const int slots = moe_tile_slots(n_pairs, n_experts, moe_grouped_bm(n_pairs, n_experts));
+    MoeGroupedScratch sc{.perm = scratch<int32_t>(n_pairs, op_scratch_),
+                         .tiles = scratch<int4>(slots, op_scratch_),
+                         .act = scratch<bf16>(n_pairs * ex.d_ff, op_scratch_),
+                         .y = y};
+    launch_moe_grouped(a.x.as<bf16>(), expert_table(ex), chosen, s, n_pairs, n_experts, top_k, sc, stream_);
+  } else {
+    launch_moe_gemv(a.x.as<bf16>(), expert_table(ex), chosen, s, n_tokens, top_k, y, smem_cap_, stream_);
+  }
+  launch_moe_combine(y, chosen, weights, n_tokens, top_k, d_model, a.out.as<bf16>(), stream_);
 }
 
 }  // namespace kiln::cuda

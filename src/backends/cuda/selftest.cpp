@@ -1,5 +1,6 @@
 #include "backends/cuda/selftest.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -179,7 +180,7 @@ PathResult test_mla(Harness& h) {
   return h.compare("mla (absorbed, latent 512 + rope 64)", out, ref);
 }
 
-PathResult test_moe(Harness& h, ops::RouterKind kind) {
+PathResult test_moe(Harness& h, ops::RouterKind kind, int n_tokens) {
   const int n_experts = 8, top_k = 2, d = 128, d_ff = 64;
   const bool gpt_oss = kind == ops::RouterKind::kTopKSoftmax;
   ops::MoeExperts ec, eg;
@@ -208,15 +209,103 @@ PathResult test_moe(Harness& h, ops::RouterKind kind) {
   const ops::RouterParams rp{.kind = kind, .n_experts = n_experts, .top_k = top_k, .n_group = 4,
                              .topk_group = 2, .norm_topk_prob = true, .routed_scaling_factor = 2.0f};
   const ops::GluParams glu{.kind = gpt_oss ? ops::GluKind::kGptOssClamp : ops::GluKind::kSilu};
-  Tensor x = h.random({5, d});
-  Tensor ref = h.cpu_out({5, d}), out = h.poisoned({5, d});
+  Tensor x = h.random({n_tokens, d});
+  Tensor ref = h.cpu_out({n_tokens, d}), out = h.poisoned({n_tokens, d});
   h.cpu().moe({.x = x, .router = &rc, .correction_bias = corr, .experts = &ec, .routing = rp, .glu = glu, .out = ref});
   h.gpu_backend().moe({.x = h.gpu(x), .router = &rg,
                        .correction_bias = corr.defined() ? h.gpu_backend().upload(corr) : Tensor{}, .experts = &eg,
                        .routing = rp, .glu = glu, .out = out});
   static const char* names[] = {"moe (softmax top-k)", "moe (top-k softmax, gpt-oss experts)",
                                 "moe (sigmoid grouped top-k)"};
-  return h.compare(names[int(kind)], out, ref);
+  return h.compare(std::string(names[int(kind)]) + ", " + std::to_string(n_tokens) + " tokens", out, ref);
+}
+
+
+// Sampling against the CPU reference on the same bf16 logits (ties are common in bf16).
+// The kernel's masses are within kSampleTol relative of the reference's (each an fp32 exp,
+// 2 ulp, of an fp32 argument of magnitude <= 30, rounded to 2^-40 and summed exactly), so
+// its token may differ only where moving the draw and the filters by that much moves the
+// reference's. A token's position in the candidate order is monotone in the uniform and
+// top_p and antitone in min_p, so two reference calls at the extremes bound it.
+constexpr double kSampleTol = 0x1p-16;
+
+PathResult test_sampling(Harness& h) {
+  const int rows = 6, vocab = 4099, n_top = 5;  // odd vocab: rows are not 16-byte aligned
+  Tensor x = h.random({rows, vocab}, 6.0f);
+  const std::vector<ops::SamplingParams> params = {
+      {},
+      {.temperature = 0.7f, .top_k = 50},
+      {.temperature = 1.0f, .top_p = 0.9f},
+      {.temperature = 1.3f, .min_p = 0.05f},
+      {.temperature = 0.9f, .top_k = 40, .top_p = 0.8f, .min_p = 0.02f},
+      {.temperature = 1.0f}};
+  const std::vector<float> uniform = {0.5f, 0.25f, 0.9f, 0.1f, 0.7f, 0.999f};
+  struct Out {
+    std::vector<int32_t> tokens, top_ids;
+    std::vector<float> logprobs, top_logprobs;
+  };
+  auto run = [&](ops::Backend& be, const Tensor& logits, const std::vector<ops::SamplingParams>& p,
+                 const std::vector<float>& u) {
+    Out o{std::vector<int32_t>(rows), std::vector<int32_t>(rows * n_top), std::vector<float>(rows),
+          std::vector<float>(rows * n_top)};
+    be.sample({.logits = logits, .params = p, .uniform = u, .n_top = n_top, .tokens = o.tokens,
+               .logprobs = o.logprobs, .top_ids = o.top_ids, .top_logprobs = o.top_logprobs});
+    return o;
+  };
+  const Out got = run(h.gpu_backend(), h.gpu(x), params, uniform), ref = run(h.cpu(), x, params, uniform);
+  std::vector<ops::SamplingParams> p_lo = params, p_hi = params;
+  std::vector<float> u_lo = uniform, u_hi = uniform;
+  for (int r = 0; r < rows; ++r) {
+    const ops::SamplingParams& p = params[size_t(r)];
+    if (p.top_p < 1.0f) {
+      p_lo[size_t(r)].top_p = float(p.top_p * (1.0 - kSampleTol));
+      p_hi[size_t(r)].top_p = float(std::min(1.0, p.top_p * (1.0 + kSampleTol)));
+    }
+    if (p.min_p > 0.0f) {
+      p_lo[size_t(r)].min_p = float(std::min(1.0, p.min_p * (1.0 + kSampleTol)));
+      p_hi[size_t(r)].min_p = float(p.min_p * (1.0 - kSampleTol));
+    }
+    u_lo[size_t(r)] = float(std::max(0.0, uniform[size_t(r)] - kSampleTol));
+    u_hi[size_t(r)] = float(std::min(1.0 - 0x1p-24, uniform[size_t(r)] + kSampleTol));
+  }
+  const Out lo = run(h.cpu(), x, p_lo, u_lo), hi = run(h.cpu(), x, p_hi, u_hi);
+
+  PathResult res{.path = "sampling (radix select: greedy, top-k, top-p, min-p, logprobs)", .tolerance = kSampleTol};
+  for (int r = 0; r < rows; ++r) {
+    const float* row = x.as<float>() + int64_t(r) * vocab;
+    auto position = [&](int32_t id) {  // in the candidate order: logit descending, ids ascending
+      int n = 0;
+      for (int j = 0; j < vocab; ++j) n += row[j] > row[id] || (row[j] == row[id] && j < id);
+      return n;
+    };
+    const std::string at = "row " + std::to_string(r) + ": ";
+    const size_t ru = size_t(r);
+    const int g = position(got.tokens[ru]), a = position(lo.tokens[ru]), b = position(hi.tokens[ru]);
+    if (g < a || g > b) {
+      res.detail = at + "token " + std::to_string(got.tokens[size_t(r)]) + " at position " + std::to_string(g) +
+                   ", the reference's is in [" + std::to_string(a) + ", " + std::to_string(b) + "]";
+      return res;
+    }
+    auto check_logprob = [&](float gv, float rv, const std::string& what) {
+      const double err = std::abs(double(gv) - double(rv));
+      res.rel_err = std::max(res.rel_err, err);
+      if (!(err <= kSampleTol + std::abs(rv) * 0x1p-23))
+        res.detail = at + what + " logprob " + std::to_string(gv) + " vs " + std::to_string(rv);
+    };
+    if (got.tokens[size_t(r)] == ref.tokens[size_t(r)])
+      check_logprob(got.logprobs[size_t(r)], ref.logprobs[size_t(r)], "token");
+    for (int j = 0; j < n_top; ++j) {
+      const size_t i = size_t(r * n_top + j);
+      if (got.top_ids[i] != ref.top_ids[i]) {
+        res.detail = at + "top " + std::to_string(j) + " is " + std::to_string(got.top_ids[i]) + ", expected " +
+                     std::to_string(ref.top_ids[i]);
+      }
+      check_logprob(got.top_logprobs[i], ref.top_logprobs[i], "top " + std::to_string(j));
+    }
+    if (!res.detail.empty()) return res;
+  }
+  res.passed = true;
+  return res;
 }
 
 }  // namespace
@@ -247,10 +336,39 @@ std::vector<PathResult> run_self_test(ops::Backend& gpu) {
     }
     if (cuda) cuda->force_attention_path(AttentionPath::kAuto);
   }
-  r.push_back(test_mla(h));
-  r.push_back(test_moe(h, ops::RouterKind::kSoftmaxTopK));
-  r.push_back(test_moe(h, ops::RouterKind::kTopKSoftmax));
-  r.push_back(test_moe(h, ops::RouterKind::kSigmoidGroupedTopK));
+  for (MlaPath path : {MlaPath::kWarp, MlaPath::kMma}) {
+    if (cuda) cuda->force_mla_path(path);
+    PathResult t = test_mla(h);
+    t.path = std::string(mla_path_name(path)) + " " + t.path;
+    t.required = path == MlaPath::kWarp;
+    if (!t.passed && !t.required && cuda) {
+      cuda->disable_mla_mma();
+      KILN_LOG(kWarn, "CUDA self-test: disabling the mma.sync MLA path: " << t.detail);
+    }
+    r.push_back(t);
+    if (cuda) cuda->force_mla_path(MlaPath::kAuto);
+  }
+  // MoE experts: the GEMV path (required), then the grouped GEMMs in their decode
+  // (5 tokens) and prefill (160 tokens: 40 rows per expert) tile shapes.
+  for (MoePath path : {MoePath::kGemv, MoePath::kGrouped}) {
+    if (cuda) cuda->force_moe_path(path);
+    for (ops::RouterKind kind :
+         {ops::RouterKind::kSoftmaxTopK, ops::RouterKind::kTopKSoftmax, ops::RouterKind::kSigmoidGroupedTopK}) {
+      for (int n_tokens : {5, 160}) {
+        if (path == MoePath::kGemv && n_tokens > 5) continue;
+        PathResult t = test_moe(h, kind, n_tokens);
+        t.path = std::string(moe_path_name(path)) + " " + t.path;
+        t.required = path == MoePath::kGemv;
+        if (!t.passed && !t.required && cuda) {
+          cuda->disable_grouped_moe();
+          KILN_LOG(kWarn, "CUDA self-test: disabling the grouped MoE path: " << t.path << ": " << t.detail);
+        }
+        r.push_back(t);
+      }
+    }
+    if (cuda) cuda->force_moe_path(MoePath::kAuto);
+  }
+  r.push_back(test_sampling(h));
   gpu.synchronize();
   return r;
 }

@@ -242,9 +242,18 @@ void launch_attention(const bf16* q, const bf16* k_cache, const bf16* v_cache, b
   if (bytes > 0) KILN_CUDA_CHECK(cudaFreeAsync(scratch, stream));
 }
 
+const char* mla_path_name(MlaPath path) {
+  switch (path) {
+    case MlaPath::kAuto: return "auto";
+    case MlaPath::kWarp: return "warp";
+    case MlaPath::kMma: return "mma.sync";
+  }
+  return "?";
+}
+
 void launch_mla(const bf16* q_nope, const bf16* q_rope, const bf16* latent_cache, const bf16* kv_b, bf16* out,
                 float* scratch, const DeviceBatch& b, int n_heads, int d_nope, int d_rope, int d_v, int d_latent,
-                float scale, cudaStream_t stream) {
+                float scale, MlaPath path, cudaStream_t stream) {
   if (b.n_tokens == 0) return;
   KILN_CHECK(d_latent <= 512 && d_rope <= 64) << "mla: d_latent " << d_latent << ", d_rope " << d_rope
                                               << " (supported up to 512 and 64)";
@@ -253,9 +262,15 @@ void launch_mla(const bf16* q_nope, const bf16* q_rope, const bf16* latent_cache
   float* o_lat = scratch + int64_t(rows) * d_latent;
   mla_absorb_q_kernel<<<rows, 256, 0, stream>>>(q_nope, kv_b, q_lat, n_heads, d_nope, d_v, d_latent);
   KILN_CUDA_LAUNCH_CHECK();
-  mla_attend_kernel<16, 2><<<ceil_div(rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream>>>(
-      q_lat, q_rope, latent_cache, o_lat, b, n_heads, d_latent, d_rope, scale);
-  KILN_CUDA_LAUNCH_CHECK();
+  if (path == MlaPath::kMma) {
+    KILN_CHECK(mla_mma_supported(d_latent, d_rope)) << "mla: no mma.sync kernel for latent " << d_latent;
+    launch_mla_attend_mma(q_lat, q_rope, latent_cache, o_lat, o_lat + int64_t(rows) * d_latent, b, n_heads, scale,
+                          stream);
+  } else {
+    mla_attend_kernel<16, 2><<<ceil_div(rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream>>>(
+        q_lat, q_rope, latent_cache, o_lat, b, n_heads, d_latent, d_rope, scale);
+    KILN_CUDA_LAUNCH_CHECK();
+  }
   mla_up_v_kernel<<<ceil_div(int64_t(rows) * d_v, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream>>>(
       o_lat, kv_b, out, rows, n_heads, d_nope, d_v, d_latent);
   KILN_CUDA_LAUNCH_CHECK();

@@ -19,6 +19,15 @@ __device__ __forceinline__ float warp_max(float v) {
 
 __device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
 
+// The gated activations (ops::GluKind): kind 0 silu(g) * u; kind 1 the gpt-oss
+// clamped form (g clamped above, u both sides, (u + 1) * g * sigmoid(alpha g)).
+__device__ __forceinline__ float glu_value(float g, float u, int kind, float alpha, float limit) {
+  if (kind == 0) return g / (1.0f + __expf(-g)) * u;
+  g = fminf(g, limit);
+  u = fminf(fmaxf(u, -limit), limit);
+  return (u + 1.0f) * (g / (1.0f + __expf(-alpha * g)));
+}
+
 inline int ceil_div(int64_t a, int64_t b) { return int((a + b - 1) / b); }
 
 }  // namespace kiln::cuda

@@ -38,15 +38,7 @@ __global__ void glu_kernel(const bf16* gate, const bf16* up, bf16* out, int64_t 
                            float limit) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  float g = to_f(gate[i]), u = to_f(up[i]), r;
-  if (kind == 0) {
-    r = g / (1.0f + __expf(-g)) * u;
-  } else {
-    g = fminf(g, limit);
-    u = fminf(fmaxf(u, -limit), limit);
-    r = (u + 1.0f) * (g / (1.0f + __expf(-alpha * g)));
-  }
-  out[i] = __float2bfloat16(r);
+  out[i] = __float2bfloat16(glu_value(to_f(gate[i]), to_f(up[i]), kind, alpha, limit));
 }
 
 __global__ void bf16_to_f32_kernel(const bf16* in, float* out, int64_t n) {

@@ -21,7 +21,9 @@ struct DeviceBatch {
   const int32_t* slot_mapping = nullptr;  // [n_tokens]
   const int32_t* seq_of_token = nullptr;  // [n_tokens]
   const int32_t* block_table = nullptr;   // [n_seqs, max_blocks]
-  int32_t n_tokens = 0, n_seqs = 0, max_blocks = 0, block_size = 0;
+  const int32_t* token_ids = nullptr;     // [n_tokens]
+  const int32_t* logit_rows = nullptr;    // [n_logit_rows]
+  int32_t n_tokens = 0, n_seqs = 0, max_blocks = 0, block_size = 0, n_logit_rows = 0;
 };
 
 // ---- elementwise.cu
@@ -103,10 +105,23 @@ void launch_attention_decode(const bf16* q, const bf16* k_cache, const bf16* v_c
                              const float* sinks, const DeviceBatch& b, int n_heads, int n_kv_heads, int d_head,
                              float scale, int sliding_window, int n_splits, void* scratch, cudaStream_t stream);
 // MLA, absorbed (ops::MlaArgs): q_lat = W_uk^T q_nope; attend over the latent cache; out = W_uv o_lat.
-// kv_b: [n_heads * (d_nope + d_v), d_latent] bf16. scratch: n_tokens * n_heads * d_latent * 2 floats.
+// kv_b: [n_heads * (d_nope + d_v), d_latent] bf16. The attend step has two paths:
+//   kWarp: one warp per (token, head), fp32 (attention.cu): the reference path;
+//   kMma:  16 heads per CTA on mma.sync, split-KV (attention_mla.cu), for
+//          d_latent 512 + d_rope 64 (DeepSeek-V3, Kimi K2).
+enum class MlaPath { kAuto, kWarp, kMma };
+const char* mla_path_name(MlaPath path);
+bool mla_mma_supported(int d_latent, int d_rope);
+int mla_mma_smem_bytes();
+// Scratch of the kMma path's split partials (0 when it does not split).
+size_t mla_mma_scratch_floats(const DeviceBatch& b, int n_heads);
+// scratch: n_tokens * n_heads * d_latent * 2 floats, then (kMma) mla_mma_scratch_floats.
 void launch_mla(const bf16* q_nope, const bf16* q_rope, const bf16* latent_cache, const bf16* kv_b, bf16* out,
                 float* scratch, const DeviceBatch& b, int n_heads, int d_nope, int d_rope, int d_v, int d_latent,
-                float scale, cudaStream_t stream);
+                float scale, MlaPath path, cudaStream_t stream);
+// The kMma attend step: o_lat [n_tokens, n_heads, 512] fp32 from q_lat (fp32) and q_rope.
+void launch_mla_attend_mma(const float* q_lat, const bf16* q_rope, const bf16* latent_cache, float* o_lat,
+                           float* partials, const DeviceBatch& b, int n_heads, float scale, cudaStream_t stream);
 
 // ---- moe.cu
 struct MoeRouting {
@@ -138,11 +153,54 @@ struct MoeShape {
   int glu_kind = 0;
   float alpha = 1.702f, limit = 7.0f;
 };
-// y[t, :] = sum over the top_k chosen experts (ascending expert id) of
-// w * down_e(glu(gate_e x, up_e x)). expert_table: device array [n_experts].
-// scratch: n_tokens * top_k * d_model floats.
-void launch_moe_experts(const bf16* x, const ExpertWeights* expert_table, const int32_t* experts,
-                        const float* weights, const MoeShape& s, int64_t n_tokens, int top_k, float* scratch,
-                        bf16* out, int smem_cap, cudaStream_t stream);
+// Two ways to compute the experts (see moe_gemm.cu for the grouped GEMMs):
+//   kGemv:    one block per (token, chosen expert), matrix-vector products: the
+//             reference path, every layout, needs (d_model + d_ff) * 4 bytes of smem;
+//   kGrouped: pairs sorted by expert, tiled mma.sync GEMMs with the GLU fused.
+enum class MoePath { kAuto, kGemv, kGrouped };
+const char* moe_path_name(MoePath path);
+// Whether the grouped GEMMs take this layout (dims multiples of 8; input-major
+// weights only as interleaved fused gate_up) and expert count.
+bool moe_grouped_supported(const MoeShape& s, bool fused_gate_up, int n_experts);
+int moe_grouped_smem_bytes();
+int moe_gemv_smem_bytes(const MoeShape& s);
+// The grouped path's tile rows for a batch of n_pairs = n_tokens * top_k pairs,
+// and the tile-table entries (the GEMM grids' x) it needs.
+int moe_grouped_bm(int64_t n_pairs, int n_experts);
+int moe_tile_slots(int64_t n_pairs, int n_experts, int bm);
+struct MoeGroupedScratch {
+  int32_t* perm = nullptr;  // [n_pairs]
+  int4* tiles = nullptr;    // [moe_tile_slots(n_pairs, n_experts, moe_grouped_bm(...))]
+  bf16* act = nullptr;      // [n_pairs, d_ff]
+  float* y = nullptr;       // [n_pairs, d_model]
+};
+// y[pair] = down_e(glu(gate_e x, up_e x)) (+ biases) for every (token, slot)
+// pair, unweighted: what launch_moe_combine sums.
+void launch_moe_grouped(const bf16* x, const ExpertWeights* expert_table, const int32_t* experts,
+                        const MoeShape& s, int64_t n_pairs, int n_experts, int top_k, MoeGroupedScratch& scratch,
+                        cudaStream_t stream);
+// The GEMV path's y[pair] (scratch: n_tokens * top_k * d_model floats).
+void launch_moe_gemv(const bf16* x, const ExpertWeights* expert_table, const int32_t* experts, const MoeShape& s,
+                     int64_t n_tokens, int top_k, float* y, int smem_cap, cudaStream_t stream);
+// out[t] = sum over t's pairs in ascending expert id of weight * y[pair].
+void launch_moe_combine(const float* y, const int32_t* experts, const float* weights, int64_t n_tokens, int top_k,
+                        int64_t d_model, bf16* out, cudaStream_t stream);
+
+// ---- sampling.cu
+constexpr int kSampleMaxTop = 20;  // ops::kMaxTopLogprobs
+// One row's ops::SamplingParams and its draw.
+struct SampleRow {
+  float temperature = 0.0f;  // <= 0: greedy
+  int32_t top_k = 0;         // 0: off
+  float top_p = 1.0f;        // 1: off
+  float min_p = 0.0f;        // 0: off
+  float uniform = 0.0f;      // in [0, 1)
+};
+// ops::SampleArgs on logits [n_rows, vocab] bf16, one block per row, no sort (a radix
+// select over the logit's 16-bit key; static shared memory only, about 26 KB).
+// rows: [n_rows]; outputs tokens [n_rows], logprobs [n_rows] or nullptr, top_ids /
+// top_logprobs [n_rows, n_top]: all device memory. vocab <= 2^24, n_top <= kSampleMaxTop.
+void launch_sample(const bf16* logits, int64_t n_rows, int64_t vocab, const SampleRow* rows, int n_top,
+                   int32_t* tokens, float* logprobs, int32_t* top_ids, float* top_logprobs, cudaStream_t stream);
 
 }  // namespace kiln::cuda

@@ -1,8 +1,8 @@
 // MoE: router logits, the three routing rules (mirroring the CPU reference
-// exactly, ties to the lower expert id), and the expert computation. This first
-// version gives each (token, chosen expert) one block that computes the whole
-// SwiGLU MLP as matrix-vector products; it is the correctness baseline for the
-// grouped mma.sync GEMMs (token alignment per expert) that replace it for prefill.
+// exactly, ties to the lower expert id), the GEMV expert path (one block per
+// (token, chosen expert) computes the whole gated MLP as matrix-vector products:
+// the reference path, for every layout) and the weighted combine. The fast path,
+// grouped mma.sync GEMMs over expert-sorted tokens, is moe_gemm.cu.
 #include <cfloat>
 
 #include "backends/cuda/cuda_check.h"
@@ -151,15 +151,8 @@ __global__ void expert_mlp_kernel(const bf16* x, const ExpertWeights* table, con
       u = row_dot(ew.up, s.transposed, s.d_ff, s.d_model, r, xs);
     }
     if (ew.gate_up_bias) g += ew.gate_up_bias[gr], u += ew.gate_up_bias[ur];
-    if (lane == 0) {
-      if (s.glu_kind == 0) {
-        act[r] = g / (1.0f + __expf(-g)) * u;
-      } else {
-        g = fminf(g, s.limit);
-        u = fminf(fmaxf(u, -s.limit), s.limit);
-        act[r] = (u + 1.0f) * (g / (1.0f + __expf(-s.alpha * g)));
-      }
-    }
+    // act goes to the down projection as bf16, like the grouped path's.
+    if (lane == 0) act[r] = to_f(__float2bfloat16(glu_value(g, u, s.glu_kind, s.alpha, s.limit)));
   }
   __syncthreads();
   for (int64_t o = warp; o < s.d_model; o += n_warps) {
@@ -209,20 +202,35 @@ void launch_route(const float* logits, const float* correction_bias, const MoeRo
   KILN_CUDA_LAUNCH_CHECK();
 }
 
-void launch_moe_experts(const bf16* x, const ExpertWeights* expert_table, const int32_t* experts,
-                        const float* weights, const MoeShape& s, int64_t n_tokens, int top_k, float* scratch,
-                        bf16* out, int smem_cap, cudaStream_t stream) {
+const char* moe_path_name(MoePath path) {
+  switch (path) {
+    case MoePath::kAuto: return "auto";
+    case MoePath::kGemv: return "gemv";
+    case MoePath::kGrouped: return "grouped mma.sync";
+  }
+  return "?";
+}
+
+int moe_gemv_smem_bytes(const MoeShape& s) { return int(size_t(s.d_model + s.d_ff) * sizeof(float)); }
+
+void launch_moe_gemv(const bf16* x, const ExpertWeights* expert_table, const int32_t* experts, const MoeShape& s,
+                     int64_t n_tokens, int top_k, float* y, int smem_cap, cudaStream_t stream) {
   if (n_tokens == 0) return;
-  const size_t smem = size_t(s.d_model + s.d_ff) * sizeof(float);
-  KILN_CHECK(smem <= size_t(smem_cap)) << "moe: d_model " << s.d_model << " + d_ff " << s.d_ff << " floats need "
-                                       << smem << " bytes of shared memory, cap " << smem_cap;
+  const int smem = moe_gemv_smem_bytes(s);
+  KILN_CHECK(smem <= smem_cap) << "moe gemv: d_model " << s.d_model << " + d_ff " << s.d_ff << " floats need "
+                               << smem << " bytes of shared memory, cap " << smem_cap;
   if (smem > 48 * 1024) {
-    KILN_CUDA_CHECK(cudaFuncSetAttribute(expert_mlp_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    KILN_CUDA_CHECK(cudaFuncSetAttribute(expert_mlp_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   }
   expert_mlp_kernel<<<unsigned(n_tokens * top_k), kExpertThreads, smem, stream>>>(x, expert_table, experts, s, top_k,
-                                                                                  scratch);
+                                                                                  y);
   KILN_CUDA_LAUNCH_CHECK();
-  combine_kernel<<<unsigned(n_tokens), 256, 0, stream>>>(scratch, experts, weights, top_k, s.d_model, out);
+}
+
+void launch_moe_combine(const float* y, const int32_t* experts, const float* weights, int64_t n_tokens, int top_k,
+                        int64_t d_model, bf16* out, cudaStream_t stream) {
+  if (n_tokens == 0) return;
+  combine_kernel<<<unsigned(n_tokens), 256, 0, stream>>>(y, experts, weights, top_k, d_model, out);
   KILN_CUDA_LAUNCH_CHECK();
 }
 

@@ -1,0 +1,50 @@
+// CudaBackend::sample: the rows' parameters go up, sampling.cu runs one block per row on
+// the device logits, and only the tokens (+ logprobs) come back.
+#include <cstring>
+
+#include "backends/cuda/cuda_backend_impl.h"
+
+namespace kiln::cuda {
+
+static_assert(kSampleMaxTop == ops::kMaxTopLogprobs);
+
+void CudaBackend::sample(const ops::SampleArgs& a) {
+  ops::check_sample_args(a);
+  KILN_CHECK(a.logits.device == Device::kCuda && a.logits.dtype == DType::kBF16)
+      << "cuda: sample logits must be a bf16 device tensor (dtype " << dtype_name(a.logits.dtype) << ")";
+  const int64_t n_rows = a.logits.dim(0), vocab = a.logits.dim(1);
+  if (n_rows == 0) return;
+  const int n_top = a.n_top;
+  std::vector<SampleRow> rows(static_cast<size_t>(n_rows));
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const ops::SamplingParams& p = a.params[r];
+    rows[r] = {.temperature = p.temperature, .top_k = p.top_k, .top_p = p.top_p, .min_p = p.min_p,
+               .uniform = a.uniform[r]};
+  }
+  // One device buffer in, one out: tokens | logprobs | top_ids | top_logprobs (4-byte words).
+  const bool want_logprobs = !a.logprobs.empty();
+  const size_t n_out = size_t(n_rows) * (2 + 2 * size_t(n_top));
+  std::vector<std::shared_ptr<void>> keep;  // released after the synchronisation below
+  auto* rows_d = scratch<SampleRow>(n_rows, keep);
+  auto* out_d = scratch<int32_t>(int64_t(n_out), keep);
+  int32_t* tokens_d = out_d;
+  float* logprobs_d = reinterpret_cast<float*>(out_d + n_rows);
+  int32_t* top_ids_d = out_d + 2 * n_rows;
+  float* top_logprobs_d = reinterpret_cast<float*>(out_d + 2 * n_rows + n_rows * n_top);
+  KILN_CUDA_CHECK(cudaMemcpyAsync(rows_d, rows.data(), rows.size() * sizeof(SampleRow), cudaMemcpyHostToDevice,
+                                  stream_));
+  launch_sample(a.logits.as<bf16>(), n_rows, vocab, rows_d, n_top, tokens_d, want_logprobs ? logprobs_d : nullptr,
+                top_ids_d, top_logprobs_d, stream_);
+  std::vector<int32_t> out(n_out);
+  KILN_CUDA_CHECK(cudaMemcpyAsync(out.data(), out_d, n_out * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+  synchronize();  // also the end of `rows` and of the scratch
+  const size_t nr = size_t(n_rows), nt = size_t(n_top);
+  std::memcpy(a.tokens.data(), out.data(), nr * sizeof(int32_t));
+  if (want_logprobs) std::memcpy(a.logprobs.data(), out.data() + nr, nr * sizeof(float));
+  if (nt > 0) {
+    std::memcpy(a.top_ids.data(), out.data() + 2 * nr, nr * nt * sizeof(int32_t));
+    std::memcpy(a.top_logprobs.data(), out.data() + 2 * nr + nr * nt, nr * nt * sizeof(float));
+  }
+}
+
+}  // namespace kiln::cuda
