@@ -64,7 +64,8 @@ void expect_divergence_explained(runtime::Engine& ref, const std::vector<int32_t
 
 class CudaFamily : public ::testing::TestWithParam<std::string> {};
 
-// A CUDA backend with the attention path forced ("warp") or chosen ("" = auto).
+// A CUDA backend with the attention path forced ("warp": the fp32 warp kernels for
+// attention and MLA) or chosen ("" = auto).
 Result<std::unique_ptr<ops::Backend>> cuda_backend(const char* attention_path) {
   if (*attention_path) ::setenv("KILN_ATTENTION_PATH", attention_path, 1);
   else ::unsetenv("KILN_ATTENTION_PATH");

@@ -186,10 +186,11 @@ TEST_F(CudaSampling, ManyExactTiesResolveByAscendingId) {
   }
 }
 
-TEST_F(CudaSampling, UnalignedRowsAndSmallVocabularies) {
-  // Odd vocabularies: row starts are not 16-byte aligned (the scalar load path), and a
-  // vocabulary smaller than one thread's share.
-  for (int64_t vocab : {21, 999, 4097, 100003}) {
+TEST_F(CudaSampling, OddSmallAndLargeVocabularies) {
+  // Odd vocabularies: row starts are not 16-byte aligned (the scalar load path); a
+  // vocabulary smaller than one thread's share; and one past 16 tiles of 16384, where the
+  // kernel's segments span two tiles.
+  for (int64_t vocab : {21, 999, 4097, 100003, 300007}) {
     const int64_t rows = 3;
     Tensor logits = random({rows, vocab}, 6.0f);
     for (const Mix& m : kMixes) {

@@ -22,10 +22,11 @@ Result<std::unique_ptr<ops::Backend>> make_cuda_backend(const CudaOptions& optio
   bool graphs = options.graphs;
   if (const char* g = std::getenv("KILN_CUDA_GRAPHS"); g && std::string(g) == "0") graphs = false;
   auto backend = std::make_unique<CudaBackend>(info, cap, graphs);
-  // Debugging knob: KILN_ATTENTION_PATH=warp|fa2|split_kv forces one attention path.
+  // Debugging knob: KILN_ATTENTION_PATH=warp|fa2|split_kv forces one attention path
+  // (warp: the fp32 reference kernels, for MLA too).
   if (const char* p = std::getenv("KILN_ATTENTION_PATH"); p && *p) {
     const std::string v = p;
-    if (v == "warp") backend->force_attention_path(AttentionPath::kWarp);
+    if (v == "warp") backend->force_attention_path(AttentionPath::kWarp), backend->force_mla_path(MlaPath::kWarp);
     else if (v == "fa2") backend->force_attention_path(AttentionPath::kFa2);
     else if (v == "split_kv") backend->force_attention_path(AttentionPath::kSplitKv);
     else return invalid_argument("KILN_ATTENTION_PATH=" + v + " (expected warp, fa2 or split_kv)");

@@ -197,7 +197,7 @@ struct SampleRow {
   float uniform = 0.0f;      // in [0, 1)
 };
 // ops::SampleArgs on logits [n_rows, vocab] bf16, one block per row, no sort (a radix
-// select over the logit's 16-bit key; static shared memory only, about 26 KB).
+// select over the logit's 16-bit key; 29,704 bytes of static shared memory, no dynamic).
 // rows: [n_rows]; outputs tokens [n_rows], logprobs [n_rows] or nullptr, top_ids /
 // top_logprobs [n_rows, n_top]: all device memory. vocab <= 2^24, n_top <= kSampleMaxTop.
 void launch_sample(const bf16* logits, int64_t n_rows, int64_t vocab, const SampleRow* rows, int n_top,

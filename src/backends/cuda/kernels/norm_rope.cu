@@ -10,37 +10,58 @@ namespace kiln::cuda {
 namespace {
 
 constexpr int kNormThreads = 256;
+constexpr int kNormPer = 32;  // elements per thread held in registers: rows up to 8192
 
-// One block per row. The residual sum is rounded to bf16 before normalising, as
-// the model's bf16 residual stream is stored.
-__global__ void rms_norm_kernel(const bf16* x, bf16* residual, const float* weight, bf16* out, int64_t dim,
-                                float eps) {
+// One block per row. Each thread loads all its elements (and residuals) first, so
+// the row's DRAM reads are in flight together rather than one dependent load per
+// loop trip (a decode step's norms are latency-bound). The residual sum is
+// rounded to bf16 before normalising, as the model's bf16 residual stream is
+// stored. out may alias x: every element is read and written by one thread.
+__global__ void __launch_bounds__(kNormThreads)
+    rms_norm_kernel(const bf16* x, bf16* residual, const float* weight, bf16* out, int64_t dim, float eps) {
   const int64_t row = blockIdx.x;
   const bf16* xr = x + row * dim;
   bf16* rr = residual ? residual + row * dim : nullptr;
-  float ss = 0.0f;
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
-    float v = to_f(xr[i]);
-    if (rr) {
-      const bf16 sum = __float2bfloat16(to_f(rr[i]) + v);
-      rr[i] = sum;
-      v = to_f(sum);
-    }
-    ss += v * v;
+  float v[kNormPer];
+#pragma unroll
+  for (int k = 0; k < kNormPer; ++k) {
+    const int64_t i = threadIdx.x + int64_t(k) * kNormThreads;
+    v[k] = i < dim ? to_f(xr[i]) : 0.0f;
   }
+  if (rr) {
+    float r[kNormPer];
+#pragma unroll
+    for (int k = 0; k < kNormPer; ++k) {
+      const int64_t i = threadIdx.x + int64_t(k) * kNormThreads;
+      r[k] = i < dim ? to_f(rr[i]) : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kNormPer; ++k) {
+      const int64_t i = threadIdx.x + int64_t(k) * kNormThreads;
+      const bf16 sum = __float2bfloat16(r[k] + v[k]);
+      v[k] = to_f(sum);
+      if (i < dim) rr[i] = sum;
+    }
+  }
+  float ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kNormPer; ++k) ss += v[k] * v[k];
   __shared__ float partial[kNormThreads / 32];
   ss = warp_sum(ss);
   if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = ss;
   __syncthreads();
   if (threadIdx.x < 32) {
-    float v = threadIdx.x < kNormThreads / 32 ? partial[threadIdx.x] : 0.0f;
-    v = warp_sum(v);
-    if (threadIdx.x == 0) partial[0] = v;
+    float p = threadIdx.x < kNormThreads / 32 ? partial[threadIdx.x] : 0.0f;
+    p = warp_sum(p);
+    if (threadIdx.x == 0) partial[0] = p;
   }
   __syncthreads();
   const float inv = rsqrtf(partial[0] / float(dim) + eps);
-  const bf16* src = rr ? rr : xr;
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) out[row * dim + i] = __float2bfloat16(to_f(src[i]) * inv * weight[i]);
+#pragma unroll
+  for (int k = 0; k < kNormPer; ++k) {
+    const int64_t i = threadIdx.x + int64_t(k) * kNormThreads;
+    if (i < dim) out[row * dim + i] = __float2bfloat16(v[k] * inv * weight[i]);
+  }
 }
 
 // One thread per (token, head, pair). The angle is computed in fp32 as
@@ -76,6 +97,8 @@ __global__ void store_rows_kernel(const bf16* x, bf16* cache, const int32_t* slo
 void launch_rms_norm(const bf16* x, bf16* residual, const float* weight, bf16* out, int64_t rows, int64_t dim,
                      float eps, cudaStream_t stream) {
   if (rows == 0) return;
+  KILN_CHECK(dim <= int64_t(kNormPer) * kNormThreads) << "rms_norm: rows of " << dim << " (supported up to "
+                                                     << kNormPer * kNormThreads << ")";
   rms_norm_kernel<<<unsigned(rows), kNormThreads, 0, stream>>>(x, residual, weight, out, dim, eps);
   KILN_CUDA_LAUNCH_CHECK();
 }
