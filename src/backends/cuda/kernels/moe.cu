@@ -4,6 +4,7 @@
 // the reference path, for every layout) and the weighted combine. The fast path,
 // grouped mma.sync GEMMs over expert-sorted tokens, is moe_gemm.cu.
 #include <cfloat>
+#include <climits>
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels/common.cuh"
@@ -28,87 +29,143 @@ __global__ void router_logits_kernel(const bf16* x, const bf16* w, const float* 
   if (lane == 0) logits[warp] = acc + (bias ? bias[e] : 0.0f);
 }
 
-// Index of the largest v[i] with allowed[i] (ties: lowest i), or -1.
-__device__ int argmax_allowed(const float* v, const bool* allowed, int n) {
-  int best = -1;
-  for (int i = 0; i < n; ++i)
-    if (allowed[i] && (best < 0 || v[i] > v[best])) best = i;
-  return best;
+// The largest (value, index) over the warp, ties to the lower index; every lane
+// gets the result. Lanes with nothing to offer pass (-inf, INT_MAX).
+__device__ __forceinline__ void warp_argmax(float& v, int& i) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (ov > v || (ov == v && oi < i)) v = ov, i = oi;
+  }
 }
 
-// One thread per token.
+// k rounds of warp argmax over the allowed entries of val (expert lane + 32 j in
+// slot j), each round removing its winner: top-k, largest first, ties to the
+// lower expert id (the CPU reference's order).
+template <int kPer>
+__device__ void warp_top_k(const float (&val)[kPer], bool (&allowed)[kPer], int k, int* chosen) {
+  const int lane = int(threadIdx.x) % 32;
+  for (int n = 0; n < k; ++n) {
+    float bv = -INFINITY;
+    int bi = INT_MAX;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j)
+      if (allowed[j] && (bi == INT_MAX || val[j] > bv)) bv = val[j], bi = lane + 32 * j;
+    warp_argmax(bv, bi);
+    chosen[n] = bi;
+    if (bi % 32 == lane) {
+#pragma unroll
+      for (int j = 0; j < kPer; ++j)
+        if (lane + 32 * j == bi) allowed[j] = false;
+    }
+  }
+}
+
+// One warp per token; expert e lives in lane e % 32, slot e / 32. The three
+// rules mirror the CPU reference (cpu_moe.cpp) step by step.
+template <int kPer>
 __global__ void route_kernel(const float* logits, const float* correction, MoeRouting r, int64_t n_tokens,
                              int32_t* experts, float* weights) {
-  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t t = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = int(threadIdx.x) % 32;
   if (t >= n_tokens) return;
   const float* lg = logits + t * r.n_experts;
-  float score[kMaxExperts], choice[kMaxExperts];
-  bool allowed[kMaxExperts];
+  const int E = r.n_experts, K = r.top_k;
+  float val[kPer], score[kPer];
+  bool allowed[kPer];
   int chosen[kMaxTopK];
   float w[kMaxTopK];
-  const int E = r.n_experts, K = r.top_k;
-  if (r.kind == 0) {  // softmax over all, top-k of the probabilities
-    float mx = -FLT_MAX, sum = 0.0f;
-    for (int e = 0; e < E; ++e) mx = fmaxf(mx, lg[e]);
-    for (int e = 0; e < E; ++e) sum += (score[e] = __expf(lg[e] - mx));
-    for (int e = 0; e < E; ++e) score[e] /= sum, allowed[e] = true;
-    for (int k = 0; k < K; ++k) {
-      chosen[k] = argmax_allowed(score, allowed, E);
-      allowed[chosen[k]] = false;
-      w[k] = score[chosen[k]];
-    }
-    if (r.norm_topk_prob) {
-      float s = 0.0f;
-      for (int k = 0; k < K; ++k) s += w[k];
-      for (int k = 0; k < K; ++k) w[k] /= s;
-    }
-  } else if (r.kind == 1) {  // top-k of the logits, softmax over the chosen
-    for (int e = 0; e < E; ++e) allowed[e] = true;
-    for (int k = 0; k < K; ++k) {
-      chosen[k] = argmax_allowed(lg, allowed, E);
-      allowed[chosen[k]] = false;
-    }
-    float mx = lg[chosen[0]], s = 0.0f;
-    for (int k = 0; k < K; ++k) s += (w[k] = __expf(lg[chosen[k]] - mx));
-    for (int k = 0; k < K; ++k) w[k] /= s;
-  } else {  // sigmoid, correction bias, grouped top-k (DeepSeek-V3)
-    for (int e = 0; e < E; ++e) {
-      score[e] = 1.0f / (1.0f + __expf(-lg[e]));
-      choice[e] = score[e] + (correction ? correction[e] : 0.0f);
-    }
-    const int per_group = E / r.n_group;
-    float group_score[kMaxExperts];
-    bool group_ok[kMaxExperts];
-    for (int g = 0; g < r.n_group; ++g) {  // sum of the group's top-2 choice scores
-      float a = -FLT_MAX, b = -FLT_MAX;
-      for (int e = g * per_group; e < (g + 1) * per_group; ++e) {
-        if (choice[e] > a) b = a, a = choice[e];
-        else if (choice[e] > b) b = choice[e];
-      }
-      group_score[g] = a + b;
-      group_ok[g] = true;
-    }
-    for (int e = 0; e < E; ++e) allowed[e] = false;
-    for (int k = 0; k < r.topk_group; ++k) {
-      const int g = argmax_allowed(group_score, group_ok, r.n_group);
-      group_ok[g] = false;
-      for (int e = g * per_group; e < (g + 1) * per_group; ++e) allowed[e] = true;
-    }
-    for (int k = 0; k < K; ++k) {
-      chosen[k] = argmax_allowed(choice, allowed, E);
-      allowed[chosen[k]] = false;
-      w[k] = score[chosen[k]];
-    }
-    if (r.norm_topk_prob) {
-      float s = 0.0f;
-      for (int k = 0; k < K; ++k) s += w[k];
-      for (int k = 0; k < K; ++k) w[k] /= s + 1e-20f;
-    }
-    for (int k = 0; k < K; ++k) w[k] *= r.routed_scaling_factor;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int e = lane + 32 * j;
+    allowed[j] = e < E;
+    val[j] = e < E ? lg[e] : -INFINITY;
   }
+  if (r.kind == 0) {  // softmax over all, top-k of the probabilities
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) mx = fmaxf(mx, val[j]);
+    mx = warp_max(mx);
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) sum += (score[j] = allowed[j] ? __expf(val[j] - mx) : 0.0f);
+    sum = warp_sum(sum);
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) score[j] /= sum;
+    warp_top_k(score, allowed, K, chosen);
+  } else if (r.kind == 1) {  // top-k of the logits, softmax over the chosen
+    warp_top_k(val, allowed, K, chosen);
+  } else {  // sigmoid, correction bias, grouped top-k (DeepSeek-V3)
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int e = lane + 32 * j;
+      score[j] = 1.0f / (1.0f + __expf(-val[j]));
+      val[j] = e < E ? score[j] + (correction ? correction[e] : 0.0f) : -INFINITY;  // the choice score
+    }
+    // Group g's score = the sum of its two largest choice scores; lane g keeps it.
+    const int per_group = E / r.n_group;
+    float my_group = -INFINITY;
+    for (int g = 0; g < r.n_group; ++g) {
+      float a = -INFINITY, b = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        const int e = lane + 32 * j;
+        if (e >= g * per_group && e < (g + 1) * per_group) {
+          if (val[j] > a) b = a, a = val[j];
+          else if (val[j] > b) b = val[j];
+        }
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {  // merge the lanes' top-2 pairs
+        const float oa = __shfl_xor_sync(0xffffffffu, a, o), ob = __shfl_xor_sync(0xffffffffu, b, o);
+        const float hi = fmaxf(a, oa);
+        b = fmaxf(fminf(a, oa), fmaxf(b, ob));
+        a = hi;
+      }
+      if (lane == g) my_group = a + b;
+    }
+    unsigned kept = 0;  // bit g: group g is among the topk_group best (ties: lower g)
+    for (int k = 0; k < r.topk_group; ++k) {
+      float v = lane < r.n_group && !((kept >> lane) & 1u) ? my_group : -INFINITY;
+      int i = lane < r.n_group && !((kept >> lane) & 1u) ? lane : INT_MAX;
+      warp_argmax(v, i);
+      kept |= 1u << i;
+    }
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int e = lane + 32 * j;
+      allowed[j] = e < E && ((kept >> (e / per_group)) & 1u);
+    }
+    warp_top_k(val, allowed, K, chosen);
+  }
+  // The chosen experts' values, fetched from their lanes; the rest is the
+  // reference's sequential arithmetic over k, done by every lane alike.
   for (int k = 0; k < K; ++k) {
-    experts[t * K + k] = chosen[k];
-    weights[t * K + k] = w[k];
+    const int e = chosen[k];
+    float mine = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j)
+      if (lane + 32 * j == e) mine = r.kind == 1 ? val[j] : score[j];
+    w[k] = __shfl_sync(0xffffffffu, mine, e % 32);
+  }
+  if (r.kind == 1) {
+    const float mx = w[0];
+    float s = 0.0f;
+    for (int k = 0; k < K; ++k) s += (w[k] = __expf(w[k] - mx));
+    for (int k = 0; k < K; ++k) w[k] /= s;
+  } else if (r.norm_topk_prob) {
+    float s = 0.0f;
+    for (int k = 0; k < K; ++k) s += w[k];
+    for (int k = 0; k < K; ++k) w[k] /= r.kind == 2 ? s + 1e-20f : s;
+  }
+  if (r.kind == 2)
+    for (int k = 0; k < K; ++k) w[k] *= r.routed_scaling_factor;
+  if (lane == 0) {
+    for (int k = 0; k < K; ++k) {
+      experts[t * K + k] = chosen[k];
+      weights[t * K + k] = w[k];
+    }
   }
 }
 
@@ -194,11 +251,20 @@ void launch_router_logits(const bf16* x, const bf16* router, const float* bias, 
 
 void launch_route(const float* logits, const float* correction_bias, const MoeRouting& r, int64_t n_tokens,
                   int32_t* experts, float* weights, cudaStream_t stream) {
-  KILN_CHECK(r.n_experts <= kMaxExperts && r.top_k <= kMaxTopK)
-      << "route: " << r.n_experts << " experts, top " << r.top_k << " (supported up to " << kMaxExperts << ", "
-      << kMaxTopK << ")";
+  KILN_CHECK(r.n_experts <= kMaxExperts && r.top_k <= kMaxTopK && r.n_group <= 32 && r.n_group >= 1 &&
+             r.n_experts % r.n_group == 0)
+      << "route: " << r.n_experts << " experts in " << r.n_group << " groups, top " << r.top_k << " (supported: up to "
+      << kMaxExperts << " experts, 32 groups, top " << kMaxTopK << ")";
   if (n_tokens == 0) return;
-  route_kernel<<<ceil_div(n_tokens, 64), 64, 0, stream>>>(logits, correction_bias, r, n_tokens, experts, weights);
+  const unsigned blocks = unsigned(ceil_div(n_tokens * 32, 128));
+  const auto launch = [&](auto kernel) {
+    kernel<<<blocks, 128, 0, stream>>>(logits, correction_bias, r, n_tokens, experts, weights);
+  };
+  if (r.n_experts <= 32) launch(route_kernel<1>);
+  else if (r.n_experts <= 64) launch(route_kernel<2>);
+  else if (r.n_experts <= 128) launch(route_kernel<4>);
+  else if (r.n_experts <= 256) launch(route_kernel<8>);
+  else launch(route_kernel<16>);
   KILN_CUDA_LAUNCH_CHECK();
 }
 
