@@ -69,17 +69,37 @@ __global__ void attention_warp_kernel(const bf16* q, const bf16* k_cache, const 
   }
 }
 
-// q_lat[t, h, c] = sum_d q_nope[t, h, d] W_uk[h][d, c]: one block per (t, h),
-// threads over c (coalesced rows of kv_b).
-__global__ void mla_absorb_q_kernel(const bf16* q_nope, const bf16* kv_b, float* q_lat, int n_heads, int d_nope,
-                                    int d_v, int d_latent) {
+// q_lat[t, h, c] = sum_d q_nope[t, h, d] W_uk[h][d, c]: one block per (t, h) of
+// kAbsorbGroups x 64 threads. Thread (g, i) sums d = g, g + kAbsorbGroups, ... for
+// the 8 columns c = 8i.. (one 16-byte load of W_uk per d), so each block keeps
+// kAbsorbGroups rows of W_uk in flight; the groups' partial sums meet in shared
+// memory. d_latent: a multiple of 8, at most 512 (checked by launch_mla).
+constexpr int kAbsorbGroups = 8;
+__global__ void __launch_bounds__(64 * kAbsorbGroups)
+    mla_absorb_q_kernel(const bf16* q_nope, const bf16* kv_b, float* q_lat, int n_heads, int d_nope, int d_v,
+                        int d_latent) {
+  __shared__ float part[kAbsorbGroups][512];
   const int th = blockIdx.x, h = th % n_heads;
+  const int g = int(threadIdx.x) / 64, c0 = (int(threadIdx.x) % 64) * 8;
   const bf16* qn = q_nope + int64_t(th) * d_nope;
   const bf16* w_uk = kv_b + int64_t(h) * (d_nope + d_v) * d_latent;
-  for (int c = threadIdx.x; c < d_latent; c += blockDim.x) {
-    float acc = 0.0f;
-    for (int d = 0; d < d_nope; ++d) acc += to_f(qn[d]) * to_f(w_uk[int64_t(d) * d_latent + c]);
-    q_lat[int64_t(th) * d_latent + c] = acc;
+  float acc[8] = {};
+#pragma unroll 4
+  for (int d = g; d < d_nope && c0 < d_latent; d += kAbsorbGroups) {
+    const float q = to_f(qn[d]);
+    const uint4 raw = *reinterpret_cast<const uint4*>(w_uk + int64_t(d) * d_latent + c0);
+    const bf16* w = reinterpret_cast<const bf16*>(&raw);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) acc[k] += q * to_f(w[k]);
+  }
+#pragma unroll
+  for (int k = 0; k < 8; ++k) part[g][c0 + k] = acc[k];
+  __syncthreads();
+  for (int c = int(threadIdx.x); c < d_latent; c += blockDim.x) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kAbsorbGroups; ++i) sum += part[i][c];
+    q_lat[int64_t(th) * d_latent + c] = sum;
   }
 }
 
@@ -255,12 +275,14 @@ void launch_mla(const bf16* q_nope, const bf16* q_rope, const bf16* latent_cache
                 float* scratch, const DeviceBatch& b, int n_heads, int d_nope, int d_rope, int d_v, int d_latent,
                 float scale, MlaPath path, cudaStream_t stream) {
   if (b.n_tokens == 0) return;
-  KILN_CHECK(d_latent <= 512 && d_rope <= 64) << "mla: d_latent " << d_latent << ", d_rope " << d_rope
-                                              << " (supported up to 512 and 64)";
+  KILN_CHECK(d_latent <= 512 && d_latent % 8 == 0 && d_rope <= 64)
+      << "mla: d_latent " << d_latent << ", d_rope " << d_rope << " (supported: latent a multiple of 8 up to 512, "
+      << "rope up to 64)";
   const int rows = b.n_tokens * n_heads;
   float* q_lat = scratch;
   float* o_lat = scratch + int64_t(rows) * d_latent;
-  mla_absorb_q_kernel<<<rows, 256, 0, stream>>>(q_nope, kv_b, q_lat, n_heads, d_nope, d_v, d_latent);
+  mla_absorb_q_kernel<<<rows, 64 * kAbsorbGroups, 0, stream>>>(q_nope, kv_b, q_lat, n_heads, d_nope, d_v,
+                                                                 d_latent);
   KILN_CUDA_LAUNCH_CHECK();
   if (path == MlaPath::kMma) {
     KILN_CHECK(mla_mma_supported(d_latent, d_rope)) << "mla: no mma.sync kernel for latent " << d_latent;

@@ -22,6 +22,7 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels/attention_mma.cuh"
+#include "backends/cuda/kernels/common.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -43,7 +44,7 @@ constexpr int kRows = 16, kWarps = 4, kThreads = 32 * kWarps, kBN = 32;
 constexpr int kQBytes = kRows * kD * 2, kTileBytes = kBN * kD * 2, kSBytes = kRows * kBN * 4;
 constexpr int kSmemBytes = kQBytes + 2 * kTileBytes + kSBytes;
 constexpr int kMaxSplits = 64;
-constexpr int kMinKeysPerSplit = 256;
+constexpr int kMinKeysPerSplit = 128;
 static_assert(kSmemBytes <= 101376, "must fit the SM120 per-block shared memory");
 static_assert(kBN == 8 * kWarps && kLat == 128 * kWarps, "warp w: keys 8w.., latent columns 128w..");
 
@@ -207,22 +208,38 @@ __global__ void __launch_bounds__(kThreads) mla_decode_kernel(const MlaParams p)
   }
 }
 
-// o_lat[r] = sum_z 2^(m_z - M) o_z / sum_z 2^(m_z - M) l_z: one block per row.
-__global__ void mla_combine_kernel(const float* part_o, const float* part_ml, int n_splits, float* o_lat) {
+// o_lat[r] = sum_z 2^(m_z - M) o_z / sum_z 2^(m_z - M) l_z: one block of 128
+// threads per row, 4 latent columns per thread (float4), the split weights
+// computed once into shared memory.
+__global__ void __launch_bounds__(kLat / 4)
+    mla_combine_kernel(const float* part_o, const float* part_ml, int n_splits, float* o_lat) {
+  __shared__ float w[kMaxSplits];
+  __shared__ float inv_denom;
   const int64_t r = blockIdx.x;
   const float* ml = part_ml + r * n_splits * 2;
-  float mx = -INFINITY;
-  for (int z = 0; z < n_splits; ++z) mx = fmaxf(mx, ml[2 * z]);
-  float denom = 0.0f;
-  for (int z = 0; z < n_splits; ++z) denom += ml[2 * z + 1] * attn::exp2_approx(ml[2 * z] - mx);
-  for (int c = int(threadIdx.x); c < kLat; c += blockDim.x) {
-    float v = 0.0f;
-    for (int z = 0; z < n_splits; ++z) {
-      const float w = attn::exp2_approx(ml[2 * z] - mx);
-      if (w > 0.0f) v += w * part_o[(r * n_splits + z) * kLat + c];
+  if (threadIdx.x < 32) {
+    float mx = -INFINITY;
+    for (int z = int(threadIdx.x); z < n_splits; z += 32) mx = fmaxf(mx, ml[2 * z]);
+    mx = warp_max(mx);
+    float denom = 0.0f;
+    for (int z = int(threadIdx.x); z < n_splits; z += 32) {
+      w[z] = attn::exp2_approx(ml[2 * z] - mx);
+      denom += ml[2 * z + 1] * w[z];
     }
-    o_lat[r * kLat + c] = v / denom;
+    denom = warp_sum(denom);
+    if (threadIdx.x == 0) inv_denom = 1.0f / denom;
   }
+  __syncthreads();
+  const int c = int(threadIdx.x) * 4;
+  float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+  for (int z = 0; z < n_splits; ++z) {
+    if (w[z] == 0.0f) continue;  // an empty split: its partial was never written
+    const float4 o = *reinterpret_cast<const float4*>(part_o + (r * n_splits + z) * kLat + c);
+    v.x += w[z] * o.x, v.y += w[z] * o.y, v.z += w[z] * o.z, v.w += w[z] * o.w;
+  }
+  const float s = inv_denom;
+  *reinterpret_cast<float4*>(o_lat + r * kLat + c) = make_float4(v.x * s, v.y * s, v.z * s, v.w * s);
 }
 
 // Enough CTAs for two per SM, each split at least kMinKeysPerSplit keys of the
@@ -271,7 +288,8 @@ void launch_mla_attend_mma(const float* q_lat, const bf16* q_rope, const bf16* l
                       stream>>>(p);
   KILN_CUDA_LAUNCH_CHECK();
   if (p.n_splits > 1) {
-    mla_combine_kernel<<<unsigned(b.n_tokens * n_heads), 128, 0, stream>>>(p.part_o, p.part_ml, p.n_splits, o_lat);
+    mla_combine_kernel<<<unsigned(b.n_tokens * n_heads), kLat / 4, 0, stream>>>(p.part_o, p.part_ml, p.n_splits,
+                                                                               o_lat);
     KILN_CUDA_LAUNCH_CHECK();
   }
 }

@@ -17,14 +17,30 @@ constexpr int kMaxExperts = 512;
 constexpr int kMaxTopK = 16;
 constexpr int kExpertThreads = 256;
 
+// One warp per (token, expert); 16-byte loads when rows are multiples of 8
+// elements (every model's d_model), so a decode token's 128-256 warps each keep
+// several loads in flight instead of one scalar chain.
 __global__ void router_logits_kernel(const bf16* x, const bf16* w, const float* bias, int64_t n_tokens,
                                      int64_t n_experts, int64_t d, float* logits) {
   const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (warp >= n_tokens * n_experts) return;
   const int64_t t = warp / n_experts, e = warp % n_experts;
+  const bf16* xr = x + t * d;
+  const bf16* wr = w + e * d;
   float acc = 0.0f;
-  for (int64_t i = lane; i < d; i += 32) acc += to_f(x[t * d + i]) * to_f(w[e * d + i]);
+  if (d % 8 == 0) {
+#pragma unroll 4
+    for (int64_t i = lane * 8; i < d; i += 32 * 8) {
+      const uint4 xa = *reinterpret_cast<const uint4*>(xr + i), wa = *reinterpret_cast<const uint4*>(wr + i);
+      const bf16* xv = reinterpret_cast<const bf16*>(&xa);
+      const bf16* wv = reinterpret_cast<const bf16*>(&wa);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc += to_f(xv[k]) * to_f(wv[k]);
+    }
+  } else {
+    for (int64_t i = lane; i < d; i += 32) acc += to_f(xr[i]) * to_f(wr[i]);
+  }
   acc = warp_sum(acc);
   if (lane == 0) logits[warp] = acc + (bias ? bias[e] : 0.0f);
 }
