@@ -8,11 +8,15 @@
 
 namespace kiln::ops {
 
+// slot_mapping value of a padding row (a batch padded to a recorded shape):
+// kv_store / mla_store write nothing for it.
+constexpr int32_t kPadSlot = -1;
+
 struct BatchMeta {
   // per token, n_tokens entries
   std::vector<int32_t> token_ids;     // the input token ids
   std::vector<int32_t> positions;     // absolute position of the token in its sequence
-  std::vector<int32_t> slot_mapping;  // KV cache slot: block * block_size + offset
+  std::vector<int32_t> slot_mapping;  // KV cache slot: block * block_size + offset, or kPadSlot
   // per sequence, n_seqs entries (q_start has n_seqs + 1)
   std::vector<int32_t> q_start;       // first row of the sequence in the flattened batch
   std::vector<int32_t> context_len;   // tokens in the KV cache after this step (incl. new ones)

@@ -108,40 +108,118 @@ Result<std::vector<std::vector<float>>> Engine::logits(const std::vector<int32_t
 
 Result<GenerateResult> Engine::generate(const std::vector<int32_t>& prompt, int32_t max_new_tokens,
                                         const SamplingParams& sampling, bool ignore_eos) {
-  if (max_new_tokens < 0) return invalid_argument("max tokens must not be negative");
-  KILN_RETURN_IF_ERROR(validate(sampling, config_.vocab_size));
-  KILN_RETURN_IF_ERROR(check_prompt(prompt, max_new_tokens));
-  std::vector<int32_t> seq = prompt;
-  const int32_t total = int32_t(prompt.size()) + max_new_tokens;
-  const int32_t n_blocks = (total + kv_.block_size - 1) / kv_.block_size;
-  if (!blocks_.can_allocate(n_blocks)) return Status(StatusCode::kResourceExhausted, "KV cache full");
-  const std::vector<int32_t> table = blocks_.allocate(n_blocks);
+  KILN_ASSIGN_OR_RETURN(std::vector<GenerateResult> r, generate_batch({prompt}, max_new_tokens, sampling, ignore_eos));
+  return std::move(r.front());
+}
 
-  Sampler sampler(sampling);
+int32_t decode_bucket(int32_t n) {
+  if (n <= 8) {
+    int32_t b = 1;
+    while (b < n) b *= 2;
+    return b;
+  }
+  return (n + 7) / 8 * 8;
+}
+
+namespace {
+
+// One sequence of a batched generation.
+struct GenSeq {
+  std::vector<int32_t> tokens;  // prompt + generated; all but the last are in the KV cache once decoding
+  std::vector<int32_t> table;   // its KV blocks
+  Sampler sampler;
   GenerateResult result;
-  const int32_t chunk = options_.prefill_chunk > 0 ? options_.prefill_chunk : int32_t(prompt.size());
-  int32_t done = 0;  // tokens already in the KV cache
-  while (int32_t(result.tokens.size()) < max_new_tokens) {
-    // Prefill (possibly chunked) until the whole sequence is cached; the last
-    // step's final row gives the next token's logits.
-    const int32_t end = std::min<int32_t>(int32_t(seq.size()), done + chunk);
-    const int32_t last_row = end - done - 1;
-    const Tensor logits = step(seq, done, end, table, {last_row});
-    done = end;
-    if (done < int32_t(seq.size())) continue;
-    SampledToken sampled = sampler.sample(*backend_, logits);
-    const int32_t tok = sampled.token;
-    result.tokens.push_back(tok);
-    if (sampling.logprobs >= 0) result.logprobs.push_back(std::move(sampled));
-    seq.push_back(tok);
-    const auto& eos = config_.eos_token_ids;
-    if (!ignore_eos && std::find(eos.begin(), eos.end(), tok) != eos.end()) {
-      result.stopped_by_eos = true;
-      break;
+  bool done = false;
+};
+
+}  // namespace
+
+Result<std::vector<GenerateResult>> Engine::generate_batch(const std::vector<std::vector<int32_t>>& prompts,
+                                                          int32_t max_new_tokens, const SamplingParams& sampling,
+                                                          bool ignore_eos) {
+  if (max_new_tokens < 0) return invalid_argument("max tokens must not be negative");
+  if (prompts.empty()) return invalid_argument("no prompts");
+  KILN_RETURN_IF_ERROR(validate(sampling, config_.vocab_size));
+  int32_t blocks_needed = 0;
+  for (const auto& prompt : prompts) {
+    KILN_RETURN_IF_ERROR(check_prompt(prompt, max_new_tokens));
+    blocks_needed += (int32_t(prompt.size()) + max_new_tokens + kv_.block_size - 1) / kv_.block_size;
+  }
+  if (!blocks_.can_allocate(blocks_needed)) return Status(StatusCode::kResourceExhausted, "KV cache full");
+  std::vector<GenSeq> seqs;
+  for (const auto& prompt : prompts) {
+    const int32_t n = (int32_t(prompt.size()) + max_new_tokens + kv_.block_size - 1) / kv_.block_size;
+    seqs.push_back({.tokens = prompt, .table = blocks_.allocate(n), .sampler = Sampler(sampling)});
+  }
+  const auto& eos = config_.eos_token_ids;
+  auto take = [&](GenSeq& s, SampledToken sampled) {
+    s.result.tokens.push_back(sampled.token);
+    s.tokens.push_back(sampled.token);
+    if (sampling.logprobs >= 0) s.result.logprobs.push_back(std::move(sampled));
+    if (!ignore_eos && std::find(eos.begin(), eos.end(), s.tokens.back()) != eos.end()) {
+      s.result.stopped_by_eos = true;
+      s.done = true;
+    }
+    if (int32_t(s.result.tokens.size()) >= max_new_tokens) s.done = true;
+  };
+
+  // Prefill each prompt on its own (in chunks if asked); its last row's logits
+  // give its first token.
+  if (max_new_tokens > 0) {
+    for (GenSeq& s : seqs) {
+      const int32_t n = int32_t(s.tokens.size());
+      const int32_t chunk = options_.prefill_chunk > 0 ? options_.prefill_chunk : n;
+      for (int32_t begin = 0; begin < n; begin += chunk) {
+        const int32_t end = std::min(n, begin + chunk);
+        const Tensor logits = step(s.tokens, begin, end, s.table, {end - begin - 1});
+        if (end == n) take(s, s.sampler.sample(*backend_, logits));
+      }
     }
   }
-  blocks_.release(table);
-  return result;
+
+  // Decode: the unfinished sequences advance one token per step, together, the
+  // batch padded to decode_bucket(n) rows by repeating the first sequence's row
+  // with a padding slot (it stores nothing and its logits are ignored), and the
+  // block tables padded to one power-of-two width: few distinct batch shapes, so
+  // the backend replays recorded steps (Backend::run_step).
+  size_t width = 1;
+  for (const GenSeq& s : seqs)
+    while (width < s.table.size()) width *= 2;
+  while (true) {
+    std::vector<size_t> live;
+    for (size_t i = 0; i < seqs.size(); ++i)
+      if (!seqs[i].done) live.push_back(i);
+    if (live.empty()) break;
+    const int32_t n = int32_t(live.size()), rows = decode_bucket(n);
+    ops::BatchMeta b;
+    b.block_size = kv_.block_size;
+    b.max_blocks_per_seq = int32_t(width);
+    for (int32_t r = 0; r < rows; ++r) {
+      const GenSeq& s = seqs[live[size_t(r < n ? r : 0)]];
+      const int32_t pos = int32_t(s.tokens.size()) - 1;
+      b.q_start.push_back(r);
+      b.context_len.push_back(pos + 1);
+      b.block_table.insert(b.block_table.end(), s.table.begin(), s.table.end());
+      b.block_table.resize(size_t(r + 1) * width, s.table.back());
+      b.token_ids.push_back(s.tokens.back());
+      b.positions.push_back(pos);
+      b.slot_mapping.push_back(r < n ? int32_t(b.slot(r, pos)) : ops::kPadSlot);
+      b.logit_rows.push_back(r);
+    }
+    b.q_start.push_back(rows);
+    step_batch_ = std::move(b);
+    const Tensor logits = model_.forward(*backend_, step_batch_, kv_.layers);
+    for (int32_t r = 0; r < n; ++r) {
+      GenSeq& s = seqs[live[size_t(r)]];
+      take(s, s.sampler.sample(*backend_, logits.slice0(r, r + 1)));
+    }
+  }
+  std::vector<GenerateResult> out;
+  for (GenSeq& s : seqs) {
+    blocks_.release(s.table);
+    out.push_back(std::move(s.result));
+  }
+  return out;
 }
 
 }  // namespace kiln::runtime

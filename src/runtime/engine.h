@@ -30,6 +30,10 @@ struct GenerateResult {
   std::vector<SampledToken> logprobs;
 };
 
+// Rows of a decode step holding n sequences: 1, 2, 4, 8, then multiples of 8 (each
+// distinct size is one recorded CUDA graph per context width).
+int32_t decode_bucket(int32_t n);
+
 class Engine {
  public:
   static Result<std::unique_ptr<Engine>> load(const std::string& model_dir,
@@ -42,6 +46,14 @@ class Engine {
   // Sampling runs on the backend: only token ids (and logprobs) come back to the host.
   Result<GenerateResult> generate(const std::vector<int32_t>& prompt, int32_t max_new_tokens,
                                   const SamplingParams& sampling, bool ignore_eos = false);
+  // Several prompts generated together: each is prefilled on its own, then every
+  // unfinished sequence advances one token per decode step in one batch. Each
+  // sequence samples with its own generator seeded by sampling.seed, so on a
+  // backend whose rows are independent (the CPU reference) the result equals
+  // separate generate calls.
+  Result<std::vector<GenerateResult>> generate_batch(const std::vector<std::vector<int32_t>>& prompts,
+                                                     int32_t max_new_tokens, const SamplingParams& sampling,
+                                                     bool ignore_eos = false);
 
   const formats::ModelConfig& config() const { return config_; }
   int64_t max_model_len() const { return max_model_len_; }

@@ -47,9 +47,10 @@ std::vector<int32_t> check_batch(const ops::BatchMeta* batch, int64_t n_tokens, 
   return seq_of;
 }
 
+// Slots are in the cache, or kPadSlot (a padding row: nothing is stored).
 void check_slots(const ops::BatchMeta& b, int64_t n_slots, const char* op) {
   for (int32_t t = 0; t < b.n_tokens(); ++t) {
-    KILN_CHECK(b.slot_mapping[t] >= 0 && b.slot_mapping[t] < n_slots)
+    KILN_CHECK(b.slot_mapping[t] == ops::kPadSlot || (b.slot_mapping[t] >= 0 && b.slot_mapping[t] < n_slots))
         << op << ": slot " << b.slot_mapping[t] << " of row " << t << " outside cache of "
         << n_slots << " slots";
   }
@@ -90,6 +91,7 @@ void CpuBackend::kv_store(const ops::KvStoreArgs& a) {
   const int64_t row = a.k.dim(1) * a.k.dim(2);  // n_kv_heads * d_head
   for (int64_t t = 0; t < a.k.dim(0); ++t) {
     const int64_t slot = a.batch->slot_mapping[t];
+    if (slot == ops::kPadSlot) continue;
     std::memcpy(a.k_cache.as<float>() + slot * row, a.k.as<float>() + t * row, row * sizeof(float));
     std::memcpy(a.v_cache.as<float>() + slot * row, a.v.as<float>() + t * row, row * sizeof(float));
   }
@@ -174,6 +176,7 @@ void CpuBackend::mla_store(const ops::MlaStoreArgs& a) {
   check_slots(*a.batch, a.latent_cache.dim(0) * a.latent_cache.dim(1), "mla_store");
   const int64_t row = d_latent + d_rope;
   for (int64_t t = 0; t < n_tokens; ++t) {
+    if (a.batch->slot_mapping[t] == ops::kPadSlot) continue;
     float* dst = a.latent_cache.as<float>() + a.batch->slot_mapping[t] * row;
     std::memcpy(dst, a.kv_latent.as<float>() + t * d_latent, d_latent * sizeof(float));
     std::memcpy(dst + d_latent, a.k_rope.as<float>() + t * d_rope, d_rope * sizeof(float));

@@ -88,6 +88,7 @@ __global__ void rope_kernel(bf16* x, int64_t n_tokens, int64_t n_heads, int64_t 
 __global__ void store_rows_kernel(const bf16* x, bf16* cache, const int32_t* slot_mapping, int64_t row_elems,
                                   int64_t cache_row_elems, int64_t col_offset) {
   const int64_t t = blockIdx.x;
+  if (slot_mapping[t] < 0) return;  // a padding row (ops::kPadSlot): nothing to store
   bf16* dst = cache + int64_t(slot_mapping[t]) * cache_row_elems + col_offset;
   for (int64_t i = threadIdx.x; i < row_elems; i += blockDim.x) dst[i] = x[t * row_elems + i];
 }
