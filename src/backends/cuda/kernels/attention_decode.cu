@@ -142,15 +142,9 @@ __global__ void __launch_bounds__(DecodeConfig<D>::kThreads) attention_decode_ke
       mma_bf16(sc[1], qf[kk], b[2], b[3]);
     }
     online_softmax(sc, acc, m, l, row, j0, p.scale_log2, true);
-    const uint32_t pf[4] = {pack_bf16(sc[0][0], sc[0][1]), pack_bf16(sc[0][2], sc[0][3]),
-                            pack_bf16(sc[1][0], sc[1][1]), pack_bf16(sc[1][2], sc[1][3])};
-#pragma unroll
-    for (int nd = 0; nd < D / 16; ++nd) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(s_v + swz<D>(key0 + lane % 8 + ((lane / 8) % 2) * 8, nd * 2 + lane / 16), b);
-      mma_bf16(acc[2 * nd], pf, b[0], b[1]);
-      mma_bf16(acc[2 * nd + 1], pf, b[2], b[3]);
-    }
+    uint32_t pf[1][4];
+    pack_probs(sc, pf);
+    mma_pv<D, 1, D / 16>(s_v, key0, 0, pf, acc);
   }
   cp_async_wait<0>();
   __syncthreads();  // the ring and Q buffers are free: merge the 4 warps
@@ -161,9 +155,7 @@ __global__ void __launch_bounds__(DecodeConfig<D>::kThreads) attention_decode_ke
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = lane / 4 + 8 * half;
-    float lh = l[half];
-    lh += __shfl_xor_sync(0xffffffffu, lh, 1);
-    lh += __shfl_xor_sync(0xffffffffu, lh, 2);
+    const float lh = quad_sum(l[half]);
     if (lane % 4 == 0) s_m[warp * C::kBM + r] = m[half], s_l[warp * C::kBM + r] = lh;
     float* dst = s_acc + (warp * C::kBM + r) * D + 2 * (lane % 4);
 #pragma unroll

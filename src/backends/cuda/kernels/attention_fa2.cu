@@ -180,13 +180,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) attention_fa2_kern
       }
       const bool need_mask = j0 + kBN - 1 > w_pos_min || j0 < w_lo_max;
       online_softmax(sc, acc, m, l, row, j0, p.scale_log2, need_mask);
-#pragma unroll
-      for (int kk = 0; kk < kBN / 16; ++kk) {
-        pf[kk][0] = pack_bf16(sc[2 * kk][0], sc[2 * kk][1]);
-        pf[kk][1] = pack_bf16(sc[2 * kk][2], sc[2 * kk][3]);
-        pf[kk][2] = pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
-        pf[kk][3] = pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
-      }
+      pack_probs(sc, pf);
     }
     if (C::kKBufs == 1) {
       __syncthreads();  // every warp is done reading K_j: its buffer takes K_{j+1}
@@ -203,25 +197,12 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) attention_fa2_kern
       cp_async_wait<0>();
     }
     __syncthreads();  // V_j landed
-    if (active) {
-#pragma unroll
-      for (int kk = 0; kk < kBN / 16; ++kk) {
-#pragma unroll
-        for (int nd = 0; nd < D / 16; ++nd) {
-          uint32_t b[4];
-          ldmatrix_x4_trans(s_v + swz<D>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8, nd * 2 + lane / 16), b);
-          mma_bf16(acc[2 * nd], pf[kk], b[0], b[1]);
-          mma_bf16(acc[2 * nd + 1], pf[kk], b[2], b[3]);
-        }
-      }
-    }
+    if (active) mma_pv<D, kBN / 16, D / 16>(s_v, 0, 0, pf, acc);
   }
 
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    float lh = l[half];
-    lh += __shfl_xor_sync(0xffffffffu, lh, 1);
-    lh += __shfl_xor_sync(0xffffffffu, lh, 2);
+    const float lh = quad_sum(l[half]);
     if (row[half].pos < 0) continue;
     float acc_scale;
     const float inv = finish_row(m[half], lh, p.sinks, row[half].head, acc_scale);

@@ -32,7 +32,6 @@ using attn::cp_async_commit;
 using attn::cp_async_wait;
 using attn::kLog2e;
 using attn::ldmatrix_x4;
-using attn::ldmatrix_x4_trans;
 using attn::mma_bf16;
 using attn::pack_bf16;
 using attn::Row;
@@ -160,31 +159,13 @@ __global__ void __launch_bounds__(kThreads) mla_decode_kernel(const MlaParams p)
     }
     attn::online_softmax(s4, acc, m, l, row, j0, p.scale_log2, j0 + kBN - 1 > pos);
     uint32_t pf[kBN / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {
-      pf[kk][0] = pack_bf16(s4[2 * kk][0], s4[2 * kk][1]);
-      pf[kk][1] = pack_bf16(s4[2 * kk][2], s4[2 * kk][3]);
-      pf[kk][2] = pack_bf16(s4[2 * kk + 1][0], s4[2 * kk + 1][1]);
-      pf[kk][3] = pack_bf16(s4[2 * kk + 1][2], s4[2 * kk + 1][3]);
-    }
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {
-#pragma unroll
-      for (int nd = 0; nd < kLat / kWarps / 16; ++nd) {
-        uint32_t vb[4];
-        const int chunk = warp * (kLat / kWarps / 8) + nd * 2 + lane / 16;
-        ldmatrix_x4_trans(s_kv + swz<kD>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8, chunk), vb);
-        mma_bf16(acc[2 * nd], pf[kk], vb[0], vb[1]);
-        mma_bf16(acc[2 * nd + 1], pf[kk], vb[2], vb[3]);
-      }
-    }
+    attn::pack_probs(s4, pf);
+    attn::mma_pv<kD, kBN / 16, kLat / kWarps / 16>(s_kv, 0, warp * (kLat / kWarps / 8), pf, acc);
   }
 
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    float lh = l[half];
-    lh += __shfl_xor_sync(0xffffffffu, lh, 1);
-    lh += __shfl_xor_sync(0xffffffffu, lh, 2);
+    const float lh = attn::quad_sum(l[half]);
     if (row[half].pos < 0) continue;
     const int64_t r = int64_t(t) * p.n_heads + row[half].head;
     const int c0 = warp * (kLat / kWarps) + 2 * (lane % 4);

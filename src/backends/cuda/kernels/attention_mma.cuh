@@ -214,6 +214,45 @@ __device__ __forceinline__ void online_softmax(float (&s)[kN][4], float (&acc)[k
   }
 }
 
+// P (an m16 x 8 kN fp32 fragment of probabilities) as the bf16 A fragments of
+// kN / 2 k16 steps of P.V.
+template <int kN>
+__device__ __forceinline__ void pack_probs(const float (&s)[kN][4], uint32_t (&pf)[kN / 2][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kN / 2; ++kk) {
+    pf[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+    pf[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+    pf[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    pf[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
+}
+
+// acc[0, 2 kNd) += P . V: P from pack_probs (kK k16 steps: keys key0 + 16 kk ..),
+// V the swizzled tile of rows of D bf16 at s_v, output columns from 16-byte
+// chunk chunk0 on (8 columns each, 2 kNd n8 tiles).
+template <int D, int kK, int kNd>
+__device__ __forceinline__ void mma_pv(uint32_t s_v, int key0, int chunk0, const uint32_t (&pf)[kK][4],
+                                       float (&acc)[2 * kNd][4]) {
+  const int lane = int(threadIdx.x) % 32;
+#pragma unroll
+  for (int kk = 0; kk < kK; ++kk) {
+#pragma unroll
+    for (int nd = 0; nd < kNd; ++nd) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(s_v + swz<D>(key0 + kk * 16 + lane % 8 + ((lane / 8) % 2) * 8, chunk0 + nd * 2 + lane / 16),
+                        b);
+      mma_bf16(acc[2 * nd], pf[kk], b[0], b[1]);
+      mma_bf16(acc[2 * nd + 1], pf[kk], b[2], b[3]);
+    }
+  }
+}
+
+// The sum over the 4 lanes of a quad (the threads holding one fragment row).
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
 // The sink (a virtual key with logit sinks[h] and no value) joins the
 // denominator; returns 1 / l with acc already rescaled to the new max.
 __device__ __forceinline__ float finish_row(float m, float l, const float* sinks, int head, float& acc_scale) {
