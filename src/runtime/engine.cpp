@@ -63,14 +63,8 @@ Tensor Engine::step(const std::vector<int32_t>& seq, int32_t begin, int32_t end,
                     const std::vector<int32_t>& block_table, const std::vector<int32_t>& rows) {
   ops::BatchMeta b;
   b.block_size = kv_.block_size;
-  // The block table padded to a power of two (entries past the sequence's own
-  // blocks are never read): one batch shape per context bucket, so a decode step
-  // can be replayed (Backend::run_step) for the whole generation.
-  size_t padded = 1;
-  while (padded < block_table.size()) padded *= 2;
   b.block_table = block_table;
-  b.block_table.resize(padded, block_table.empty() ? 0 : block_table.back());
-  b.max_blocks_per_seq = int32_t(padded);
+  b.max_blocks_per_seq = int32_t(block_table.size());
   b.q_start = {0, end - begin};
   b.context_len = {end};
   for (int32_t p = begin; p < end; ++p) {
