@@ -256,7 +256,16 @@ Result<ModelConfig> load_config(const std::string& dir) {
   if (!f) return not_found("cannot open " + path);
   std::stringstream ss;
   ss << f.rdbuf();
-  return parse_config(ss.str(), path);
+  KILN_ASSIGN_OR_RETURN(ModelConfig c, parse_config(ss.str(), path));
+  const std::string gen_path = dir + "/generation_config.json";
+  std::ifstream g(gen_path);
+  if (!g) return c;
+  std::stringstream gs;
+  gs << g.rdbuf();
+  const json gen = json::parse(gs.str(), nullptr, /*allow_exceptions=*/false);
+  if (gen.is_discarded() || !gen.is_object()) return corrupt(gen_path + " is not a JSON object");
+  KILN_RETURN_IF_ERROR(Reader(gen, gen_path).get_int_list("eos_token_id", &c.generation_eos_token_ids));
+  return c;
 }
 
 }  // namespace kiln::formats

@@ -82,6 +82,8 @@ struct ModelConfig {
 
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;
+  // generation_config.json's eos_token_id (often adds the chat end-of-turn token).
+  std::vector<int64_t> generation_eos_token_ids;
 
   nlohmann::json raw;  // the whole file, for family-specific keys
 
@@ -91,7 +93,7 @@ struct ModelConfig {
 
 // Parses config.json text. `source` names the file in error messages.
 Result<ModelConfig> parse_config(const std::string& json_text, const std::string& source);
-// Reads DIR/config.json.
+// Reads DIR/config.json, and DIR/generation_config.json's eos_token_id when present.
 Result<ModelConfig> load_config(const std::string& dir);
 
 }  // namespace kiln::formats

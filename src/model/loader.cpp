@@ -13,6 +13,13 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
+Tensor WeightLoader::uploaded(const Tensor& t) {
+  Tensor out = backend_.upload(t);
+  bytes_done_ += uint64_t(t.nbytes());
+  if (progress_) progress_(bytes_done_, ckpt_.total_bytes());
+  return out;
+}
+
 Result<Tensor> WeightLoader::typed(const std::string& name, std::initializer_list<DType> dtypes,
                                    const Shape& shape) {
   KILN_ASSIGN_OR_RETURN(Tensor t, ckpt_.get(name, shape));
@@ -23,7 +30,7 @@ Result<Tensor> WeightLoader::typed(const std::string& name, std::initializer_lis
                    dtype_list(dtypes));
   }
   used_.insert(name);
-  return backend_.upload(t);
+  return uploaded(t);
 }
 
 Result<Tensor> WeightLoader::tensor(const std::string& name, const Shape& shape) {
@@ -34,7 +41,7 @@ Result<Tensor> WeightLoader::tensor(const std::string& name, const Shape& shape)
                        (quant_.quantized() ? "" : " (the config has no quantization_config)"));
   }
   used_.insert(name);
-  return backend_.upload(t);
+  return uploaded(t);
 }
 
 Result<Tensor> WeightLoader::optional_tensor(const std::string& name, const Shape& shape) {

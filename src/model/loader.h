@@ -3,6 +3,7 @@
 // the tensor and the problem.
 #pragma once
 
+#include <functional>
 #include <set>
 #include <string>
 #include <vector>
@@ -42,6 +43,10 @@ class WeightLoader {
   // Checkpoint tensors no block asked for (e.g. an MTP layer kiln skips).
   std::vector<std::string> unused() const;
 
+  // Called after each tensor is uploaded: checkpoint bytes bound so far, and the
+  // checkpoint's total (a progress bar; the total includes tensors a family skips).
+  void set_progress(std::function<void(uint64_t done, uint64_t total)> progress) { progress_ = std::move(progress); }
+
  private:
   // A tensor of exactly `dtype` (one of `dtypes`) and `shape`, uploaded.
   Result<Tensor> typed(const std::string& name, std::initializer_list<DType> dtypes, const Shape& shape);
@@ -51,6 +56,9 @@ class WeightLoader {
   ops::Backend& backend_;
   formats::QuantConfig quant_;
   std::set<std::string> used_;
+  std::function<void(uint64_t, uint64_t)> progress_;
+  uint64_t bytes_done_ = 0;
+  Tensor uploaded(const Tensor& t);
 };
 
 }  // namespace kiln::model

@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <span>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -207,11 +207,24 @@ struct SamplingParams {
 };
 constexpr int32_t kMaxTopLogprobs = 20;
 
-// Samples one token per row of logits. The draw is given: uniform[r] in [0, 1) selects the
-// token at which the cumulative probability over the kept candidates (sorted by logit
-// descending, ids ascending on ties) first exceeds uniform[r] * (kept mass). Logprobs are of
-// the model's own distribution, log_softmax(logits) before temperature or filtering.
-// Logits are finite or -inf (never NaN). Outputs are in host memory when the call returns.
+// Per-row penalties on the tokens a sequence has seen (OpenAI presence / frequency,
+// HF / vLLM repetition). For each listed token of a row, with n = times it was generated
+// (0 when it occurs in the prompt only):
+//   x = logits[token];  x = x > 0 ? x / repetition : x * repetition;
+//   x -= frequency * n + presence * (n > 0)
+struct PenaltyParams {
+  float repetition = 1.0f;  // 1: off; > 0
+  float presence = 0.0f;    // 0: off
+  float frequency = 0.0f;   // 0: off
+};
+
+// Samples one token per row of logits. Penalties, when given, are applied to the row first
+// (in place: the logits tensor holds the penalised values afterwards). The draw is given:
+// uniform[r] in [0, 1) selects the token at which the cumulative probability over the kept
+// candidates (sorted by logit descending, ids ascending on ties) first exceeds
+// uniform[r] * (kept mass). Logprobs are log_softmax of the (penalised) logits, before
+// temperature or filtering. Logits are finite or -inf (never NaN). Outputs are in host
+// memory when the call returns.
 struct SampleArgs {
   Tensor logits;                           // [n_rows, vocab] activation dtype
   std::span<const SamplingParams> params;  // [n_rows]
@@ -222,6 +235,13 @@ struct SampleArgs {
   std::span<int32_t> top_ids;              // [n_rows * n_top] host output: logprob descending, ids
                                            // ascending on ties (the same order as the candidates)
   std::span<float> top_logprobs;           // [n_rows * n_top] host output
+  // Optional penalties: empty, or penalties [n_rows] with the tokens row r has seen at
+  // penalty_tokens[penalty_start[r] .. penalty_start[r + 1]) (distinct ids) and their
+  // generated counts at the same indices of penalty_counts.
+  std::span<const PenaltyParams> penalties;  // [n_rows] or empty
+  std::span<const int32_t> penalty_start;    // [n_rows + 1]
+  std::span<const int32_t> penalty_tokens;   // [penalty_start[n_rows]]
+  std::span<const int32_t> penalty_counts;   // [penalty_start[n_rows]]
 };
 
 // The contract of SampleArgs, checked by every backend at entry (a violation is a bug in
@@ -243,7 +263,35 @@ inline void check_sample_args(const SampleArgs& a) {
     KILN_CHECK(p.top_k >= 0 && p.top_p > 0.0f && p.top_p <= 1.0f && p.min_p >= 0.0f && p.min_p <= 1.0f)
         << "sample: row " << r << " top_k " << p.top_k << " top_p " << p.top_p << " min_p " << p.min_p;
   }
+  if (a.penalties.empty()) {
+    KILN_CHECK(a.penalty_tokens.empty() && a.penalty_counts.empty()) << "sample: penalty tokens without penalties";
+    return;
+  }
+  KILN_CHECK_EQ(a.penalties.size(), n_rows) << "sample: penalties per row";
+  KILN_CHECK_EQ(a.penalty_start.size(), n_rows + 1) << "sample: penalty_start";
+  KILN_CHECK(a.penalty_start[0] == 0 && size_t(a.penalty_start[n_rows]) == a.penalty_tokens.size() &&
+             a.penalty_counts.size() == a.penalty_tokens.size())
+      << "sample: penalty lists " << a.penalty_tokens.size() << " / " << a.penalty_counts.size();
+  for (size_t r = 0; r < n_rows; ++r) {
+    KILN_CHECK(a.penalty_start[r] <= a.penalty_start[r + 1]) << "sample: penalty_start row " << r;
+    KILN_CHECK(a.penalties[r].repetition > 0.0f) << "sample: repetition penalty " << a.penalties[r].repetition;
+  }
+  for (int32_t t : a.penalty_tokens) KILN_CHECK(t >= 0 && t < vocab) << "sample: penalty token " << t;
 }
+
+// The penalised value of one logit (PenaltyParams).
+inline float apply_penalty(float x, const PenaltyParams& p, int32_t n_generated) {
+  x = x > 0.0f ? x / p.repetition : x * p.repetition;
+  return x - (p.frequency * float(n_generated) + (n_generated > 0 ? p.presence : 0.0f));
+}
+
+// A device backend's memory, for sizing the KV cache (the CPU reference has none).
+struct MemoryInfo {
+  int64_t device_total = 0;  // bytes on the device
+  int64_t available = 0;     // free on the device plus what the backend's cache holds unused
+  int64_t in_use = 0;        // held by live tensors of this backend
+  int64_t peak_in_use = 0;   // the most in_use since reset_peak_memory
+};
 
 class Backend {
  public:
@@ -260,6 +308,9 @@ class Backend {
   // Copy host fp32 values into a backend tensor of activation dtype.
   virtual void from_host_f32(const float* src, Tensor& t) = 0;
   virtual void synchronize() {}
+  // Device memory (std::nullopt on a host backend), and the peak's reset.
+  virtual std::optional<MemoryInfo> memory_info() { return std::nullopt; }
+  virtual void reset_peak_memory() {}
   // Called once per forward step before any op that reads `batch` (a GPU backend
   // uploads the metadata here). `batch` must stay alive and unchanged until the
   // step's last op.

@@ -10,6 +10,24 @@
 #include "models/registry.h"
 
 namespace kiln::runtime {
+namespace {
+
+std::string mib(int64_t bytes) { return std::to_string((bytes + (1 << 19)) >> 20) + " MiB"; }
+
+bool contains(const std::vector<int32_t>& v, int32_t x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+}  // namespace
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kNone: return "none";
+    case FinishReason::kEos: return "eos";
+    case FinishReason::kStopToken: return "stop_token";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kCancelled: return "cancelled";
+  }
+  return "?";
+}
 
 Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_dir,
                                              std::unique_ptr<ops::Backend> backend,
@@ -21,6 +39,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_dir,
   KILN_ASSIGN_OR_RETURN(formats::Checkpoint ckpt, formats::Checkpoint::open(model_dir));
   KILN_ASSIGN_OR_RETURN(formats::QuantConfig quant, formats::load_quant_config(model_dir));
   model::WeightLoader loader(ckpt, *e->backend_, quant);
+  if (options.on_load_progress) loader.set_progress(options.on_load_progress);
   auto built = models::build_model(e->config_, loader);
   if (!built.ok()) return built.status().with_context("loading " + model_dir);
   e->model_ = std::move(built).value();
@@ -28,19 +47,128 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_dir,
   for (const std::string& name : loader.unused()) {
     KILN_LOG(kInfo, "checkpoint tensor not used by " << e->config_.architecture << ": " << name);
   }
-
-  int64_t len = options.max_model_len;
-  if (len <= 0) len = std::min<int64_t>(e->config_.max_position_embeddings > 0
-                                            ? e->config_.max_position_embeddings
-                                            : 8192,
-                                        8192);
-  e->max_model_len_ = len;
-  const int32_t bs = options.block_size;
-  if (bs <= 0) return invalid_argument("block size must be positive");
-  const int32_t n_blocks = int32_t((len + bs - 1) / bs);
-  e->kv_ = KvCache::create(*e->backend_, e->model_.kv_layouts(), n_blocks, bs);
-  e->blocks_ = BlockAllocator(n_blocks);
+  for (const auto* ids : {&e->config_.eos_token_ids, &e->config_.generation_eos_token_ids})
+    for (int64_t id : *ids)
+      if (id >= 0 && id < e->config_.vocab_size && !contains(e->eos_ids_, int32_t(id))) e->eos_ids_.push_back(int32_t(id));
+  KILN_RETURN_IF_ERROR(e->size_kv_cache(options).with_context("loading " + model_dir));
   return e;
+}
+
+Status Engine::size_kv_cache(const EngineOptions& o) {
+  const int32_t bs = o.block_size;
+  if (bs <= 0) return invalid_argument("block size must be positive (got " + std::to_string(bs) + ")");
+  if (o.max_num_seqs <= 0) return invalid_argument("max_num_seqs must be positive");
+  const int32_t max_batched = o.max_num_batched_tokens > 0 ? o.max_num_batched_tokens : std::max(2048, o.max_num_seqs);
+  if (max_batched < o.max_num_seqs) {
+    return invalid_argument("max_num_batched_tokens (" + std::to_string(max_batched) +
+                            ") must be at least max_num_seqs (" + std::to_string(o.max_num_seqs) + ")");
+  }
+  if (o.max_model_len < 0) return invalid_argument("max_model_len must not be negative");
+  if (!(o.gpu_memory_utilization > 0.0f && o.gpu_memory_utilization <= 1.0f)) {
+    return invalid_argument("gpu_memory_utilization must be in (0, 1] (got " +
+                            std::to_string(o.gpu_memory_utilization) + ")");
+  }
+  int64_t len = o.max_model_len > 0 ? o.max_model_len
+                                    : (config_.max_position_embeddings > 0 ? config_.max_position_embeddings : 8192);
+  max_model_len_ = len;
+  scheduler_ = std::make_unique<Scheduler>(SchedulerConfig{
+      .max_num_seqs = o.max_num_seqs, .max_num_batched_tokens = max_batched, .max_prefill_chunk = o.prefill_chunk});
+
+  const std::vector<model::KvLayout> layouts = model_.kv_layouts();
+  const int64_t bytes_token = KvCache::bytes_per_token(layouts, backend_->activation_dtype());
+  int64_t kv_bytes = o.kv_cache_bytes;
+  if (kv_bytes <= 0) {
+    if (backend_->memory_info()) {
+      const int64_t peak = measure_activation_peak();
+      const ops::MemoryInfo mem = *backend_->memory_info();
+      const int64_t free_bytes = mem.available - peak;
+      if (free_bytes <= 0) {
+        return Status(StatusCode::kResourceExhausted,
+                      "no device memory left for the KV cache: " + mib(mem.in_use) + " of weights, a " + mib(peak) +
+                          " activation peak, " + mib(mem.available) + " available");
+      }
+      kv_bytes = int64_t(double(o.gpu_memory_utilization) * double(free_bytes));
+      KILN_LOG(kInfo, "memory: " << mib(mem.in_use) << " of weights, " << mib(peak) << " activation peak, "
+                                 << mib(mem.available) << " available; KV cache " << o.gpu_memory_utilization
+                                 << " of what remains");
+    } else {
+      kv_bytes = std::min(kDefaultCpuKvBytes, int64_t(o.max_num_seqs) * len * bytes_token);
+    }
+  }
+  const int64_t n_blocks = kv_bytes / (bytes_token * bs);
+  if (n_blocks <= 0) {
+    return Status(StatusCode::kResourceExhausted, "a KV cache of " + mib(kv_bytes) + " holds no block of " +
+                                                      std::to_string(bs) + " tokens (" +
+                                                      std::to_string(bytes_token) + " bytes per token)");
+  }
+  if (n_blocks > INT32_MAX / bs) return invalid_argument("KV cache of " + mib(kv_bytes) + " is too large");
+  const int64_t capacity = n_blocks * bs;
+  if (capacity < len) {
+    if (o.max_model_len > 0) {
+      return Status(StatusCode::kResourceExhausted,
+                    "the KV cache (" + mib(n_blocks * bs * bytes_token) + ") holds " + std::to_string(capacity) +
+                        " tokens, fewer than the maximum model length " + std::to_string(len) +
+                        ": lower --max-model-len or give the cache more memory");
+    }
+    KILN_LOG(kWarn, "maximum model length " << len << " lowered to " << capacity << ", what the KV cache holds");
+    max_model_len_ = capacity;
+  }
+  kv_ = KvCache::create(*backend_, layouts, int32_t(n_blocks), bs);
+  kv_bytes_ = n_blocks * bs * bytes_token;
+  blocks_ = std::make_unique<BlockManager>(int32_t(n_blocks), bs, o.enable_prefix_caching);
+  KILN_LOG(kInfo, "KV cache: " << n_blocks << " blocks of " << bs << " tokens = " << capacity << " tokens ("
+                               << mib(kv_bytes_) << "), max model len " << max_model_len_ << ", prefix caching "
+                               << (o.enable_prefix_caching ? "on" : "off"));
+  return Status::Ok();
+}
+
+int64_t Engine::measure_activation_peak() {
+  // The largest step: the whole token budget, over as many sequences as may run, each
+  // sampling its last row with the most logprobs.
+  const SchedulerConfig& sc = scheduler_->config();
+  const int32_t bs = options_.block_size;
+  const int32_t n_seqs = std::max(1, std::min(sc.max_num_seqs, sc.max_num_batched_tokens));
+  const int32_t per_seq = int32_t(std::min<int64_t>(max_model_len_, (sc.max_num_batched_tokens + n_seqs - 1) / n_seqs));
+  const int32_t blocks_per_seq = (per_seq + bs - 1) / bs;
+  backend_->synchronize();
+  backend_->reset_peak_memory();
+  const int64_t base = backend_->memory_info()->in_use;
+  int64_t temp_kv = 0;
+  {
+    KvCache temp = KvCache::create(*backend_, model_.kv_layouts(), n_seqs * blocks_per_seq, bs);
+    temp_kv = backend_->memory_info()->in_use - base;
+    ops::BatchMeta b;
+    b.block_size = bs;
+    b.max_blocks_per_seq = blocks_per_seq;
+    for (int32_t s = 0; s < n_seqs; ++s) {
+      b.q_start.push_back(b.n_tokens());
+      b.context_len.push_back(per_seq);
+      for (int32_t i = 0; i < blocks_per_seq; ++i) b.block_table.push_back(s * blocks_per_seq + i);
+      for (int32_t p = 0; p < per_seq; ++p) {
+        b.token_ids.push_back(int32_t((s * 7919 + p) % config_.vocab_size));
+        b.positions.push_back(p);
+        b.slot_mapping.push_back(int32_t(b.slot(s, p)));
+      }
+      b.logit_rows.push_back(b.n_tokens() - 1);
+    }
+    b.q_start.push_back(b.n_tokens());
+    step_batch_ = std::move(b);
+    const Tensor logits = model_.forward(*backend_, step_batch_, temp.layers);
+    std::vector<ops::SamplingParams> params(static_cast<size_t>(n_seqs), {.temperature = 1.0f});
+    std::vector<float> uniform(static_cast<size_t>(n_seqs), 0.5f);
+    const int32_t n_top = int32_t(std::min<int64_t>(ops::kMaxTopLogprobs, config_.vocab_size));
+    const size_t rows = static_cast<size_t>(n_seqs);
+    std::vector<int32_t> tokens(rows), top_ids(rows * static_cast<size_t>(n_top));
+    std::vector<float> logprobs(rows), top_logprobs(rows * static_cast<size_t>(n_top));
+    backend_->sample({.logits = logits, .params = params, .uniform = uniform, .n_top = n_top, .tokens = tokens,
+                      .logprobs = logprobs, .top_ids = top_ids, .top_logprobs = top_logprobs});
+    backend_->synchronize();
+  }
+  const int64_t peak = backend_->memory_info()->peak_in_use - base - temp_kv;
+  KILN_LOG(kInfo, "activation peak " << mib(peak) << " for a step of " << step_batch_.n_tokens() << " tokens in "
+                                     << n_seqs << " sequences");
+  step_batch_ = {};
+  return std::max<int64_t>(peak, 0);
 }
 
 Status Engine::check_prompt(const std::vector<int32_t>& prompt, int64_t extra_tokens) const {
@@ -52,51 +180,51 @@ Status Engine::check_prompt(const std::vector<int32_t>& prompt, int64_t extra_to
     }
   }
   if (int64_t(prompt.size()) + extra_tokens > max_model_len_) {
-    return invalid_argument("prompt (" + std::to_string(prompt.size()) + " tokens) plus " +
-                            std::to_string(extra_tokens) + " new tokens exceeds the maximum length " +
-                            std::to_string(max_model_len_));
+    return invalid_argument("this model's maximum context length is " + std::to_string(max_model_len_) +
+                            " tokens, but " + std::to_string(int64_t(prompt.size()) + extra_tokens) +
+                            " were requested (" + std::to_string(prompt.size()) + " in the prompt, " +
+                            std::to_string(extra_tokens) + " to generate)");
   }
   return Status::Ok();
 }
 
-Tensor Engine::step(const std::vector<int32_t>& seq, int32_t begin, int32_t end,
-                    const std::vector<int32_t>& block_table, const std::vector<int32_t>& rows) {
-  ops::BatchMeta b;
-  b.block_size = kv_.block_size;
-  b.block_table = block_table;
-  b.max_blocks_per_seq = int32_t(block_table.size());
-  b.q_start = {0, end - begin};
-  b.context_len = {end};
-  for (int32_t p = begin; p < end; ++p) {
-    b.token_ids.push_back(seq[size_t(p)]);
-    b.positions.push_back(p);
-    b.slot_mapping.push_back(int32_t(b.slot(0, p)));
-  }
-  b.logit_rows = rows;
-  step_batch_ = std::move(b);  // run_step needs the batch alive until the step's last op
+Tensor Engine::forward(ops::BatchMeta&& batch) {
+  step_batch_ = std::move(batch);  // run_step needs the batch alive until the step's last op
   return model_.forward(*backend_, step_batch_, kv_.layers);
 }
 
 Result<std::vector<std::vector<float>>> Engine::logits(const std::vector<int32_t>& prompt) {
   KILN_RETURN_IF_ERROR(check_prompt(prompt, 0));
   const int32_t n = int32_t(prompt.size());
-  const int32_t n_blocks = (n + kv_.block_size - 1) / kv_.block_size;
-  if (!blocks_.can_allocate(n_blocks)) return Status(StatusCode::kResourceExhausted, "KV cache full");
-  const std::vector<int32_t> table = blocks_.allocate(n_blocks);
+  BlockTable table;
+  if (!blocks_->can_allocate(blocks_->blocks_needed(table, n))) {
+    return Status(StatusCode::kResourceExhausted, "KV cache full");
+  }
+  blocks_->allocate(table, {}, n);
   const int32_t chunk = options_.prefill_chunk > 0 ? options_.prefill_chunk : n;
   std::vector<std::vector<float>> out;
   for (int32_t begin = 0; begin < n; begin += chunk) {
     const int32_t end = std::min(n, begin + chunk);
-    std::vector<int32_t> rows(size_t(end - begin));
-    for (int32_t r = 0; r < end - begin; ++r) rows[size_t(r)] = r;
-    const Tensor logits = step(prompt, begin, end, table, rows);
+    ops::BatchMeta b;
+    b.block_size = kv_.block_size;
+    b.block_table = table.blocks;
+    b.max_blocks_per_seq = int32_t(table.blocks.size());
+    b.q_start = {0, end - begin};
+    b.context_len = {end};
+    for (int32_t p = begin; p < end; ++p) {
+      b.token_ids.push_back(prompt[size_t(p)]);
+      b.positions.push_back(p);
+      b.slot_mapping.push_back(int32_t(b.slot(0, p)));
+      b.logit_rows.push_back(p - begin);
+    }
+    const Tensor logits = forward(std::move(b));
     std::vector<float> flat(size_t(logits.numel()));
     backend_->to_host_f32(logits, flat.data());
     const size_t vocab = size_t(config_.vocab_size);
-    for (size_t r = 0; r < rows.size(); ++r)
-      out.emplace_back(flat.begin() + long(r * vocab), flat.begin() + long((r + 1) * vocab));
+    for (int32_t r = 0; r < end - begin; ++r)
+      out.emplace_back(flat.begin() + long(size_t(r) * vocab), flat.begin() + long(size_t(r + 1) * vocab));
   }
-  blocks_.release(table);
+  blocks_->free(table);
   return out;
 }
 
@@ -106,114 +234,146 @@ Result<GenerateResult> Engine::generate(const std::vector<int32_t>& prompt, int3
   return std::move(r.front());
 }
 
-int32_t decode_bucket(int32_t n) {
-  if (n <= 8) {
-    int32_t b = 1;
-    while (b < n) b *= 2;
-    return b;
-  }
-  return (n + 7) / 8 * 8;
-}
-
-namespace {
-
-// One sequence of a batched generation.
-struct GenSeq {
-  std::vector<int32_t> tokens;  // prompt + generated; all but the last are in the KV cache once decoding
-  std::vector<int32_t> table;   // its KV blocks
-  Sampler sampler;
-  GenerateResult result;
-  bool done = false;
-};
-
-}  // namespace
-
 Result<std::vector<GenerateResult>> Engine::generate_batch(const std::vector<std::vector<int32_t>>& prompts,
                                                           int32_t max_new_tokens, const SamplingParams& sampling,
                                                           bool ignore_eos) {
   if (max_new_tokens < 0) return invalid_argument("max tokens must not be negative");
   if (prompts.empty()) return invalid_argument("no prompts");
+  if (!idle()) return invalid_argument("generate_batch while requests are in flight");
   KILN_RETURN_IF_ERROR(validate(sampling, config_.vocab_size));
-  int32_t blocks_needed = 0;
-  for (const auto& prompt : prompts) {
-    KILN_RETURN_IF_ERROR(check_prompt(prompt, max_new_tokens));
-    blocks_needed += (int32_t(prompt.size()) + max_new_tokens + kv_.block_size - 1) / kv_.block_size;
+  for (const auto& prompt : prompts) KILN_RETURN_IF_ERROR(check_prompt(prompt, max_new_tokens));
+  std::vector<GenerateResult> out(prompts.size());
+  if (max_new_tokens == 0) return out;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto r = std::make_shared<Request>(Request{
+        .prompt = prompts[i], .sampling = sampling, .max_tokens = max_new_tokens, .ignore_eos = ignore_eos});
+    KILN_RETURN_IF_ERROR(add_request(i, std::move(r)));
   }
-  if (!blocks_.can_allocate(blocks_needed)) return Status(StatusCode::kResourceExhausted, "KV cache full");
-  std::vector<GenSeq> seqs;
-  for (const auto& prompt : prompts) {
-    const int32_t n = (int32_t(prompt.size()) + max_new_tokens + kv_.block_size - 1) / kv_.block_size;
-    seqs.push_back({.tokens = prompt, .table = blocks_.allocate(n), .sampler = Sampler(sampling)});
-  }
-  const auto& eos = config_.eos_token_ids;
-  auto take = [&](GenSeq& s, SampledToken sampled) {
-    s.result.tokens.push_back(sampled.token);
-    s.tokens.push_back(sampled.token);
-    if (sampling.logprobs >= 0) s.result.logprobs.push_back(std::move(sampled));
-    if (!ignore_eos && std::find(eos.begin(), eos.end(), s.tokens.back()) != eos.end()) {
-      s.result.stopped_by_eos = true;
-      s.done = true;
+  while (!idle()) {
+    for (StepOutput& o : step()) {
+      GenerateResult& g = out[size_t(o.request_id)];
+      g.tokens.push_back(o.token.token);
+      if (sampling.logprobs >= 0) g.logprobs.push_back(std::move(o.token));
+      if (o.finish == FinishReason::kEos) g.stopped_by_eos = true;
     }
-    if (int32_t(s.result.tokens.size()) >= max_new_tokens) s.done = true;
-  };
+  }
+  return out;
+}
 
-  // Prefill each prompt on its own (in chunks if asked); its last row's logits
-  // give its first token.
-  if (max_new_tokens > 0) {
-    for (GenSeq& s : seqs) {
-      const int32_t n = int32_t(s.tokens.size());
-      const int32_t chunk = options_.prefill_chunk > 0 ? options_.prefill_chunk : n;
-      for (int32_t begin = 0; begin < n; begin += chunk) {
-        const int32_t end = std::min(n, begin + chunk);
-        const Tensor logits = step(s.tokens, begin, end, s.table, {end - begin - 1});
-        if (end == n) take(s, s.sampler.sample(*backend_, logits));
+Status Engine::check_request(const Request& r) const {
+  if (r.n < 1) return invalid_argument("n must be at least 1 (got " + std::to_string(r.n) + ")");
+  if (r.max_tokens < 0) return invalid_argument("max_tokens must not be negative");
+  KILN_RETURN_IF_ERROR(validate(r.sampling, config_.vocab_size));
+  KILN_RETURN_IF_ERROR(check_prompt(r.prompt, r.max_tokens));
+  for (const std::vector<int32_t>* ids : {&r.stop_token_ids, &r.forced_output}) {
+    for (int32_t t : *ids) {
+      if (t < 0 || t >= config_.vocab_size) {
+        return invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary [0, " +
+                                std::to_string(config_.vocab_size) + ")");
       }
     }
   }
+  return Status::Ok();
+}
 
-  // Decode: the unfinished sequences advance one token per step, together, the
-  // batch padded to decode_bucket(n) rows by repeating the first sequence's row
-  // with a padding slot (it stores nothing and its logits are ignored), and the
-  // block tables padded to one power-of-two width: few distinct batch shapes, so
-  // the backend replays recorded steps (Backend::run_step).
-  size_t width = 1;
-  for (const GenSeq& s : seqs)
-    while (width < s.table.size()) width *= 2;
-  while (true) {
-    std::vector<size_t> live;
-    for (size_t i = 0; i < seqs.size(); ++i)
-      if (!seqs[i].done) live.push_back(i);
-    if (live.empty()) break;
-    const int32_t n = int32_t(live.size()), rows = decode_bucket(n);
-    ops::BatchMeta b;
-    b.block_size = kv_.block_size;
-    b.max_blocks_per_seq = int32_t(width);
-    for (int32_t r = 0; r < rows; ++r) {
-      const GenSeq& s = seqs[live[size_t(r < n ? r : 0)]];
-      const int32_t pos = int32_t(s.tokens.size()) - 1;
-      b.q_start.push_back(r);
-      b.context_len.push_back(pos + 1);
-      b.block_table.insert(b.block_table.end(), s.table.begin(), s.table.end());
-      b.block_table.resize(size_t(r + 1) * width, s.table.back());
-      b.token_ids.push_back(s.tokens.back());
-      b.positions.push_back(pos);
-      b.slot_mapping.push_back(r < n ? int32_t(b.slot(r, pos)) : ops::kPadSlot);
-      b.logit_rows.push_back(r);
-    }
-    b.q_start.push_back(rows);
-    step_batch_ = std::move(b);
-    const Tensor logits = model_.forward(*backend_, step_batch_, kv_.layers);
-    for (int32_t r = 0; r < n; ++r) {
-      GenSeq& s = seqs[live[size_t(r)]];
-      take(s, s.sampler.sample(*backend_, logits.slice0(r, r + 1)));
+Status Engine::add_request(uint64_t id, std::shared_ptr<const Request> r) {
+  KILN_RETURN_IF_ERROR(check_request(*r));
+  if (r->max_tokens < 1) return invalid_argument("max_tokens must be at least 1");
+  KILN_CHECK(requests_.count(id) == 0) << "request id " << id << " is in use";
+  RequestState& st = requests_[id];
+  st.request = r;
+  st.n_unfinished = r->n;
+  // Samples after the first wait for its prompt blocks when there are full ones to share.
+  const bool share = r->n > 1 && blocks_->prefix_caching() && int32_t(r->prompt.size()) > kv_.block_size;
+  for (int32_t i = 0; i < r->n; ++i) {
+    SamplingParams params = r->sampling;
+    params.seed = r->sampling.seed + uint64_t(i);
+    auto seq = std::make_unique<Sequence>(id, i, r, params);
+    seq->tokens = r->prompt;
+    seq->n_prompt = int32_t(r->prompt.size());
+    seq->sampler.observe_prompt(r->prompt);
+    if (i > 0 && share) seq->wait_for = st.seqs.front().get();
+    scheduler_->add(seq.get());
+    st.seqs.push_back(std::move(seq));
+  }
+  stats_.prompt_tokens += int64_t(r->prompt.size());
+  return Status::Ok();
+}
+
+void Engine::finish(Sequence& seq, FinishReason reason) {
+  scheduler_->remove(&seq);
+  blocks_->free(seq.table);
+  seq.state = SeqState::kFinished;
+  seq.finish = reason;
+  RequestState& st = requests_.at(seq.request_id);
+  if (seq.sample_index == 0)
+    for (auto& s : st.seqs) s->wait_for = nullptr;
+  --st.n_unfinished;
+}
+
+void Engine::cancel(uint64_t id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  for (auto& s : it->second.seqs)
+    if (s->state != SeqState::kFinished) finish(*s, FinishReason::kCancelled);
+  requests_.erase(it);
+}
+
+std::vector<StepOutput> Engine::step() {
+  const Schedule schedule = scheduler_->schedule(*blocks_);
+  if (schedule.empty()) return {};
+  StepBatch batch = build_step_batch(schedule, kv_.block_size);
+  const std::vector<Sequence*> sampled = std::move(batch.sampled);
+  const Tensor logits = forward(std::move(batch.meta));
+  for (const ScheduledSeq& s : schedule.seqs) {
+    s.seq->n_computed += s.n_new;
+    blocks_->commit(s.seq->table, s.seq->tokens, s.seq->n_computed);
+    stats_.computed_tokens += s.n_new;
+  }
+  ++stats_.steps;
+  std::vector<StepOutput> outs;
+  if (sampled.empty()) return outs;
+
+  std::vector<Sampler*> samplers;
+  for (Sequence* s : sampled) samplers.push_back(&s->sampler);
+  std::vector<SampledToken> tokens =
+      sample_rows(*backend_, logits.slice0(0, int64_t(sampled.size())), samplers);
+  std::vector<uint64_t> done;
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    Sequence& seq = *sampled[i];
+    const Request& r = *seq.request;
+    SampledToken t = std::move(tokens[i]);
+    if (size_t(seq.n_generated()) < r.forced_output.size()) t.token = r.forced_output[size_t(seq.n_generated())];
+    seq.tokens.push_back(t.token);
+    seq.sampler.observe_generated(t.token);
+    ++stats_.generated_tokens;
+    if (seq.sample_index == 0 && seq.n_generated() == 1)
+      for (auto& s : requests_.at(seq.request_id).seqs) s->wait_for = nullptr;  // the prompt is cached now
+    FinishReason f = FinishReason::kNone;
+    if (!r.ignore_eos && contains(eos_ids_, t.token)) f = FinishReason::kEos;
+    else if (contains(r.stop_token_ids, t.token)) f = FinishReason::kStopToken;
+    else if (seq.n_generated() >= r.max_tokens || seq.n_tokens() >= max_model_len_) f = FinishReason::kLength;
+    outs.push_back({.request_id = seq.request_id, .sample_index = seq.sample_index, .token = std::move(t),
+                    .finish = f});
+    if (f != FinishReason::kNone) {
+      finish(seq, f);
+      if (requests_.at(seq.request_id).n_unfinished == 0) done.push_back(seq.request_id);
     }
   }
-  std::vector<GenerateResult> out;
-  for (GenSeq& s : seqs) {
-    blocks_.release(s.table);
-    out.push_back(std::move(s.result));
-  }
-  return out;
+  for (uint64_t id : done) requests_.erase(id);
+  return outs;
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s = stats_;
+  s.preemptions = scheduler_->preemptions();
+  s.prefix_queried_tokens = blocks_->prefix_queried_tokens();
+  s.prefix_hit_tokens = blocks_->prefix_hit_tokens();
+  s.running = int32_t(scheduler_->running().size());
+  s.waiting = int32_t(scheduler_->waiting().size());
+  s.kv_blocks_used = blocks_->n_used();
+  s.kv_blocks_total = blocks_->n_blocks();
+  return s;
 }
 
 }  // namespace kiln::runtime

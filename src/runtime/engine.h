@@ -1,26 +1,47 @@
-// Engine: a loaded model on a backend, with a paged KV cache. This first
-// version runs one sequence at a time (the continuous-batching scheduler plugs
-// in on the same BatchMeta / block-table structures).
+// Engine: a loaded model on a backend, its paged KV cache, and the continuous-batching
+// loop's single step. One thread drives an Engine (the AsyncEngine's loop when serving;
+// the caller for logits / generate / generate_batch).
+//
+//   add_request -> scheduler (waiting) -> step(): schedule -> batch -> model forward
+//     -> sample (each sequence with its own seeded generator) -> StepOutputs
+//     -> finished sequences free their blocks
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/status.h"
 #include "formats/hf_config.h"
 #include "model/blocks.h"
 #include "ops/backend.h"
+#include "runtime/batch_builder.h"
+#include "runtime/block_manager.h"
 #include "runtime/kv_cache.h"
 #include "runtime/sampler.h"
+#include "runtime/scheduler.h"
+#include "runtime/sequence.h"
 
 namespace kiln::runtime {
 
 struct EngineOptions {
-  int32_t block_size = 16;      // tokens per KV block
-  int64_t max_model_len = 0;    // 0: config max_position_embeddings (capped at 8192 on CPU)
-  int32_t prefill_chunk = 0;    // 0: whole prompt in one step; N: N tokens per step
+  int32_t block_size = 16;          // tokens per KV block
+  int64_t max_model_len = 0;        // 0: config max_position_embeddings, within the KV cache
+  int32_t prefill_chunk = 0;        // tokens of one sequence per step at most (0: the step budget)
+  int32_t max_num_seqs = 256;       // running sequences at most
+  int32_t max_num_batched_tokens = 0;  // tokens per step at most (0: max(2048, max_num_seqs))
+  bool enable_prefix_caching = true;
+  // KV cache size. 0: on a GPU, gpu_memory_utilization of what is free after the weights
+  // and a measured activation peak; on the CPU, enough for max_num_seqs full-length
+  // sequences, at most kDefaultCpuKvBytes (and at least one full-length sequence).
+  int64_t kv_cache_bytes = 0;
+  float gpu_memory_utilization = 0.9f;
+  // Weight loading progress: checkpoint bytes bound so far, of the total.
+  std::function<void(uint64_t done, uint64_t total)> on_load_progress;
 };
+constexpr int64_t kDefaultCpuKvBytes = int64_t(256) << 20;
 
 struct GenerateResult {
   std::vector<int32_t> tokens;  // generated ids (the final eos included if one stopped it)
@@ -30,9 +51,26 @@ struct GenerateResult {
   std::vector<SampledToken> logprobs;
 };
 
-// Rows of a decode step holding n sequences: 1, 2, 4, 8, then multiples of 8 (each
-// distinct size is one recorded CUDA graph per context width).
-int32_t decode_bucket(int32_t n);
+// One sampled token of one sequence.
+struct StepOutput {
+  uint64_t request_id = 0;
+  int32_t sample_index = 0;
+  SampledToken token;
+  FinishReason finish = FinishReason::kNone;  // set when this token ended the sequence
+};
+
+// Monotonic counters and current gauges of an engine.
+struct EngineStats {
+  int64_t steps = 0;
+  int64_t prompt_tokens = 0;      // prompt tokens of admitted sequences
+  int64_t computed_tokens = 0;    // tokens run through the model (prefill + decode + recompute)
+  int64_t generated_tokens = 0;
+  int64_t preemptions = 0;
+  int64_t prefix_queried_tokens = 0;
+  int64_t prefix_hit_tokens = 0;
+  int32_t running = 0, waiting = 0;
+  int32_t kv_blocks_used = 0, kv_blocks_total = 0;
+};
 
 class Engine {
  public:
@@ -40,41 +78,72 @@ class Engine {
                                               std::unique_ptr<ops::Backend> backend,
                                               const EngineOptions& options);
 
+  // ---- one call, one answer (CLI, tests); not while requests are in flight
+
   // fp32 logits of every prompt position, [n_prompt][vocab].
   Result<std::vector<std::vector<float>>> logits(const std::vector<int32_t>& prompt);
   // Up to max_new_tokens sampled tokens; stops early at an eos id unless ignore_eos.
-  // Sampling runs on the backend: only token ids (and logprobs) come back to the host.
   Result<GenerateResult> generate(const std::vector<int32_t>& prompt, int32_t max_new_tokens,
                                   const SamplingParams& sampling, bool ignore_eos = false);
-  // Several prompts generated together: each is prefilled on its own, then every
-  // unfinished sequence advances one token per decode step in one batch. Each
-  // sequence samples with its own generator seeded by sampling.seed, so on a
-  // backend whose rows are independent (the CPU reference) the result equals
-  // separate generate calls.
+  // Several prompts as requests of one continuous batch, each sampling with its own
+  // generator seeded by sampling.seed: on a backend whose rows are independent (the CPU
+  // reference) the result equals separate generate calls.
   Result<std::vector<GenerateResult>> generate_batch(const std::vector<std::vector<int32_t>>& prompts,
                                                      int32_t max_new_tokens, const SamplingParams& sampling,
                                                      bool ignore_eos = false);
 
+  // ---- serving: one thread calls these
+
+  // Whether the engine can take the request (invalid_argument with the numbers if not).
+  Status check_request(const Request& r) const;
+  // Queues a checked request; its id must be unused. max_tokens must be >= 1.
+  Status add_request(uint64_t id, std::shared_ptr<const Request> r);
+  // Ends a request's sequences at once and frees their blocks (unknown ids: no-op).
+  void cancel(uint64_t id);
+  // Runs one step of the continuous batch; the tokens it sampled (nothing when idle).
+  std::vector<StepOutput> step();
+  bool idle() const { return scheduler_->idle(); }
+  bool has_request(uint64_t id) const { return requests_.count(id) != 0; }
+  EngineStats stats() const;
+
   const formats::ModelConfig& config() const { return config_; }
   int64_t max_model_len() const { return max_model_len_; }
+  int64_t kv_capacity_tokens() const { return kv_.capacity_tokens(); }
+  int64_t kv_cache_bytes() const { return kv_bytes_; }
+  const SchedulerConfig& scheduler_config() const { return scheduler_->config(); }
+  bool prefix_caching() const { return blocks_->prefix_caching(); }
   ops::Backend& backend() { return *backend_; }
+  // End-of-sequence ids: config.json's, generation_config.json's and the tokenizer's.
+  const std::vector<int32_t>& eos_token_ids() const { return eos_ids_; }
 
  private:
   Engine() = default;
   Status check_prompt(const std::vector<int32_t>& prompt, int64_t extra_tokens) const;
-  // Runs tokens [begin, end) of `seq` (earlier ones are already cached) and returns
-  // the logits of the rows in `rows` (relative to begin): [rows, vocab] backend tensor.
-  Tensor step(const std::vector<int32_t>& seq, int32_t begin, int32_t end, const std::vector<int32_t>& block_table,
-              const std::vector<int32_t>& rows);
+  Status size_kv_cache(const EngineOptions& options);
+  // The activation memory of the largest step the scheduler can make (GPU sizing).
+  int64_t measure_activation_peak();
+  Tensor forward(ops::BatchMeta&& batch);
+  void finish(Sequence& seq, FinishReason reason);
+
+  struct RequestState {
+    std::shared_ptr<const Request> request;
+    std::vector<std::unique_ptr<Sequence>> seqs;
+    int32_t n_unfinished = 0;
+  };
 
   formats::ModelConfig config_;
   std::unique_ptr<ops::Backend> backend_;
   model::CausalLM model_;
   KvCache kv_;
-  BlockAllocator blocks_{0};
+  int64_t kv_bytes_ = 0;
+  std::unique_ptr<BlockManager> blocks_;
+  std::unique_ptr<Scheduler> scheduler_;
   EngineOptions options_;
   int64_t max_model_len_ = 0;
+  std::vector<int32_t> eos_ids_;
   ops::BatchMeta step_batch_;  // the current step's batch (backends read it until the step ends)
+  std::unordered_map<uint64_t, RequestState> requests_;
+  EngineStats stats_;
 };
 
 }  // namespace kiln::runtime

@@ -1,5 +1,5 @@
-// Paged KV cache: fixed-size blocks of token slots per layer, handed out by a
-// BlockAllocator (query-then-commit: can_allocate, then allocate).
+// The paged KV cache's tensors: fixed-size blocks of token slots per layer. Which
+// sequence owns which block is the BlockManager's business (block_manager.h).
 #pragma once
 
 #include <cstdint>
@@ -9,21 +9,6 @@
 #include "ops/backend.h"
 
 namespace kiln::runtime {
-
-class BlockAllocator {
- public:
-  explicit BlockAllocator(int32_t n_blocks);
-  bool can_allocate(int32_t n) const { return n <= int32_t(free_.size()); }
-  // Takes n free blocks; KILN_CHECKs can_allocate(n).
-  std::vector<int32_t> allocate(int32_t n);
-  void release(const std::vector<int32_t>& blocks);
-  int32_t n_free() const { return int32_t(free_.size()); }
-  int32_t n_blocks() const { return n_blocks_; }
-
- private:
-  int32_t n_blocks_;
-  std::vector<int32_t> free_;  // a stack: lowest ids are handed out first
-};
 
 struct KvCache {
   int32_t block_size = 16;  // tokens per block
@@ -35,6 +20,7 @@ struct KvCache {
                         int32_t n_blocks, int32_t block_size);
   // Bytes one token slot takes over all layers.
   static int64_t bytes_per_token(const std::vector<model::KvLayout>& layouts, DType dtype);
+  int64_t capacity_tokens() const { return int64_t(n_blocks) * block_size; }
 };
 
 }  // namespace kiln::runtime

@@ -1,12 +1,13 @@
 #include "runtime/sampler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 namespace kiln::runtime {
 
 Status validate(const SamplingParams& p, int64_t vocab) {
-  if (!(p.temperature >= 0.0f)) {
+  if (!(p.temperature >= 0.0f && std::isfinite(p.temperature))) {
     return invalid_argument("temperature must be >= 0 (got " + std::to_string(p.temperature) + ")");
   }
   if (p.top_k < 0) return invalid_argument("top_k must be >= 0 (got " + std::to_string(p.top_k) + ")");
@@ -21,26 +22,90 @@ Status validate(const SamplingParams& p, int64_t vocab) {
     return invalid_argument("logprobs must be -1 (none) or in [0, " + std::to_string(max_logprobs) + "] (got " +
                             std::to_string(p.logprobs) + ")");
   }
+  if (!(p.repetition_penalty > 0.0f && std::isfinite(p.repetition_penalty))) {
+    return invalid_argument("repetition_penalty must be > 0 (got " + std::to_string(p.repetition_penalty) + ")");
+  }
+  if (!std::isfinite(p.presence_penalty) || !std::isfinite(p.frequency_penalty)) {
+    return invalid_argument("presence_penalty and frequency_penalty must be finite numbers");
+  }
   return Status::Ok();
+}
+
+void Sampler::observe_prompt(std::span<const int32_t> tokens) {
+  if (!params_.has_penalties()) return;
+  for (int32_t t : tokens) seen_.try_emplace(t, 0);
+}
+
+void Sampler::observe_generated(int32_t token) {
+  if (params_.has_penalties()) ++seen_[token];
+}
+
+void Sampler::penalty_list(std::vector<int32_t>& tokens, std::vector<int32_t>& counts) const {
+  const size_t begin = tokens.size();
+  for (const auto& [t, n] : seen_) tokens.push_back(t);
+  std::sort(tokens.begin() + long(begin), tokens.end());  // a fixed order: the same list for the same history
+  for (size_t i = begin; i < tokens.size(); ++i) counts.push_back(seen_.at(tokens[i]));
 }
 
 SampledToken Sampler::sample(ops::Backend& backend, const Tensor& logits) {
   KILN_CHECK_EQ(logits.rank(), 2) << "sampler: logits " << logits.shape;
   KILN_CHECK_EQ(logits.dim(0), 1) << "sampler: one row per sampler";
-  const ops::SamplingParams params[1] = {op_params()};
-  const float uniform[1] = {next_uniform()};
-  const int32_t n_top = std::max(0, params_.logprobs);
-  SampledToken out;
-  out.top_ids.resize(size_t(n_top));
-  out.top_logprobs.resize(size_t(n_top));
+  Sampler* self[1] = {this};
+  return std::move(sample_rows(backend, logits, self).front());
+}
+
+std::vector<SampledToken> sample_rows(ops::Backend& backend, const Tensor& logits,
+                                      std::span<Sampler* const> samplers) {
+  KILN_CHECK_EQ(logits.rank(), 2) << "sampler: logits " << logits.shape;
+  KILN_CHECK_EQ(logits.dim(0), int64_t(samplers.size())) << "sampler: one row per sampler";
+  const size_t n = samplers.size();
+  std::vector<ops::SamplingParams> params(n);
+  std::vector<float> uniform(n);
+  int32_t n_top = 0;
+  bool any_logprobs = false, any_penalties = false;
+  for (size_t r = 0; r < n; ++r) {
+    params[r] = samplers[r]->op_params();
+    uniform[r] = samplers[r]->next_uniform();
+    n_top = std::max(n_top, samplers[r]->params().logprobs);
+    any_logprobs = any_logprobs || samplers[r]->params().logprobs >= 0;
+    any_penalties = any_penalties || samplers[r]->params().has_penalties();
+  }
+  std::vector<ops::PenaltyParams> penalties;
+  std::vector<int32_t> penalty_start, penalty_tokens, penalty_counts;
+  if (any_penalties) {
+    penalty_start.push_back(0);
+    for (Sampler* s : samplers) {
+      const SamplingParams& p = s->params();
+      penalties.push_back({.repetition = p.repetition_penalty, .presence = p.presence_penalty,
+                           .frequency = p.frequency_penalty});
+      s->penalty_list(penalty_tokens, penalty_counts);
+      penalty_start.push_back(int32_t(penalty_tokens.size()));
+    }
+  }
+  std::vector<int32_t> tokens(n), top_ids(n * size_t(n_top));
+  std::vector<float> logprobs(any_logprobs ? n : 0), top_logprobs(n * size_t(n_top));
   backend.sample({.logits = logits,
                   .params = params,
                   .uniform = uniform,
                   .n_top = n_top,
-                  .tokens = std::span<int32_t>(&out.token, 1),
-                  .logprobs = params_.logprobs >= 0 ? std::span<float>(&out.logprob, 1) : std::span<float>(),
-                  .top_ids = out.top_ids,
-                  .top_logprobs = out.top_logprobs});
+                  .tokens = tokens,
+                  .logprobs = logprobs,
+                  .top_ids = top_ids,
+                  .top_logprobs = top_logprobs,
+                  .penalties = penalties,
+                  .penalty_start = penalty_start,
+                  .penalty_tokens = penalty_tokens,
+                  .penalty_counts = penalty_counts});
+  std::vector<SampledToken> out(n);
+  for (size_t r = 0; r < n; ++r) {
+    out[r].token = tokens[r];
+    const int32_t k = samplers[r]->params().logprobs;
+    if (k < 0) continue;
+    out[r].logprob = logprobs[r];
+    const auto first = long(r * size_t(n_top));
+    out[r].top_ids.assign(top_ids.begin() + first, top_ids.begin() + first + k);
+    out[r].top_logprobs.assign(top_logprobs.begin() + first, top_logprobs.begin() + first + k);
+  }
   return out;
 }
 

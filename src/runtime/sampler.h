@@ -1,12 +1,15 @@
-// Token sampling through the backend's sample op (ops::SampleArgs): greedy at
-// temperature 0, otherwise temperature, then top-k, top-p and min-p filtering,
-// then a draw. The Sampler owns the seeded generator and draws the uniform of
-// each token on the host (same seed, same logits -> same tokens), so only token
-// ids and logprobs leave the device.
+// Token sampling through the backend's sample op (ops::SampleArgs): penalties on the
+// tokens a sequence has seen, then greedy at temperature 0, otherwise temperature, top-k,
+// top-p and min-p filtering, then a draw. Each sequence has its own Sampler: its seeded
+// generator draws the uniform of each token on the host (same seed, same logits -> same
+// tokens, whatever else is in the batch), and its counts feed the penalties. Only token ids
+// and logprobs leave the device.
 #pragma once
 
 #include <cstdint>
 #include <random>
+#include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "core/status.h"
@@ -23,10 +26,18 @@ struct SamplingParams {
   uint64_t seed = 0;
   int32_t logprobs = -1;     // -1: none; 0..ops::kMaxTopLogprobs: the chosen token's
                              // logprob and that many top alternatives
+  float repetition_penalty = 1.0f;  // 1: off; on prompt and generated tokens
+  float presence_penalty = 0.0f;    // 0: off; on generated tokens
+  float frequency_penalty = 0.0f;   // 0: off; on generated tokens, per occurrence
+
+  bool has_penalties() const {
+    return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f;
+  }
 };
 
-// invalid_argument unless temperature >= 0, top_k >= 0, top_p in (0, 1],
-// min_p in [0, 1] and logprobs in [-1, min(kMaxTopLogprobs, vocab)].
+// invalid_argument unless temperature >= 0, top_k >= 0, top_p in (0, 1], min_p in
+// [0, 1], logprobs in [-1, min(kMaxTopLogprobs, vocab)], repetition_penalty > 0 and the
+// penalties are finite.
 [[nodiscard]] Status validate(const SamplingParams& p, int64_t vocab);
 
 // One sampled token, with its logprobs when SamplingParams::logprobs >= 0.
@@ -53,10 +64,24 @@ class Sampler {
     return {.temperature = params_.temperature, .top_k = params_.top_k, .top_p = params_.top_p,
             .min_p = params_.min_p};
   }
+  const SamplingParams& params() const { return params_; }
+
+  // The penalties' memory: tokens of the prompt, then each generated token.
+  void observe_prompt(std::span<const int32_t> tokens);
+  void observe_generated(int32_t token);
+  // Appends this sequence's penalty list (distinct seen tokens, ascending, with their
+  // generated counts) for the sample op.
+  void penalty_list(std::vector<int32_t>& tokens, std::vector<int32_t>& counts) const;
 
  private:
   SamplingParams params_;
   std::mt19937_64 rng_;
+  std::unordered_map<int32_t, int32_t> seen_;  // token -> times generated (0: prompt only)
 };
+
+// Samples row r of logits [samplers.size(), vocab] with samplers[r], all rows in one
+// backend call; each sampler draws its own uniform. Rows whose sampler has penalties
+// get them (the logits are penalised in place).
+std::vector<SampledToken> sample_rows(ops::Backend& backend, const Tensor& logits, std::span<Sampler* const> samplers);
 
 }  // namespace kiln::runtime

@@ -82,7 +82,7 @@ TEST(Cli, BadInputsFailWithAClearMessage) {
       {"logits" + model + " --tokens 1,x,3", "\"x\" is not a token id"},
       {"logits" + model + " --tokens 1,99999", "outside the vocabulary"},
       {"logits" + model, "needs --tokens"},
-      {"generate" + model + " --tokens 1,2 --max-tokens 100000", "exceeds the maximum length"},
+      {"generate" + model + " --tokens 1,2 --max-tokens 100000", "maximum context length is"},
       {"frobnicate", "frobnicate"},
   };
   for (const Case& c : cases) {

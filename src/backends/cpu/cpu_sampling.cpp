@@ -90,6 +90,7 @@ void CpuBackend::sample(const ops::SampleArgs& a) {
   ops::check_sample_args(a);
   KILN_CHECK(a.logits.device == Device::kHost) << "cpu backend: logits are not in host memory";
   check_float_dtype(a.logits, "logits");
+  KILN_CHECK(a.penalties.empty() || a.logits.dtype == DType::kF32) << "cpu backend: penalised logits must be f32";
   const int64_t n_rows = a.logits.dim(0);
   const int32_t vocab = int32_t(a.logits.dim(1));
   const int32_t n_top = a.n_top;
@@ -98,6 +99,15 @@ void CpuBackend::sample(const ops::SampleArgs& a) {
     for (int64_t r = r0; r < r1; ++r) {
       for (int32_t i = 0; i < vocab; ++i) row[size_t(i)] = load_f32(a.logits, r * vocab + i);
       const size_t ru = size_t(r);
+      if (!a.penalties.empty()) {
+        for (int32_t e = a.penalty_start[ru]; e < a.penalty_start[ru + 1]; ++e) {
+          const int32_t tok = a.penalty_tokens[size_t(e)];
+          float x = ops::apply_penalty(row[size_t(tok)], a.penalties[ru], a.penalty_counts[size_t(e)]);
+          if (bf16_activations_) x = bf16_to_f32(f32_to_bf16(x));  // as a bf16 pipeline stores it
+          row[size_t(tok)] = x;
+          a.logits.as<float>()[r * vocab + tok] = x;
+        }
+      }
       const int32_t tok = sample_row(row.data(), vocab, a.params[ru], a.uniform[ru]);
       a.tokens[ru] = tok;
       if (a.logprobs.empty() && n_top == 0) continue;

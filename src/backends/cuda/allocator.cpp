@@ -1,5 +1,7 @@
 #include "backends/cuda/allocator.h"
 
+#include <algorithm>
+
 #include "backends/cuda/cuda_check.h"
 
 namespace kiln::cuda {
@@ -28,6 +30,7 @@ std::shared_ptr<void> CachingAllocator::allocate(size_t bytes) {
       cached_ -= cls;
     }
     in_use_ += cls;
+    peak_ = std::max(peak_, in_use_);
   }
   if (p == nullptr) {
     KILN_CUDA_CHECK(cudaSetDevice(device_));
@@ -57,6 +60,16 @@ void CachingAllocator::give_back(void* p, size_t cls) {
 size_t CachingAllocator::bytes_in_use() const {
   std::lock_guard<std::mutex> lock(mu_);
   return in_use_;
+}
+
+size_t CachingAllocator::peak_bytes_in_use() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return peak_;
+}
+
+void CachingAllocator::reset_peak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  peak_ = in_use_;
 }
 
 size_t CachingAllocator::bytes_cached() const {

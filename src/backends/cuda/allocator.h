@@ -25,6 +25,9 @@ class CachingAllocator : public std::enable_shared_from_this<CachingAllocator> {
   std::shared_ptr<void> allocate(size_t bytes);
   size_t bytes_in_use() const;
   size_t bytes_cached() const;
+  // The most bytes_in_use since the last reset.
+  size_t peak_bytes_in_use() const;
+  void reset_peak();
   // Returns every cached (free) block to the driver.
   void release_cached();
   // While set, every block handed out is also appended to *sink (a CUDA graph
@@ -42,7 +45,7 @@ class CachingAllocator : public std::enable_shared_from_this<CachingAllocator> {
   int device_;
   mutable std::mutex mu_;
   std::map<size_t, std::vector<void*>> free_;  // size class -> free blocks
-  size_t in_use_ = 0, cached_ = 0;
+  size_t in_use_ = 0, cached_ = 0, peak_ = 0;
   std::vector<std::shared_ptr<void>>* record_ = nullptr;
 };
 

@@ -71,6 +71,17 @@ Tensor CudaBackend::alloc(DType dtype, Shape shape) {
   return t;
 }
 
+std::optional<ops::MemoryInfo> CudaBackend::memory_info() {
+  synchronize();
+  size_t free_bytes = 0, total_bytes = 0;
+  KILN_CUDA_CHECK(cudaSetDevice(info_.index));
+  KILN_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return ops::MemoryInfo{.device_total = int64_t(total_bytes),
+                         .available = int64_t(free_bytes + allocator_->bytes_cached()),
+                         .in_use = int64_t(allocator_->bytes_in_use()),
+                         .peak_in_use = int64_t(allocator_->peak_bytes_in_use())};
+}
+
 Tensor CudaBackend::upload(const Tensor& host) {
   KILN_CHECK(host.device == Device::kHost) << "upload of a device tensor";
   const bool is_float = host.dtype == DType::kF32 || host.dtype == DType::kBF16 || host.dtype == DType::kF16;

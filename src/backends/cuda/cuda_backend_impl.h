@@ -28,6 +28,8 @@ class CudaBackend final : public ops::Backend {
   void to_host_f32(const Tensor& t, float* out) override;
   void from_host_f32(const float* src, Tensor& t) override;
   void synchronize() override { KILN_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  std::optional<ops::MemoryInfo> memory_info() override;
+  void reset_peak_memory() override { allocator_->reset_peak(); }
   void begin_step(const ops::BatchMeta& batch) override;
   Tensor run_step(const ops::BatchMeta& batch, uint64_t key, const std::function<Tensor()>& ops) override;
   Status supports(const ops::Weight& w) const override;

@@ -33,6 +33,27 @@ void CudaBackend::sample(const ops::SampleArgs& a) {
   float* top_logprobs_d = reinterpret_cast<float*>(out_d + 2 * n_rows + n_rows * n_top);
   KILN_CUDA_CHECK(cudaMemcpyAsync(rows_d, rows.data(), rows.size() * sizeof(SampleRow), cudaMemcpyHostToDevice,
                                   stream_));
+  // Penalties first, in place on the logits (host lists alive until the synchronisation).
+  std::vector<PenaltyRow> prow;
+  std::vector<PenaltyEntry> entries;
+  if (!a.penalties.empty() && !a.penalty_tokens.empty()) {
+    prow.resize(size_t(n_rows));
+    entries.reserve(a.penalty_tokens.size());
+    for (size_t r = 0; r < prow.size(); ++r) {
+      const ops::PenaltyParams& p = a.penalties[r];
+      prow[r] = {.repetition = p.repetition, .presence = p.presence, .frequency = p.frequency};
+      for (int32_t e = a.penalty_start[r]; e < a.penalty_start[r + 1]; ++e)
+        entries.push_back({.row = int32_t(r), .token = a.penalty_tokens[size_t(e)], .count = a.penalty_counts[size_t(e)]});
+    }
+    auto* prow_d = scratch<PenaltyRow>(n_rows, keep);
+    auto* entries_d = scratch<PenaltyEntry>(int64_t(entries.size()), keep);
+    KILN_CUDA_CHECK(cudaMemcpyAsync(prow_d, prow.data(), prow.size() * sizeof(PenaltyRow), cudaMemcpyHostToDevice,
+                                    stream_));
+    KILN_CUDA_CHECK(cudaMemcpyAsync(entries_d, entries.data(), entries.size() * sizeof(PenaltyEntry),
+                                    cudaMemcpyHostToDevice, stream_));
+    launch_apply_penalties(static_cast<bf16*>(a.logits.data), vocab, entries_d, int64_t(entries.size()), prow_d,
+                           stream_);
+  }
   launch_sample(a.logits.as<bf16>(), n_rows, vocab, rows_d, n_top, tokens_d, want_logprobs ? logprobs_d : nullptr,
                 top_ids_d, top_logprobs_d, stream_);
   std::vector<int32_t> out(n_out);

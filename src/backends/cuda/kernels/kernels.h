@@ -202,5 +202,15 @@ struct SampleRow {
 // top_logprobs [n_rows, n_top]: all device memory. vocab <= 2^24, n_top <= kSampleMaxTop.
 void launch_sample(const bf16* logits, int64_t n_rows, int64_t vocab, const SampleRow* rows, int n_top,
                    int32_t* tokens, float* logprobs, int32_t* top_ids, float* top_logprobs, cudaStream_t stream);
+// ops::PenaltyParams applied in place to logits [n_rows, vocab] bf16: one entry per
+// (row, seen token), each token at most once per row (device memory).
+struct PenaltyRow {
+  float repetition = 1.0f, presence = 0.0f, frequency = 0.0f;
+};
+struct PenaltyEntry {
+  int32_t row = 0, token = 0, count = 0;  // count: times generated
+};
+void launch_apply_penalties(bf16* logits, int64_t vocab, const PenaltyEntry* entries, int64_t n_entries,
+                            const PenaltyRow* rows, cudaStream_t stream);
 
 }  // namespace kiln::cuda

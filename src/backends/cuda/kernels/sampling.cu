@@ -520,6 +520,34 @@ __global__ void __launch_bounds__(kThreads, 1) sample_radix_bf16_kernel(const ui
 
 }  // namespace
 
+namespace {
+
+// One thread per listed (row, token): the ops::PenaltyParams formula on the stored bf16.
+__global__ void apply_penalties_kernel(uint16_t* logits, int vocab, const PenaltyEntry* entries, int n_entries,
+                                       const PenaltyRow* rows) {
+  const int i = int(blockIdx.x) * int(blockDim.x) + int(threadIdx.x);
+  if (i >= n_entries) return;
+  const PenaltyEntry e = entries[i];
+  const PenaltyRow p = rows[e.row];
+  uint16_t* at = logits + int64_t(e.row) * vocab + e.token;
+  float x = __uint_as_float(uint32_t(*at) << 16);
+  x = x > 0.0f ? x / p.repetition : x * p.repetition;
+  x -= p.frequency * float(e.count) + (e.count > 0 ? p.presence : 0.0f);
+  *at = __bfloat16_as_ushort(__float2bfloat16_rn(x));
+}
+
+}  // namespace
+
+void launch_apply_penalties(bf16* logits, int64_t vocab, const PenaltyEntry* entries, int64_t n_entries,
+                            const PenaltyRow* rows, cudaStream_t stream) {
+  KILN_CHECK(n_entries <= INT32_MAX && vocab <= INT32_MAX) << "penalties: " << n_entries << " entries";
+  if (n_entries == 0) return;
+  constexpr int kBlock = 256;
+  apply_penalties_kernel<<<unsigned((n_entries + kBlock - 1) / kBlock), kBlock, 0, stream>>>(
+      reinterpret_cast<uint16_t*>(logits), int(vocab), entries, int(n_entries), rows);
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
 void launch_sample(const bf16* logits, int64_t n_rows, int64_t vocab, const SampleRow* rows, int n_top,
                    int32_t* tokens, float* logprobs, int32_t* top_ids, float* top_logprobs, cudaStream_t stream) {
   // Masses are 40-bit fixed point of values <= 1: a row's sum needs vocab <= 2^24.

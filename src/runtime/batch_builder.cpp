@@ -1,0 +1,58 @@
+#include "runtime/batch_builder.h"
+
+#include <algorithm>
+
+#include "core/check.h"
+
+namespace kiln::runtime {
+
+int32_t decode_bucket(int32_t n) {
+  if (n <= 8) {
+    int32_t b = 1;
+    while (b < n) b *= 2;
+    return b;
+  }
+  return (n + 7) / 8 * 8;
+}
+
+StepBatch build_step_batch(const Schedule& schedule, int32_t block_size) {
+  StepBatch out;
+  ops::BatchMeta& b = out.meta;
+  b.block_size = block_size;
+  size_t width = 1;
+  for (const ScheduledSeq& s : schedule.seqs)
+    while (width < s.seq->table.blocks.size()) width *= 2;
+  b.max_blocks_per_seq = int32_t(width);
+
+  const bool decode = schedule.decode_only();
+  const int32_t n_seqs = int32_t(schedule.seqs.size());
+  const int32_t n_rows_seqs = decode ? decode_bucket(n_seqs) : n_seqs;
+  for (int32_t r = 0; r < n_rows_seqs; ++r) {
+    // A padding row repeats the first sequence's row with a padding slot.
+    const bool pad = r >= n_seqs;
+    const ScheduledSeq& s = schedule.seqs[size_t(pad ? 0 : r)];
+    const Sequence& seq = *s.seq;
+    const std::vector<int32_t>& blocks = seq.table.blocks;
+    KILN_CHECK(!blocks.empty()) << "scheduled sequence without blocks";
+    const int32_t seq_index = b.n_seqs();
+    b.q_start.push_back(b.n_tokens());
+    b.context_len.push_back(seq.n_computed + s.n_new);
+    b.block_table.insert(b.block_table.end(), blocks.begin(), blocks.end());
+    b.block_table.resize(size_t(r + 1) * width, blocks.back());
+    for (int32_t p = seq.n_computed; p < seq.n_computed + s.n_new; ++p) {
+      b.token_ids.push_back(seq.tokens[size_t(p)]);
+      b.positions.push_back(p);
+      b.slot_mapping.push_back(pad ? ops::kPadSlot : int32_t(b.slot(seq_index, p)));
+    }
+    if (pad) {
+      b.logit_rows.push_back(b.n_tokens() - 1);
+    } else if (seq.n_computed + s.n_new == seq.n_tokens()) {
+      b.logit_rows.push_back(b.n_tokens() - 1);
+      out.sampled.push_back(s.seq);
+    }
+  }
+  b.q_start.push_back(b.n_tokens());
+  return out;
+}
+
+}  // namespace kiln::runtime

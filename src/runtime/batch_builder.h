@@ -1,0 +1,33 @@
+// From a schedule to the step's flattened batch (ops::BatchMeta): each scheduled
+// sequence contributes its next n_new tokens as consecutive rows, their KV slots found
+// through its block table. Sequences that reach the end of their known tokens ask for the
+// logits of their last row: those are sampled.
+//
+// Decode-only steps (one token per sequence) are padded to decode_bucket(n) rows with
+// padding rows (ops::kPadSlot: nothing stored, logits ignored), and every step's block
+// tables to one power-of-two width: few distinct batch shapes, so a GPU backend replays
+// a recorded step (Backend::run_step) for most decode steps.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ops/batch.h"
+#include "runtime/scheduler.h"
+
+namespace kiln::runtime {
+
+// Rows of a decode step holding n sequences: 1, 2, 4, 8, then multiples of 8 (each
+// distinct size is one recorded CUDA graph per context width).
+int32_t decode_bucket(int32_t n);
+
+struct StepBatch {
+  ops::BatchMeta meta;
+  // The sequences whose next token this step samples, in logit-row order: the logits'
+  // first sampled.size() rows belong to them (padding rows follow).
+  std::vector<Sequence*> sampled;
+};
+
+StepBatch build_step_batch(const Schedule& schedule, int32_t block_size);
+
+}  // namespace kiln::runtime

@@ -1,0 +1,103 @@
+#include "runtime/scheduler.h"
+
+#include <algorithm>
+#include <unordered_set>
+
+#include "core/check.h"
+
+namespace kiln::runtime {
+
+void Scheduler::add(Sequence* seq) {
+  seq->state = SeqState::kWaiting;
+  waiting_.push_back(seq);
+}
+
+void Scheduler::remove(Sequence* seq) {
+  if (auto it = std::find(running_.begin(), running_.end(), seq); it != running_.end()) running_.erase(it);
+  if (auto it = std::find(waiting_.begin(), waiting_.end(), seq); it != waiting_.end()) waiting_.erase(it);
+}
+
+void Scheduler::preempt(Sequence* seq, BlockManager& blocks, Schedule& out) {
+  running_.erase(std::find(running_.begin(), running_.end(), seq));
+  blocks.free(seq->table);
+  seq->n_computed = 0;
+  seq->state = SeqState::kWaiting;
+  // Preempted newest first, so each goes in front of the later ones: oldest first again.
+  waiting_.push_front(seq);
+  out.preempted.push_back(seq);
+  ++preemptions_;
+}
+
+Schedule Scheduler::schedule(BlockManager& blocks) {
+  Schedule out;
+  int32_t budget = config_.max_num_batched_tokens;
+  auto cap = [&](int32_t n) {
+    n = std::min(n, budget);
+    return config_.max_prefill_chunk > 0 ? std::min(n, config_.max_prefill_chunk) : n;
+  };
+  std::unordered_set<const Sequence*> scheduled;
+  auto take = [&](Sequence* s, int32_t n_new) {
+    out.seqs.push_back({s, n_new});
+    out.n_tokens += n_new;
+    budget -= n_new;
+    scheduled.insert(s);
+  };
+
+  // 1. Decoding sequences first (one token each), so a long prefill never stalls them.
+  //    Without room, the newest running sequence makes way.
+  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    Sequence* s = running_[i];
+    if (s->n_uncomputed() != 1) continue;
+    const int32_t need = blocks.blocks_needed(s->table, s->n_computed + 1);
+    bool self_preempted = false;
+    while (!blocks.can_allocate(need)) {
+      Sequence* victim = running_.back();
+      preempt(victim, blocks, out);
+      if (victim == s) {
+        self_preempted = true;
+        break;
+      }
+    }
+    if (self_preempted) break;  // s was the newest: everything after it is gone too
+    blocks.allocate(s->table, {}, s->n_computed + 1);
+    take(s, 1);
+  }
+
+  // 2. Running sequences still prefilling: their next chunk. The newest sequence not yet
+  //    in this step makes way when blocks run out.
+  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    Sequence* s = running_[i];
+    if (scheduled.count(s) != 0 || s->n_uncomputed() <= 1) continue;
+    const int32_t n_new = cap(s->n_uncomputed());
+    const int32_t need = blocks.blocks_needed(s->table, s->n_computed + n_new);
+    while (!blocks.can_allocate(need) && running_.back() != s && scheduled.count(running_.back()) == 0)
+      preempt(running_.back(), blocks, out);
+    if (!blocks.can_allocate(need)) break;  // wait for scheduled sequences to free blocks
+    blocks.allocate(s->table, {}, s->n_computed + n_new);
+    take(s, n_new);
+  }
+
+  // 3. New sequences, first come first served, when nothing had to make way.
+  if (!out.preempted.empty()) return out;
+  while (!waiting_.empty() && int32_t(running_.size()) < config_.max_num_seqs && budget > 0) {
+    Sequence* s = waiting_.front();
+    if (s->wait_for != nullptr && !s->wait_for->prefilled()) break;
+    // At least the last token is computed: its logits give the next token.
+    const PrefixMatch match = blocks.match_prefix(s->tokens, s->n_tokens() - 1);
+    const int32_t n_new = cap(s->n_tokens() - match.n_tokens);
+    BlockTable probe;
+    probe.blocks.resize(match.blocks.size());
+    const int32_t need = blocks.blocks_needed(probe, match.n_tokens + n_new) + match.n_free;
+    if (!blocks.can_allocate(need)) break;
+    blocks.count_lookup(s->n_tokens(), match.n_tokens);
+    blocks.allocate(s->table, match, match.n_tokens + n_new);
+    s->n_computed = match.n_tokens;
+    s->state = SeqState::kRunning;
+    waiting_.pop_front();
+    running_.push_back(s);
+    take(s, n_new);
+  }
+  return out;
+}
+
+}  // namespace kiln::runtime
