@@ -8,11 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "backends/cpu/cpu_backend.h"
-#ifdef KILN_HAVE_CUDA
-#include "backends/cuda/cuda_backend.h"
-#include "backends/cuda/selftest.h"
-#endif
+#include "cli/common.h"
 #include "cli/demo.h"
 #include "cli/render_command.h"
 #include "cli/subcommand.h"
@@ -22,32 +18,6 @@
 
 namespace kiln::cli {
 namespace {
-
-struct CommonOptions {
-  std::string model;
-  std::string backend = "cpu";
-  int threads = 0;
-  int device = 0;
-  int smem_cap = 0;
-  int block_size = 16;
-  int prefill_chunk = 0;
-  int64_t max_model_len = 0;
-  std::string tokens;
-};
-
-void add_common(CLI::App* cmd, CommonOptions& o) {
-  cmd->add_option("--model", o.model, "checkpoint directory (config.json + *.safetensors)");
-  cmd->add_option("--backend", o.backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
-  cmd->add_option("--threads", o.threads, "CPU threads (0: all)");
-  cmd->add_option("--device", o.device, "CUDA device index");
-  cmd->add_option("--smem-cap", o.smem_cap,
-                  "shared memory per block every CUDA kernel must fit, bytes (0: the device's limit; "
-                  "101376 runs what an RTX 50 / PRO 6000 runs)");
-  cmd->add_option("--block-size", o.block_size, "KV cache block size in tokens");
-  cmd->add_option("--prefill-chunk", o.prefill_chunk, "prefill N tokens per step (0: whole prompt)");
-  cmd->add_option("--max-model-len", o.max_model_len, "maximum sequence length (0: from config)");
-  cmd->add_option("--tokens", o.tokens, "prompt token ids, comma separated, e.g. 1,2,3");
-}
 
 Result<std::vector<int32_t>> parse_tokens(const std::string& s) {
   std::vector<int32_t> out;
@@ -71,22 +41,8 @@ Result<std::vector<int32_t>> parse_tokens(const std::string& s) {
   return out;
 }
 
-Result<std::unique_ptr<ops::Backend>> make_backend(const CommonOptions& o) {
-  if (o.backend == "cpu") return cpu::make_cpu_backend(o.threads);
-#ifdef KILN_HAVE_CUDA
-  if (o.backend == "cuda") {
-    KILN_ASSIGN_OR_RETURN(std::unique_ptr<ops::Backend> be,
-                          cuda::make_cuda_backend({.device = o.device, .smem_cap = o.smem_cap}));
-    // Never serve a kernel that gives wrong answers: every path is checked
-    // against the CPU reference before the model loads (kiln doctor prints it).
-    KILN_RETURN_IF_ERROR(cuda::self_test_status(cuda::run_self_test(*be)));
-    return be;
-  }
-#endif
-  return unsupported("the " + o.backend + " backend is not part of this build (CUDA was not found at build time)");
-}
-
 Result<std::unique_ptr<runtime::Engine>> open_engine(const CommonOptions& o) {
+  // One sequence at a time: a KV cache for one full-length sequence is enough.
   std::string dir = o.model;
   if (dir.empty()) {
     KILN_ASSIGN_OR_RETURN(dir, ensure_demo_model());
@@ -96,17 +52,13 @@ Result<std::unique_ptr<runtime::Engine>> open_engine(const CommonOptions& o) {
   return runtime::Engine::load(dir, std::move(backend),
                                {.block_size = o.block_size,
                                 .max_model_len = o.max_model_len,
-                                .prefill_chunk = o.prefill_chunk});
+                                .prefill_chunk = o.prefill_chunk,
+                                .max_num_seqs = 1});
 }
 
-int fail(const Status& s) {
-  std::fprintf(stderr, "kiln: error: %s\n", s.to_string().c_str());
-  return 1;
-}
-
-int cmd_logits(const CommonOptions& o) {
-  if (o.tokens.empty()) return fail(invalid_argument("logits needs --tokens"));
-  auto tokens = parse_tokens(o.tokens);
+int cmd_logits(const CommonOptions& o, const std::string& tokens_arg) {
+  if (tokens_arg.empty()) return fail(invalid_argument("logits needs --tokens"));
+  auto tokens = parse_tokens(tokens_arg);
   if (!tokens.ok()) return fail(tokens.status());
   auto engine = open_engine(o);
   if (!engine.ok()) return fail(engine.status());
@@ -124,8 +76,8 @@ struct GenerateOptions {
   bool stats = false;
 };
 
-int cmd_generate(const CommonOptions& o, const GenerateOptions& g) {
-  auto tokens = parse_tokens(o.tokens.empty() ? std::string("1,2,3,4,5,6,7,8") : o.tokens);
+int cmd_generate(const CommonOptions& o, const std::string& tokens_arg, const GenerateOptions& g) {
+  auto tokens = parse_tokens(tokens_arg.empty() ? std::string("1,2,3,4,5,6,7,8") : tokens_arg);
   if (!tokens.ok()) return fail(tokens.status());
   auto engine = open_engine(o);
   if (!engine.ok()) return fail(engine.status());
@@ -156,20 +108,24 @@ int cmd_generate(const CommonOptions& o, const GenerateOptions& g) {
 
 }  // namespace
 
-int run_cli(int argc, char** argv) {
+int run_cli(int argc, char** argv, const ServeHooks& hooks) {
   CLI::App app{"kiln: serve large Mixture-of-Experts checkpoints on consumer GPUs"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all");
 
   CommonOptions logits_opt;
+  std::string logits_tokens;
   CLI::App* logits = app.add_subcommand("logits", "print fp32 logits for every prompt position as JSON");
   add_common(logits, logits_opt);
+  logits->add_option("--tokens", logits_tokens, "prompt token ids, comma separated, e.g. 1,2,3");
 
   CommonOptions gen_opt;
   GenerateOptions gen;
   CLI::App* generate = app.add_subcommand(
       "generate", "generate tokens (without --model: the built-in demo model)");
   add_common(generate, gen_opt);
+  std::string gen_tokens;
+  generate->add_option("--tokens", gen_tokens, "prompt token ids, comma separated (default 1,2,...,8)");
   generate->add_option("--max-tokens", gen.max_tokens, "tokens to generate")->check(CLI::NonNegativeNumber);
   generate->add_option("--temperature", gen.sampling.temperature, "0: greedy")->check(CLI::NonNegativeNumber);
   generate->add_option("--top-k", gen.sampling.top_k, "0: off")->check(CLI::NonNegativeNumber);
@@ -186,6 +142,7 @@ int run_cli(int argc, char** argv) {
   demo->add_option("--out", demo_dir, "directory (default: the kiln cache)");
 
   Subcommands more;
+  add_serve_command(app, more, hooks);
   add_inspect_command(app, more);
   add_doctor_command(app, more);
   add_tokenize_commands(app, more);  // tokenize, detokenize
@@ -208,8 +165,8 @@ int run_cli(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  if (logits->parsed()) return cmd_logits(logits_opt);
-  if (generate->parsed()) return cmd_generate(gen_opt, gen);
+  if (logits->parsed()) return cmd_logits(logits_opt, logits_tokens);
+  if (generate->parsed()) return cmd_generate(gen_opt, gen_tokens, gen);
   for (const auto& [cmd, run] : more)
     if (cmd->parsed()) return run();
   if (demo->parsed()) {

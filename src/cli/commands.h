@@ -1,4 +1,4 @@
-// The kiln command line: `kiln logits`, `kiln generate`, `kiln demo-model`.
+// The kiln command line: `kiln serve`, `kiln logits`, `kiln generate`, `kiln demo-model`, ...
 // Output contracts (stable; tests and later tools rely on them):
 //   logits   -> stdout {"logits": [[...vocab floats...], ... one row per prompt position]}
 //   generate -> stdout {"tokens": [...]}
@@ -7,6 +7,12 @@
 
 namespace kiln::cli {
 
-int run_cli(int argc, char** argv);
+// What only a test build of kiln sets (tests/server/kiln_test_server.cpp): `kiln` itself
+// passes none, so no flag or variable of a normal run can turn them on.
+struct ServeHooks {
+  bool test_output_header = false;  // server::ServerOptions::test_output_header
+};
+
+int run_cli(int argc, char** argv, const ServeHooks& hooks = {});
 
 }  // namespace kiln::cli

@@ -14,5 +14,7 @@ using Subcommands = std::vector<std::pair<CLI::App*, std::function<int()>>>;
 
 void add_inspect_command(CLI::App& app, Subcommands& commands);  // inspect_command.cpp
 void add_doctor_command(CLI::App& app, Subcommands& commands);   // doctor_command.cpp
+struct ServeHooks;
+void add_serve_command(CLI::App& app, Subcommands& commands, const ServeHooks& hooks);  // serve_command.cpp
 
 }  // namespace kiln::cli

@@ -311,12 +311,12 @@ void Engine::finish(Sequence& seq, FinishReason reason) {
   --st.n_unfinished;
 }
 
-void Engine::cancel(uint64_t id) {
+void Engine::cancel(uint64_t id, int32_t sample) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   for (auto& s : it->second.seqs)
-    if (s->state != SeqState::kFinished) finish(*s, FinishReason::kCancelled);
-  requests_.erase(it);
+    if (s->state != SeqState::kFinished && (sample < 0 || s->sample_index == sample)) finish(*s, FinishReason::kCancelled);
+  if (it->second.n_unfinished == 0) requests_.erase(it);
 }
 
 std::vector<StepOutput> Engine::step() {

@@ -98,8 +98,9 @@ class Engine {
   Status check_request(const Request& r) const;
   // Queues a checked request; its id must be unused. max_tokens must be >= 1.
   Status add_request(uint64_t id, std::shared_ptr<const Request> r);
-  // Ends a request's sequences at once and frees their blocks (unknown ids: no-op).
-  void cancel(uint64_t id);
+  // Ends a request's sequences (or only sample `sample`) at once and frees their blocks
+  // (unknown ids: no-op).
+  void cancel(uint64_t id, int32_t sample = -1);
   // Runs one step of the continuous batch; the tokens it sampled (nothing when idle).
   std::vector<StepOutput> step();
   bool idle() const { return scheduler_->idle(); }

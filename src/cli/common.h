@@ -1,0 +1,37 @@
+// What several kiln commands share: the backend and engine options, making the backend
+// (with the CUDA start-up self-test), and the error exit.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "core/status.h"
+#include "ops/backend.h"
+
+namespace kiln::cli {
+
+struct CommonOptions {
+  std::string model;
+  std::string backend = "cpu";
+  int threads = 0;
+  int device = 0;
+  int smem_cap = 0;
+  int block_size = 16;
+  int prefill_chunk = 0;
+  int64_t max_model_len = 0;
+};
+
+// --backend, --threads, --device, --smem-cap, --block-size, --prefill-chunk,
+// --max-model-len; and --model unless the command takes the model as an argument.
+void add_common(CLI::App* cmd, CommonOptions& o, bool model_option = true);
+
+// The backend of o.backend; a CUDA backend has passed its start-up self-test.
+Result<std::unique_ptr<ops::Backend>> make_backend(const CommonOptions& o);
+
+// Prints "kiln: error: ..." to stderr; returns the exit code 1.
+int fail(const Status& s);
+
+}  // namespace kiln::cli

@@ -1,0 +1,228 @@
+// `kiln serve [MODEL]`: the OpenAI / Anthropic HTTP server over the continuous-batching
+// engine. The port is bound first (/health answers 503 while loading), then the
+// tokenizer, the backend (the CUDA self-test), the weights (a progress bar) and the KV
+// cache; one ready line with the URL follows. SIGINT / SIGTERM drain the requests in
+// flight, then exit; a second signal exits at once.
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstring>
+#include <cctype>
+#include <cstdio>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "cli/demo.h"
+#include "cli/model_path.h"
+#include "cli/subcommand.h"
+#include "core/log.h"
+#include "runtime/async_engine.h"
+#include "server/http_server.h"
+#include "server/served_model.h"
+
+namespace kiln::cli {
+namespace {
+
+struct ServeOptions {
+  CommonOptions common;
+  std::string tokenizer;
+  std::string served_model_name;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string api_key;
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 0;
+  bool prefix_caching = true;
+  std::string kv_cache_memory;
+  float gpu_memory_utilization = 0.9f;
+  int max_queued_requests = 1024;
+  std::string max_request_bytes = "32MiB";
+  int http_threads = 0;
+  std::string tool_call_parser = "auto";
+  std::string reasoning_parser = "auto";
+  double shutdown_timeout = 60.0;
+};
+
+// "1073741824", "512MiB", "4G", "1.5GB" -> bytes (K/M/G/T, binary).
+Result<int64_t> parse_bytes(const std::string& s, const char* flag) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = s.substr(used);
+  for (char& c : unit) c = char(std::tolower(static_cast<unsigned char>(c)));
+  double scale = 0;
+  if (unit.empty() || unit == "b") scale = 1;
+  else if (unit == "k" || unit == "kb" || unit == "kib") scale = 1024.0;
+  else if (unit == "m" || unit == "mb" || unit == "mib") scale = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gb" || unit == "gib") scale = 1024.0 * 1024 * 1024;
+  else if (unit == "t" || unit == "tb" || unit == "tib") scale = 1024.0 * 1024 * 1024 * 1024;
+  if (used == 0 || scale == 0 || !(v > 0) || v * scale > 9e18) {
+    return invalid_argument(std::string(flag) + " \"" + s + "\": expected a size such as 4GiB, 512MiB or 1073741824");
+  }
+  return int64_t(v * scale);
+}
+
+// Loading progress on stderr: a bar redrawn in place on a terminal, else a line per 10%.
+class LoadProgress {
+ public:
+  LoadProgress() : tty_(isatty(STDERR_FILENO) == 1) {}
+  void operator()(uint64_t done, uint64_t total) {
+    if (total == 0) return;
+    const int pct = int(100.0 * double(done) / double(total));
+    if (tty_) {
+      const int filled = pct * 30 / 100;
+      std::fprintf(stderr, "\rkiln: loading weights [%s%s] %3d%% %.2f / %.2f GB", std::string(size_t(filled), '#').c_str(),
+                   std::string(size_t(30 - filled), '.').c_str(), pct, double(done) / 1e9, double(total) / 1e9);
+      if (done >= total) std::fputc('\n', stderr);
+    } else if (pct / 10 > last_decile_) {
+      last_decile_ = pct / 10;
+      std::fprintf(stderr, "kiln: loading weights %d%% (%.2f / %.2f GB)\n", pct, double(done) / 1e9, double(total) / 1e9);
+    }
+    std::fflush(stderr);
+  }
+  void finish() {
+    if (tty_) std::fputc('\n', stderr);
+  }
+
+ private:
+  bool tty_;
+  int last_decile_ = -1;
+};
+
+// SIGINT / SIGTERM arrive here (blocked in every other thread).
+std::atomic<int> g_signals{0};
+
+Status serve(ServeOptions o, const ServeHooks& hooks) {
+  std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is a failed write, not a dead server
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);  // threads started from here inherit it
+  std::atomic<bool> ready{false};
+  std::thread signals([&] {
+    while (true) {
+      int sig = 0;
+      if (sigwait(&stop_signals, &sig) != 0) continue;
+      if (g_signals.fetch_add(1) > 0 || !ready.load()) {
+        std::fprintf(stderr, "\nkiln: stopped\n");
+        std::_Exit(128 + sig);
+      }
+      std::fprintf(stderr, "\nkiln: %s: finishing the requests in flight (again to stop at once)\n", strsignal(sig));
+    }
+  });
+  signals.detach();
+
+  std::string dir = o.common.model;
+  if (dir.empty()) {
+    KILN_ASSIGN_OR_RETURN(dir, ensure_demo_model());
+    if (o.served_model_name.empty()) o.served_model_name = "kiln-demo";
+  } else {
+    KILN_ASSIGN_OR_RETURN(dir, resolve_model_dir(dir));
+  }
+  if (o.served_model_name.empty()) o.served_model_name = o.common.model;
+  KILN_ASSIGN_OR_RETURN(const int64_t max_body, parse_bytes(o.max_request_bytes, "--max-request-bytes"));
+  int64_t kv_bytes = 0;
+  if (!o.kv_cache_memory.empty()) {
+    KILN_ASSIGN_OR_RETURN(kv_bytes, parse_bytes(o.kv_cache_memory, "--kv-cache-memory"));
+  }
+
+  server::HttpServer http({.host = o.host,
+                           .port = o.port,
+                           .api_key = o.api_key,
+                           .max_body_bytes = size_t(max_body),
+                           .http_threads = o.http_threads > 0 ? o.http_threads : o.max_num_seqs + 64,
+                           .test_output_header = hooks.test_output_header});
+  KILN_ASSIGN_OR_RETURN(const int port, http.start());
+  std::fprintf(stderr, "kiln: listening on %s:%d (/health says 503 until the model is loaded)\n", o.host.c_str(), port);
+
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<server::ServedModel> model,
+                        server::ServedModel::load(o.tokenizer.empty() ? dir : o.tokenizer,
+                                                  {.name = o.served_model_name,
+                                                   .tool_call_parser = o.tool_call_parser,
+                                                   .reasoning_parser = o.reasoning_parser}));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<ops::Backend> backend, make_backend(o.common));
+  std::fprintf(stderr, "kiln: loading %s on %s\n", dir.c_str(), backend->name().c_str());
+  LoadProgress progress;
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine,
+                        runtime::Engine::load(dir, std::move(backend),
+                                              {.block_size = o.common.block_size,
+                                               .max_model_len = o.common.max_model_len,
+                                               .prefill_chunk = o.common.prefill_chunk,
+                                               .max_num_seqs = o.max_num_seqs,
+                                               .max_num_batched_tokens = o.max_num_batched_tokens,
+                                               .enable_prefix_caching = o.prefix_caching,
+                                               .kv_cache_bytes = kv_bytes,
+                                               .gpu_memory_utilization = o.gpu_memory_utilization,
+                                               .on_load_progress = std::ref(progress)}));
+  if (model->tokenizer().vocab_size() > engine->config().vocab_size) {
+    KILN_LOG(kWarn, "the tokenizer has " << model->tokenizer().vocab_size() << " ids, the model "
+                                         << engine->config().vocab_size << ": prompts with the extra ids are refused");
+  }
+  const runtime::Engine& e = *engine;
+  std::fprintf(stderr,
+               "kiln: KV cache %lld tokens (%.1f MiB, %lld-token blocks), max model len %lld, up to %d sequences, "
+               "%d tokens per step, prefix caching %s\n",
+               (long long)e.kv_capacity_tokens(), double(e.kv_cache_bytes()) / (1 << 20), (long long)o.common.block_size,
+               (long long)e.max_model_len(), e.scheduler_config().max_num_seqs, e.scheduler_config().max_num_batched_tokens,
+               e.prefix_caching() ? "on" : "off");
+  runtime::AsyncEngine async(std::move(engine), {.max_queued_requests = o.max_queued_requests});
+  http.set_ready(&async, model.get());
+  ready = true;
+  std::printf("kiln: serving %s at http://%s:%d/v1 (OpenAI /v1/chat/completions, Anthropic /v1/messages)\n",
+              model->name().c_str(), o.host.c_str(), port);
+  std::fflush(stdout);
+
+  while (g_signals.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  http.drain(std::chrono::milliseconds(int64_t(o.shutdown_timeout * 1000)));
+  http.stop();
+  async.stop();
+  std::fprintf(stderr, "kiln: stopped\n");
+  return Status::Ok();
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app, Subcommands& commands, const ServeHooks& hooks) {
+  auto o = std::make_shared<ServeOptions>();
+  CLI::App* cmd = app.add_subcommand("serve", "serve a model over the OpenAI and Anthropic HTTP APIs "
+                                              "(without MODEL: the built-in demo model)");
+  cmd->add_option("model", o->common.model, "checkpoint directory, or org/name in the Hugging Face cache");
+  add_common(cmd, o->common, /*model_option=*/false);
+  cmd->add_option("--tokenizer", o->tokenizer, "directory with tokenizer.json and the chat template (default: MODEL)");
+  cmd->add_option("--served-model-name", o->served_model_name, "the model id clients send (default: MODEL)");
+  cmd->add_option("--host", o->host, "address to listen on (default 127.0.0.1: this machine only)");
+  cmd->add_option("--port", o->port, "port (0: any free port)")->check(CLI::Range(0, 65535));
+  cmd->add_option("--api-key", o->api_key, "require this key (Authorization: Bearer KEY, or x-api-key)");
+  cmd->add_option("--max-num-seqs", o->max_num_seqs, "sequences in the running batch at most")->check(CLI::PositiveNumber);
+  cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens,
+                  "tokens per engine step at most (0: max(2048, max-num-seqs))");
+  cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->prefix_caching,
+                "share the KV blocks of equal prompt prefixes (default on)");
+  cmd->add_option("--kv-cache-memory", o->kv_cache_memory, "KV cache size, e.g. 8GiB (default: from free memory)");
+  cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
+                  "fraction of the GPU memory left after weights and activations that the KV cache takes")
+      ->check(CLI::Range(0.01, 1.0));
+  cmd->add_option("--max-queued-requests", o->max_queued_requests, "requests waiting to run at most (then 429)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-request-bytes", o->max_request_bytes, "request body size at most (then 413)");
+  cmd->add_option("--http-threads", o->http_threads, "connections served at once (0: max-num-seqs + 64)");
+  cmd->add_option("--tool-call-parser", o->tool_call_parser,
+                  "auto (from the chat template), none, hermes, glm45, kimi_k2, deepseek_v3, harmony");
+  cmd->add_option("--reasoning-parser", o->reasoning_parser, "auto (<think> in the template), think, none");
+  cmd->add_option("--shutdown-timeout", o->shutdown_timeout, "seconds to let requests finish after SIGINT/SIGTERM");
+  commands.emplace_back(cmd, [o, hooks] {
+    const Status s = serve(*o, hooks);
+    return s.ok() ? 0 : fail(s);
+  });
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,142 @@
+// AsyncEngine: the Engine on its own thread, fed by many client threads.
+//
+//   client thread: submit(Request) -> checks it (Engine::check_request reads only what
+//     load fixed), queues it in the bounded inbox (resource_exhausted when full) and
+//     returns a RequestStream
+//   engine thread: loop { take the inbox and the cancellations -> Engine::step()
+//     -> push each sampled token into its request's stream }
+//   client thread: RequestStream::next() waits for tokens; cancel() (client gone, stop
+//     string matched) is honoured before the engine's next step, which frees the blocks.
+//
+// The engine never waits for a client: a stream's buffer is bounded, and a request whose
+// reader falls that far behind is cancelled instead of stalling the batch.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "runtime/engine.h"
+#include "runtime/metrics.h"
+
+namespace kiln::runtime {
+
+using Clock = std::chrono::steady_clock;
+constexpr Clock::time_point kEnded = Clock::time_point::max();
+
+// One event of a request's stream: a token of one sample, and/or that sample's end.
+struct StreamEvent {
+  int32_t sample_index = 0;
+  bool has_token = false;
+  SampledToken token;
+  FinishReason finish = FinishReason::kNone;  // set on the sample's last event
+};
+
+class AsyncEngine;
+
+class RequestStream {
+ public:
+  uint64_t id() const { return id_; }
+  int32_t n_samples() const { return n_samples_; }
+  // Appends the events that arrived, waiting up to `timeout` for the first one; false
+  // when none arrived in time. Every sample ends with one event whose finish is set.
+  bool next(std::vector<StreamEvent>& out, std::chrono::milliseconds timeout);
+  // Every sample has ended and every event was read.
+  bool done() const;
+  // Asks the engine to end the request (or only sample `sample`); it frees the blocks
+  // before its next step, and each unfinished sample it ends gets a kCancelled event.
+  void cancel(int32_t sample = -1);
+  Clock::time_point arrival() const { return arrival_; }
+
+ private:
+  friend class AsyncEngine;
+  RequestStream(AsyncEngine* engine, uint64_t id, int32_t n, size_t capacity)
+      : engine_(engine), id_(id), n_samples_(n), open_samples_(n), capacity_(capacity) {}
+  // Engine thread: false when the buffer is full (the request is then cancelled).
+  bool push(StreamEvent e);
+
+  AsyncEngine* engine_;
+  uint64_t id_;
+  int32_t n_samples_;
+  Clock::time_point arrival_ = Clock::now();
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<StreamEvent> events_;
+  int32_t open_samples_;  // samples whose last event is not yet pushed
+  size_t capacity_;
+  std::atomic<bool> cancel_requested_{false};
+  // Engine thread only: per sample, the time of its last token (kEnded once its last
+  // event is pushed), for the latency metrics.
+  bool first_token_seen_ = false;
+  std::vector<Clock::time_point> last_token_;
+};
+
+struct AsyncEngineOptions {
+  int32_t max_queued_requests = 1024;  // submitted but not yet running, at most
+  size_t stream_capacity = 1 << 16;    // events buffered per request, at most
+};
+
+// Counters and gauges, copied out under a lock after every step.
+struct AsyncEngineStats {
+  EngineStats engine;
+  int32_t queued = 0;       // in the inbox or waiting in the scheduler
+  int32_t in_flight = 0;    // streams not yet ended
+  int64_t finished_by_reason[5] = {};  // indexed by FinishReason
+};
+
+class AsyncEngine {
+ public:
+  AsyncEngine(std::unique_ptr<Engine> engine, const AsyncEngineOptions& options = {});
+  ~AsyncEngine();  // stop()
+
+  // invalid_argument (the request cannot run), resource_exhausted (queue full), or
+  // unavailable-style kInternal when stopping.
+  Result<std::shared_ptr<RequestStream>> submit(Request request);
+  // Ends the loop: cancels what is in flight (readers get kCancelled) and joins the thread.
+  void stop();
+
+  // Read-only after load: safe from any thread.
+  const Engine& engine() const { return *engine_; }
+  AsyncEngineStats stats() const;
+  ServingMetrics& metrics() { return metrics_; }
+
+ private:
+  friend class RequestStream;
+  void request_cancel(uint64_t id, int32_t sample);
+  void loop();
+  void dispatch(std::vector<StepOutput>& outs);
+  // Gives every sample of `s` (or only `sample`) not yet ended its last event, with `reason`.
+  void end_stream(RequestStream& s, FinishReason reason, int32_t sample = -1);
+  // Drops streams whose every sample has ended.
+  void drop_ended_streams(Clock::time_point now);
+  void publish_stats();
+
+  std::unique_ptr<Engine> engine_;
+  AsyncEngineOptions options_;
+  ServingMetrics metrics_;
+
+  std::mutex mu_;  // guards inbox_, cancels_, stopping_, streams_ membership
+  std::condition_variable wake_;
+  std::deque<std::pair<std::shared_ptr<RequestStream>, std::shared_ptr<const Request>>> inbox_;
+  std::vector<std::pair<uint64_t, int32_t>> cancels_;  // (request, sample or -1 for all)
+  bool stopping_ = false;
+  uint64_t next_id_ = 1;
+  std::atomic<int32_t> engine_waiting_{0};
+
+  // Engine thread only: the streams of requests in the engine, and finished samples by reason.
+  std::unordered_map<uint64_t, std::shared_ptr<RequestStream>> streams_;
+  int64_t finished_by_reason_[5] = {};
+
+  mutable std::mutex stats_mu_;
+  AsyncEngineStats stats_;
+  std::thread thread_;
+};
+
+}  // namespace kiln::runtime

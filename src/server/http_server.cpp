@@ -1,0 +1,232 @@
+#include "server/http_server.h"
+
+#include <httplib.h>
+
+#include "core/log.h"
+#include "server/anthropic_api.h"
+#include "server/job.h"
+#include "server/openai_api.h"
+
+namespace kiln::server {
+namespace {
+
+constexpr auto kPumpWait = std::chrono::milliseconds(50);
+// A streaming reply with nothing to send for this long gets an SSE comment, so a client
+// that went away is noticed (the write fails) even while a long prompt is prefilled.
+constexpr auto kKeepAlive = std::chrono::seconds(2);
+
+bool is_anthropic(const std::string& path) { return path.rfind("/v1/messages", 0) == 0; }
+
+std::string status_message(int status) {
+  switch (status) {
+    case 400: return "the request could not be parsed";
+    case 404: return "no such endpoint";
+    case 405: return "method not allowed";
+    case 413: return "the request body is too large";
+    case 414: return "the request URI is too long";
+    case 431: return "the request headers are too large";
+    default: return "HTTP error " + std::to_string(status);
+  }
+}
+
+}  // namespace
+
+HttpServer::HttpServer(ServerOptions options) : options_(std::move(options)), http_(std::make_unique<httplib::Server>()) {
+  created_ = unix_time();
+  const size_t threads = size_t(std::max(4, options_.http_threads));
+  http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  http_->set_payload_max_length(options_.max_body_bytes);
+  http_->set_keep_alive_max_count(1000);
+  http_->set_read_timeout(30, 0);
+  // A streaming client that stops reading for this long has its request cancelled.
+  http_->set_write_timeout(10, 0);
+  http_->set_tcp_nodelay(true);
+  routes();
+}
+
+HttpServer::~HttpServer() { stop(); }
+
+Result<int> HttpServer::start() {
+  int port = options_.port;
+  if (port == 0) {
+    port = http_->bind_to_any_port(options_.host);
+    if (port < 0) return internal_error("cannot bind to " + options_.host);
+  } else if (!http_->bind_to_port(options_.host, port)) {
+    return internal_error("cannot listen on " + options_.host + ":" + std::to_string(port) +
+                          " (in use? --port picks another, --port 0 any free one)");
+  }
+  thread_ = std::thread([this] { http_->listen_after_bind(); });
+  return port;
+}
+
+void HttpServer::set_ready(runtime::AsyncEngine* engine, const ServedModel* model) {
+  model_ = model;
+  engine_ = engine;
+}
+
+void HttpServer::drain(std::chrono::milliseconds timeout) {
+  draining_ = true;
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (in_flight_.load() > 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+}
+
+void HttpServer::stop() {
+  if (http_) http_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+bool HttpServer::authorized(const httplib::Request& req) const {
+  if (options_.api_key.empty()) return true;
+  const std::string bearer = req.get_header_value("Authorization");
+  if (bearer == "Bearer " + options_.api_key) return true;
+  return req.get_header_value("x-api-key") == options_.api_key;
+}
+
+void HttpServer::send_error(const httplib::Request& req, httplib::Response& res, int status,
+                            const std::string& message, const std::string& param) {
+  const ApiError e{.status = status, .message = message, .param = param};
+  res.status = status;
+  res.set_content(is_anthropic(req.path) ? anthropic::error_body(e) : openai::error_body(e), "application/json");
+}
+
+template <typename Plan>
+void HttpServer::generate(const httplib::Request& req, httplib::Response& res, Plan plan) {
+  runtime::AsyncEngine* engine = engine_.load();
+  const ServedModel* model = model_.load();
+  if (engine == nullptr || model == nullptr) return send_error(req, res, 503, "the model is still loading");
+  if (draining_) return send_error(req, res, 503, "the server is shutting down");
+  const ordered_json body = ordered_json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) return send_error(req, res, 400, "the request body is not valid JSON (UTF-8)");
+  PlanContext ctx{.model = *model, .engine = engine->engine(), .max_n = options_.max_n};
+  if (options_.test_output_header && req.has_header("X-Kiln-Test-Output"))
+    ctx.forced_output = req.get_header_value("X-Kiln-Test-Output");
+  auto planned = plan(body, ctx);
+  if (auto* e = std::get_if<ApiError>(&planned)) return send_error(req, res, e->status, e->message, e->param);
+  auto started = JobRun::start(*engine, std::move(std::get<Job>(planned)), model->tokenizer());
+  if (auto* e = std::get_if<ApiError>(&started)) return send_error(req, res, e->status, e->message, e->param);
+  std::shared_ptr<JobRun> run = std::move(std::get<std::unique_ptr<JobRun>>(started));
+  ++in_flight_;
+
+  if (!run->streaming()) {
+    while (!run->done()) run->pump(kPumpWait);
+    res.set_content(run->finish(), "application/json");
+    --in_flight_;
+    return;
+  }
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  auto first = std::make_shared<bool>(true);
+  auto last_write = std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [run, first, last_write](size_t, httplib::DataSink& sink) {
+        std::string out;
+        if (*first) {
+          *first = false;
+          out = run->start_text();
+        }
+        if (!run->done()) out += run->pump(kPumpWait);
+        const auto now = std::chrono::steady_clock::now();
+        if (out.empty() && now - *last_write > kKeepAlive) out = ": keep-alive\n\n";
+        if (!out.empty()) {
+          if (!sink.write(out.data(), out.size())) return false;  // the client is gone
+          *last_write = now;
+        }
+        if (run->done()) {
+          const std::string tail = run->finish();
+          if (!sink.write(tail.data(), tail.size())) return false;
+          sink.done();
+        }
+        return true;
+      },
+      [this, run](bool) {
+        if (!run->done()) run->cancel();
+        --in_flight_;
+      });
+}
+
+void HttpServer::routes() {
+  using httplib::Request;
+  using httplib::Response;
+  using HR = httplib::Server::HandlerResponse;
+
+  http_->set_pre_routing_handler([this](const Request& req, Response& res) {
+    if (req.path.rfind("/v1/", 0) == 0 && !authorized(req)) {
+      send_error(req, res, 401, "invalid or missing API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')");
+      return HR::Handled;
+    }
+    return HR::Unhandled;
+  });
+  http_->set_error_handler([this](const Request& req, Response& res) {
+    if (res.body.empty()) send_error(req, res, res.status, status_message(res.status));
+  });
+  http_->set_exception_handler([this](const Request& req, Response& res, std::exception_ptr ep) {
+    std::string what = "unknown exception";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    KILN_LOG(kError, "internal error on " << req.method << " " << req.path << ": " << what);
+    send_error(req, res, 500, "internal server error: " + what);
+  });
+  http_->set_logger([this](const Request&, const Response& res) {
+    std::lock_guard<std::mutex> lock(status_mu_);
+    ++status_counts_[res.status];
+  });
+
+  http_->Get("/health", [this](const Request&, Response& res) {
+    const bool ready = engine_.load() != nullptr && !draining_;
+    res.status = ready ? 200 : 503;
+    res.set_content(ready ? R"({"status":"ok"})" : draining_ ? R"({"status":"draining"})" : R"({"status":"loading"})",
+                    "application/json");
+  });
+  http_->Get("/metrics", [this](const Request&, Response& res) {
+    runtime::AsyncEngine* engine = engine_.load();
+    const ServedModel* model = model_.load();
+    if (engine == nullptr || model == nullptr) {
+      res.status = 503;
+      res.set_content("# the model is still loading\n", "text/plain; version=0.0.4");
+      return;
+    }
+    StatusCounts statuses;
+    {
+      std::lock_guard<std::mutex> lock(status_mu_);
+      statuses = status_counts_;
+    }
+    res.set_content(metrics_text(model->name(), engine->stats(), engine->metrics(), statuses),
+                    "text/plain; version=0.0.4");
+  });
+  http_->Get("/v1/models", [this](const Request& req, Response& res) {
+    runtime::AsyncEngine* engine = engine_.load();
+    const ServedModel* model = model_.load();
+    if (engine == nullptr || model == nullptr) return send_error(req, res, 503, "the model is still loading");
+    res.set_content(openai::models(*model, engine->engine().max_model_len(), created_).dump(), "application/json");
+  });
+  http_->Get(R"(/v1/models/(.+))", [this](const Request& req, Response& res) {
+    runtime::AsyncEngine* engine = engine_.load();
+    const ServedModel* model = model_.load();
+    if (engine == nullptr || model == nullptr) return send_error(req, res, 503, "the model is still loading");
+    if (req.matches[1] != model->name())
+      return send_error(req, res, 404, "The model '" + std::string(req.matches[1]) + "' does not exist", "model");
+    res.set_content(openai::models(*model, engine->engine().max_model_len(), created_)["data"][0].dump(),
+                    "application/json");
+  });
+  http_->Post("/v1/chat/completions", [this](const Request& req, Response& res) { generate(req, res, openai::plan_chat); });
+  http_->Post("/v1/completions", [this](const Request& req, Response& res) { generate(req, res, openai::plan_completion); });
+  http_->Post("/v1/messages", [this](const Request& req, Response& res) { generate(req, res, anthropic::plan_messages); });
+  http_->Post("/v1/messages/count_tokens", [this](const Request& req, Response& res) {
+    runtime::AsyncEngine* engine = engine_.load();
+    const ServedModel* model = model_.load();
+    if (engine == nullptr || model == nullptr) return send_error(req, res, 503, "the model is still loading");
+    const ordered_json body = ordered_json::parse(req.body, nullptr, false);
+    if (body.is_discarded()) return send_error(req, res, 400, "the request body is not valid JSON (UTF-8)");
+    auto counted = anthropic::count_tokens(body, PlanContext{.model = *model, .engine = engine->engine()});
+    if (auto* e = std::get_if<ApiError>(&counted)) return send_error(req, res, e->status, e->message, e->param);
+    res.set_content(std::get<ordered_json>(counted).dump(), "application/json");
+  });
+}
+
+}  // namespace kiln::server

@@ -1,0 +1,94 @@
+#include "server/metrics_text.h"
+
+#include <sstream>
+
+namespace kiln::server {
+namespace {
+
+class Writer {
+ public:
+  explicit Writer(std::string model) : labels_("model_name=\"" + escape(model) + "\"") {}
+
+  void metric(const char* name, const char* type, const char* help) {
+    out_ << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+  }
+  void value(const char* name, double v, const std::string& extra = {}) {
+    out_ << name << "{" << labels_ << (extra.empty() ? "" : "," + extra) << "} " << v << "\n";
+  }
+  void gauge(const char* name, const char* help, double v) {
+    metric(name, "gauge", help);
+    value(name, v);
+  }
+  void counter(const char* name, const char* help, double v) {
+    metric(name, "counter", help);
+    value(name, v);
+  }
+  void histogram(const char* name, const char* help, const runtime::Histogram::Snapshot& h) {
+    metric(name, "histogram", help);
+    const std::string base = name;
+    for (size_t i = 0; i < h.bounds.size(); ++i) {
+      std::ostringstream le;
+      le << "le=\"" << h.bounds[i] << "\"";
+      value((base + "_bucket").c_str(), double(h.cumulative[i]), le.str());
+    }
+    value((base + "_bucket").c_str(), double(h.count), "le=\"+Inf\"");
+    value((base + "_sum").c_str(), h.sum);
+    value((base + "_count").c_str(), double(h.count));
+  }
+  std::string str() const { return out_.str(); }
+  static std::string escape(const std::string& s) {
+    std::string o;
+    for (char c : s) {
+      if (c == '\\' || c == '"') o += '\\';
+      if (c == '\n') {
+        o += "\\n";
+        continue;
+      }
+      o += c;
+    }
+    return o;
+  }
+
+ private:
+  std::string labels_;
+  std::ostringstream out_;
+};
+
+}  // namespace
+
+std::string metrics_text(const std::string& model_name, const runtime::AsyncEngineStats& s,
+                         runtime::ServingMetrics& metrics, const StatusCounts& statuses) {
+  Writer w(model_name);
+  w.metric("kiln_http_requests_total", "counter", "HTTP responses sent, by status code.");
+  for (const auto& [code, n] : statuses) w.value("kiln_http_requests_total", double(n), "status=\"" + std::to_string(code) + "\"");
+  w.metric("kiln_request_success_total", "counter", "Generated sequences that ended, by finish reason.");
+  for (int r = 1; r < 5; ++r)
+    w.value("kiln_request_success_total", double(s.finished_by_reason[r]),
+            std::string("finished_reason=\"") + runtime::finish_reason_name(runtime::FinishReason(r)) + "\"");
+  w.counter("kiln_prompt_tokens_total", "Prompt tokens of admitted requests.", double(s.engine.prompt_tokens));
+  w.counter("kiln_generation_tokens_total", "Tokens generated.", double(s.engine.generated_tokens));
+  w.counter("kiln_computed_tokens_total", "Tokens run through the model (prefill, decode, recompute).",
+            double(s.engine.computed_tokens));
+  w.counter("kiln_engine_steps_total", "Engine steps run.", double(s.engine.steps));
+  w.counter("kiln_num_preemptions_total", "Sequences preempted for KV blocks (recomputed later).",
+            double(s.engine.preemptions));
+  w.gauge("kiln_num_requests_running", "Sequences in the running batch.", s.engine.running);
+  w.gauge("kiln_num_requests_waiting", "Sequences waiting to be scheduled (and requests not yet admitted).", s.queued);
+  w.gauge("kiln_num_requests_in_flight", "Requests admitted and not yet finished.", s.in_flight);
+  w.gauge("kiln_kv_cache_blocks_total", "KV cache blocks.", s.engine.kv_blocks_total);
+  w.gauge("kiln_kv_cache_blocks_used", "KV cache blocks held by sequences.", s.engine.kv_blocks_used);
+  w.gauge("kiln_kv_cache_usage_perc", "Fraction of KV cache blocks held by sequences.",
+          s.engine.kv_blocks_total > 0 ? double(s.engine.kv_blocks_used) / s.engine.kv_blocks_total : 0.0);
+  w.counter("kiln_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
+            double(s.engine.prefix_queried_tokens));
+  w.counter("kiln_prefix_cache_hits_total", "Prompt tokens found in the prefix cache.",
+            double(s.engine.prefix_hit_tokens));
+  w.histogram("kiln_time_to_first_token_seconds", "From arrival to the first generated token.",
+              metrics.time_to_first_token.snapshot());
+  w.histogram("kiln_inter_token_latency_seconds", "Between consecutive tokens of a sequence.",
+              metrics.inter_token_latency.snapshot());
+  w.histogram("kiln_e2e_request_latency_seconds", "From arrival to the last token.", metrics.e2e_latency.snapshot());
+  return w.str();
+}
+
+}  // namespace kiln::server

@@ -1,0 +1,102 @@
+#include "server/served_model.h"
+
+#include <filesystem>
+
+#include "core/log.h"
+#include "tokenizer/harmony.h"
+
+namespace kiln::server {
+namespace {
+
+bool has(std::string_view s, std::string_view needle) { return s.find(needle) != std::string_view::npos; }
+
+}  // namespace
+
+tokenizer::ToolFormat detect_tool_format(std::string_view src) {
+  using tokenizer::ToolFormat;
+  if (has(src, "<|channel|>")) return ToolFormat::kHarmony;
+  if (has(src, "<|tool_calls_section_begin|>")) return ToolFormat::kKimiK2;
+  if (has(src, "<｜tool▁calls▁begin｜>") || has(src, "<｜tool▁call▁begin｜>")) return ToolFormat::kDeepSeekV3;
+  if (has(src, "<arg_key>")) return ToolFormat::kGlm45;
+  if (has(src, "<tool_call>")) return ToolFormat::kHermes;
+  return ToolFormat::kNone;
+}
+
+Result<std::unique_ptr<ServedModel>> ServedModel::load(const std::string& dir, const ServedModelOptions& options) {
+  if (!std::filesystem::exists(dir + "/tokenizer.json")) {
+    return not_found(dir + " has no tokenizer.json: kiln serves text, so it needs the model's tokenizer "
+                           "(--tokenizer DIR points at another directory that has one)");
+  }
+  KILN_ASSIGN_OR_RETURN(tokenizer::Tokenizer tok, tokenizer::Tokenizer::load(dir));
+  std::unique_ptr<ServedModel> m(new ServedModel(std::move(tok)));
+  m->name_ = options.name;
+  if (std::optional<int32_t> eos = m->tokenizer_.eos_id()) m->stop_ids_.push_back(*eos);
+
+  auto chat = tokenizer::ChatTemplate::load(dir);
+  std::string source;
+  if (chat.ok()) {
+    // The tool-use variant where a model has several: that is where the syntax shows.
+    source = chat->source(ordered_json{{"tools", ordered_json::array()}});
+    m->chat_ = std::move(chat).value();
+  } else if (chat.status().code() != StatusCode::kNotFound) {
+    return chat.status().with_context("loading the chat template of " + dir);
+  } else {
+    KILN_LOG(kWarn, dir << " has no chat template: /v1/chat/completions and /v1/messages are off");
+  }
+
+  const tokenizer::ToolFormat detected = detect_tool_format(source);
+  if (options.tool_call_parser == "auto") {
+    m->tool_format_ = detected;
+  } else {
+    KILN_ASSIGN_OR_RETURN(m->tool_format_, tokenizer::parse_tool_format(options.tool_call_parser));
+  }
+  // GPT-OSS prompts are rendered by kiln's harmony renderer, which follows the shipped
+  // template but also takes what OpenAI clients send routinely (null content, ...).
+  m->harmony_ = detected == tokenizer::ToolFormat::kHarmony && m->chat_.has_value();
+  if (options.reasoning_parser == "auto") {
+    m->reasoning_ = detected != tokenizer::ToolFormat::kHarmony && has(source, "<think>");
+  } else if (options.reasoning_parser == "think") {
+    m->reasoning_ = true;
+  } else if (options.reasoning_parser != "none") {
+    return invalid_argument("unknown reasoning parser \"" + options.reasoning_parser +
+                            "\" (expected auto, think or none)");
+  }
+  KILN_LOG(kInfo, "chat: template " << (m->harmony_ ? "harmony" : m->chat_ ? "jinja" : "none") << ", tool calls "
+                                    << tokenizer::tool_format_name(m->tool_format_) << ", reasoning "
+                                    << (m->tool_format_ == tokenizer::ToolFormat::kHarmony ? "harmony channels"
+                                        : m->reasoning_                                      ? "<think>"
+                                                                                             : "none"));
+  return m;
+}
+
+Result<std::string> ServedModel::render_chat(const ordered_json& messages, const std::optional<ordered_json>& tools,
+                                             const ordered_json& kwargs) const {
+  if (!has_chat_template()) {
+    return invalid_argument("model " + name_ + " has no chat template; use /v1/completions with a prompt");
+  }
+  if (harmony_) {
+    ordered_json input = kwargs.is_object() ? kwargs : ordered_json::object();
+    input["messages"] = messages;
+    input["tools"] = tools ? *tools : ordered_json::array();
+    input["add_generation_prompt"] = true;
+    KILN_ASSIGN_OR_RETURN(tokenizer::HarmonyConversation conv, tokenizer::harmony_conversation_from_json(input));
+    return tokenizer::render_harmony(conv);
+  }
+  tokenizer::ChatRequest req{.messages = messages, .tools = tools, .add_generation_prompt = true, .kwargs = kwargs};
+  return chat_->render(chat_->build_context(req));
+}
+
+tokenizer::ParserOptions ServedModel::parser_options(std::string_view prompt, const ordered_json& tools) const {
+  tokenizer::ParserOptions o;
+  o.tools = tools.is_array() ? tools : ordered_json::array();
+  o.reasoning.enabled = reasoning_;
+  if (reasoning_) {
+    // The template opened the block itself when the prompt ends in "<think>" (+ spaces).
+    size_t end = prompt.size();
+    while (end > 0 && (prompt[end - 1] == '\n' || prompt[end - 1] == ' ')) --end;
+    o.reasoning.starts_in_reasoning = prompt.substr(0, end).ends_with("<think>");
+  }
+  return o;
+}
+
+}  // namespace kiln::server

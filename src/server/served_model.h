@@ -1,0 +1,68 @@
+// ServedModel: the text side of the model being served: its name, tokenizer, chat
+// template and output parsers (which tool-call syntax and reasoning markers its replies
+// use). The engine side is runtime::AsyncEngine.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/status.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/parser_output.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kiln::server {
+
+using ordered_json = nlohmann::ordered_json;
+
+struct ServedModelOptions {
+  std::string name;                    // the id clients send as "model"
+  std::string tool_call_parser = "auto";  // auto (from the chat template), none, or a ToolFormat name
+  std::string reasoning_parser = "auto";  // auto (<think> in the template), none, or think
+};
+
+class ServedModel {
+ public:
+  // tokenizer.json (+ tokenizer_config.json, chat template) from `dir`. A model without
+  // a chat template serves completions only.
+  static Result<std::unique_ptr<ServedModel>> load(const std::string& dir, const ServedModelOptions& options);
+
+  const std::string& name() const { return name_; }
+  const tokenizer::Tokenizer& tokenizer() const { return tokenizer_; }
+  bool has_chat_template() const { return chat_.has_value() || harmony_; }
+  tokenizer::ToolFormat tool_format() const { return tool_format_; }
+  bool reasoning() const { return reasoning_; }
+  // The end-of-turn ids a chat reply stops at: the tokenizer's eos token (the model's
+  // config eos ids are the engine's).
+  const std::vector<int32_t>& stop_token_ids() const { return stop_ids_; }
+
+  // Renders OpenAI-shaped messages (content already a string or null, tool call
+  // arguments parsed) with the model's template. kwargs: chat_template_kwargs, plus
+  // reasoning_effort where given. Errors are the template's (kInvalidArgument).
+  Result<std::string> render_chat(const ordered_json& messages, const std::optional<ordered_json>& tools,
+                                  const ordered_json& kwargs) const;
+  // Parser options for one chat reply to `prompt` (a prompt that ends inside an opened
+  // <think> block starts the reply in reasoning).
+  tokenizer::ParserOptions parser_options(std::string_view prompt, const ordered_json& tools) const;
+
+ private:
+  explicit ServedModel(tokenizer::Tokenizer t) : tokenizer_(std::move(t)) {}
+
+  std::string name_;
+  tokenizer::Tokenizer tokenizer_;
+  std::optional<tokenizer::ChatTemplate> chat_;
+  bool harmony_ = false;  // GPT-OSS: kiln's harmony renderer (tokenizer/harmony.h)
+  tokenizer::ToolFormat tool_format_ = tokenizer::ToolFormat::kNone;
+  bool reasoning_ = false;
+  std::vector<int32_t> stop_ids_;
+};
+
+// Which tool-call syntax a chat template's source speaks (kNone if no known one).
+tokenizer::ToolFormat detect_tool_format(std::string_view template_source);
+
+}  // namespace kiln::server
