@@ -7,10 +7,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/demo_tokenizer.h"
 #include "formats/safetensors.h"
 
 namespace kiln::cli {
 namespace {
+
+// The demo's files: bump whenever any of them changes, so ensure_demo_model() rewrites a
+// copy cached by an older kiln (1: weights + config only; 2: tokenizer, chat template, eos ids).
+constexpr int kDemoVersion = 2;
 
 constexpr int64_t kVocab = 2048, kDModel = 256, kLayers = 4, kHeads = 8, kKvHeads = 2,
                   kDHead = 32, kExperts = 16, kExpertsActive = 4, kDFf = 256, kWindow = 64;
@@ -21,6 +26,12 @@ Tensor random_bf16(std::mt19937& rng, Shape shape, float mean, float stddev) {
   auto* p = t.as<uint16_t>();
   for (int64_t i = 0; i < t.numel(); ++i) p[i] = f32_to_bf16(dist(rng));
   return t;
+}
+
+// End of sequence: the end of an assistant turn, then <|endoftext|> (Qwen3's order).
+nlohmann::json demo_eos_ids() {
+  const DemoSpecialIds ids = demo_special_ids(kVocab);
+  return {ids.im_end, ids.endoftext};
 }
 
 nlohmann::json demo_config() {
@@ -44,12 +55,37 @@ nlohmann::json demo_config() {
       {"rms_norm_eps", 1e-5},
       {"max_position_embeddings", 4096},
       {"tie_word_embeddings", false},
-      {"eos_token_id", nullptr},
+      {"bos_token_id", nullptr},
+      {"eos_token_id", demo_eos_ids()},
       {"rope_scaling", {{"rope_type", "yarn"}, {"factor", 32.0}, {"beta_fast", 32.0}, {"beta_slow", 1.0},
                         {"truncate", false}, {"original_max_position_embeddings", 128}}},
       {"rope_theta", 150000.0},
       {"torch_dtype", "bfloat16"},
   };
+}
+
+// Writes to a temporary and renames, so a half-written file is never picked up.
+Status write_json(const std::string& path, const nlohmann::json& j) {
+  {
+    std::ofstream f(path + ".tmp");
+    f << j.dump(2) << "\n";
+    if (!f) return internal_error("cannot write " + path);
+  }
+  std::error_code ec;
+  std::filesystem::rename(path + ".tmp", path, ec);
+  if (ec) return internal_error("cannot write " + path + ": " + ec.message());
+  return Status::Ok();
+}
+
+// A cached demo is current when every file is there and its stamp is this kiln's version.
+bool demo_is_current(const std::string& dir) {
+  for (const char* name : {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                           "tokenizer_config.json"}) {
+    if (!std::filesystem::exists(dir + "/" + name)) return false;
+  }
+  std::ifstream f(dir + "/kiln-demo.json");
+  const nlohmann::json stamp = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+  return stamp.is_object() && stamp.contains("version") && stamp["version"] == kDemoVersion;
 }
 
 }  // namespace
@@ -96,25 +132,21 @@ Status write_demo_model(const std::string& dir) {
     t.emplace_back(m + ".experts.down_proj", random_bf16(rng, {kExperts, kDFf, kDModel}, 0, w));
     t.emplace_back(m + ".experts.down_proj_bias", random_bf16(rng, {kExperts, kDModel}, 0, 0.1f));
   }
-  // Write to temporaries and rename, so a half-written demo is never picked up.
+  // Write to temporaries and rename, so a half-written demo is never picked up; the version
+  // stamp goes last, so an interrupted write is redone by ensure_demo_model().
   KILN_RETURN_IF_ERROR(formats::write_safetensors(dir + "/model.safetensors.tmp", t,
                                                   {{"format", "pt"}, {"kiln", "demo"}}));
-  {
-    std::ofstream f(dir + "/config.json.tmp");
-    f << demo_config().dump(2) << "\n";
-    if (!f) return internal_error("cannot write " + dir + "/config.json");
-  }
   std::filesystem::rename(dir + "/model.safetensors.tmp", dir + "/model.safetensors", ec);
-  if (!ec) std::filesystem::rename(dir + "/config.json.tmp", dir + "/config.json", ec);
   if (ec) return internal_error("cannot finish writing the demo model in " + dir + ": " + ec.message());
-  return Status::Ok();
+  KILN_RETURN_IF_ERROR(write_json(dir + "/config.json", demo_config()));
+  KILN_RETURN_IF_ERROR(write_json(dir + "/generation_config.json", {{"eos_token_id", demo_eos_ids()}}));
+  KILN_RETURN_IF_ERROR(write_demo_tokenizer(dir, kVocab));
+  return write_json(dir + "/kiln-demo.json", {{"version", kDemoVersion}});
 }
 
 Result<std::string> ensure_demo_model() {
   const std::string dir = demo_model_dir();
-  if (std::filesystem::exists(dir + "/config.json") && std::filesystem::exists(dir + "/model.safetensors")) {
-    return dir;
-  }
+  if (demo_is_current(dir)) return dir;
   KILN_RETURN_IF_ERROR(write_demo_model(dir));
   return dir;
 }

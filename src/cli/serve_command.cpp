@@ -148,7 +148,8 @@ Status serve(ServeOptions o, const ServeHooks& hooks) {
                         server::ServedModel::load(o.tokenizer.empty() ? dir : o.tokenizer,
                                                   {.name = o.served_model_name,
                                                    .tool_call_parser = o.tool_call_parser,
-                                                   .reasoning_parser = o.reasoning_parser}));
+                                                   .reasoning_parser = o.reasoning_parser,
+                                                   .generation_config_dir = dir}));
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<ops::Backend> backend, make_backend(o.common));
   std::fprintf(stderr, "kiln: loading %s on %s\n", dir.c_str(), backend->name().c_str());
   LoadProgress progress;

@@ -274,7 +274,7 @@ ApiResult<Job> plan_messages(const ordered_json& body, const PlanContext& ctx) {
   Fields f(body);
   if (!f.has("max_tokens")) return bad_request("'max_tokens' is required", "max_tokens");
   const std::optional<int64_t> max_tokens = f.integer("max_tokens", 1, INT32_MAX);
-  read_sampling(f, r, ctx.engine.config().vocab_size);
+  read_sampling(f, r, ctx);
   if (auto v = f.strings("stop_sequences", 16)) job.sample.stop = *v;
   if (auto v = f.boolean("stream")) job.stream = *v;
   if (f.failed()) return f.error();

@@ -48,7 +48,7 @@ ordered_json chat_logprob_entries(const std::vector<TokenLogprob>& lps) {
 // The fields both endpoints read the same way; sets the job's sample options.
 void read_common(Fields& f, const PlanContext& ctx, runtime::Request& r, SampleOptions& so, bool& stream,
                  bool& include_usage) {
-  read_sampling(f, r, ctx.engine.config().vocab_size);
+  read_sampling(f, r, ctx);
   if (auto v = f.integer("n", 1, ctx.max_n)) r.n = int32_t(*v);
   if (auto v = f.strings("stop", 16)) so.stop = *v;
   if (auto v = f.boolean("skip_special_tokens")) so.skip_special_tokens = *v;

@@ -14,15 +14,22 @@ std::optional<ApiError> check_model_name(const ordered_json& body, const ServedM
   const std::string& name = body["model"].get_ref<const std::string&>();
   if (name != model.name()) {
     return ApiError{.status = 404,
-                    .message = "The model '" + json_excerpt(body["model"]) + "' does not exist; this server serves \"" +
-                               model.name() + "\"",
+                    .message = "The model '" + name.substr(0, 200) + "' does not exist; this server serves '" +
+                               model.name() + "'",
                     .param = "model"};
   }
   return std::nullopt;
 }
 
-void read_sampling(Fields& f, runtime::Request& r, int64_t vocab) {
+void read_sampling(Fields& f, runtime::Request& r, const PlanContext& ctx) {
+  const int64_t vocab = ctx.engine.config().vocab_size;
   runtime::SamplingParams& s = r.sampling;
+  const SamplingDefaults& d = ctx.model.sampling_defaults();
+  s.temperature = float(d.temperature);
+  s.top_p = float(d.top_p);
+  s.top_k = int32_t(std::min<int64_t>(d.top_k, vocab));
+  s.min_p = float(d.min_p);
+  s.repetition_penalty = float(d.repetition_penalty);
   if (auto v = f.number("temperature", 0.0, 100.0)) s.temperature = float(*v);
   if (auto v = f.number("top_p", 0.0, 1.0)) {
     if (*v <= 0.0) f.fail("'top_p' must be greater than 0 and at most 1", "top_p");

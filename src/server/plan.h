@@ -29,8 +29,8 @@ std::optional<ApiError> check_model_name(const ordered_json& body, const ServedM
 
 // Reads the sampling fields shared by the OpenAI endpoints (and Anthropic's subset):
 // temperature, top_p, top_k, min_p, seed, the penalties, stop_token_ids, ignore_eos.
-// A request without a seed gets a random one.
-void read_sampling(Fields& f, runtime::Request& r, int64_t vocab);
+// Fields not given take the model's defaults; a request without a seed gets a random one.
+void read_sampling(Fields& f, runtime::Request& r, const PlanContext& ctx);
 
 // The prompt is tokenized; sets the request's prompt and max_tokens (given, else what
 // the context has left), checking both against the maximum length.

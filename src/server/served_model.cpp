@@ -1,6 +1,8 @@
 #include "server/served_model.h"
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "core/log.h"
 #include "tokenizer/harmony.h"
@@ -31,6 +33,8 @@ Result<std::unique_ptr<ServedModel>> ServedModel::load(const std::string& dir, c
   std::unique_ptr<ServedModel> m(new ServedModel(std::move(tok)));
   m->name_ = options.name;
   if (std::optional<int32_t> eos = m->tokenizer_.eos_id()) m->stop_ids_.push_back(*eos);
+
+  KILN_RETURN_IF_ERROR(m->load_sampling_defaults(options.generation_config_dir));
 
   auto chat = tokenizer::ChatTemplate::load(dir);
   std::string source;
@@ -67,6 +71,33 @@ Result<std::unique_ptr<ServedModel>> ServedModel::load(const std::string& dir, c
                                         : m->reasoning_                                      ? "<think>"
                                                                                              : "none"));
   return m;
+}
+
+Status ServedModel::load_sampling_defaults(const std::string& dir) {
+  if (dir.empty()) return Status::Ok();
+  const std::string path = dir + "/generation_config.json";
+  std::ifstream f(path);
+  if (!f) return Status::Ok();
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const ordered_json g = ordered_json::parse(ss.str(), nullptr, false);
+  if (g.is_discarded() || !g.is_object()) return corrupt(path + " is not a JSON object");
+  // do_sample false means greedy, whatever temperature says.
+  const bool greedy = g.contains("do_sample") && g["do_sample"].is_boolean() && !g["do_sample"].get<bool>();
+  auto number = [&](const char* key, double& out) {
+    if (g.contains(key) && g[key].is_number()) out = g[key].get<double>();
+  };
+  number("temperature", defaults_.temperature);
+  number("top_p", defaults_.top_p);
+  number("min_p", defaults_.min_p);
+  number("repetition_penalty", defaults_.repetition_penalty);
+  if (g.contains("top_k") && g["top_k"].is_number_integer()) defaults_.top_k = std::max<int64_t>(0, g["top_k"].get<int64_t>());
+  if (greedy) defaults_.temperature = 0.0;
+  if (!(defaults_.temperature >= 0 && defaults_.top_p > 0 && defaults_.top_p <= 1 && defaults_.min_p >= 0 &&
+        defaults_.min_p <= 1 && defaults_.repetition_penalty > 0)) {
+    return corrupt(path + " has sampling values out of range");
+  }
+  return Status::Ok();
 }
 
 Result<std::string> ServedModel::render_chat(const ordered_json& messages, const std::optional<ordered_json>& tools,

@@ -24,6 +24,19 @@ struct ServedModelOptions {
   std::string name;                    // the id clients send as "model"
   std::string tool_call_parser = "auto";  // auto (from the chat template), none, or a ToolFormat name
   std::string reasoning_parser = "auto";  // auto (<think> in the template), none, or think
+  // Where generation_config.json is (the checkpoint directory): its sampling values are
+  // the defaults of requests that do not set them, as the model's authors intended.
+  std::string generation_config_dir;
+};
+
+// A request's sampling defaults: OpenAI's and Anthropic's (temperature 1, no filters),
+// overridden by the checkpoint's generation_config.json.
+struct SamplingDefaults {
+  double temperature = 1.0;
+  double top_p = 1.0;
+  int64_t top_k = 0;
+  double min_p = 0.0;
+  double repetition_penalty = 1.0;
 };
 
 class ServedModel {
@@ -40,6 +53,7 @@ class ServedModel {
   // The end-of-turn ids a chat reply stops at: the tokenizer's eos token (the model's
   // config eos ids are the engine's).
   const std::vector<int32_t>& stop_token_ids() const { return stop_ids_; }
+  const SamplingDefaults& sampling_defaults() const { return defaults_; }
 
   // Renders OpenAI-shaped messages (content already a string or null, tool call
   // arguments parsed) with the model's template. kwargs: chat_template_kwargs, plus
@@ -52,6 +66,7 @@ class ServedModel {
 
  private:
   explicit ServedModel(tokenizer::Tokenizer t) : tokenizer_(std::move(t)) {}
+  Status load_sampling_defaults(const std::string& dir);
 
   std::string name_;
   tokenizer::Tokenizer tokenizer_;
@@ -60,6 +75,7 @@ class ServedModel {
   tokenizer::ToolFormat tool_format_ = tokenizer::ToolFormat::kNone;
   bool reasoning_ = false;
   std::vector<int32_t> stop_ids_;
+  SamplingDefaults defaults_;
 };
 
 // Which tool-call syntax a chat template's source speaks (kNone if no known one).
