@@ -2,6 +2,8 @@
 
 #include <httplib.h>
 
+#include <cctype>
+
 #include "core/log.h"
 #include "server/anthropic_api.h"
 #include "server/job.h"
@@ -14,6 +16,21 @@ constexpr auto kPumpWait = std::chrono::milliseconds(50);
 // A streaming reply with nothing to send for this long gets an SSE comment, so a client
 // that went away is noticed (the write fails) even while a long prompt is prefilled.
 constexpr auto kKeepAlive = std::chrono::seconds(2);
+
+// %XX-escapes decoded (the test hook's header carries newlines that way).
+std::string percent_decode(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
+        std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
+      out += char(std::stoi(s.substr(i + 1, 2), nullptr, 16));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
 
 bool is_anthropic(const std::string& path) { return path.rfind("/v1/messages", 0) == 0; }
 
@@ -100,7 +117,7 @@ void HttpServer::generate(const httplib::Request& req, httplib::Response& res, P
   if (body.is_discarded()) return send_error(req, res, 400, "the request body is not valid JSON (UTF-8)");
   PlanContext ctx{.model = *model, .engine = engine->engine(), .max_n = options_.max_n};
   if (options_.test_output_header && req.has_header("X-Kiln-Test-Output"))
-    ctx.forced_output = req.get_header_value("X-Kiln-Test-Output");
+    ctx.forced_output = percent_decode(req.get_header_value("X-Kiln-Test-Output"));
   auto planned = plan(body, ctx);
   if (auto* e = std::get_if<ApiError>(&planned)) return send_error(req, res, e->status, e->message, e->param);
   auto started = JobRun::start(*engine, std::move(std::get<Job>(planned)), model->tokenizer());

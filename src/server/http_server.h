@@ -40,8 +40,8 @@ struct ServerOptions {
   size_t max_body_bytes = 32u << 20;
   int http_threads = 64;           // concurrent connections served (more wait in line)
   int32_t max_n = 64;              // parallel samples per request at most
-  // Tests only: a request's "X-Kiln-Test-Output" header text is what every sample of it
-  // emits (the model still runs). Set only by the test server binary; `kiln serve` has no
+  // Tests only: a request's "X-Kiln-Test-Output" header text (%XX-escaped) is what every
+  // sample of it emits (the model still runs). Set only by the test server binary; `kiln serve` has no
   // flag or variable that sets it.
   bool test_output_header = false;
 };

@@ -1,0 +1,260 @@
+// The official `openai` npm client against `kiln serve` on the demo model: models,
+// chat and completions (streaming and not), seeds, logprobs, n, stop strings, a tool-call
+// round trip and reasoning content (the model's output injected by the test hook), and
+// errors surfacing as the SDK's error classes.
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { startServer, requirePeer } from "./harness.mjs";
+
+const { OpenAI, BadRequestError, NotFoundError, AuthenticationError } = requirePeer("openai");
+
+let server;
+let client;
+const inject = (text) => ({ headers: { "X-Kiln-Test-Output": encodeURIComponent(text) } });
+
+before(async () => {
+  server = await startServer();
+  client = new OpenAI({ apiKey: "unused", baseURL: server.url + "/v1", maxRetries: 0, timeout: 60000 });
+});
+after(async () => {
+  const r = await server.stop();
+  assert.equal(r.code, 0, "the server drains and exits 0 on SIGTERM:\n" + server.stderr());
+});
+
+test("models lists the served model", async () => {
+  const page = await client.models.list();
+  assert.deepEqual(page.data.map((m) => m.id), ["kiln-demo"]);
+  assert.equal((await client.models.retrieve("kiln-demo")).id, "kiln-demo");
+  await assert.rejects(client.models.retrieve("other"), NotFoundError);
+});
+
+test("chat completion returns text, usage and a finish reason", async () => {
+  const r = await client.chat.completions.create({
+    model: "kiln-demo",
+    messages: [
+      { role: "system", content: "You are terse." },
+      { role: "user", content: [{ type: "text", text: "Tell me a story." }] },
+    ],
+    max_tokens: 12,
+    seed: 7,
+  });
+  assert.equal(r.object, "chat.completion");
+  assert.equal(r.choices.length, 1);
+  assert.equal(r.choices[0].message.role, "assistant");
+  assert.ok(r.choices[0].message.content.length > 0);
+  assert.ok(["length", "stop"].includes(r.choices[0].finish_reason));
+  assert.ok(r.usage.prompt_tokens > 5);
+  assert.ok(r.usage.completion_tokens >= 1 && r.usage.completion_tokens <= 12);
+  assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens);
+});
+
+test("the same seed gives the same reply, streamed or not", async () => {
+  const req = { model: "kiln-demo", messages: [{ role: "user", content: "Seeds?" }], max_tokens: 16, seed: 1234, temperature: 0.9 };
+  const a = await client.chat.completions.create(req);
+  const b = await client.chat.completions.create(req);
+  assert.equal(a.choices[0].message.content, b.choices[0].message.content);
+  const stream = await client.chat.completions.create({ ...req, stream: true, stream_options: { include_usage: true } });
+  let text = "";
+  let finish = null;
+  let usage = null;
+  let role = null;
+  for await (const chunk of stream) {
+    if (chunk.usage) usage = chunk.usage;
+    for (const c of chunk.choices) {
+      if (c.delta.role) role = c.delta.role;
+      text += c.delta.content ?? "";
+      if (c.finish_reason) finish = c.finish_reason;
+    }
+  }
+  assert.equal(role, "assistant");
+  assert.equal(text, a.choices[0].message.content);
+  assert.equal(finish, a.choices[0].finish_reason);
+  assert.deepEqual(usage, a.usage);
+});
+
+test("n samples and logprobs", async () => {
+  const r = await client.chat.completions.create({
+    model: "kiln-demo",
+    messages: [{ role: "user", content: "Give me options." }],
+    max_tokens: 8,
+    n: 3,
+    seed: 5,
+    logprobs: true,
+    top_logprobs: 3,
+  });
+  assert.equal(r.choices.length, 3);
+  assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2]);
+  for (const c of r.choices) {
+    const lp = c.logprobs.content;
+    assert.ok(lp.length >= 1);
+    for (const t of lp) {
+      assert.ok(t.logprob <= 0);
+      assert.equal(t.top_logprobs.length, 3);
+      for (let i = 1; i < 3; ++i) assert.ok(t.top_logprobs[i - 1].logprob >= t.top_logprobs[i].logprob);
+      assert.deepEqual(t.bytes, [...Buffer.from(t.token, "utf8")]);
+    }
+  }
+  // Sample i is seeded with seed + i: three different draws.
+  assert.equal(new Set(r.choices.map((c) => c.message.content)).size, 3);
+});
+
+test("completions: text, streaming, echo and token-id prompts", async () => {
+  const r = await client.completions.create({ model: "kiln-demo", prompt: "Once upon a time", max_tokens: 10, seed: 3, logprobs: 2 });
+  assert.equal(r.object, "text_completion");
+  assert.ok(r.choices[0].text.length > 0);
+  assert.equal(r.choices[0].logprobs.tokens.length, r.usage.completion_tokens);
+  assert.equal(r.choices[0].logprobs.tokens.join(""), r.choices[0].text);
+  const stream = await client.completions.create({ model: "kiln-demo", prompt: "Once upon a time", max_tokens: 10, seed: 3, stream: true });
+  let text = "";
+  for await (const chunk of stream) for (const c of chunk.choices) text += c.text;
+  assert.equal(text, r.choices[0].text);
+  const echo = await client.completions.create({ model: "kiln-demo", prompt: "Echo me", max_tokens: 3, echo: true });
+  assert.ok(echo.choices[0].text.startsWith("Echo me"));
+  const multi = await client.completions.create({ model: "kiln-demo", prompt: [[1, 2, 3], "Two"], max_tokens: 3, n: 2 });
+  assert.equal(multi.choices.length, 4);
+});
+
+test("a stop string ends the reply before it, also when it spans tokens", async () => {
+  const r = await client.chat.completions.create(
+    { model: "kiln-demo", messages: [{ role: "user", content: "Count." }], max_tokens: 40, stop: ["three four"] },
+    inject("one two three four five six<|im_end|>"),
+  );
+  assert.equal(r.choices[0].message.content, "one two ");
+  assert.equal(r.choices[0].finish_reason, "stop");
+  const stream = await client.chat.completions.create(
+    { model: "kiln-demo", messages: [{ role: "user", content: "Count." }], max_tokens: 40, stop: ["three four"], stream: true },
+    inject("one two three four five six<|im_end|>"),
+  );
+  let text = "";
+  for await (const chunk of stream) for (const c of chunk.choices) text += c.delta.content ?? "";
+  assert.equal(text, "one two ");
+});
+
+test("the end-of-turn token ends the reply with finish_reason stop", async () => {
+  const r = await client.chat.completions.create(
+    { model: "kiln-demo", messages: [{ role: "user", content: "Hi" }], max_tokens: 40 },
+    inject("Hello! How can I help?<|im_end|>"),
+  );
+  assert.equal(r.choices[0].message.content, "Hello! How can I help?");
+  assert.equal(r.choices[0].finish_reason, "stop");
+  assert.equal(r.usage.completion_tokens > 3, true);
+});
+
+const tools = [
+  {
+    type: "function",
+    function: {
+      name: "get_weather",
+      description: "Current weather in a city",
+      parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] },
+    },
+  },
+];
+const call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>';
+
+test("tool call round trip", async () => {
+  const messages = [{ role: "user", content: "What is the weather in Paris?" }];
+  const r = await client.chat.completions.create({ model: "kiln-demo", messages, tools, max_tokens: 60 }, inject(call));
+  const choice = r.choices[0];
+  assert.equal(choice.finish_reason, "tool_calls");
+  assert.equal(choice.message.tool_calls.length, 1);
+  const tc = choice.message.tool_calls[0];
+  assert.equal(tc.type, "function");
+  assert.equal(tc.function.name, "get_weather");
+  assert.deepEqual(JSON.parse(tc.function.arguments), { city: "Paris" });
+  assert.ok(tc.id.length > 0);
+
+  // The result goes back; the model answers.
+  messages.push(choice.message, { role: "tool", tool_call_id: tc.id, content: '{"temperature": 21}' });
+  const answer = await client.chat.completions.create(
+    { model: "kiln-demo", messages, tools, max_tokens: 40 },
+    inject("It is 21 degrees in Paris.<|im_end|>"),
+  );
+  assert.equal(answer.choices[0].message.content, "It is 21 degrees in Paris.");
+  assert.equal(answer.choices[0].finish_reason, "stop");
+  assert.ok(answer.usage.prompt_tokens > r.usage.prompt_tokens);
+
+  // Streamed, the call arrives as tool_calls deltas.
+  const stream = await client.chat.completions.create(
+    { model: "kiln-demo", messages: messages.slice(0, 1), tools, max_tokens: 60, stream: true },
+    inject(call),
+  );
+  let name = "";
+  let args = "";
+  let finish = null;
+  for await (const chunk of stream) {
+    for (const c of chunk.choices) {
+      for (const d of c.delta.tool_calls ?? []) {
+        name += d.function?.name ?? "";
+        args += d.function?.arguments ?? "";
+      }
+      if (c.finish_reason) finish = c.finish_reason;
+    }
+  }
+  assert.equal(name, "get_weather");
+  assert.deepEqual(JSON.parse(args), { city: "Paris" });
+  assert.equal(finish, "tool_calls");
+});
+
+test("reasoning comes back as reasoning_content", async () => {
+  const output = "<think>\nThe user greets me.\n</think>\n\nHello there!<|im_end|>";
+  const r = await client.chat.completions.create(
+    { model: "kiln-demo", messages: [{ role: "user", content: "Hi" }], max_tokens: 60 },
+    inject(output),
+  );
+  assert.equal(r.choices[0].message.reasoning_content, "The user greets me.");
+  assert.equal(r.choices[0].message.content, "Hello there!");
+  const stream = await client.chat.completions.create(
+    { model: "kiln-demo", messages: [{ role: "user", content: "Hi" }], max_tokens: 60, stream: true },
+    inject(output),
+  );
+  let reasoning = "";
+  let content = "";
+  for await (const chunk of stream) {
+    for (const c of chunk.choices) {
+      reasoning += c.delta.reasoning_content ?? "";
+      content += c.delta.content ?? "";
+    }
+  }
+  assert.equal(reasoning, "The user greets me.");
+  assert.equal(content, "Hello there!");
+});
+
+test("errors surface as the SDK's error classes", async () => {
+  const base = { model: "kiln-demo", messages: [{ role: "user", content: "x" }], max_tokens: 4 };
+  await assert.rejects(client.chat.completions.create({ ...base, temperature: -1 }), (e) => {
+    assert.ok(e instanceof BadRequestError);
+    assert.equal(e.status, 400);
+    assert.match(e.message, /temperature/);
+    assert.equal(e.error?.param ?? e.param, "temperature");
+    return true;
+  });
+  await assert.rejects(client.chat.completions.create({ ...base, model: "gpt-9" }), NotFoundError);
+  await assert.rejects(client.chat.completions.create({ ...base, messages: [] }), BadRequestError);
+  await assert.rejects(client.chat.completions.create({ ...base, max_tokens: 100000 }), (e) => {
+    assert.ok(e instanceof BadRequestError);
+    assert.match(e.message, /maximum context length is 4096 tokens/);
+    return true;
+  });
+  await assert.rejects(
+    client.chat.completions.create({ ...base, response_format: { type: "json_object" } }),
+    (e) => e instanceof BadRequestError && /response_format/.test(e.message),
+  );
+  await assert.rejects(client.chat.completions.create({ ...base, tools, tool_choice: "required" }), BadRequestError);
+  await assert.rejects(client.completions.create({ model: "kiln-demo", prompt: [99999], max_tokens: 2 }), BadRequestError);
+});
+
+test("an API key is required when one is set", async () => {
+  const keyed = await startServer(["--api-key", "s3cret"]);
+  try {
+    const wrong = new OpenAI({ apiKey: "nope", baseURL: keyed.url + "/v1", maxRetries: 0 });
+    await assert.rejects(wrong.models.list(), AuthenticationError);
+    const right = new OpenAI({ apiKey: "s3cret", baseURL: keyed.url + "/v1", maxRetries: 0 });
+    const r = await right.chat.completions.create({ model: "kiln-demo", messages: [{ role: "user", content: "x" }], max_tokens: 2 });
+    assert.equal(r.choices.length, 1);
+    // Health and metrics stay open for probes.
+    assert.equal((await fetch(keyed.url + "/health")).status, 200);
+  } finally {
+    await keyed.stop();
+  }
+});
