@@ -2,7 +2,9 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <cctype>
+#include <variant>
 
 #include "core/log.h"
 #include "server/anthropic_api.h"
@@ -30,6 +32,26 @@ std::string percent_decode(const std::string& s) {
     }
   }
   return out;
+}
+
+// Deeper JSON than any API needs is refused: rendering it (templates, errors) recurses.
+constexpr int kMaxJsonDepth = 128;
+
+// The body as JSON, or a message saying why not.
+std::variant<ordered_json, std::string> parse_body(const std::string& body) {
+  int depth = 0;
+  ordered_json j = ordered_json::parse(
+      body,
+      [&](int d, ordered_json::parse_event_t, ordered_json&) {
+        depth = std::max(depth, d);
+        return true;
+      },
+      /*allow_exceptions=*/false);
+  if (j.is_discarded()) return std::string("the request body is not valid JSON (UTF-8)");
+  if (depth > kMaxJsonDepth)
+    return "the request body nests JSON " + std::to_string(depth) + " levels deep (at most " +
+           std::to_string(kMaxJsonDepth) + ")";
+  return j;
 }
 
 bool is_anthropic(const std::string& path) { return path.rfind("/v1/messages", 0) == 0; }
@@ -113,8 +135,9 @@ void HttpServer::generate(const httplib::Request& req, httplib::Response& res, P
   const ServedModel* model = model_.load();
   if (engine == nullptr || model == nullptr) return send_error(req, res, 503, "the model is still loading");
   if (draining_) return send_error(req, res, 503, "the server is shutting down");
-  const ordered_json body = ordered_json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) return send_error(req, res, 400, "the request body is not valid JSON (UTF-8)");
+  auto parsed = parse_body(req.body);
+  if (auto* why = std::get_if<std::string>(&parsed)) return send_error(req, res, 400, *why);
+  const ordered_json& body = std::get<ordered_json>(parsed);
   PlanContext ctx{.model = *model, .engine = engine->engine(), .max_n = options_.max_n};
   if (options_.test_output_header && req.has_header("X-Kiln-Test-Output"))
     ctx.forced_output = percent_decode(req.get_header_value("X-Kiln-Test-Output"));
@@ -238,8 +261,9 @@ void HttpServer::routes() {
     runtime::AsyncEngine* engine = engine_.load();
     const ServedModel* model = model_.load();
     if (engine == nullptr || model == nullptr) return send_error(req, res, 503, "the model is still loading");
-    const ordered_json body = ordered_json::parse(req.body, nullptr, false);
-    if (body.is_discarded()) return send_error(req, res, 400, "the request body is not valid JSON (UTF-8)");
+    auto parsed = parse_body(req.body);
+    if (auto* why = std::get_if<std::string>(&parsed)) return send_error(req, res, 400, *why);
+    const ordered_json& body = std::get<ordered_json>(parsed);
     auto counted = anthropic::count_tokens(body, PlanContext{.model = *model, .engine = engine->engine()});
     if (auto* e = std::get_if<ApiError>(&counted)) return send_error(req, res, e->status, e->message, e->param);
     res.set_content(std::get<ordered_json>(counted).dump(), "application/json");
