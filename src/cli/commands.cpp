@@ -1,6 +1,7 @@
 #include "cli/commands.h"
 
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <iostream>
 #include <sstream>
@@ -10,6 +11,7 @@
 
 #include "cli/common.h"
 #include "cli/demo.h"
+#include "cli/demo_tokenizer.h"
 #include "cli/render_command.h"
 #include "cli/subcommand.h"
 #include "cli/tokenize_commands.h"
@@ -140,6 +142,10 @@ int run_cli(int argc, char** argv, const ServeHooks& hooks) {
   std::string demo_dir;
   CLI::App* demo = app.add_subcommand("demo-model", "write the built-in demo checkpoint");
   demo->add_option("--out", demo_dir, "directory (default: the kiln cache)");
+  int64_t demo_vocab = 0;
+  demo->add_option("--tokenizer-only", demo_vocab,
+                   "write only the demo tokenizer and chat template, with this many ids (e.g. a test "
+                   "fixture's vocabulary, to serve it with --tokenizer)");
 
   Subcommands more;
   add_serve_command(app, more, hooks);
@@ -171,7 +177,13 @@ int run_cli(int argc, char** argv, const ServeHooks& hooks) {
     if (cmd->parsed()) return run();
   if (demo->parsed()) {
     const std::string dir = demo_dir.empty() ? demo_model_dir() : demo_dir;
-    if (Status s = write_demo_model(dir); !s.ok()) return fail(s);
+    if (demo_vocab > 0) {
+      std::error_code ec;
+      std::filesystem::create_directories(dir, ec);
+      if (Status s = write_demo_tokenizer(dir, demo_vocab); !s.ok()) return fail(s);
+    } else if (Status s = write_demo_model(dir); !s.ok()) {
+      return fail(s);
+    }
     std::printf("%s\n", dir.c_str());
     return 0;
   }

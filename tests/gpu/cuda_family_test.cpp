@@ -78,7 +78,8 @@ TEST_P(CudaFamily, AutoAttentionPathsGiveTheSameGreedyTokens) {
   auto fast = cuda_backend("");
   if (!fast.ok()) GTEST_SKIP() << fast.status().to_string();
   const std::string dir = testing::fixture_dir(GetParam());
-  const runtime::EngineOptions opt{.block_size = 16, .max_model_len = 256};
+  const runtime::EngineOptions opt{
+      .block_size = 16, .max_model_len = 256, .max_num_seqs = 8, .kv_cache_bytes = int64_t(64) << 20};
   auto g = runtime::Engine::load(dir, std::move(fast).value(), opt);
   auto c = runtime::Engine::load(dir, cpu::make_cpu_backend({.bf16_activations = true}), opt);
   ASSERT_TRUE(g.ok() && c.ok());
@@ -98,7 +99,8 @@ TEST_P(CudaFamily, LogitsAndGreedyTokensMatchTheCpuBackend) {
   auto gpu = cuda_backend("warp");
   if (!gpu.ok()) GTEST_SKIP() << gpu.status().to_string();
   const std::string dir = testing::fixture_dir(GetParam());
-  const runtime::EngineOptions opt{.block_size = 16, .max_model_len = 256};
+  const runtime::EngineOptions opt{
+      .block_size = 16, .max_model_len = 256, .max_num_seqs = 8, .kv_cache_bytes = int64_t(64) << 20};
   auto g = runtime::Engine::load(dir, std::move(gpu).value(), opt);
   ASSERT_TRUE(g.ok()) << g.status().to_string();
   auto c = runtime::Engine::load(dir, cpu::make_cpu_backend({.bf16_activations = true}), opt);
@@ -136,7 +138,8 @@ TEST_P(CudaFamily, GraphReplayEqualsEagerDecode) {
   auto eager = cuda::make_cuda_backend({.smem_cap = smem_cap(), .graphs = false});
   if (!graphs.ok() || !eager.ok()) GTEST_SKIP() << graphs.status().to_string();
   const std::string dir = testing::fixture_dir(GetParam());
-  const runtime::EngineOptions opt{.block_size = 16, .max_model_len = 256};
+  const runtime::EngineOptions opt{
+      .block_size = 16, .max_model_len = 256, .max_num_seqs = 8, .kv_cache_bytes = int64_t(64) << 20};
   auto g = runtime::Engine::load(dir, std::move(graphs).value(), opt);
   auto e = runtime::Engine::load(dir, std::move(eager).value(), opt);
   ASSERT_TRUE(g.ok() && e.ok());
@@ -169,8 +172,9 @@ TEST_P(CudaFamily, BatchedDecodeWithGraphsEqualsEager) {
   auto eager = cuda::make_cuda_backend({.smem_cap = smem_cap(), .graphs = false});
   if (!graphs.ok() || !eager.ok()) GTEST_SKIP() << graphs.status().to_string();
   const std::string dir = testing::fixture_dir(GetParam());
-  // The cache holds max_model_len tokens: room for the 5 sequences.
-  const runtime::EngineOptions opt{.block_size = 16, .max_model_len = 1024};
+  // A fixed 64 MiB KV cache: room for the 5 sequences (the tests need no GPU-wide cache).
+  const runtime::EngineOptions opt{
+      .block_size = 16, .max_model_len = 1024, .max_num_seqs = 8, .kv_cache_bytes = int64_t(64) << 20};
   auto g = runtime::Engine::load(dir, std::move(graphs).value(), opt);
   auto e = runtime::Engine::load(dir, std::move(eager).value(), opt);
   ASSERT_TRUE(g.ok() && e.ok());
