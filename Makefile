@@ -1,5 +1,5 @@
 # kiln: the README's commands.
-#   make run    - build, then generate with the built-in demo model
+#   make run    - build, then serve the built-in demo model on http://127.0.0.1:8000
 #   make check  - install dependencies, build, run the test suite (what CI runs)
 BUILD ?= build
 JOBS ?= $(shell nproc)
@@ -25,7 +25,7 @@ deps:
 check: deps test
 
 run: build
-	$(BUILD)/bin/kiln generate --max-tokens 32 --stats
+	$(BUILD)/bin/kiln serve
 
 # The whole suite under AddressSanitizer + UBSan (docs/TESTING.md).
 asan:
