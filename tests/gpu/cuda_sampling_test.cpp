@@ -224,5 +224,62 @@ TEST_F(CudaSampling, IsDeterministicAndRecordsItsTime) {
   }
 }
 
+// Penalties (repetition, presence, frequency) rewrite the listed logits in place before
+// sampling: each rewritten bf16 logit is the formula of ops::apply_penalty on the stored
+// value, rounded once to bf16, and greedy then picks the reference's token.
+TEST_F(CudaSampling, PenaltiesRewriteTheListedLogitsExactly) {
+  const int64_t rows = 4, vocab = 5000;
+  Tensor logits = random({rows, vocab}, 6.0f);
+  std::vector<ops::PenaltyParams> penalties = {
+      {.repetition = 1.3f}, {.presence = 0.7f, .frequency = 0.4f}, {}, {.repetition = 0.8f, .frequency = -0.5f}};
+  std::vector<int32_t> start = {0}, tokens, counts;
+  std::mt19937 rng(7);
+  for (int64_t r = 0; r < rows; ++r) {
+    // The row's current best tokens among them, so the penalties move the argmax.
+    std::vector<int32_t> order(static_cast<size_t>(vocab));
+    for (int32_t j = 0; j < vocab; ++j) order[size_t(j)] = j;
+    const float* row = logits.as<float>() + r * vocab;
+    std::partial_sort(order.begin(), order.begin() + 6, order.end(), [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+    std::vector<int32_t> seen(order.begin(), order.begin() + 6);
+    for (int k = 0; k < 30; ++k) seen.push_back(int32_t(rng() % vocab));
+    std::sort(seen.begin(), seen.end());
+    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+    for (int32_t t : seen) {
+      tokens.push_back(t);
+      counts.push_back(int32_t(rng() % 4));
+    }
+    start.push_back(int32_t(tokens.size()));
+  }
+  const std::vector<ops::SamplingParams> greedy(static_cast<size_t>(rows));
+  const std::vector<float> uniform(size_t(rows), 0.5f);
+  auto run = [&](ops::Backend& be, Tensor& t) {
+    std::vector<int32_t> out(size_t(rows), -1);
+    be.sample({.logits = t, .params = greedy, .uniform = uniform, .tokens = out, .penalties = penalties,
+               .penalty_start = start, .penalty_tokens = tokens, .penalty_counts = counts});
+    return out;
+  };
+  Tensor device = to_gpu(logits);
+  Tensor host = host_tensor(DType::kF32, logits.shape);  // the CPU reference penalises its copy in place
+  std::copy(logits.as<float>(), logits.as<float>() + logits.numel(), host.as<float>());
+  const std::vector<int32_t> got = run(*gpu_, device), want = run(*cpu_, host);
+  EXPECT_EQ(got, want);
+  const std::vector<float> after = from_gpu(device);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int32_t e = start[size_t(r)]; e < start[size_t(r + 1)]; ++e) {
+      const int64_t at = r * vocab + tokens[size_t(e)];
+      const float want_logit =
+          gpu_testing::bf16_round(ops::apply_penalty(logits.as<float>()[at], penalties[size_t(r)], counts[size_t(e)]));
+      EXPECT_EQ(after[size_t(at)], want_logit) << "row " << r << " token " << tokens[size_t(e)];
+    }
+  }
+  // Unlisted logits are untouched.
+  std::vector<bool> listed(static_cast<size_t>(rows * vocab), false);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int32_t e = start[size_t(r)]; e < start[size_t(r + 1)]; ++e) listed[size_t(r * vocab + tokens[size_t(e)])] = true;
+  int64_t changed = 0;
+  for (int64_t i = 0; i < rows * vocab; ++i) changed += !listed[size_t(i)] && after[size_t(i)] != logits.as<float>()[i];
+  EXPECT_EQ(changed, 0);
+}
+
 }  // namespace
 }  // namespace kiln
