@@ -23,7 +23,8 @@ bool RequestStream::done() const {
 
 void RequestStream::cancel(int32_t sample) {
   if (sample < 0 && cancel_requested_.exchange(true)) return;
-  engine_->request_cancel(id_, sample);
+  std::lock_guard<std::mutex> lock(link_->mu);
+  if (link_->engine != nullptr) link_->engine->request_cancel(id_, sample);
 }
 
 bool RequestStream::push(StreamEvent e) {
@@ -39,11 +40,16 @@ bool RequestStream::push(StreamEvent e) {
 
 AsyncEngine::AsyncEngine(std::unique_ptr<Engine> engine, const AsyncEngineOptions& options)
     : engine_(std::move(engine)), options_(options) {
+  link_->engine = this;
   publish_stats();
   thread_ = std::thread([this] { loop(); });
 }
 
-AsyncEngine::~AsyncEngine() { stop(); }
+AsyncEngine::~AsyncEngine() {
+  stop();
+  std::lock_guard<std::mutex> lock(link_->mu);
+  link_->engine = nullptr;
+}
 
 Result<std::shared_ptr<RequestStream>> AsyncEngine::submit(Request request) {
   KILN_RETURN_IF_ERROR(engine_->check_request(request));
@@ -58,7 +64,7 @@ Result<std::shared_ptr<RequestStream>> AsyncEngine::submit(Request request) {
                     "the server is busy: " + std::to_string(queued) + " requests are already queued (limit " +
                         std::to_string(options_.max_queued_requests) + "); retry later");
     }
-    stream.reset(new RequestStream(this, next_id_++, request.n, options_.stream_capacity));
+    stream.reset(new RequestStream(link_, next_id_++, request.n, options_.stream_capacity));
     inbox_.emplace_back(stream, std::make_shared<const Request>(std::move(request)));
   }
   wake_.notify_one();
@@ -150,7 +156,7 @@ void AsyncEngine::publish_stats() {
     std::lock_guard<std::mutex> lock(mu_);
     inbox = int32_t(inbox_.size());
   }
-  s.queued = inbox + s.engine.waiting;
+  s.queued = inbox + s.engine.waiting_requests;
   s.in_flight = inbox + int32_t(streams_.size());
   std::copy(std::begin(finished_by_reason_), std::end(finished_by_reason_), std::begin(s.finished_by_reason));
   std::lock_guard<std::mutex> lock(stats_mu_);
@@ -200,7 +206,7 @@ void AsyncEngine::loop() {
     }
     std::vector<StepOutput> outs = engine_->step();
     dispatch(outs);
-    engine_waiting_ = engine_->stats().waiting;
+    engine_waiting_ = engine_->stats().waiting_requests;
     publish_stats();
   }
 }

@@ -41,6 +41,13 @@ struct StreamEvent {
 
 class AsyncEngine;
 
+// How a stream reaches its engine: cleared when the engine is destroyed, so a stream that
+// outlives it can still be cancelled (a no-op then).
+struct EngineLink {
+  std::mutex mu;
+  AsyncEngine* engine = nullptr;
+};
+
 class RequestStream {
  public:
   uint64_t id() const { return id_; }
@@ -57,12 +64,12 @@ class RequestStream {
 
  private:
   friend class AsyncEngine;
-  RequestStream(AsyncEngine* engine, uint64_t id, int32_t n, size_t capacity)
-      : engine_(engine), id_(id), n_samples_(n), open_samples_(n), capacity_(capacity) {}
+  RequestStream(std::shared_ptr<EngineLink> link, uint64_t id, int32_t n, size_t capacity)
+      : link_(std::move(link)), id_(id), n_samples_(n), open_samples_(n), capacity_(capacity) {}
   // Engine thread: false when the buffer is full (the request is then cancelled).
   bool push(StreamEvent e);
 
-  AsyncEngine* engine_;
+  std::shared_ptr<EngineLink> link_;
   uint64_t id_;
   int32_t n_samples_;
   Clock::time_point arrival_ = Clock::now();
@@ -86,7 +93,7 @@ struct AsyncEngineOptions {
 // Counters and gauges, copied out under a lock after every step.
 struct AsyncEngineStats {
   EngineStats engine;
-  int32_t queued = 0;       // in the inbox or waiting in the scheduler
+  int32_t queued = 0;       // requests in the inbox or not yet started by the engine
   int32_t in_flight = 0;    // streams not yet ended
   int64_t finished_by_reason[5] = {};  // indexed by FinishReason
 };
@@ -94,7 +101,7 @@ struct AsyncEngineStats {
 class AsyncEngine {
  public:
   AsyncEngine(std::unique_ptr<Engine> engine, const AsyncEngineOptions& options = {});
-  ~AsyncEngine();  // stop()
+  ~AsyncEngine();  // stop(), and streams still held elsewhere let go of it
 
   // invalid_argument (the request cannot run), resource_exhausted (queue full), or
   // unavailable-style kInternal when stopping.
@@ -120,6 +127,7 @@ class AsyncEngine {
 
   std::unique_ptr<Engine> engine_;
   AsyncEngineOptions options_;
+  std::shared_ptr<EngineLink> link_ = std::make_shared<EngineLink>();
   ServingMetrics metrics_;
 
   std::mutex mu_;  // guards inbox_, cancels_, stopping_, streams_ membership

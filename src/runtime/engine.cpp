@@ -1,6 +1,7 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/log.h"
 #include "formats/quant_config.h"
@@ -260,6 +261,20 @@ Result<std::vector<GenerateResult>> Engine::generate_batch(const std::vector<std
   return out;
 }
 
+// Tests only (Request::forced_output): the token emitted is `id`, with its own logprob
+// from the row's (penalised) logits; the top alternatives stay the model's.
+void Engine::force(SampledToken& t, int32_t id, const Tensor& logits, size_t row, bool logprob) {
+  t.token = id;
+  if (logprob) {
+    std::vector<float> x(size_t(config_.vocab_size));
+    backend_->to_host_f32(logits.slice0(int64_t(row), int64_t(row) + 1), x.data());
+    const double top = *std::max_element(x.begin(), x.end());
+    double sum = 0.0;
+    for (float v : x) sum += std::exp(double(v) - top);
+    t.logprob = float(double(x[size_t(id)]) - top - std::log(sum));
+  }
+}
+
 Status Engine::check_request(const Request& r) const {
   if (r.n < 1) return invalid_argument("n must be at least 1 (got " + std::to_string(r.n) + ")");
   if (r.max_tokens < 0) return invalid_argument("max_tokens must not be negative");
@@ -297,6 +312,7 @@ Status Engine::add_request(uint64_t id, std::shared_ptr<const Request> r) {
     st.seqs.push_back(std::move(seq));
   }
   stats_.prompt_tokens += int64_t(r->prompt.size());
+  ++unstarted_requests_;
   return Status::Ok();
 }
 
@@ -316,7 +332,12 @@ void Engine::cancel(uint64_t id, int32_t sample) {
   if (it == requests_.end()) return;
   for (auto& s : it->second.seqs)
     if (s->state != SeqState::kFinished && (sample < 0 || s->sample_index == sample)) finish(*s, FinishReason::kCancelled);
-  if (it->second.n_unfinished == 0) requests_.erase(it);
+  if (it->second.n_unfinished == 0) drop_request(it);
+}
+
+void Engine::drop_request(std::unordered_map<uint64_t, RequestState>::iterator it) {
+  if (!it->second.started) --unstarted_requests_;
+  requests_.erase(it);
 }
 
 std::vector<StepOutput> Engine::step() {
@@ -326,6 +347,10 @@ std::vector<StepOutput> Engine::step() {
   const std::vector<Sequence*> sampled = std::move(batch.sampled);
   const Tensor logits = forward(std::move(batch.meta));
   for (const ScheduledSeq& s : schedule.seqs) {
+    if (RequestState& st = requests_.at(s.seq->request_id); !st.started) {
+      st.started = true;
+      --unstarted_requests_;
+    }
     s.seq->n_computed += s.n_new;
     blocks_->commit(s.seq->table, s.seq->tokens, s.seq->n_computed);
     stats_.computed_tokens += s.n_new;
@@ -343,7 +368,7 @@ std::vector<StepOutput> Engine::step() {
     Sequence& seq = *sampled[i];
     const Request& r = *seq.request;
     SampledToken t = std::move(tokens[i]);
-    if (size_t(seq.n_generated()) < r.forced_output.size()) t.token = r.forced_output[size_t(seq.n_generated())];
+    if (size_t(seq.n_generated()) < r.forced_output.size()) force(t, r.forced_output[size_t(seq.n_generated())], logits, i, r.sampling.logprobs >= 0);
     seq.tokens.push_back(t.token);
     seq.sampler.observe_generated(t.token);
     ++stats_.generated_tokens;
@@ -360,7 +385,7 @@ std::vector<StepOutput> Engine::step() {
       if (requests_.at(seq.request_id).n_unfinished == 0) done.push_back(seq.request_id);
     }
   }
-  for (uint64_t id : done) requests_.erase(id);
+  for (uint64_t id : done) drop_request(requests_.find(id));
   return outs;
 }
 
@@ -371,6 +396,7 @@ EngineStats Engine::stats() const {
   s.prefix_hit_tokens = blocks_->prefix_hit_tokens();
   s.running = int32_t(scheduler_->running().size());
   s.waiting = int32_t(scheduler_->waiting().size());
+  s.waiting_requests = unstarted_requests_;
   s.kv_blocks_used = blocks_->n_used();
   s.kv_blocks_total = blocks_->n_blocks();
   return s;

@@ -62,13 +62,14 @@ struct StepOutput {
 // Monotonic counters and current gauges of an engine.
 struct EngineStats {
   int64_t steps = 0;
-  int64_t prompt_tokens = 0;      // prompt tokens of admitted sequences
+  int64_t prompt_tokens = 0;      // prompt tokens of added requests (once per request, whatever n)
   int64_t computed_tokens = 0;    // tokens run through the model (prefill + decode + recompute)
   int64_t generated_tokens = 0;
   int64_t preemptions = 0;
   int64_t prefix_queried_tokens = 0;
   int64_t prefix_hit_tokens = 0;
-  int32_t running = 0, waiting = 0;
+  int32_t running = 0, waiting = 0;  // sequences
+  int32_t waiting_requests = 0;      // requests none of whose sequences has run yet
   int32_t kv_blocks_used = 0, kv_blocks_total = 0;
 };
 
@@ -125,12 +126,15 @@ class Engine {
   int64_t measure_activation_peak();
   Tensor forward(ops::BatchMeta&& batch);
   void finish(Sequence& seq, FinishReason reason);
+  void force(SampledToken& t, int32_t id, const Tensor& logits, size_t row, bool logprob);
 
   struct RequestState {
     std::shared_ptr<const Request> request;
     std::vector<std::unique_ptr<Sequence>> seqs;
     int32_t n_unfinished = 0;
+    bool started = false;  // a sequence of it has run
   };
+  void drop_request(std::unordered_map<uint64_t, RequestState>::iterator it);
 
   formats::ModelConfig config_;
   std::unique_ptr<ops::Backend> backend_;
@@ -145,6 +149,7 @@ class Engine {
   ops::BatchMeta step_batch_;  // the current step's batch (backends read it until the step ends)
   std::unordered_map<uint64_t, RequestState> requests_;
   EngineStats stats_;
+  int32_t unstarted_requests_ = 0;
 };
 
 }  // namespace kiln::runtime

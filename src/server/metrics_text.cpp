@@ -73,7 +73,7 @@ std::string metrics_text(const std::string& model_name, const runtime::AsyncEngi
   w.counter("kiln_num_preemptions_total", "Sequences preempted for KV blocks (recomputed later).",
             double(s.engine.preemptions));
   w.gauge("kiln_num_requests_running", "Sequences in the running batch.", s.engine.running);
-  w.gauge("kiln_num_requests_waiting", "Sequences waiting to be scheduled (and requests not yet admitted).", s.queued);
+  w.gauge("kiln_num_requests_waiting", "Requests waiting to start (in the inbox or not yet scheduled).", s.queued);
   w.gauge("kiln_num_requests_in_flight", "Requests admitted and not yet finished.", s.in_flight);
   w.gauge("kiln_kv_cache_blocks_total", "KV cache blocks.", s.engine.kv_blocks_total);
   w.gauge("kiln_kv_cache_blocks_used", "KV cache blocks held by sequences.", s.engine.kv_blocks_used);

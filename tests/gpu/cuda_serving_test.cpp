@@ -1,7 +1,7 @@
 // The serving engine on the CUDA backend: the KV cache sized from the GPU's free memory,
 // and a continuous batch of 64 requests (prefill chunks and decodes mixed in one step,
 // decode-only steps replayed from CUDA graphs at bucketed sizes, sampling on the GPU)
-// giving every request the greedy tokens it gets alone.
+// giving every request the greedy tokens it gets alone, but where a near-tie flips.
 #include <algorithm>
 #include <map>
 #include <random>
@@ -17,6 +17,10 @@ namespace kiln {
 namespace {
 
 using gpu_testing::smem_cap;
+
+// A greedy flip between two bf16 runs is a near-tie when the top two logits are within
+// this fraction of the largest |logit| (tests/gpu/cuda_family_test.cpp: kFastPathMargin).
+constexpr double kNearTie = 5e-2;
 
 TEST(CudaServing, KvCacheIsSizedFromFreeMemory) {
   auto be = cuda::make_cuda_backend({.smem_cap = smem_cap()});
@@ -68,21 +72,45 @@ TEST_P(CudaServingBatch, SixtyFourRequestsEqualEachAlone) {
   std::map<uint64_t, std::vector<int32_t>> together, alone;
   for (size_t i = 0; i < requests.size(); ++i) ASSERT_TRUE(engine.add_request(i, requests[i]).ok());
   drain(engine, together);
-  const auto* cuda = dynamic_cast<const cuda::CudaBackend*>(&engine.backend());
-  ASSERT_NE(cuda, nullptr);
-  EXPECT_GT(cuda->graph_replays(), 5) << "decode steps did not replay recorded graphs";
   for (size_t i = 0; i < requests.size(); ++i) {
     ASSERT_TRUE(engine.add_request(1000 + i, requests[i]).ok());
     drain(engine, alone);
   }
+  // Batch shapes change the bf16 roundings (GEMM tiles, the MoE path, attention splits),
+  // so a greedy choice may flip where the top two logits nearly tie; anywhere else the
+  // tokens must be equal. The margin rule is the family tests' (5% of the logit scale).
   int equal = 0;
+  double worst_margin = 0.0;
   for (size_t i = 0; i < requests.size(); ++i) {
-    EXPECT_EQ(together[i], alone[1000 + i]) << GetParam() << " request " << i << " (prompt of "
-                                            << requests[i]->prompt.size() << " tokens)";
-    equal += together[i] == alone[1000 + i];
+    const std::vector<int32_t>& a = together[i];
+    const std::vector<int32_t>& b = alone[1000 + i];
+    ASSERT_EQ(a.size(), b.size()) << "request " << i;
+    if (a == b) {
+      ++equal;
+      continue;
+    }
+    size_t k = 0;
+    while (a[k] == b[k]) ++k;
+    std::vector<int32_t> seq = requests[i]->prompt;
+    seq.insert(seq.end(), b.begin(), b.begin() + long(k));
+    auto l = engine.logits(seq);
+    ASSERT_TRUE(l.ok());
+    std::vector<float> last = l->back();
+    double scale = 0.0;
+    for (float v : last) scale = std::max(scale, double(std::abs(v)));
+    std::sort(last.begin(), last.end(), std::greater<>());
+    const double margin = (last[0] - last[1]) / scale;
+    worst_margin = std::max(worst_margin, margin);
+    EXPECT_LT(margin, kNearTie) << GetParam() << " request " << i << " diverged at token " << k
+                                << " with a top-2 margin of " << margin << " of the logit scale";
   }
-  std::printf("%s: %d of 64 batched requests equal alone; %lld graph replays\n", GetParam().c_str(), equal,
-              (long long)cuda->graph_replays());
+  const auto* cuda = dynamic_cast<const cuda::CudaBackend*>(&engine.backend());
+  ASSERT_NE(cuda, nullptr);
+  EXPECT_GT(cuda->graph_replays(), 100) << "decode steps did not replay recorded graphs";
+  std::printf("%s: %d of 64 batched requests equal alone, the rest diverge at near-ties (largest top-2 margin "
+              "%.3g of the logit scale); %lld graph replays\n",
+              GetParam().c_str(), equal, worst_margin, (long long)cuda->graph_replays());
+  RecordProperty("equal_alone", equal);
   EXPECT_EQ(engine.stats().kv_blocks_used, 0);
 }
 

@@ -8,8 +8,11 @@ namespace kiln::cuda {
 
 size_t CachingAllocator::size_class(size_t bytes) {
   // 512-byte granularity up to 1 MiB, then powers of two split in 4: at most
-  // 25% slack for large blocks, few distinct classes.
+  // 25% slack for activations, few distinct classes. Blocks over 256 MiB (the KV
+  // cache, sized to what the device has free) round to 2 MiB only: 25% slack
+  // there would ask for memory that is not free.
   if (bytes <= (1u << 20)) return (bytes + 511) / 512 * 512;
+  if (bytes > (size_t(256) << 20)) return (bytes + (size_t(2) << 20) - 1) / (size_t(2) << 20) * (size_t(2) << 20);
   size_t p = 1u << 20;
   while (p < bytes) p <<= 1;
   const size_t quarter = p / 8;  // classes p/2 + k * p/8
