@@ -53,6 +53,7 @@ void read_common(Fields& f, const PlanContext& ctx, runtime::Request& r, SampleO
   if (auto v = f.strings("stop", 16)) so.stop = *v;
   if (auto v = f.boolean("skip_special_tokens")) so.skip_special_tokens = *v;
   if (auto v = f.boolean("include_stop_str_in_output")) so.include_stop_str_in_output = *v;
+  if (auto v = f.boolean("return_tokens_as_token_ids")) so.tokens_as_ids = *v;
   if (auto v = f.boolean("stream")) stream = *v;
   if (const ordered_json* o = f.object("stream_options")) {
     Fields so_f(*o, "stream_options.");

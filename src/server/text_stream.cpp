@@ -74,6 +74,11 @@ void SampleText::end(EndReason reason, SampleDelta& out) {
   }
 }
 
+std::string SampleText::token_text(int32_t id) const {
+  if (options_.tokens_as_ids) return "token_id:" + std::to_string(id);
+  return tok_.decode(std::span<const int32_t>(&id, 1));
+}
+
 void SampleText::on_event(const runtime::StreamEvent& e, SampleDelta& out) {
   if (ended()) return;
   using runtime::FinishReason;
@@ -81,10 +86,10 @@ void SampleText::on_event(const runtime::StreamEvent& e, SampleDelta& out) {
     ++n_tokens_;
     const int32_t id = e.token.token;
     if (options_.logprobs) {
-      TokenLogprob lp{.token = tok_.decode(std::span<const int32_t>(&id, 1)), .logprob = e.token.logprob};
+      TokenLogprob lp{.token = token_text(id), .logprob = e.token.logprob};
       for (size_t i = 0; i < e.token.top_ids.size(); ++i) {
         const int32_t t = e.token.top_ids[i];
-        lp.top.emplace_back(tok_.decode(std::span<const int32_t>(&t, 1)), e.token.top_logprobs[i]);
+        lp.top.emplace_back(token_text(t), e.token.top_logprobs[i]);
       }
       out.logprobs.push_back(std::move(lp));
     }

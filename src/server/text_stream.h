@@ -63,6 +63,9 @@ struct SampleOptions {
   std::optional<tokenizer::ToolFormat> parser;
   tokenizer::ParserOptions parser_options;
   bool logprobs = false;
+  // vLLM's return_tokens_as_token_ids: logprob entries name tokens as "token_id:N" (exact
+  // where several ids decode to the same text, e.g. partial UTF-8 bytes).
+  bool tokens_as_ids = false;
 };
 
 // What one engine event added to a sample.
@@ -87,6 +90,7 @@ class SampleText {
  private:
   void emit(std::string text, SampleDelta& out);
   void end(EndReason reason, SampleDelta& out);
+  std::string token_text(int32_t id) const;
 
   const tokenizer::Tokenizer& tok_;
   SampleOptions options_;

@@ -18,9 +18,11 @@ namespace {
 
 using gpu_testing::smem_cap;
 
-// A greedy flip between two bf16 runs is a near-tie when the top two logits are within
-// this fraction of the largest |logit| (tests/gpu/cuda_family_test.cpp: kFastPathMargin).
-constexpr double kNearTie = 5e-2;
+// A greedy flip is a near-tie when the top two logits are within this fraction of the
+// largest |logit|. tests/gpu/cuda_family_test.cpp allows 5% (kFastPathMargin) between a
+// fast path and the reference; here both runs are fast paths with different roundings
+// (batch shapes pick other GEMM tiles, MoE paths and attention splits), so twice that.
+constexpr double kNearTie = 2 * 5e-2;
 
 TEST(CudaServing, KvCacheIsSizedFromFreeMemory) {
   auto be = cuda::make_cuda_backend({.smem_cap = smem_cap()});

@@ -45,7 +45,8 @@ def start(kiln, model, tokenizer, extra):
 def completion(host, port, prompt, max_tokens):
     conn = http.client.HTTPConnection(host, port, timeout=300)
     body = {"model": "fixture", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}, "logprobs": 2}
+            "stream": True, "stream_options": {"include_usage": True}, "logprobs": 2,
+            "return_tokens_as_token_ids": True}
     conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
     res = conn.getresponse()
     if res.status != 200:
