@@ -1,6 +1,7 @@
 #include "server/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <cctype>
@@ -80,6 +81,11 @@ HttpServer::HttpServer(ServerOptions options) : options_(std::move(options)), ht
   // A streaming client that stops reading for this long has its request cancelled.
   http_->set_write_timeout(10, 0);
   http_->set_tcp_nodelay(true);
+  http_->set_socket_options([this](socket_t sock) {
+    const int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    listen_fd_ = int(sock);
+  });
   routes();
 }
 
@@ -94,6 +100,9 @@ Result<int> HttpServer::start() {
     return internal_error("cannot listen on " + options_.host + ":" + std::to_string(port) +
                           " (in use? --port picks another, --port 0 any free one)");
   }
+  // cpp-httplib listens with a backlog of 5: a burst of new connections (64 clients at once)
+  // overflows it and the kernel resets some. Listening again only raises the backlog.
+  if (listen_fd_ >= 0) ::listen(listen_fd_, SOMAXCONN);
   thread_ = std::thread([this] { http_->listen_after_bind(); });
   return port;
 }

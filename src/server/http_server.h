@@ -74,6 +74,7 @@ class HttpServer {
   ServerOptions options_;
   std::unique_ptr<httplib::Server> http_;
   std::thread thread_;
+  int listen_fd_ = -1;
   std::atomic<runtime::AsyncEngine*> engine_{nullptr};
   std::atomic<const ServedModel*> model_{nullptr};
   std::atomic<bool> draining_{false};

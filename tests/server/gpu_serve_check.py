@@ -89,8 +89,13 @@ def check(kiln, fixture, tokenizer):
         requests = [([rng.randrange(256) for _ in range(rng.randrange(1, 300))], 16 + i % 17) for i in range(64)]
         results = [None] * len(requests)
 
+        errors = []
+
         def run(i):
-            results[i] = completion(host, port, *requests[i])
+            try:
+                results[i] = completion(host, port, *requests[i])
+            except Exception as e:  # reported, and the check fails
+                errors.append(f"request {i}: {e!r}")
 
         t0 = time.time()
         threads = [threading.Thread(target=run, args=(i,)) for i in range(len(requests))]
@@ -99,6 +104,8 @@ def check(kiln, fixture, tokenizer):
         for t in threads:
             t.join()
         batch_s = time.time() - t0
+        if errors:
+            raise RuntimeError("concurrent requests failed: " + "; ".join(errors[:5]))
         steps = metric(host, port, "kiln_engine_steps_total")
         alone = [completion(host, port, *r) for r in requests]
         equal = sum(a["tokens"] == b["tokens"] for a, b in zip(results, alone))
