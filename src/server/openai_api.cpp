@@ -34,6 +34,18 @@ ordered_json usage_json(const Usage& u) {
           {"total_tokens", u.prompt_tokens + u.completion_tokens}};
 }
 
+// The end of an OpenAI stream: the usage chunk when asked for, then [DONE].
+std::string stream_end(const ordered_json& head, bool include_usage, const Usage& usage) {
+  std::string out;
+  if (include_usage) {
+    ordered_json chunk = head;
+    chunk["choices"] = ordered_json::array();
+    chunk["usage"] = usage_json(usage);
+    out = sse(chunk);
+  }
+  return out + "data: [DONE]\n\n";
+}
+
 // Chat logprobs: {"content": [{token, logprob, bytes, top_logprobs: [...]}]} entries.
 ordered_json chat_logprob_entries(const std::vector<TokenLogprob>& lps) {
   ordered_json out = ordered_json::array();
@@ -194,12 +206,8 @@ class ChatWriter final : public ResponseWriter {
 
   std::string finish(const Usage& usage, const std::vector<SampleText>& samples) override {
     if (stream_) {
-      std::string out;
-      if (include_usage_) {
-        out += sse({{"id", id_}, {"object", "chat.completion.chunk"}, {"created", created_}, {"model", model_},
-                    {"choices", ordered_json::array()}, {"usage", usage_json(usage)}});
-      }
-      return out + "data: [DONE]\n\n";
+      return stream_end({{"id", id_}, {"object", "chat.completion.chunk"}, {"created", created_}, {"model", model_}},
+                        include_usage_, usage);
     }
     ordered_json choices = ordered_json::array();
     for (size_t i = 0; i < choices_.size(); ++i) {
@@ -281,12 +289,8 @@ class CompletionWriter final : public ResponseWriter {
 
   std::string finish(const Usage& usage, const std::vector<SampleText>& samples) override {
     if (stream_) {
-      std::string out;
-      if (include_usage_) {
-        out += sse({{"id", id_}, {"object", "text_completion"}, {"created", created_}, {"model", model_},
-                    {"choices", ordered_json::array()}, {"usage", usage_json(usage)}});
-      }
-      return out + "data: [DONE]\n\n";
+      return stream_end({{"id", id_}, {"object", "text_completion"}, {"created", created_}, {"model", model_}},
+                        include_usage_, usage);
     }
     ordered_json choices = ordered_json::array();
     for (size_t i = 0; i < choices_.size(); ++i) {

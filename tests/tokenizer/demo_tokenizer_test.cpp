@@ -17,6 +17,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "tokenizer/peer_util.h"
 #include <nlohmann/json.hpp>
 
 #include "tokenizer/chat_template.h"
@@ -24,6 +26,10 @@
 
 namespace kiln {
 namespace {
+
+using kiln::testing::node_modules;
+using kiln::testing::read_text;
+using kiln::testing::run_command;
 
 using json = nlohmann::ordered_json;
 namespace fs = std::filesystem;
@@ -45,40 +51,8 @@ struct TempDir {
   std::string str() const { return path.string(); }
 };
 
-std::string run_command(const std::string& command, int* exit_code) {
-  std::string out;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) {
-    *exit_code = -1;
-    return out;
-  }
-  char buf[1 << 16];
-  size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
-  const int st = ::pclose(pipe);
-  *exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return out;
-}
 
-// node_modules of the npm peers: the last line scripts/npm-peers prints.
-const std::string& node_modules() {
-  static const std::string dir = [] {
-    int code = 0;
-    std::istringstream out(run_command(std::string(KILN_SOURCE_DIR) + "/scripts/npm-peers", &code));
-    std::string line, last;
-    while (std::getline(out, line))
-      if (!line.empty()) last = line;
-    return code == 0 ? last : std::string();
-  }();
-  return dir;
-}
 
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 std::string ascii(const std::string& s) {
   return nlohmann::json(s).dump(-1, ' ', /*ensure_ascii=*/true, nlohmann::json::error_handler_t::replace);
@@ -165,7 +139,7 @@ TEST(DemoTokenizer, EnglishProseTakesFarFewerTokensThanBytes) {
   EXPECT_LT(load_demo(small, 320).encode(kProse, false).size(), kProse.size());
 }
 
-class DemoTokenizerSize : public testing::TestWithParam<int64_t> {};
+class DemoTokenizerSize : public ::testing::TestWithParam<int64_t> {};
 
 TEST_P(DemoTokenizerSize, FilesHaveTheQwenLayoutAndEveryMergeIsAToken) {
   const int64_t n = GetParam();
@@ -283,8 +257,8 @@ TEST_P(DemoTokenizerSize, IdsMatchTheReference) {
   EXPECT_EQ(mismatches, 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Vocab, DemoTokenizerSize, testing::Values(320, 2048, 4096),
-                         [](const testing::TestParamInfo<int64_t>& i) { return std::to_string(i.param); });
+INSTANTIATE_TEST_SUITE_P(Vocab, DemoTokenizerSize, ::testing::Values(320, 2048, 4096),
+                         [](const ::testing::TestParamInfo<int64_t>& i) { return std::to_string(i.param); });
 
 // --- the chat template ----------------------------------------------------------------------
 

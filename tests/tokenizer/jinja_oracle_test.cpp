@@ -5,6 +5,8 @@
 // job in one node process.
 #include <gtest/gtest.h>
 
+#include "tokenizer/peer_util.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -22,6 +24,10 @@
 namespace kiln::jinja {
 namespace {
 
+using kiln::testing::node_modules;
+using kiln::testing::read_text;
+using kiln::testing::run_command;
+
 using json = nlohmann::ordered_json;
 namespace fs = std::filesystem;
 
@@ -29,36 +35,8 @@ namespace fs = std::filesystem;
 constexpr DateTime kNow{.year = 2024, .month = 7, .day = 9, .hour = 15, .minute = 4};
 constexpr const char* kNowIso = "2024-07-09T15:04";
 
-std::string run_command(const std::string& command, int& exit_code) {
-  std::string out;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) {
-    exit_code = -1;
-    return out;
-  }
-  char buf[1 << 16];
-  size_t n = 0;
-  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
-  exit_code = pclose(pipe);
-  return out;
-}
 
-const std::string& node_modules() {
-  static const std::string dir = [] {
-    int code = 0;
-    std::string out = run_command(std::string(KILN_SOURCE_DIR) + "/scripts/npm-peers", code);
-    while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-    return code == 0 ? out : std::string();
-  }();
-  return dir;
-}
 
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 json read_json(const fs::path& path) { return json::parse(read_text(path)); }
 
@@ -83,8 +61,7 @@ std::vector<OracleResult> run_oracle(const std::vector<Job>& jobs) {
   std::ofstream(jobs_file, std::ios::binary) << list.dump();
   int code = 0;
   const std::string out = run_command("NODE_PATH='" + node_modules() + "' node '" + KILN_SOURCE_DIR +
-                                          "/tests/tokenizer/peers/render.mjs' '" + jobs_file.string() + "'",
-                                      code);
+                                          "/tests/tokenizer/peers/render.mjs' '" + jobs_file.string() + "'", &code);
   fs::remove_all(dir);
   std::vector<OracleResult> results;
   std::istringstream lines(out);
@@ -280,8 +257,7 @@ TEST(JinjaOracle, RandomTemplatesMatchTheReference) {
   int code = 0;
   const std::string out =
       run_command("node '" + std::string(KILN_SOURCE_DIR) + "/tests/tokenizer/peers/jinja_fuzz.mjs' " +
-                      (seed ? seed : "20240709") + " " + (count ? count : "3000"),
-                  code);
+                      (seed ? seed : "20240709") + " " + (count ? count : "3000"), &code);
   ASSERT_EQ(code, 0);
   std::vector<Job> jobs;
   for (const json& j : json::parse(out))
