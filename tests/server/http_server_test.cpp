@@ -1,0 +1,149 @@
+// HttpServer's states, driven over HTTP on 127.0.0.1: 503 in each API's format while the
+// model loads, 200 once ready; 429 when the engine's queue is full; a drain lets the
+// request in flight finish while new ones get 503.
+#include <gtest/gtest.h>
+
+#include <httplib.h>
+
+#include <filesystem>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "backends/cpu/cpu_backend.h"
+#include "cli/demo.h"
+#include "runtime/async_engine.h"
+#include "server/http_server.h"
+#include "server/served_model.h"
+
+namespace kiln::server {
+namespace {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// The demo model, written once for this binary and removed at its exit.
+const std::string& demo_dir() {
+  struct Dir {
+    std::string path = (fs::temp_directory_path() / ("kiln_http_server_test_" + std::to_string(::getpid()))).string();
+    Dir() { EXPECT_TRUE(cli::write_demo_model(path).ok()); }
+    ~Dir() { fs::remove_all(path); }
+  };
+  static const Dir dir;
+  return dir.path;
+}
+
+struct Served {
+  std::unique_ptr<ServedModel> model;
+  std::unique_ptr<runtime::AsyncEngine> engine;
+};
+
+Served load(int max_num_seqs, int max_queued) {
+  Served s;
+  auto model = ServedModel::load(demo_dir(), {.name = "kiln-demo"});
+  EXPECT_TRUE(model.ok()) << model.status().to_string();
+  s.model = std::move(model).value();
+  auto engine = runtime::Engine::load(demo_dir(), cpu::make_cpu_backend(2),
+                                      {.max_model_len = 512, .max_num_seqs = max_num_seqs});
+  EXPECT_TRUE(engine.ok()) << engine.status().to_string();
+  s.engine = std::make_unique<runtime::AsyncEngine>(std::move(engine).value(),
+                                                    runtime::AsyncEngineOptions{.max_queued_requests = max_queued});
+  return s;
+}
+
+const std::string kChat = R"({"model": "kiln-demo", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})";
+const std::string kMessages = R"({"model": "kiln-demo", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]})";
+
+TEST(HttpServer, AnswersHealthAndRequestsWith503WhileLoading) {
+  HttpServer http({.port = 0});
+  auto port = http.start();
+  ASSERT_TRUE(port.ok()) << port.status().to_string();
+  httplib::Client c("127.0.0.1", *port);
+  auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 503);
+  EXPECT_EQ(json::parse(health->body)["status"], "loading");
+  auto chat = c.Post("/v1/chat/completions", kChat, "application/json");
+  ASSERT_TRUE(chat);
+  EXPECT_EQ(chat->status, 503);
+  EXPECT_EQ(json::parse(chat->body)["error"]["type"], "server_error");
+  auto messages = c.Post("/v1/messages", kMessages, "application/json");
+  ASSERT_TRUE(messages);
+  EXPECT_EQ(messages->status, 503);
+  EXPECT_EQ(json::parse(messages->body)["error"]["type"], "overloaded_error");
+  EXPECT_EQ(c.Get("/metrics")->status, 503);
+
+  Served s = load(4, 16);
+  http.set_ready(s.engine.get(), s.model.get());
+  EXPECT_EQ(c.Get("/health")->status, 200);
+  auto ok = c.Post("/v1/chat/completions", kChat, "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+  EXPECT_EQ(json::parse(ok->body)["usage"]["completion_tokens"], 4);
+  http.stop();
+}
+
+TEST(HttpServer, AFullQueueIs429InEachApisFormat) {
+  Served s = load(/*max_num_seqs=*/1, /*max_queued=*/1);
+  HttpServer http({.port = 0});
+  auto port = http.start();
+  ASSERT_TRUE(port.ok());
+  http.set_ready(s.engine.get(), s.model.get());
+  // One request runs (the only sequence slot), one waits: the queue is full.
+  auto running = s.engine->submit({.prompt = {1, 2, 3}, .max_tokens = 400, .ignore_eos = true});
+  ASSERT_TRUE(running.ok());
+  for (int i = 0; i < 500 && s.engine->stats().engine.running < 1; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  auto waiting = s.engine->submit({.prompt = {4, 5}, .max_tokens = 400, .ignore_eos = true});
+  ASSERT_TRUE(waiting.ok());
+  httplib::Client c("127.0.0.1", *port);
+  auto chat = c.Post("/v1/chat/completions", kChat, "application/json");
+  ASSERT_TRUE(chat);
+  EXPECT_EQ(chat->status, 429);
+  EXPECT_EQ(json::parse(chat->body)["error"]["type"], "rate_limit_error");
+  EXPECT_NE(json::parse(chat->body)["error"]["message"].get<std::string>().find("queued"), std::string::npos);
+  auto messages = c.Post("/v1/messages", kMessages, "application/json");
+  ASSERT_TRUE(messages);
+  EXPECT_EQ(messages->status, 429);
+  EXPECT_EQ(json::parse(messages->body)["error"]["type"], "rate_limit_error");
+  (*running)->cancel();
+  (*waiting)->cancel();
+  http.stop();
+}
+
+TEST(HttpServer, DrainFinishesTheRequestInFlightAndRefusesNewOnes) {
+  Served s = load(4, 16);
+  HttpServer http({.port = 0});
+  auto port = http.start();
+  ASSERT_TRUE(port.ok());
+  http.set_ready(s.engine.get(), s.model.get());
+  std::string streamed;
+  int status = 0;
+  std::thread client([&] {
+    httplib::Client c("127.0.0.1", *port);
+    const std::string body =
+        R"({"model": "kiln-demo", "stream": true, "max_tokens": 60, "ignore_eos": true, "messages": [{"role": "user", "content": "Go on"}]})";
+    auto r = c.Post("/v1/chat/completions", body, "application/json");
+    if (r) {
+      status = r->status;
+      streamed = r->body;
+    }
+  });
+  for (int i = 0; i < 500 && http.in_flight() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(http.in_flight(), 1);
+  std::thread drainer([&] { http.drain(std::chrono::seconds(60)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  httplib::Client c("127.0.0.1", *port);
+  auto refused = c.Post("/v1/chat/completions", kChat, "application/json");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 503);
+  EXPECT_EQ(c.Get("/health")->status, 503);
+  drainer.join();
+  client.join();
+  EXPECT_EQ(http.in_flight(), 0);
+  EXPECT_EQ(status, 200);
+  EXPECT_NE(streamed.find("data: [DONE]"), std::string::npos) << "the request in flight finished";
+  http.stop();
+}
+
+}  // namespace
+}  // namespace kiln::server
