@@ -5,7 +5,8 @@ no network), within a time budget:
     scripts/demo/train_demo.py CORPUS_DIR OUT_DIR [--minutes 5]
 
 CORPUS_DIR: train.jsonl.gz, heldout.jsonl.gz (scripts/demo/make_corpus.sh) and
-chat_template.jinja (kiln's demo ChatML template: `kiln demo-model --tokenizer-only`).
+chat_template.jinja (kiln's demo ChatML template: the "chat_template" of the tokenizer_config.json
+`kiln demo-model --tokenizer-only 320 --out DIR` writes, as is).
 
 1. A byte-level BPE tokenizer of 4,096 ids trained with the Rust `tokenizers` library on
    the training split (the Qwen2 split regex, as kiln's generated demo tokenizer), with

@@ -1,6 +1,7 @@
-// The built-in demo model: a small gpt-oss-shaped checkpoint (sinks, sliding
-// window, YaRN, 16 experts top-4, clamped SwiGLU) with seeded random bf16
-// weights, written by kiln itself so the README's first command needs no download.
+// The built-in demo model: a 7.5 M-parameter gpt-oss-architecture model (sinks, sliding
+// window, YaRN, 8 experts top-2) trained on English text Debian ships (scripts/demo/,
+// docs/DEMO.md), committed in the Hugging Face layout under models/kiln-demo, so the
+// README's first command needs no download and no GPU.
 #pragma once
 
 #include <string>
@@ -9,14 +10,11 @@
 
 namespace kiln::cli {
 
-// $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else $HOME/.cache/kiln; plus "/demo-gpt-oss".
+// $KILN_DEMO_MODEL, else the source tree's models/kiln-demo (fixed at build time).
 std::string demo_model_dir();
-// Writes config.json, generation_config.json, model.safetensors, tokenizer.json,
-// tokenizer_config.json (ChatML chat template, demo_tokenizer.h) and the version stamp
-// kiln-demo.json into dir (created if needed). Deterministic.
-Status write_demo_model(const std::string& dir);
-// Returns demo_model_dir(), writing the model first if it is not there yet or was written
-// by a kiln whose demo files differ (a missing file or another kiln-demo.json version).
+// demo_model_dir() once its files are there (kNotFound saying where to find them if not).
 Result<std::string> ensure_demo_model();
+// Copies the demo's checkpoint files into dir (created if needed).
+Status copy_demo_model(const std::string& dir);
 
 }  // namespace kiln::cli

@@ -179,14 +179,17 @@ void AsyncEngine::loop() {
       inbox.swap(inbox_);
       cancels.swap(cancels_);
       stopping = stopping_;
-    }
-    for (auto& [stream, request] : inbox) {
-      const uint64_t id = stream->id();
-      stream->last_token_.assign(size_t(request->n), Clock::time_point{});
-      const Status s = engine_->add_request(id, request);
-      KILN_CHECK(s.ok()) << "request " << id << " passed check_request but not add_request: " << s.to_string();
-      streams_[id] = stream;
-      if (stream->cancel_requested_) cancels.emplace_back(id, -1);
+      // Under the lock, so that submit never sees a request neither in the inbox nor
+      // counted by the engine (the queue limit would let one more in).
+      for (auto& [stream, request] : inbox) {
+        const uint64_t id = stream->id();
+        stream->last_token_.assign(size_t(request->n), Clock::time_point{});
+        const Status s = engine_->add_request(id, request);
+        KILN_CHECK(s.ok()) << "request " << id << " passed check_request but not add_request: " << s.to_string();
+        streams_[id] = stream;
+        if (stream->cancel_requested_) cancels.emplace_back(id, -1);
+      }
+      engine_waiting_ = engine_->stats().waiting_requests;
     }
     for (auto [id, sample] : cancels) {
       auto it = streams_.find(id);

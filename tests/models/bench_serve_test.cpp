@@ -39,7 +39,7 @@ struct TempDir {
   fs::path path;
 };
 
-// `kiln serve --port 0 --threads 2` (the demo model, cached in dir/cache; stderr in dir/serve.log)
+// `kiln serve --port 0 --threads 2` (the built-in demo model; stderr in dir/serve.log)
 // in the background; the destructor stops it (SIGTERM, then SIGKILL after 5 s).
 class DemoServer {
  public:

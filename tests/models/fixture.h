@@ -14,7 +14,9 @@ namespace kiln::testing {
 
 // tests/data/models/<name>, or tests/data/quant/<name> for quantized fixtures
 // (made by scripts/fixtures/make_quant_fixtures.py).
+// "kiln_demo" is the built-in demo model (models/kiln-demo, trained by scripts/demo).
 inline std::string fixture_dir(const std::string& name) {
+  if (name == "kiln_demo") return std::string(KILN_SOURCE_DIR) + "/models/kiln-demo";
   const std::string quant = std::string(KILN_TEST_DATA) + "/quant/" + name;
   if (std::ifstream(quant + "/config.json")) return quant;
   return std::string(KILN_TEST_DATA) + "/models/" + name;
@@ -55,11 +57,12 @@ inline double relative_error(const std::vector<std::vector<float>>& got,
 }
 
 inline const std::vector<std::string>& all_fixtures() {
-  // The last four use the target models' real head sizes (64; 128; MLA 128 + 64 / 128 / 512 + 64).
+  // gpt_oss_d64 .. deepseek_v3_mla use the target models' real head sizes (64; 128; MLA
+  // 128 + 64 / 128 / 512 + 64); kiln_demo is the trained built-in demo model.
   static const std::vector<std::string> kNames = {
       "llama",       "qwen3",       "qwen3_moe",      "glm4_moe",      "deepseek_v3",
       "kimi_k2",     "gpt_oss",     "gpt_oss_d64",    "qwen3_moe_d128", "glm4_moe_d128",
-      "deepseek_v3_mla"};
+      "deepseek_v3_mla", "kiln_demo"};
   return kNames;
 }
 

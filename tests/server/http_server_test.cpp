@@ -21,15 +21,10 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-// The demo model, written once for this binary and removed at its exit.
+// The built-in demo model (models/kiln-demo).
 const std::string& demo_dir() {
-  struct Dir {
-    std::string path = (fs::temp_directory_path() / ("kiln_http_server_test_" + std::to_string(::getpid()))).string();
-    Dir() { EXPECT_TRUE(cli::write_demo_model(path).ok()); }
-    ~Dir() { fs::remove_all(path); }
-  };
-  static const Dir dir;
-  return dir.path;
+  static const std::string dir = cli::ensure_demo_model().value();
+  return dir;
 }
 
 struct Served {
@@ -43,7 +38,7 @@ Served load(int max_num_seqs, int max_queued) {
   EXPECT_TRUE(model.ok()) << model.status().to_string();
   s.model = std::move(model).value();
   auto engine = runtime::Engine::load(demo_dir(), cpu::make_cpu_backend(2),
-                                      {.max_model_len = 512, .max_num_seqs = max_num_seqs});
+                                      {.max_model_len = 2048, .max_num_seqs = max_num_seqs});
   EXPECT_TRUE(engine.ok()) << engine.status().to_string();
   s.engine = std::make_unique<runtime::AsyncEngine>(std::move(engine).value(),
                                                     runtime::AsyncEngineOptions{.max_queued_requests = max_queued});
@@ -89,11 +84,11 @@ TEST(HttpServer, AFullQueueIs429InEachApisFormat) {
   ASSERT_TRUE(port.ok());
   http.set_ready(s.engine.get(), s.model.get());
   // One request runs (the only sequence slot), one waits: the queue is full.
-  auto running = s.engine->submit({.prompt = {1, 2, 3}, .max_tokens = 400, .ignore_eos = true});
+  auto running = s.engine->submit({.prompt = {1, 2, 3}, .max_tokens = 2000, .ignore_eos = true});
   ASSERT_TRUE(running.ok());
   for (int i = 0; i < 500 && s.engine->stats().engine.running < 1; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  auto waiting = s.engine->submit({.prompt = {4, 5}, .max_tokens = 400, .ignore_eos = true});
+  auto waiting = s.engine->submit({.prompt = {4, 5}, .max_tokens = 2000, .ignore_eos = true});
   ASSERT_TRUE(waiting.ok());
   httplib::Client c("127.0.0.1", *port);
   auto chat = c.Post("/v1/chat/completions", kChat, "application/json");

@@ -404,7 +404,7 @@ TEST(DemoChatTemplate, MatchesTheReference) {
   EXPECT_GE(rendered, conversations().size() + 40);
 }
 
-// --- the demo checkpoint, through the kiln binary -------------------------------------------
+// --- the built-in demo checkpoint (models/kiln-demo), through the kiln binary --------------
 
 int kiln_cli(const std::string& env, const std::string& args) {
   int code = 0;
@@ -412,8 +412,10 @@ int kiln_cli(const std::string& env, const std::string& args) {
   return code;
 }
 
-TEST(DemoModel, CheckpointCarriesTheTokenizerAndItsEosIds) {
-  TempDir dir("cli"), ref("cli_ref");
+// The trained demo's tokenizer speaks the same ChatML as the generated one: the same
+// added tokens, the same chat template, and the eos ids of its configs.
+TEST(DemoModel, CheckpointCarriesItsTokenizerTemplateAndEosIds) {
+  TempDir dir("cli");
   ASSERT_EQ(kiln_cli("", "demo-model --out '" + dir.str() + "'"), 0);
   const Tokenizer tok = Tokenizer::load(dir.str()).value();
   const json config = json::parse(read_text(dir.path / "config.json"));
@@ -422,43 +424,18 @@ TEST(DemoModel, CheckpointCarriesTheTokenizerAndItsEosIds) {
   const json eos = {*tok.token_to_id("<|im_end|>"), *tok.token_to_id("<|endoftext|>")};
   EXPECT_EQ(config["eos_token_id"], eos);
   EXPECT_EQ(json::parse(read_text(dir.path / "generation_config.json"))["eos_token_id"], eos);
-  EXPECT_TRUE(json::parse(read_text(dir.path / "kiln-demo.json"))["version"].is_number_integer());
-  // The files are write_demo_tokenizer's at the model's vocabulary size.
-  ASSERT_TRUE(cli::write_demo_tokenizer(ref.str(), config["vocab_size"].get<int64_t>()).ok());
-  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
-    EXPECT_EQ(read_text(dir.path / f), read_text(ref.path / f)) << f;
+  for (const char* t : {"<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"}) {
+    ASSERT_TRUE(tok.token_to_id(t).has_value()) << t;
+    EXPECT_FALSE(tok.is_special(*tok.token_to_id(t))) << t;
+    EXPECT_EQ(tok.encode(t, false).size(), 1u) << t;
+  }
+  // The chat template is the generated tokenizer's, byte for byte.
+  TempDir ref("cli_ref");
+  ASSERT_TRUE(cli::write_demo_tokenizer(ref.str(), 320).ok());
+  EXPECT_EQ(json::parse(read_text(dir.path / "tokenizer_config.json"))["chat_template"],
+            json::parse(read_text(ref.path / "tokenizer_config.json"))["chat_template"]);
   EXPECT_TRUE(ChatTemplate::load(dir.str()).ok());
-}
-
-// A demo cached by an older kiln (no tokenizer, or another version stamp) is written again
-// before `kiln generate` uses it.
-TEST(DemoModel, OutdatedCachedCopyIsRewritten) {
-  TempDir cache("cache");
-  const std::string env = "KILN_CACHE_DIR='" + cache.str() + "'";
-  const fs::path demo = cache.path / "demo-gpt-oss";
-  ASSERT_EQ(kiln_cli("", "demo-model --out '" + demo.string() + "'"), 0);
-  const std::string tokenizer_json = read_text(demo / "tokenizer.json");
-  const std::string stamp = read_text(demo / "kiln-demo.json");
-
-  // As kiln wrote it before the tokenizer: config.json + model.safetensors only.
-  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json", "kiln-demo.json"})
-    fs::remove(demo / f);
-  ASSERT_EQ(kiln_cli(env, "generate --max-tokens 1"), 0);
-  EXPECT_EQ(read_text(demo / "tokenizer.json"), tokenizer_json);
-  EXPECT_EQ(read_text(demo / "kiln-demo.json"), stamp);
-
-  // Every file there, but stamped by another version.
-  std::ofstream(demo / "kiln-demo.json") << "{\"version\": 1}\n";
-  std::ofstream(demo / "tokenizer.json") << "{}\n";
-  ASSERT_EQ(kiln_cli(env, "generate --max-tokens 1"), 0);
-  EXPECT_EQ(read_text(demo / "tokenizer.json"), tokenizer_json);
-  EXPECT_EQ(read_text(demo / "kiln-demo.json"), stamp);
-
-  // A current copy is left alone.
-  std::ofstream(demo / "tokenizer_config.json", std::ios::app) << " ";
-  const std::string touched = read_text(demo / "tokenizer_config.json");
-  ASSERT_EQ(kiln_cli(env, "generate --max-tokens 1"), 0);
-  EXPECT_EQ(read_text(demo / "tokenizer_config.json"), touched);
+  EXPECT_NE(kiln_cli("KILN_DEMO_MODEL=/nonexistent", "demo-model"), 0);
 }
 
 }  // namespace

@@ -5,8 +5,6 @@
 //   ... fetch(server.url + "/v1/models") ...
 //   await server.stop();
 import { spawn } from "node:child_process";
-import fs from "node:fs";
-import os from "node:os";
 import path from "node:path";
 import { createRequire } from "node:module";
 
@@ -22,17 +20,9 @@ process.on("exit", () => {
   for (const p of running) p.kill("SIGKILL");
 });
 
-// The demo model lives in a cache directory of its own per test file, so test files
-// running at once never write the same files.
-function cacheDir() {
-  const dir = path.join(os.tmpdir(), `kiln-e2e-${path.basename(process.argv[1] || "x")}-${process.pid}`);
-  fs.mkdirSync(dir, { recursive: true });
-  return dir;
-}
-
 export async function startServer(args = [], { timeoutMs = 120000 } = {}) {
   const proc = spawn(binary, ["serve", "--port", "0", "--threads", "2", ...args], {
-    env: { ...process.env, KILN_CACHE_DIR: cacheDir() },
+    env: process.env,
     stdio: ["ignore", "pipe", "pipe"],
   });
   running.add(proc);

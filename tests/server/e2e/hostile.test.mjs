@@ -230,6 +230,7 @@ test("200 clients that hang up mid-stream free their blocks", async () => {
         model: "kiln-demo",
         stream: true,
         max_tokens: 400,
+        ignore_eos: true,
         seed: i,
         messages: [{ role: "user", content: `Client ${i} says hello and then leaves.` }],
       });

@@ -99,12 +99,15 @@ test("n samples and logprobs", async () => {
 });
 
 test("completions: text, streaming, echo and token-id prompts", async () => {
-  const r = await client.completions.create({ model: "kiln-demo", prompt: "Once upon a time", max_tokens: 10, seed: 3, logprobs: 2 });
+  // ignore_eos and skip_special_tokens false (vLLM's): the text then holds every token.
+  const r = await client.completions.create({ model: "kiln-demo", prompt: "Once upon a time", max_tokens: 10, seed: 3,
+                                               logprobs: 2, ignore_eos: true, skip_special_tokens: false });
   assert.equal(r.object, "text_completion");
   assert.ok(r.choices[0].text.length > 0);
   assert.equal(r.choices[0].logprobs.tokens.length, r.usage.completion_tokens);
   assert.equal(r.choices[0].logprobs.tokens.join(""), r.choices[0].text);
-  const stream = await client.completions.create({ model: "kiln-demo", prompt: "Once upon a time", max_tokens: 10, seed: 3, stream: true });
+  const stream = await client.completions.create({ model: "kiln-demo", prompt: "Once upon a time", max_tokens: 10, seed: 3,
+                                                    ignore_eos: true, skip_special_tokens: false, stream: true });
   let text = "";
   for await (const chunk of stream) for (const c of chunk.choices) text += c.text;
   assert.equal(text, r.choices[0].text);
@@ -233,7 +236,7 @@ test("errors surface as the SDK's error classes", async () => {
   await assert.rejects(client.chat.completions.create({ ...base, messages: [] }), BadRequestError);
   await assert.rejects(client.chat.completions.create({ ...base, max_tokens: 100000 }), (e) => {
     assert.ok(e instanceof BadRequestError);
-    assert.match(e.message, /maximum context length is 4096 tokens/);
+    assert.match(e.message, /maximum context length is \d+ tokens/);
     return true;
   });
   await assert.rejects(
