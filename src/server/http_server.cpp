@@ -9,6 +9,7 @@
 
 #include "core/log.h"
 #include "server/anthropic_api.h"
+#include "server/chat_page.h"
 #include "server/job.h"
 #include "server/openai_api.h"
 
@@ -226,6 +227,7 @@ void HttpServer::routes() {
     ++status_counts_[res.status];
   });
 
+  http_->Get("/", [](const Request&, Response& res) { res.set_content(chat_page_html(), "text/html; charset=utf-8"); });
   http_->Get("/health", [this](const Request&, Response& res) {
     const bool ready = engine_.load() != nullptr && !draining_;
     res.status = ready ? 200 : 503;

@@ -1,5 +1,6 @@
 // HttpServer: the HTTP front of kiln (cpp-httplib, one worker thread per connection).
 //
+//   GET  /                               the chat page (chat_page.html)
 //   GET  /health                         503 while loading or draining, then 200
 //   GET  /metrics                        Prometheus text
 //   GET  /v1/models                      OpenAI
