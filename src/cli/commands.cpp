@@ -51,11 +51,9 @@ Result<std::unique_ptr<runtime::Engine>> open_engine(const CommonOptions& o) {
     KILN_LOG(kInfo, "no --model given: using the built-in demo model in " << dir);
   }
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<ops::Backend> backend, make_backend(o));
-  return runtime::Engine::load(dir, std::move(backend),
-                               {.block_size = o.block_size,
-                                .max_model_len = o.max_model_len,
-                                .prefill_chunk = o.prefill_chunk,
-                                .max_num_seqs = 1});
+  runtime::EngineOptions options = engine_options(o);
+  options.max_num_seqs = 1;
+  return runtime::Engine::load(dir, std::move(backend), options);
 }
 
 int cmd_logits(const CommonOptions& o, const std::string& tokens_arg) {

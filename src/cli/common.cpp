@@ -21,6 +21,20 @@ void add_common(CLI::App* cmd, CommonOptions& o, bool model_option) {
   cmd->add_option("--block-size", o.block_size, "KV cache block size in tokens");
   cmd->add_option("--prefill-chunk", o.prefill_chunk, "prefill at most N tokens of a sequence per step (0: no cap)");
   cmd->add_option("--max-model-len", o.max_model_len, "maximum sequence length (0: from config)");
+  cmd->add_option("--load-format", o.load_format,
+                  "auto: the checkpoint's weights; dummy: random bf16 weights made on the device from config.json "
+                  "alone (MODEL may then be a config .json file), for benchmarks")
+      ->check(CLI::IsMember({"auto", "dummy"}));
+  cmd->add_option("--num-layers", o.num_layers, "use only the first N decoder layers (quick runs; 0: all)")
+      ->check(CLI::NonNegativeNumber);
+}
+
+runtime::EngineOptions engine_options(const CommonOptions& o) {
+  return {.block_size = o.block_size,
+          .max_model_len = o.max_model_len,
+          .prefill_chunk = o.prefill_chunk,
+          .load_format = o.load_format == "dummy" ? runtime::LoadFormat::kDummy : runtime::LoadFormat::kAuto,
+          .num_layers = o.num_layers};
 }
 
 Result<std::unique_ptr<ops::Backend>> make_backend(const CommonOptions& o) {

@@ -10,6 +10,7 @@
 
 #include "core/status.h"
 #include "ops/backend.h"
+#include "runtime/engine.h"
 
 namespace kiln::cli {
 
@@ -22,14 +23,20 @@ struct CommonOptions {
   int block_size = 16;
   int prefill_chunk = 0;
   int64_t max_model_len = 0;
+  std::string load_format = "auto";  // auto | dummy
+  int64_t num_layers = 0;            // > 0: the first N decoder layers only
 };
 
 // --backend, --threads, --device, --smem-cap, --block-size, --prefill-chunk,
-// --max-model-len; and --model unless the command takes the model as an argument.
+// --max-model-len, --load-format, --num-layers; and --model unless the command takes the
+// model as an argument.
 void add_common(CLI::App* cmd, CommonOptions& o, bool model_option = true);
 
 // The backend of o.backend; a CUDA backend has passed its start-up self-test.
 Result<std::unique_ptr<ops::Backend>> make_backend(const CommonOptions& o);
+
+// The engine options the common options set.
+runtime::EngineOptions engine_options(const CommonOptions& o);
 
 // Prints "kiln: error: ..." to stderr; returns the exit code 1.
 int fail(const Status& s);

@@ -18,7 +18,7 @@ namespace kiln::cli {
 inline constexpr int64_t kDemoAddedTokens = 9;
 inline constexpr int64_t kDemoMinMerges = 16;
 inline constexpr int64_t kDemoMinVocab = 256 + kDemoAddedTokens + kDemoMinMerges;
-inline constexpr int64_t kDemoMaxVocab = 32768;
+inline constexpr int64_t kDemoMaxVocab = 262144;
 
 // The ids of the added tokens the config files name, for a vocabulary of vocab_size ids.
 struct DemoSpecialIds {

@@ -12,14 +12,19 @@
 #include <cstring>
 #include <cctype>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/demo.h"
+#include "cli/demo_tokenizer.h"
 #include "cli/model_path.h"
 #include "cli/subcommand.h"
 #include "core/log.h"
+#include "formats/hf_config.h"
 #include "runtime/async_engine.h"
 #include "server/http_server.h"
 #include "server/served_model.h"
@@ -97,6 +102,39 @@ class LoadProgress {
   int last_decile_ = -1;
 };
 
+// The directory of a model argument (a config .json file's own directory).
+std::string fs_dir(const std::string& model) {
+  return std::filesystem::is_regular_file(model) ? std::filesystem::path(model).parent_path().string() : model;
+}
+
+// A dummy model without a tokenizer gets the generated one at its vocabulary size (every id
+// decodes to text), written once into the kiln cache.
+Result<std::string> dummy_tokenizer(const std::string& model) {
+  std::ifstream f(std::filesystem::is_regular_file(model) ? model : model + "/config.json");
+  std::stringstream text;
+  text << f.rdbuf();
+  KILN_ASSIGN_OR_RETURN(const formats::ModelConfig config, formats::parse_config(text.str(), model));
+  std::string base;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) base = std::string(x) + "/kiln";
+  else if (const char* h = std::getenv("HOME"); h && *h) base = std::string(h) + "/.cache/kiln";
+  else base = "/tmp/kiln-cache";
+  const std::string dir = base + "/tokenizer-" + std::to_string(config.vocab_size);
+  if (!std::filesystem::exists(dir + "/tokenizer_config.json")) {
+    std::fprintf(stderr, "kiln: writing a generated tokenizer of %lld ids for the dummy model into %s\n",
+                 (long long)config.vocab_size, dir.c_str());
+    const std::string tmp = dir + ".tmp" + std::to_string(::getpid());
+    std::error_code ec;
+    std::filesystem::create_directories(tmp, ec);
+    KILN_RETURN_IF_ERROR(write_demo_tokenizer(tmp, config.vocab_size));
+    std::filesystem::rename(tmp, dir, ec);
+    if (ec && !std::filesystem::exists(dir + "/tokenizer_config.json")) {
+      return internal_error("cannot write " + dir + ": " + ec.message());
+    }
+    std::filesystem::remove_all(tmp, ec);
+  }
+  return dir;
+}
+
 // SIGINT / SIGTERM arrive here (blocked in every other thread).
 std::atomic<int> g_signals{0};
 
@@ -121,14 +159,19 @@ Status serve(ServeOptions o, const ServeHooks& hooks) {
   });
   signals.detach();
 
+  const bool dummy = o.common.load_format == "dummy";
   std::string dir = o.common.model;
   if (dir.empty()) {
     KILN_ASSIGN_OR_RETURN(dir, ensure_demo_model());
     if (o.served_model_name.empty()) o.served_model_name = "kiln-demo";
-  } else {
+  } else if (!(dummy && std::filesystem::is_regular_file(dir))) {  // dummy: a config .json will do
     KILN_ASSIGN_OR_RETURN(dir, resolve_model_dir(dir));
   }
   if (o.served_model_name.empty()) o.served_model_name = o.common.model;
+  std::string tokenizer_dir = o.tokenizer.empty() ? dir : o.tokenizer;
+  if (dummy && o.tokenizer.empty() && !std::filesystem::exists(fs_dir(dir) + "/tokenizer.json")) {
+    KILN_ASSIGN_OR_RETURN(tokenizer_dir, dummy_tokenizer(dir));
+  }
   KILN_ASSIGN_OR_RETURN(const int64_t max_body, parse_bytes(o.max_request_bytes, "--max-request-bytes"));
   int64_t kv_bytes = 0;
   if (!o.kv_cache_memory.empty()) {
@@ -145,7 +188,7 @@ Status serve(ServeOptions o, const ServeHooks& hooks) {
   std::fprintf(stderr, "kiln: listening on %s:%d (/health says 503 until the model is loaded)\n", o.host.c_str(), port);
 
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<server::ServedModel> model,
-                        server::ServedModel::load(o.tokenizer.empty() ? dir : o.tokenizer,
+                        server::ServedModel::load(tokenizer_dir,
                                                   {.name = o.served_model_name,
                                                    .tool_call_parser = o.tool_call_parser,
                                                    .reasoning_parser = o.reasoning_parser,
@@ -154,16 +197,16 @@ Status serve(ServeOptions o, const ServeHooks& hooks) {
   std::fprintf(stderr, "kiln: loading %s on %s\n", dir.c_str(), backend->name().c_str());
   LoadProgress progress;
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine,
-                        runtime::Engine::load(dir, std::move(backend),
-                                              {.block_size = o.common.block_size,
-                                               .max_model_len = o.common.max_model_len,
-                                               .prefill_chunk = o.common.prefill_chunk,
-                                               .max_num_seqs = o.max_num_seqs,
-                                               .max_num_batched_tokens = o.max_num_batched_tokens,
-                                               .enable_prefix_caching = o.prefix_caching,
-                                               .kv_cache_bytes = kv_bytes,
-                                               .gpu_memory_utilization = o.gpu_memory_utilization,
-                                               .on_load_progress = std::ref(progress)}));
+                        runtime::Engine::load(dir, std::move(backend), [&] {
+                          runtime::EngineOptions e = engine_options(o.common);
+                          e.max_num_seqs = o.max_num_seqs;
+                          e.max_num_batched_tokens = o.max_num_batched_tokens;
+                          e.enable_prefix_caching = o.prefix_caching;
+                          e.kv_cache_bytes = kv_bytes;
+                          e.gpu_memory_utilization = o.gpu_memory_utilization;
+                          e.on_load_progress = std::ref(progress);
+                          return e;
+                        }()));
   if (model->tokenizer().vocab_size() > engine->config().vocab_size) {
     KILN_LOG(kWarn, "the tokenizer has " << model->tokenizer().vocab_size() << " ids, the model "
                                          << engine->config().vocab_size << ": prompts with the extra ids are refused");

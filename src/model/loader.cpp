@@ -1,5 +1,9 @@
 #include "model/loader.h"
 
+#include <cmath>
+
+#include "ops/random.h"
+
 namespace kiln::model {
 namespace {
 
@@ -16,13 +20,33 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 Tensor WeightLoader::uploaded(const Tensor& t) {
   Tensor out = backend_.upload(t);
   bytes_done_ += uint64_t(t.nbytes());
-  if (progress_) progress_(bytes_done_, ckpt_.total_bytes());
+  if (progress_) progress_(bytes_done_, ckpt_->total_bytes());
   return out;
+}
+
+Tensor WeightLoader::generated(const std::string& name, const Shape& shape) {
+  Tensor t = backend_.alloc(shape.rank >= 2 ? DType::kBF16 : DType::kF32, shape);
+  const bool norm = name.find("norm") != std::string::npos;
+  const bool vector = shape.rank < 2;
+  float mean = 0.0f, stddev = 0.02f;
+  if (norm && vector) {
+    mean = 1.0f;  // RMSNorm gains
+  } else if (name.find("sinks") != std::string::npos) {
+    stddev = 1.0f;  // attention sink logits
+  } else if (!vector) {
+    stddev = float(1.0 / std::sqrt(double(shape.dims[1])));  // [n_out, n_in] or [experts, n_in, n_out]
+  }
+  uint64_t seed = dummy_seed_;
+  for (unsigned char c : name) seed = ops::splitmix64(seed ^ c);
+  backend_.fill_random({.out = t, .seed = seed, .mean = mean, .stddev = stddev});
+  used_.insert(name);
+  return t;
 }
 
 Result<Tensor> WeightLoader::typed(const std::string& name, std::initializer_list<DType> dtypes,
                                    const Shape& shape) {
-  KILN_ASSIGN_OR_RETURN(Tensor t, ckpt_.get(name, shape));
+  if (ckpt_ == nullptr) return unsupported("dummy weights are bf16; " + name + " would be quantized");
+  KILN_ASSIGN_OR_RETURN(Tensor t, ckpt_->get(name, shape));
   bool ok = false;
   for (DType d : dtypes) ok = ok || t.dtype == d;
   if (!ok) {
@@ -34,7 +58,8 @@ Result<Tensor> WeightLoader::typed(const std::string& name, std::initializer_lis
 }
 
 Result<Tensor> WeightLoader::tensor(const std::string& name, const Shape& shape) {
-  KILN_ASSIGN_OR_RETURN(Tensor t, ckpt_.get(name, shape));
+  if (ckpt_ == nullptr) return generated(name, shape);
+  KILN_ASSIGN_OR_RETURN(Tensor t, ckpt_->get(name, shape));
   if (t.dtype != DType::kF32 && t.dtype != DType::kBF16 && t.dtype != DType::kF16) {
     return unsupported("tensor " + name + " has dtype " + std::string(dtype_name(t.dtype)) +
                        "; this path takes f32, bf16 or f16 weights" +
@@ -45,7 +70,7 @@ Result<Tensor> WeightLoader::tensor(const std::string& name, const Shape& shape)
 }
 
 Result<Tensor> WeightLoader::optional_tensor(const std::string& name, const Shape& shape) {
-  if (!ckpt_.has(name)) return Tensor{};
+  if (!has(name)) return Tensor{};
   return tensor(name, shape);
 }
 
@@ -53,7 +78,7 @@ Result<ops::Weight> WeightLoader::dense_linear(const std::string& prefix, int64_
                                                bool bias) {
   ops::Weight w;
   for (const char* packed : {".weight_packed", ".weight_scale", ".weight_scale_inv"}) {
-    if (!ckpt_.has(prefix + packed)) continue;
+    if (!has(prefix + packed)) continue;
     return corrupt(prefix + packed + " says " + prefix + " is stored quantized, but " +
                    (quant_.quantized() ? "quantization_config excludes it" : "config.json has no quantization_config"));
   }
@@ -110,7 +135,7 @@ Result<formats::QuantizedTensor> WeightLoader::quantized(const std::string& p, i
     }
     case QuantKind::kFp8Tensor: {
       KILN_ASSIGN_OR_RETURN(q.data, typed(p + ".weight", {DType::kF8E4M3}, {n_out, n_in}));
-      const formats::TensorInfo* info = ckpt_.info(p + ".weight_scale");
+      const formats::TensorInfo* info = ckpt_->info(p + ".weight_scale");
       const Shape s = info && info->shape.rank == 0 ? Shape{} : Shape{1};
       KILN_ASSIGN_OR_RETURN(q.scale, typed(p + ".weight_scale", float_scale, s));
       return q;
@@ -119,12 +144,12 @@ Result<formats::QuantizedTensor> WeightLoader::quantized(const std::string& p, i
       KILN_RETURN_IF_ERROR(need_divisible(16, "NVFP4"));
       KILN_ASSIGN_OR_RETURN(q.data, typed(p + ".weight", {DType::kU8}, {n_out, n_in / 2}));
       KILN_ASSIGN_OR_RETURN(q.scale, typed(p + ".weight_scale", {DType::kF8E4M3}, {n_out, n_in / 16}));
-      const formats::TensorInfo* info = ckpt_.info(p + ".weight_scale_2");
+      const formats::TensorInfo* info = ckpt_->info(p + ".weight_scale_2");
       const Shape s = info && info->shape.rank == 0 ? Shape{} : Shape{1};
       KILN_ASSIGN_OR_RETURN(q.scale2, typed(p + ".weight_scale_2", {DType::kF32}, s));
       // The static activation scale is for FP4 activations; the reference computes
       // activations in fp32 and does not use it.
-      if (ckpt_.has(p + ".input_scale")) used_.insert(p + ".input_scale");
+      if (has(p + ".input_scale")) used_.insert(p + ".input_scale");
       return q;
     }
     case QuantKind::kInt4Group: {
@@ -133,11 +158,11 @@ Result<formats::QuantizedTensor> WeightLoader::quantized(const std::string& p, i
       KILN_RETURN_IF_ERROR(need_divisible(group, "INT4"));
       KILN_ASSIGN_OR_RETURN(q.data, typed(p + ".weight_packed", {DType::kI32}, {n_out, ceil_div(n_in, 8)}));
       KILN_ASSIGN_OR_RETURN(q.scale, typed(p + ".weight_scale", float_scale, {n_out, n_in / group}));
-      if (ckpt_.has(p + ".weight_zero_point")) {
+      if (has(p + ".weight_zero_point")) {
         return unsupported(p + ".weight_zero_point: asymmetric INT4 is not supported");
       }
-      if (ckpt_.has(p + ".weight_shape")) {
-        KILN_ASSIGN_OR_RETURN(Tensor shape, ckpt_.get(p + ".weight_shape", {2}));
+      if (has(p + ".weight_shape")) {
+        KILN_ASSIGN_OR_RETURN(Tensor shape, ckpt_->get(p + ".weight_shape", {2}));
         if (shape.dtype != DType::kI32 && shape.dtype != DType::kI64) {
           return corrupt("tensor " + p + ".weight_shape has dtype " + std::string(dtype_name(shape.dtype)));
         }
@@ -180,7 +205,8 @@ Result<std::vector<formats::QuantizedTensor>> WeightLoader::mxfp4_experts(const 
 
 std::vector<std::string> WeightLoader::unused() const {
   std::vector<std::string> out;
-  for (const std::string& n : ckpt_.names())
+  if (ckpt_ == nullptr) return out;
+  for (const std::string& n : ckpt_->names())
     if (!used_.count(n)) out.push_back(n);
   return out;
 }

@@ -19,11 +19,18 @@ class WeightLoader {
  public:
   WeightLoader(const formats::Checkpoint& ckpt, ops::Backend& backend,
                formats::QuantConfig quant = {})
-      : ckpt_(ckpt), backend_(backend), quant_(std::move(quant)) {}
+      : ckpt_(&ckpt), backend_(backend), quant_(std::move(quant)) {}
+
+  // --load-format dummy: no checkpoint; every tensor a block asks for is made on the
+  // backend (Backend::fill_random) at the shape the config implies, in bf16 (vectors in
+  // f32), seeded by its name: norms near 1, biases near 0, matrices with a standard
+  // deviation of 1/sqrt(fan-in) so activations and routing behave like a trained model's.
+  // Optional tensors (has()) are absent.
+  static WeightLoader dummy(ops::Backend& backend, uint64_t seed) { return WeightLoader(backend, seed); }
 
   const formats::QuantConfig& quant() const { return quant_; }
 
-  bool has(const std::string& name) const { return ckpt_.has(name); }
+  bool has(const std::string& name) const { return ckpt_ != nullptr && ckpt_->has(name); }
 
   // A float tensor (f32 / bf16 / f16) of exactly `shape`.
   Result<Tensor> tensor(const std::string& name, const Shape& shape);
@@ -52,8 +59,13 @@ class WeightLoader {
   Result<Tensor> typed(const std::string& name, std::initializer_list<DType> dtypes, const Shape& shape);
   Result<formats::QuantizedTensor> quantized(const std::string& prefix, int64_t n_out, int64_t n_in);
 
-  const formats::Checkpoint& ckpt_;
+  WeightLoader(ops::Backend& backend, uint64_t seed) : ckpt_(nullptr), backend_(backend), dummy_seed_(seed) {}
+  // A dummy tensor (see dummy()).
+  Tensor generated(const std::string& name, const Shape& shape);
+
+  const formats::Checkpoint* ckpt_;  // null in dummy mode
   ops::Backend& backend_;
+  uint64_t dummy_seed_ = 0;
   formats::QuantConfig quant_;
   std::set<std::string> used_;
   std::function<void(uint64_t, uint64_t)> progress_;

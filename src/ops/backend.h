@@ -172,6 +172,15 @@ struct RouterParams {
   float routed_scaling_factor = 1.0f;
 };
 
+// out[i] = mean + stddev * unit_normal(seed, i) (ops/random.h) for every element, in out's
+// dtype (f32 or bf16): the weights of --load-format dummy, the same on every backend.
+struct FillRandomArgs {
+  Tensor out;
+  uint64_t seed = 0;
+  float mean = 0.0f;
+  float stddev = 1.0f;
+};
+
 // Expert weights of one MoE layer. Either fused gate_up (n_out = 2 * d_ff, halves
 // concatenated or interleaved gate/up/gate/up...) or separate gate and up.
 struct MoeExperts {
@@ -342,6 +351,7 @@ class Backend {
   virtual void slice_columns(const SliceColumnsArgs& a) = 0;
   virtual void moe(const MoeArgs& a) = 0;
   virtual void sample(const SampleArgs& a) = 0;
+  virtual void fill_random(const FillRandomArgs& a) = 0;
 };
 
 }  // namespace kiln::ops

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "core/log.h"
 #include "formats/quant_config.h"
@@ -36,23 +39,47 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_dir,
   std::unique_ptr<Engine> e(new Engine());
   e->options_ = options;
   e->backend_ = std::move(backend);
-  KILN_ASSIGN_OR_RETURN(e->config_, formats::load_config(model_dir));
-  KILN_ASSIGN_OR_RETURN(formats::Checkpoint ckpt, formats::Checkpoint::open(model_dir));
-  KILN_ASSIGN_OR_RETURN(formats::QuantConfig quant, formats::load_quant_config(model_dir));
-  model::WeightLoader loader(ckpt, *e->backend_, quant);
-  if (options.on_load_progress) loader.set_progress(options.on_load_progress);
-  auto built = models::build_model(e->config_, loader);
-  if (!built.ok()) return built.status().with_context("loading " + model_dir);
-  e->model_ = std::move(built).value();
-  KILN_RETURN_IF_ERROR(model::check_backend_support(e->model_, *e->backend_).with_context("loading " + model_dir));
-  for (const std::string& name : loader.unused()) {
-    KILN_LOG(kInfo, "checkpoint tensor not used by " << e->config_.architecture << ": " << name);
-  }
+  KILN_RETURN_IF_ERROR(e->load_weights(model_dir, options).with_context("loading " + model_dir));
   for (const auto* ids : {&e->config_.eos_token_ids, &e->config_.generation_eos_token_ids})
     for (int64_t id : *ids)
       if (id >= 0 && id < e->config_.vocab_size && !contains(e->eos_ids_, int32_t(id))) e->eos_ids_.push_back(int32_t(id));
   KILN_RETURN_IF_ERROR(e->size_kv_cache(options).with_context("loading " + model_dir));
   return e;
+}
+
+Status Engine::load_weights(const std::string& model_dir, const EngineOptions& options) {
+  const bool dummy = options.load_format == LoadFormat::kDummy;
+  if (dummy && std::filesystem::is_regular_file(model_dir)) {
+    std::ifstream f(model_dir);
+    std::stringstream text;
+    text << f.rdbuf();
+    KILN_ASSIGN_OR_RETURN(config_, formats::parse_config(text.str(), model_dir));
+  } else {
+    KILN_ASSIGN_OR_RETURN(config_, formats::load_config(model_dir));
+  }
+  if (options.num_layers < 0) return invalid_argument("num_layers must not be negative");
+  if (options.num_layers > 0 && options.num_layers < config_.n_layers) {
+    config_.n_layers = options.num_layers;
+    if (config_.layer_types.size() > size_t(options.num_layers)) config_.layer_types.resize(size_t(options.num_layers));
+  }
+  if (dummy) {
+    if (config_.raw.contains("quantization_config")) {
+      KILN_LOG(kWarn, "dummy weights are bf16: the config's quantization_config is not used");
+    }
+    model::WeightLoader loader = model::WeightLoader::dummy(*backend_, /*seed=*/20261123);
+    KILN_ASSIGN_OR_RETURN(model_, models::build_model(config_, loader));
+    return model::check_backend_support(model_, *backend_);
+  }
+  KILN_ASSIGN_OR_RETURN(formats::Checkpoint ckpt, formats::Checkpoint::open(model_dir));
+  KILN_ASSIGN_OR_RETURN(formats::QuantConfig quant, formats::load_quant_config(model_dir));
+  model::WeightLoader loader(ckpt, *backend_, quant);
+  if (options.on_load_progress) loader.set_progress(options.on_load_progress);
+  KILN_ASSIGN_OR_RETURN(model_, models::build_model(config_, loader));
+  KILN_RETURN_IF_ERROR(model::check_backend_support(model_, *backend_));
+  for (const std::string& name : loader.unused()) {
+    KILN_LOG(kInfo, "checkpoint tensor not used by " << config_.architecture << ": " << name);
+  }
+  return Status::Ok();
 }
 
 Status Engine::size_kv_cache(const EngineOptions& o) {

@@ -26,6 +26,11 @@
 
 namespace kiln::runtime {
 
+enum class LoadFormat {
+  kAuto,   // the checkpoint's safetensors
+  kDummy,  // random weights made on the backend from config.json alone (benchmarks)
+};
+
 struct EngineOptions {
   int32_t block_size = 16;          // tokens per KV block
   int64_t max_model_len = 0;        // 0: config max_position_embeddings, within the KV cache
@@ -40,6 +45,8 @@ struct EngineOptions {
   float gpu_memory_utilization = 0.9f;
   // Weight loading progress: checkpoint bytes bound so far, of the total.
   std::function<void(uint64_t done, uint64_t total)> on_load_progress;
+  LoadFormat load_format = LoadFormat::kAuto;
+  int64_t num_layers = 0;           // > 0: only the first N decoder layers (quick runs)
 };
 constexpr int64_t kDefaultCpuKvBytes = int64_t(256) << 20;
 
@@ -75,6 +82,8 @@ struct EngineStats {
 
 class Engine {
  public:
+  // model_dir: a checkpoint directory; with LoadFormat::kDummy, a directory holding
+  // config.json or the path of a config .json file.
   static Result<std::unique_ptr<Engine>> load(const std::string& model_dir,
                                               std::unique_ptr<ops::Backend> backend,
                                               const EngineOptions& options);
@@ -122,6 +131,7 @@ class Engine {
   Engine() = default;
   Status check_prompt(const std::vector<int32_t>& prompt, int64_t extra_tokens) const;
   Status size_kv_cache(const EngineOptions& options);
+  Status load_weights(const std::string& model_dir, const EngineOptions& options);
   // The activation memory of the largest step the scheduler can make (GPU sizing).
   int64_t measure_activation_peak();
   Tensor forward(ops::BatchMeta&& batch);

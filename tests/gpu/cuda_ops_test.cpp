@@ -243,5 +243,25 @@ TEST_F(CudaOps, MoeMatchesCpuForEveryRouterAndLayout) {
   }
 }
 
+// fill_random (--load-format dummy) gives the CPU's values: f32 to fp32 rounding (nvcc may
+// fuse the multiply-adds), bf16 within one bf16 ulp of them.
+TEST_F(CudaOps, FillRandomMatchesTheCpuFormula) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    Tensor g = gpu_->alloc(dt, {3, 70001});
+    Tensor c = cpu_->alloc(dt, {3, 70001});
+    gpu_->fill_random({.out = g, .seed = 99, .mean = 0.25f, .stddev = 0.02f});
+    cpu_->fill_random({.out = c, .seed = 99, .mean = 0.25f, .stddev = 0.02f});
+    std::vector<float> got(size_t(g.numel())), want(size_t(c.numel()));
+    gpu_->to_host_f32(g, got.data());
+    to_f32(c, want.data());
+    int64_t off = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double tol = dt == DType::kF32 ? 1e-6 * std::abs(want[i]) : std::abs(want[i]) * 0x1p-7;
+      off += std::abs(double(got[i]) - double(want[i])) > tol;
+    }
+    EXPECT_EQ(off, 0) << dtype_name(dt);
+  }
+}
+
 }  // namespace
 }  // namespace kiln

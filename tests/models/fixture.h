@@ -22,6 +22,13 @@ inline std::string fixture_dir(const std::string& name) {
   return std::string(KILN_TEST_DATA) + "/models/" + name;
 }
 
+inline std::string read_text_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
 inline nlohmann::json read_json(const std::string& path) {
   std::ifstream f(path);
   std::stringstream ss;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu_internal.h"
+#include "ops/random.h"
 
 namespace kiln::cpu {
 
@@ -277,6 +278,19 @@ void CpuBackend::glu(const ops::GluArgs& a) {
   const int64_t n = a.gate.numel();
   for (int64_t i = 0; i < n; ++i) out[i] = glu_one(g[i], u[i], a.params);
   round_output(a.out);
+}
+
+void CpuBackend::fill_random(const ops::FillRandomArgs& a) {
+  KILN_CHECK(a.out.device == Device::kHost) << "fill_random: not a host tensor";
+  const int64_t n = a.out.numel();
+  pool_.parallel_for(n, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const float v = a.mean + a.stddev * ops::unit_normal(a.seed, uint64_t(i));
+      if (a.out.dtype == DType::kF32) a.out.as<float>()[i] = v;
+      else if (a.out.dtype == DType::kBF16) a.out.as<uint16_t>()[i] = f32_to_bf16(v);
+      else KILN_CHECK(false) << "fill_random: dtype " << dtype_name(a.out.dtype);
+    }
+  });
 }
 
 void CpuBackend::add(const ops::AddArgs& a) {

@@ -85,6 +85,7 @@ class CpuBackend final : public ops::Backend {
   void slice_columns(const ops::SliceColumnsArgs& a) override;
   void moe(const ops::MoeArgs& a) override;                   // cpu_moe.cpp
   void sample(const ops::SampleArgs& a) override;             // cpu_sampling.cpp
+  void fill_random(const ops::FillRandomArgs& a) override;
 
  private:
   // In bf16-activation mode, rounds the values an op wrote to bf16 (CpuOptions).

@@ -47,6 +47,7 @@ class CudaBackend final : public ops::Backend {
   void slice_columns(const ops::SliceColumnsArgs& a) override;
   void moe(const ops::MoeArgs& a) override;
   void sample(const ops::SampleArgs& a) override;  // cuda_sampling.cpp
+  void fill_random(const ops::FillRandomArgs& a) override;
 
   const DeviceInfo& info() const { return info_; }
   int smem_cap() const { return smem_cap_; }

@@ -129,6 +129,12 @@ void CudaBackend::glu(const ops::GluArgs& a) {
              a.params.kind == ops::GluKind::kSilu ? 0 : 1, a.params.alpha, a.params.limit, stream_);
 }
 
+void CudaBackend::fill_random(const ops::FillRandomArgs& a) {
+  KILN_CHECK(a.out.device == Device::kCuda && (a.out.dtype == DType::kBF16 || a.out.dtype == DType::kF32))
+      << "fill_random: a bf16 or f32 device tensor (" << dtype_name(a.out.dtype) << ")";
+  launch_fill_random(a.out.data, a.out.dtype == DType::kBF16, a.out.numel(), a.seed, a.mean, a.stddev, stream_);
+}
+
 void CudaBackend::add(const ops::AddArgs& a) {
   check_act(a.a, "add a");
   KILN_CHECK(a.b.shape == a.a.shape && a.out.shape == a.a.shape) << "add: shapes";

@@ -1,7 +1,11 @@
-// Embedding / row gather, add, bias, column slices, GLU activations, casts.
+// Embedding / row gather, add, bias, column slices, GLU activations, casts, random fill.
+#include <algorithm>
+#include <type_traits>
+
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels/common.cuh"
 #include "backends/cuda/kernels/kernels.h"
+#include "ops/random.h"
 
 namespace kiln::cuda {
 namespace {
@@ -12,6 +16,16 @@ __global__ void embedding_kernel(const bf16* table, const int32_t* ids, int64_t 
   const int64_t row = blockIdx.x;
   const bf16* src = table + int64_t(ids[row]) * d;
   for (int64_t i = threadIdx.x; i < d; i += blockDim.x) out[row * d + i] = src[i];
+}
+
+// ops::FillRandomArgs: element i from the shared host/device formula (ops/random.h).
+template <typename T>
+__global__ void fill_random_kernel(T* out, int64_t n, uint64_t seed, float mean, float stddev) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = mean + stddev * ops::unit_normal(seed, uint64_t(i));
+    if constexpr (std::is_same_v<T, float>) out[i] = v;
+    else out[i] = __float2bfloat16(v);
+  }
 }
 
 __global__ void add_kernel(const bf16* a, const bf16* b, bf16* out, int64_t n) {
@@ -108,6 +122,15 @@ void launch_bf16_to_f32(const bf16* in, float* out, int64_t n, cudaStream_t stre
 void launch_f32_to_bf16(const float* in, bf16* out, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   f32_to_bf16_kernel<<<ceil_div(n, kThreads), kThreads, 0, stream>>>(in, out, n);
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+void launch_fill_random(void* out, bool bf16_out, int64_t n, uint64_t seed, float mean, float stddev,
+                        cudaStream_t stream) {
+  if (n == 0) return;
+  const unsigned blocks = unsigned(std::min<int64_t>(ceil_div(n, kThreads), 65535));
+  if (bf16_out) fill_random_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<bf16*>(out), n, seed, mean, stddev);
+  else fill_random_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<float*>(out), n, seed, mean, stddev);
   KILN_CUDA_LAUNCH_CHECK();
 }
 

@@ -43,6 +43,9 @@ void launch_glu(const bf16* gate, const bf16* up, bf16* out, int64_t n, int kind
                 cudaStream_t stream);
 void launch_bf16_to_f32(const bf16* in, float* out, int64_t n, cudaStream_t stream);
 void launch_f32_to_bf16(const float* in, bf16* out, int64_t n, cudaStream_t stream);
+// ops::FillRandomArgs on out [n] (bf16 or f32).
+void launch_fill_random(void* out, bool bf16_out, int64_t n, uint64_t seed, float mean, float stddev,
+                        cudaStream_t stream);
 
 // ---- norm_rope.cu
 // residual (optional) += x; out = norm(residual or x) * weight. out may alias x.
