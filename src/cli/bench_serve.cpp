@@ -7,8 +7,10 @@
 // flight; or --request-rate R: Poisson arrivals (seeded) at R requests/s. --warmup requests
 // run before each level and are not counted.
 // Output: a table on stdout (one column per level), progress on stderr, --json FILE with
-// every level's config, summary and per-request records. A failed request is counted,
-// never fatal; a level whose every request failed ends the run with exit code 1.
+// every level's config, summary and per-request records, --html FILE with a self-contained
+// page of charts and the table (bench_report.h; `kiln bench report` makes it from a JSON
+// file). A failed request is counted, never fatal; a level whose every request failed ends
+// the run with exit code 1.
 #include <httplib.h>
 #include <signal.h>
 #include <unistd.h>
@@ -31,6 +33,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/bench_report.h"
 #include "cli/common.h"
 #include "cli/subcommand.h"
 #include "core/status.h"
@@ -58,6 +61,7 @@ struct BenchOptions {
   int vocab = 256;  // token ids are drawn from [0, vocab): 256 is safe for byte-level tokenizers
   std::string api_key;
   std::string json_path;
+  std::string html_path;
   int timeout_s = 600;  // per read of a response
 };
 
@@ -578,11 +582,15 @@ json level_json(const BenchOptions& o, const std::string& model, const LevelRun&
   return {{"config", std::move(config)}, {"summary", std::move(summary)}, {"requests", std::move(requests)}};
 }
 
-Status write_json(const BenchOptions& o, const std::string& model, const std::vector<LevelRun>& runs) {
+json report_json(const BenchOptions& o, const std::string& model, const std::vector<LevelRun>& runs) {
   json levels = json::array();
   for (const LevelRun& r : runs) levels.push_back(level_json(o, model, r));
+  return json{{"levels", std::move(levels)}};
+}
+
+Status write_json(const BenchOptions& o, const json& report) {
   std::ofstream f(o.json_path);
-  f << json{{"levels", std::move(levels)}}.dump(2) << "\n";
+  f << report.dump(2) << "\n";
   f.close();
   if (!f) return internal_error("cannot write " + o.json_path);
   return Status::Ok();
@@ -609,8 +617,11 @@ int run_bench(BenchOptions o) {
     if (runs.back().summary.successful == 0) all_failed = levels[i].label();
   }
   print_table(o, model, runs);
+  const json report = report_json(o, model, runs);
   if (!o.json_path.empty())
-    if (Status s = write_json(o, model, runs); !s.ok()) return fail(s);
+    if (Status s = write_json(o, report); !s.ok()) return fail(s);
+  if (!o.html_path.empty())
+    if (Status s = write_bench_report_html(report, o.html_path); !s.ok()) return fail(s);
   if (!all_failed.empty()) {
     const auto& errors = runs.back().summary.errors;
     const auto top = std::max_element(errors.begin(), errors.end(),
@@ -624,7 +635,8 @@ int run_bench(BenchOptions o) {
 }  // namespace
 
 void add_bench_command(CLI::App& app, Subcommands& commands) {
-  CLI::App* bench = app.add_subcommand("bench", "benchmarks (bench serve: load-test an OpenAI-compatible server)");
+  CLI::App* bench = app.add_subcommand(
+      "bench", "benchmarks (bench serve: load-test an OpenAI-compatible server; bench report: its HTML page)");
   bench->require_subcommand(1);
   auto o = std::make_shared<BenchOptions>();
   CLI::App* cmd = bench->add_subcommand(
@@ -652,7 +664,17 @@ void add_bench_command(CLI::App& app, Subcommands& commands) {
   cmd->add_option("--api-key", o->api_key, "sent as Authorization: Bearer KEY");
   cmd->add_option("--timeout", o->timeout_s, "seconds to wait for each read of a response (default 600)")->check(CLI::PositiveNumber);
   cmd->add_option("--json", o->json_path, "write every level's config, summary and requests to this file");
+  cmd->add_option("--html", o->html_path, "write a self-contained HTML report (charts, table) to this file");
   commands.emplace_back(cmd, [o] { return run_bench(*o); });
+
+  auto paths = std::make_shared<std::pair<std::string, std::string>>();  // JSON in, HTML out
+  CLI::App* report = bench->add_subcommand("report", "the HTML report of an earlier bench serve --json file");
+  report->add_option("--json", paths->first, "a JSON report of kiln bench serve --json")->required();
+  report->add_option("--html", paths->second, "the HTML file to write")->required();
+  commands.emplace_back(report, [paths] {
+    if (Status s = bench_report_from_file(paths->first, paths->second); !s.ok()) return fail(s);
+    return 0;
+  });
 }
 
 }  // namespace kiln::cli

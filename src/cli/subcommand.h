@@ -16,6 +16,6 @@ void add_inspect_command(CLI::App& app, Subcommands& commands);  // inspect_comm
 void add_doctor_command(CLI::App& app, Subcommands& commands);   // doctor_command.cpp
 struct ServeHooks;
 void add_serve_command(CLI::App& app, Subcommands& commands, const ServeHooks& hooks);  // serve_command.cpp
-void add_bench_command(CLI::App& app, Subcommands& commands);  // bench_serve.cpp: bench serve
+void add_bench_command(CLI::App& app, Subcommands& commands);  // bench_serve.cpp: bench serve, bench report
 
 }  // namespace kiln::cli
