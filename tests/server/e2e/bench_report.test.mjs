@@ -12,10 +12,8 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
-import { startServer, requirePeer } from "./harness.mjs";
+import { startServer, launchChromium } from "./harness.mjs";
 
-const { chromium } = requirePeer("playwright-core");
-const CHROMIUM = process.env.KILN_CHROMIUM || "/usr/bin/chromium";
 const KILN = process.env.KILN_TEST_SERVER;  // the kiln CLI (with test hooks): bench serve / report too
 
 const LEVELS = [1, 4, 8];
@@ -27,15 +25,9 @@ let browser;
 let dir;
 
 before(async () => {
-  assert.ok(fs.existsSync(CHROMIUM), `no browser at ${CHROMIUM} (scripts/install-deps installs Debian's chromium)`);
   dir = fs.mkdtempSync(path.join(os.tmpdir(), "kiln-bench-report-"));
   server = await startServer();
-  browser = await chromium.launch({
-    executablePath: CHROMIUM,
-    headless: true,
-    args: ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-           "--disable-sync", "--no-first-run"],
-  });
+  browser = await launchChromium();
 });
 after(async () => {
   await browser?.close();

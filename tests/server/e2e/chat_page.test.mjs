@@ -4,27 +4,16 @@
 // errors. KILN_SCREENSHOT=FILE saves a screenshot of the page after a reply.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import fs from "node:fs";
-import { startServer, requirePeer, metric, eventually } from "./harness.mjs";
+import { startServer, launchChromium, metric, eventually } from "./harness.mjs";
 
-const { chromium } = requirePeer("playwright-core");
-const CHROMIUM = process.env.KILN_CHROMIUM || "/usr/bin/chromium";
 
 let server;
 let browser;
 const consoleErrors = [];
 
 before(async () => {
-  assert.ok(fs.existsSync(CHROMIUM), `no browser at ${CHROMIUM} (scripts/install-deps installs Debian's chromium)`);
   server = await startServer();
-  // As root in a container Chromium needs --no-sandbox; the network flags keep it from
-  // calling out (this machine has no network).
-  browser = await chromium.launch({
-    executablePath: CHROMIUM,
-    headless: true,
-    args: ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-           "--disable-sync", "--no-first-run"],
-  });
+  browser = await launchChromium();
 });
 after(async () => {
   await browser?.close();

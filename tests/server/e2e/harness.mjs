@@ -5,6 +5,7 @@
 //   ... fetch(server.url + "/v1/models") ...
 //   await server.stop();
 import { spawn } from "node:child_process";
+import fs from "node:fs";
 import path from "node:path";
 import { createRequire } from "node:module";
 
@@ -104,4 +105,20 @@ export async function readSse(response) {
     if (data !== null) events.push({ event, data });
   }
   return events;
+}
+
+// Headless Debian Chromium through playwright-core (KILN_CHROMIUM overrides the path). As
+// root in a container it needs --no-sandbox; the network flags keep it from calling out
+// (these machines have no network).
+export async function launchChromium() {
+  const executablePath = process.env.KILN_CHROMIUM || "/usr/bin/chromium";
+  if (!fs.existsSync(executablePath))
+    throw new Error(`no browser at ${executablePath} (scripts/install-deps installs Debian's chromium)`);
+  const { chromium } = requirePeer("playwright-core");
+  return chromium.launch({
+    executablePath,
+    headless: true,
+    args: ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+           "--disable-sync", "--no-first-run"],
+  });
 }
