@@ -40,7 +40,8 @@ struct EngineOptions {
   bool enable_prefix_caching = true;
   // KV cache size. 0: on a GPU, gpu_memory_utilization of what is free after the weights
   // and a measured activation peak; on the CPU, enough for max_num_seqs full-length
-  // sequences, at most kDefaultCpuKvBytes (and at least one full-length sequence).
+  // sequences, at most kDefaultCpuKvBytes. A default max_model_len longer than the cache
+  // holds is lowered to it; an explicit one is an error.
   int64_t kv_cache_bytes = 0;
   float gpu_memory_utilization = 0.9f;
   // Weight loading progress: checkpoint bytes bound so far, of the total.

@@ -85,9 +85,8 @@ Schedule Scheduler::schedule(BlockManager& blocks) {
     // At least the last token is computed: its logits give the next token.
     const PrefixMatch match = blocks.match_prefix(s->tokens, s->n_tokens() - 1);
     const int32_t n_new = cap(s->n_tokens() - match.n_tokens);
-    BlockTable probe;
-    probe.blocks.resize(match.blocks.size());
-    const int32_t need = blocks.blocks_needed(probe, match.n_tokens + n_new) + match.n_free;
+    const int32_t bs = blocks.block_size();
+    const int32_t need = (match.n_tokens + n_new + bs - 1) / bs - int32_t(match.blocks.size()) + match.n_free;
     if (!blocks.can_allocate(need)) break;
     blocks.count_lookup(s->n_tokens(), match.n_tokens);
     blocks.allocate(s->table, match, match.n_tokens + n_new);

@@ -69,7 +69,7 @@ std::string JobRun::pump(std::chrono::milliseconds timeout) {
 }
 
 std::string JobRun::finish() {
-  Usage usage{.prompt_tokens = prompt_tokens_ * 1};
+  Usage usage{.prompt_tokens = prompt_tokens_};
   for (const SampleText& s : samples_) usage.completion_tokens += s.n_tokens();
   return job_.writer->finish(usage, samples_);
 }

@@ -46,20 +46,10 @@ void expect_divergence_explained(runtime::Engine& ref, const std::vector<int32_t
                                  const std::vector<int32_t>& got, const std::vector<int32_t>& want, double margin,
                                  const std::string& what) {
   if (got == want) return;
-  size_t i = 0;
-  while (i < got.size() && i < want.size() && got[i] == want[i]) ++i;
-  std::vector<int32_t> seq = prompt;
-  seq.insert(seq.end(), want.begin(), want.begin() + long(i));
-  auto l = ref.logits(seq);
-  ASSERT_TRUE(l.ok());
-  std::vector<float> last = l->back();
-  double max_abs = 0;
-  for (float v : last) max_abs = std::max(max_abs, double(std::abs(v)));
-  std::sort(last.begin(), last.end(), std::greater<>());
-  EXPECT_LT(last[0] - last[1], margin * max_abs) << what << ": greedy diverged at step " << i
-                                                 << " with a top-2 margin of " << last[0] - last[1];
-  std::printf("%s: greedy diverged at step %zu, top-2 margin %.4g (a near-tie)\n", what.c_str(), i,
-              double(last[0] - last[1]));
+  const gpu_testing::Divergence d = gpu_testing::first_divergence(ref, prompt, got, want);
+  EXPECT_LT(d.margin, margin) << what << ": greedy diverged at step " << d.at << " with a top-2 margin of "
+                              << d.top2_gap;
+  std::printf("%s: greedy diverged at step %zu, top-2 margin %.4g (a near-tie)\n", what.c_str(), d.at, d.top2_gap);
 }
 
 class CudaFamily : public ::testing::TestWithParam<std::string> {};

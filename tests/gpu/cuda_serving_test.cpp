@@ -91,19 +91,10 @@ TEST_P(CudaServingBatch, SixtyFourRequestsEqualEachAlone) {
       ++equal;
       continue;
     }
-    size_t k = 0;
-    while (a[k] == b[k]) ++k;
-    std::vector<int32_t> seq = requests[i]->prompt;
-    seq.insert(seq.end(), b.begin(), b.begin() + long(k));
-    auto l = engine.logits(seq);
-    ASSERT_TRUE(l.ok());
-    std::vector<float> last = l->back();
-    double scale = 0.0;
-    for (float v : last) scale = std::max(scale, double(std::abs(v)));
-    std::sort(last.begin(), last.end(), std::greater<>());
-    const double margin = (last[0] - last[1]) / scale;
+    const gpu_testing::Divergence d = gpu_testing::first_divergence(engine, requests[i]->prompt, a, b);
+    const double margin = d.margin;
     worst_margin = std::max(worst_margin, margin);
-    EXPECT_LT(margin, kNearTie) << GetParam() << " request " << i << " diverged at token " << k
+    EXPECT_LT(margin, kNearTie) << GetParam() << " request " << i << " diverged at token " << d.at
                                 << " with a top-2 margin of " << margin << " of the logit scale";
   }
   const auto* cuda = dynamic_cast<const cuda::CudaBackend*>(&engine.backend());

@@ -3,8 +3,10 @@
 // bf16-representable random inputs, poisoned outputs and host copies.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <random>
 #include <vector>
@@ -13,6 +15,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
+#include "runtime/engine.h"
 
 namespace kiln::gpu_testing {
 
@@ -74,5 +77,32 @@ class GpuTest : public ::testing::Test {
   std::mt19937 rng_{1234};
   std::unique_ptr<ops::Backend> gpu_, cpu_;
 };
+
+// Where two greedy continuations of `prompt` part (first differing token), and the top-2
+// margin of `ref`'s logits there as a fraction of their largest |logit|: a near-tie when
+// small. Returns {got.size(), 0} when they do not part.
+struct Divergence {
+  size_t at = 0;
+  double margin = 0.0;       // (top1 - top2) / max|logit|
+  double top2_gap = 0.0;     // top1 - top2
+};
+inline Divergence first_divergence(runtime::Engine& ref, const std::vector<int32_t>& prompt,
+                                   const std::vector<int32_t>& got, const std::vector<int32_t>& want) {
+  Divergence d;
+  while (d.at < got.size() && d.at < want.size() && got[d.at] == want[d.at]) ++d.at;
+  if (got == want) return d;
+  std::vector<int32_t> seq = prompt;
+  seq.insert(seq.end(), want.begin(), want.begin() + long(d.at));
+  auto l = ref.logits(seq);
+  EXPECT_TRUE(l.ok()) << l.status().to_string();
+  if (!l.ok()) return d;
+  std::vector<float> last = l->back();
+  double scale = 0.0;
+  for (float v : last) scale = std::max(scale, double(std::abs(v)));
+  std::sort(last.begin(), last.end(), std::greater<>());
+  d.top2_gap = double(last[0] - last[1]);
+  d.margin = d.top2_gap / scale;
+  return d;
+}
 
 }  // namespace kiln::gpu_testing

@@ -18,10 +18,10 @@
 
 #include <gtest/gtest.h>
 
-#include "tokenizer/peer_util.h"
 #include <nlohmann/json.hpp>
 
 #include "tokenizer/chat_template.h"
+#include "tokenizer/peer_util.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kiln {
