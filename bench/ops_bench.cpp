@@ -277,6 +277,7 @@ class Bench {
     return std::move(be).value();
   }
 
+  int iters() const { return o_.iters; }
   bool wanted(const Case& c) const { return o_.only.empty() || c.label().find(o_.only) != std::string::npos; }
 
   // Median wall time of op() + synchronize(), L2 flushed before each call.
@@ -294,7 +295,11 @@ class Bench {
   void run(ops::Backend& be, const ops::BatchMeta& batch, const Case& c, const std::function<void()>& op) {
     if (!wanted(c)) return;
     std::fprintf(stderr, "ops_bench: %s\n", c.label().c_str());
-    const Timing t = time(be, batch, op);
+    report(c, time(be, batch, op));
+  }
+
+  // Prints the table row of a case timed as `t`.
+  void report(const Case& c, const Timing& t) {
     std::string achieved, fraction;
     if (c.flops > 0.0) {
       const double tflops = c.flops / (t.us * 1e6);
@@ -632,6 +637,125 @@ void bench_moe_model(Bench& b, const MoeModel& m) {
   }
 }
 
+// ---- moe over quantized experts (decode) ---------------------------------------------
+//
+// Decode reads each chosen expert's packed weights once; the question is how close to
+// the copy bandwidth that runs. One call reads a few MB, of the order of the L2, so
+// here a step is `layers` MoE layers with their own expert sets (together > 4 x the
+// L2: no layer finds another's weights cached) recorded as one CUDA graph by
+// Backend::run_step, as a decode step is, and timed over many replays on the host:
+// time per layer = wall time / (replays x layers). No flush is needed, no host launch
+// cost is counted. Codes are random bytes; scales a constant (the kernels' speed does
+// not depend on the values).
+
+struct QuantFormatCase {
+  const char* name;
+  kiln::formats::QuantKind kind;
+  int bits, group, scale_bytes;
+  DType scale_dtype;
+  uint8_t scale_byte;  // memset value of every scale
+};
+
+constexpr QuantFormatCase kQuantFormats[] = {
+    {"mxfp4", kiln::formats::QuantKind::kMxfp4, 4, 32, 1, DType::kE8M0, 0x7a},          // 2^-5
+    {"nvfp4", kiln::formats::QuantKind::kNvfp4, 4, 16, 1, DType::kF8E4M3, 0x38},        // 1.0 (x scale2)
+    {"int4 g32", kiln::formats::QuantKind::kInt4Group, 4, 32, 2, DType::kBF16, 0x3c},   // 0.0115
+    {"fp8 block", kiln::formats::QuantKind::kFp8Block, 8, 128, 4, DType::kF32, 0x3c},  // 0.0115
+};
+
+// n_experts packed [n_out, n_in] weights in one device allocation (views per expert),
+// as CudaBackend::upload_quantized lays them out (backends/cuda/quant_pack.h).
+std::vector<kiln::formats::QuantizedTensor> packed_experts(Bench& b, ops::Backend& be, const QuantFormatCase& f,
+                                                           int64_t n_experts, int64_t n_out, int64_t n_in,
+                                                           double* bytes_per_expert) {
+  const int64_t kp = (n_in + 127) / 128 * 128, code_row = kp * f.bits / 8, scale_row = kp / f.group * f.scale_bytes;
+  // Codes: random bytes from the weight pool (a bf16 tensor of the same bytes).
+  Tensor codes = b.fill.weight(be, {n_experts, n_out, code_row / 2});
+  Tensor scales = be.alloc(DType::kU8, {n_experts, n_out, scale_row});
+  KILN_CUDA_CHECK(cudaMemset(scales.data, f.scale_byte, scales.nbytes()));
+  Tensor scale2;
+  if (f.kind == kiln::formats::QuantKind::kNvfp4) scale2 = b.fill.vector(be, 1, 1.0f / 64, 1.0f / 64);
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<kiln::formats::QuantizedTensor> out;
+  for (int64_t e = 0; e < n_experts; ++e) {
+    kiln::formats::QuantizedTensor q{.kind = f.kind, .n_out = n_out, .n_in = n_in, .block_n = 128, .block_k = f.group};
+    q.packed_group = f.group;
+    q.data = Tensor{.data = static_cast<char*>(codes.data) + e * n_out * code_row, .dtype = DType::kU8,
+                    .shape = {n_out, code_row}, .device = kiln::Device::kCuda, .owner = codes.owner};
+    q.scale = Tensor{.data = static_cast<char*>(scales.data) + e * n_out * scale_row, .dtype = f.scale_dtype,
+                     .shape = {n_out, scale_row / f.scale_bytes}, .device = kiln::Device::kCuda,
+                     .owner = scales.owner};
+    q.scale2 = scale2;
+    out.push_back(std::move(q));
+  }
+  *bytes_per_expert = double(n_out * (code_row + scale_row));
+  return out;
+}
+
+void bench_quant_moe(Bench& b, const MoeModel& m, const QuantFormatCase& f) {
+  const std::string shape = std::string(m.name) + " " + f.name + ": " + str(m.n_experts) + " experts top-" +
+                            str(m.top_k) + ", d_model " + str(m.d_model) + ", d_ff " + str(m.d_ff);
+  if (!any_wanted(b, "moe (quantized, graph)", shape, {1, 8})) return;
+  auto be = b.backend();
+  const int64_t E = m.n_experts, d = m.d_model, ff = m.d_ff;
+  const double per_param = (f.bits + 8.0 * f.scale_bytes / f.group) / 8.0;
+  const double set_gb = per_param * 3.0 * double(E * d * ff) / 1e9;
+  // Layers: enough that one step's experts exceed 4 x a 50 MB L2 even at one row.
+  const double one_row_bytes = per_param * 3.0 * double(d * ff) * double(m.top_k);
+  const int layers = int(std::clamp(std::ceil(200e6 / one_row_bytes), 2.0, 16.0));
+  std::fprintf(stderr, "ops_bench: building %d layers of %s %s experts (%.1f GB each)\n", layers, m.name, f.name, set_gb);
+  std::vector<ops::MoeExperts> sets(static_cast<size_t>(layers));
+  double gate_bytes = 0.0, down_bytes = 0.0;
+  for (ops::MoeExperts& ex : sets) {
+    ex.d_ff = ff;
+    ex.gate_up_interleaved = m.gpt_oss_layout;
+    auto add = [&](std::vector<ops::Weight>& list, int64_t n_out, int64_t n_in, double* bytes) {
+      for (auto& q : packed_experts(b, *be, f, E, n_out, n_in, bytes)) list.push_back(ops::Weight{.quant = q});
+    };
+    if (m.gpt_oss_layout) {
+      add(ex.gate_up, 2 * ff, d, &gate_bytes);
+      gate_bytes /= 2;  // per matrix of d_ff rows, as below
+    } else {
+      add(ex.gate, ff, d, &gate_bytes);
+      add(ex.up, ff, d, &gate_bytes);
+    }
+    add(ex.down, d, ff, &down_bytes);
+  }
+  const double expert_bytes = 2.0 * gate_bytes + down_bytes;
+  std::vector<float> router_bias_host, correction_host;
+  ops::Weight router{.data = b.fill.weight(*be, {E, d})};
+  if (m.router_bias) router.bias = b.fill.vector(*be, E, -0.1f, 0.1f, &router_bias_host);
+  const Tensor correction = m.correction_bias ? b.fill.vector(*be, E, -0.05f, 0.05f, &correction_host) : Tensor{};
+  const double router_bytes = 2.0 * double(E * d);
+  for (int64_t rows : {1, 8}) {
+    Case c{.op = "moe (quantized, graph)", .shape = shape, .rows = rows};
+    if (!b.wanted(c)) continue;
+    Tensor x = b.fill.activation(*be, {rows, d});
+    std::vector<Tensor> outs;
+    for (int l = 0; l < layers; ++l) outs.push_back(be->alloc(DType::kBF16, {rows, d}));
+    const int64_t n_used = distinct_experts(*be, x, router, router_bias_host, correction_host, m.routing);
+    c.bytes = double(n_used) * expert_bytes + router_bytes + 2.0 * 2.0 * double(rows * d);
+    c.note = str(n_used) + " distinct experts; " + str(layers) + " layers per graph";
+    // Decode-shaped: `rows` sequences of one new token each (run_step records those).
+    const ops::BatchMeta batch = paged_batch(int(rows), 16, 1, 16, b.fill.rng());
+    const auto step = [&] {
+      for (int l = 0; l < layers; ++l)
+        be->moe({.x = x, .router = &router, .correction_bias = correction, .experts = &sets[size_t(l)],
+                 .routing = m.routing, .glu = m.glu, .out = outs[size_t(l)]});
+      return outs.back();
+    };
+    for (int i = 0; i < 3; ++i) be->run_step(batch, 1, step);  // eager, record, replay
+    be->synchronize();
+    const int replays = std::max(10, b.iters() * 5);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < replays; ++i) be->run_step(batch, 1, step);
+    be->synchronize();
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+                      double(replays * layers);
+    b.report(c, Timing{.us = us, .iters = b.iters()});
+  }
+}
+
 // ---- mla_attention --------------------------------------------------------------------
 
 void bench_mla(Bench& b, const char* model, int64_t n_heads) {
@@ -735,6 +859,8 @@ int main(int argc, char** argv) {
     bench_sample(b, *be);
   }
   for (const MoeModel& m : kMoeModels) bench_moe_model(b, m);
+  for (const MoeModel& m : kMoeModels)
+    for (const QuantFormatCase& f : kQuantFormats) bench_quant_moe(b, m, f);
   bench_mla(b, "DeepSeek-V3", 128);
   bench_mla(b, "Kimi-K2", 64);
 

@@ -37,6 +37,7 @@ std::string_view quant_kind_name(QuantKind k) {
 
 void dequantize_row(const QuantizedTensor& q, int64_t o, float* out) {
   KILN_CHECK(o >= 0 && o < q.n_out) << "row " << o << " of " << q.n_out;
+  KILN_CHECK_EQ(q.packed_group, 0) << "dequantize_row of a backend's packed layout";
   const int64_t n_in = q.n_in;
   switch (q.kind) {
     case QuantKind::kFp8Block: {

@@ -34,6 +34,10 @@ struct QuantizedTensor {
   Tensor data;
   Tensor scale;
   Tensor scale2;  // kNvfp4 global scale (fp32 scalar)
+  // > 0: data and scale are in a backend's own packed layout, with this many inputs per
+  // scale (Backend::upload_quantized; the CUDA layout is backends/cuda/quant_pack.h):
+  // only that backend's ops read them, and dequantize_row does not apply.
+  int32_t packed_group = 0;
 
   bool defined() const { return kind != QuantKind::kNone; }
   // Bytes of packed data + scales.

@@ -45,6 +45,12 @@ Tensor WeightLoader::generated(const std::string& name, const Shape& shape) {
 
 Result<Tensor> WeightLoader::typed(const std::string& name, std::initializer_list<DType> dtypes,
                                    const Shape& shape) {
+  KILN_ASSIGN_OR_RETURN(Tensor t, host_typed(name, dtypes, shape));
+  return uploaded(t);
+}
+
+Result<Tensor> WeightLoader::host_typed(const std::string& name, std::initializer_list<DType> dtypes,
+                                        const Shape& shape) {
   if (ckpt_ == nullptr) return unsupported("dummy weights are bf16; " + name + " would be quantized");
   KILN_ASSIGN_OR_RETURN(Tensor t, ckpt_->get(name, shape));
   bool ok = false;
@@ -54,7 +60,14 @@ Result<Tensor> WeightLoader::typed(const std::string& name, std::initializer_lis
                    dtype_list(dtypes));
   }
   used_.insert(name);
-  return uploaded(t);
+  return t;
+}
+
+Result<formats::QuantizedTensor> WeightLoader::uploaded(const formats::QuantizedTensor& q) {
+  KILN_ASSIGN_OR_RETURN(formats::QuantizedTensor out, backend_.upload_quantized(q));
+  bytes_done_ += uint64_t(q.nbytes());
+  if (progress_) progress_(bytes_done_, ckpt_->total_bytes());
+  return out;
 }
 
 Result<Tensor> WeightLoader::tensor(const std::string& name, const Shape& shape) {
@@ -122,42 +135,42 @@ Result<formats::QuantizedTensor> WeightLoader::quantized(const std::string& p, i
     case QuantKind::kFp8Block: {
       q.block_n = quant_.block_n;
       q.block_k = quant_.block_k;
-      KILN_ASSIGN_OR_RETURN(q.data, typed(p + ".weight", {DType::kF8E4M3}, {n_out, n_in}));
+      KILN_ASSIGN_OR_RETURN(q.data, host_typed(p + ".weight", {DType::kF8E4M3}, {n_out, n_in}));
       // DeepSeek's native name is weight_scale_inv (multiplied despite the name).
       const std::string scale = quant_.method == "fp8" ? p + ".weight_scale_inv" : p + ".weight_scale";
-      KILN_ASSIGN_OR_RETURN(q.scale, typed(scale, float_scale, {ceil_div(n_out, q.block_n), ceil_div(n_in, q.block_k)}));
-      return q;
+      KILN_ASSIGN_OR_RETURN(q.scale, host_typed(scale, float_scale, {ceil_div(n_out, q.block_n), ceil_div(n_in, q.block_k)}));
+      return uploaded(q);
     }
     case QuantKind::kFp8Channel: {
-      KILN_ASSIGN_OR_RETURN(q.data, typed(p + ".weight", {DType::kF8E4M3}, {n_out, n_in}));
-      KILN_ASSIGN_OR_RETURN(q.scale, typed(p + ".weight_scale", float_scale, {n_out, 1}));
-      return q;
+      KILN_ASSIGN_OR_RETURN(q.data, host_typed(p + ".weight", {DType::kF8E4M3}, {n_out, n_in}));
+      KILN_ASSIGN_OR_RETURN(q.scale, host_typed(p + ".weight_scale", float_scale, {n_out, 1}));
+      return uploaded(q);
     }
     case QuantKind::kFp8Tensor: {
-      KILN_ASSIGN_OR_RETURN(q.data, typed(p + ".weight", {DType::kF8E4M3}, {n_out, n_in}));
+      KILN_ASSIGN_OR_RETURN(q.data, host_typed(p + ".weight", {DType::kF8E4M3}, {n_out, n_in}));
       const formats::TensorInfo* info = ckpt_->info(p + ".weight_scale");
       const Shape s = info && info->shape.rank == 0 ? Shape{} : Shape{1};
-      KILN_ASSIGN_OR_RETURN(q.scale, typed(p + ".weight_scale", float_scale, s));
-      return q;
+      KILN_ASSIGN_OR_RETURN(q.scale, host_typed(p + ".weight_scale", float_scale, s));
+      return uploaded(q);
     }
     case QuantKind::kNvfp4: {
       KILN_RETURN_IF_ERROR(need_divisible(16, "NVFP4"));
-      KILN_ASSIGN_OR_RETURN(q.data, typed(p + ".weight", {DType::kU8}, {n_out, n_in / 2}));
-      KILN_ASSIGN_OR_RETURN(q.scale, typed(p + ".weight_scale", {DType::kF8E4M3}, {n_out, n_in / 16}));
+      KILN_ASSIGN_OR_RETURN(q.data, host_typed(p + ".weight", {DType::kU8}, {n_out, n_in / 2}));
+      KILN_ASSIGN_OR_RETURN(q.scale, host_typed(p + ".weight_scale", {DType::kF8E4M3}, {n_out, n_in / 16}));
       const formats::TensorInfo* info = ckpt_->info(p + ".weight_scale_2");
       const Shape s = info && info->shape.rank == 0 ? Shape{} : Shape{1};
-      KILN_ASSIGN_OR_RETURN(q.scale2, typed(p + ".weight_scale_2", {DType::kF32}, s));
+      KILN_ASSIGN_OR_RETURN(q.scale2, host_typed(p + ".weight_scale_2", {DType::kF32}, s));
       // The static activation scale is for FP4 activations; the reference computes
       // activations in fp32 and does not use it.
       if (has(p + ".input_scale")) used_.insert(p + ".input_scale");
-      return q;
+      return uploaded(q);
     }
     case QuantKind::kInt4Group: {
       const int64_t group = quant_.group_size;
       q.block_k = int32_t(group);
       KILN_RETURN_IF_ERROR(need_divisible(group, "INT4"));
-      KILN_ASSIGN_OR_RETURN(q.data, typed(p + ".weight_packed", {DType::kI32}, {n_out, ceil_div(n_in, 8)}));
-      KILN_ASSIGN_OR_RETURN(q.scale, typed(p + ".weight_scale", float_scale, {n_out, n_in / group}));
+      KILN_ASSIGN_OR_RETURN(q.data, host_typed(p + ".weight_packed", {DType::kI32}, {n_out, ceil_div(n_in, 8)}));
+      KILN_ASSIGN_OR_RETURN(q.scale, host_typed(p + ".weight_scale", float_scale, {n_out, n_in / group}));
       if (has(p + ".weight_zero_point")) {
         return unsupported(p + ".weight_zero_point: asymmetric INT4 is not supported");
       }
@@ -174,7 +187,7 @@ Result<formats::QuantizedTensor> WeightLoader::quantized(const std::string& p, i
         }
         used_.insert(p + ".weight_shape");
       }
-      return q;
+      return uploaded(q);
     }
     case QuantKind::kMxfp4:
     case QuantKind::kNone: break;
@@ -188,8 +201,9 @@ Result<std::vector<formats::QuantizedTensor>> WeightLoader::mxfp4_experts(const 
   if (n_in % 32 != 0) {
     return corrupt("MXFP4 group size 32 does not divide the input size " + std::to_string(n_in) + " of " + name);
   }
-  KILN_ASSIGN_OR_RETURN(Tensor blocks, typed(name + "_blocks", {DType::kU8}, {n_experts, n_out, n_in / 32, 16}));
-  KILN_ASSIGN_OR_RETURN(Tensor scales, typed(name + "_scales", {DType::kU8, DType::kE8M0}, {n_experts, n_out, n_in / 32}));
+  KILN_ASSIGN_OR_RETURN(Tensor blocks, host_typed(name + "_blocks", {DType::kU8}, {n_experts, n_out, n_in / 32, 16}));
+  KILN_ASSIGN_OR_RETURN(Tensor scales,
+                        host_typed(name + "_scales", {DType::kU8, DType::kE8M0}, {n_experts, n_out, n_in / 32}));
   std::vector<formats::QuantizedTensor> out;
   for (int64_t e = 0; e < n_experts; ++e) {
     formats::QuantizedTensor q;
@@ -198,7 +212,9 @@ Result<std::vector<formats::QuantizedTensor>> WeightLoader::mxfp4_experts(const 
     q.n_in = n_in;
     q.data = blocks.index0(e);
     q.scale = scales.index0(e);
-    out.push_back(std::move(q));
+    auto u = uploaded(q);
+    if (!u.ok()) return u.status().with_context(name + " (MXFP4 experts)");
+    out.push_back(std::move(u).value());
   }
   return out;
 }

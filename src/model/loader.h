@@ -57,6 +57,10 @@ class WeightLoader {
  private:
   // A tensor of exactly `dtype` (one of `dtypes`) and `shape`, uploaded.
   Result<Tensor> typed(const std::string& name, std::initializer_list<DType> dtypes, const Shape& shape);
+  // The same checks, the checkpoint's host tensor (a quantized weight's parts, uploaded together).
+  Result<Tensor> host_typed(const std::string& name, std::initializer_list<DType> dtypes, const Shape& shape);
+  // A quantized weight's host tensors made the backend's (Backend::upload_quantized).
+  Result<formats::QuantizedTensor> uploaded(const formats::QuantizedTensor& q);
   Result<formats::QuantizedTensor> quantized(const std::string& prefix, int64_t n_out, int64_t n_in);
 
   WeightLoader(ops::Backend& backend, uint64_t seed) : ckpt_(nullptr), backend_(backend), dummy_seed_(seed) {}

@@ -334,6 +334,16 @@ class Backend {
     begin_step(batch);
     return ops();
   }
+  // A quantized weight in its checkpoint layout (host tensors, formats/quant.h) made
+  // usable by this backend's ops. The default uploads each tensor as it is (the CPU
+  // reference reads the checkpoint layout); a GPU backend repacks it into its kernels'
+  // layout (QuantizedTensor::packed_group > 0) or says which format or shape it cannot run.
+  virtual Result<formats::QuantizedTensor> upload_quantized(const formats::QuantizedTensor& q) {
+    formats::QuantizedTensor out = q;
+    for (Tensor* t : {&out.data, &out.scale, &out.scale2})
+      if (t->defined()) *t = upload(*t);
+    return out;
+  }
   // Whether this backend can compute with `w` (its dtype / quantized format);
   // checked at load so an unsupported checkpoint fails with a clear error.
   virtual Status supports(const Weight& w) const { return Status::Ok(); }

@@ -190,6 +190,10 @@ TEST_P(CudaFamily, BatchedDecodeWithGraphsEqualsEager) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFamily, ::testing::ValuesIn(testing::all_fixtures()),
                          [](const auto& info) { return info.param; });
+// The quantized checkpoints (FP8 block / channel, NVFP4, INT4, MXFP4) on the packed
+// quantized GEMMs, against the CPU reference's exact dequantization.
+INSTANTIATE_TEST_SUITE_P(Quantized, CudaFamily, ::testing::ValuesIn(testing::quant_fixtures()),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace kiln

@@ -228,7 +228,7 @@ void CpuBackend::mla_attention(const ops::MlaArgs& a) {
       // q_lat[c] = sum_d q_nope[d] W_uk[h][d, c], ascending d.
       std::fill(q_lat.begin(), q_lat.end(), 0.0f);
       for (int64_t d = 0; d < d_nope; ++d) {
-        weight_row(kv_b, uk_row + d, uk.data());
+        weight_row(kv_b, uk_row + d, uk.data(), bf16_activations_);
         for (int64_t c = 0; c < d_latent; ++c) q_lat[c] += qn[d] * uk[c];
       }
 
@@ -249,7 +249,7 @@ void CpuBackend::mla_attention(const ops::MlaArgs& a) {
         for (int64_t c = 0; c < d_latent; ++c) o_lat[c] += scores[j] * cj[c];
       }
       float* o = a.out.as<float>() + (t * n_heads + h) * d_v;
-      matvec(kv_b, o_lat.data(), o, uv_row, uv_row + d_v);
+      matvec(kv_b, o_lat.data(), o, uv_row, uv_row + d_v, bf16_activations_);
     }
   });
   round_output(a.out);

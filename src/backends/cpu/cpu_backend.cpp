@@ -76,22 +76,32 @@ void matvec_typed(const ops::Weight& w, const float* x, float* y, int64_t o_begi
 
 }  // namespace
 
-void weight_row(const ops::Weight& w, int64_t o, float* out) {
+namespace {
+
+void dequantize_row_as(const formats::QuantizedTensor& q, int64_t o, float* out, bool bf16_tiles) {
+  formats::dequantize_row(q, o, out);
+  if (!bf16_tiles || q.kind == formats::QuantKind::kMxfp4 || q.kind == formats::QuantKind::kNvfp4) return;
+  for (int64_t i = 0; i < q.n_in; ++i) out[i] = bf16_to_f32(f32_to_bf16(out[i]));
+}
+
+}  // namespace
+
+void weight_row(const ops::Weight& w, int64_t o, float* out, bool bf16_tiles) {
   if (w.quantized()) {
-    formats::dequantize_row(w.quant, o, out);
+    dequantize_row_as(w.quant, o, out, bf16_tiles);
     return;
   }
   const int64_t n_in = w.n_in(), n_out = w.n_out();
   for (int64_t i = 0; i < n_in; ++i) out[i] = load_f32(w.data, w.transposed ? i * n_out + o : o * n_in + i);
 }
 
-void matvec(const ops::Weight& w, const float* x, float* y, int64_t o_begin, int64_t o_end) {
+void matvec(const ops::Weight& w, const float* x, float* y, int64_t o_begin, int64_t o_end, bool bf16_tiles) {
   if (w.quantized()) {
     // Dequantize one row at a time (block by block of the format), then the same
     // ascending-i fp32 dot product as the dense path.
     std::vector<float> row(size_t(w.n_in()));
     for (int64_t o = o_begin; o < o_end; ++o) {
-      formats::dequantize_row(w.quant, o, row.data());
+      dequantize_row_as(w.quant, o, row.data(), bf16_tiles);
       float acc = 0.0f;
       for (int64_t i = 0; i < w.n_in(); ++i) acc += x[i] * row[size_t(i)];
       y[o - o_begin] = acc;
@@ -219,7 +229,7 @@ void CpuBackend::linear(const ops::LinearArgs& a) {
   const float* x = a.x.as<float>();
   float* out = a.out.as<float>();
   pool_.parallel_for(n_out, [&](int64_t o0, int64_t o1) {
-    for (int64_t t = 0; t < n_tokens; ++t) matvec(*a.w, x + t * n_in, out + t * n_out + o0, o0, o1);
+    for (int64_t t = 0; t < n_tokens; ++t) matvec(*a.w, x + t * n_in, out + t * n_out + o0, o0, o1, bf16_activations_);
   }, 16);
   round_output(a.out);
 }

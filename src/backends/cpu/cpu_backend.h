@@ -16,7 +16,9 @@ struct CpuOptions {
   // memory; each op still computes in fp32). This is the reference for a backend
   // whose activations are bf16: it rounds at the same op boundaries, so the
   // comparison measures the kernels, not the storage precision (otherwise a
-  // near-tie in MoE routing flips on bf16 noise alone).
+  // near-tie in MoE routing flips on bf16 noise alone). Quantized weights are read
+  // as such a backend's tiles hold them (weight_row in cpu_internal.h: INT4 and FP8
+  // values rounded to bf16).
   bool bf16_activations = false;
 };
 

@@ -38,13 +38,17 @@ inline float load_f32(const Tensor& t, int64_t i) { return load_f32(t.data, t.dt
 void check_weight(const ops::Weight& w, const char* what);
 
 // Logical row o of a weight (W[o, 0..n_in)) as fp32, dense or quantized (the
-// scalar dequant reference of formats/quant.h).
-void weight_row(const ops::Weight& w, int64_t o, float* out);
+// scalar dequant reference of formats/quant.h). bf16_tiles: a quantized row as a
+// bf16 GPU pipeline holds it (the bf16-activation mode): value * scale rounded to
+// bf16 (exact for MXFP4 and NVFP4, whose global scale a kernel applies in fp32 to
+// its result; one rounding for INT4 and FP8).
+void weight_row(const ops::Weight& w, int64_t o, float* out, bool bf16_tiles = false);
 
 // y[o] = sum_i x[i] W[o, i] (+ bias[o]) for o in [o_begin, o_end); y is indexed
 // by o (y[o_begin] is the first written). Each y[o] is an fp32 sum in ascending
 // i, so the result is the same for every storage order and every o range.
-void matvec(const ops::Weight& w, const float* x, float* y, int64_t o_begin, int64_t o_end);
+// bf16_tiles: quantized rows as weight_row gives them.
+void matvec(const ops::Weight& w, const float* x, float* y, int64_t o_begin, int64_t o_end, bool bf16_tiles = false);
 
 // Activation tensors of the reference are fp32 on the host.
 void check_activation(const Tensor& t, const char* what, int rank);

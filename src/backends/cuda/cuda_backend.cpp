@@ -54,6 +54,7 @@ CudaBackend::~CudaBackend() {
   if (batch_copied_) cudaEventDestroy(batch_copied_);
   rope_tables_.clear();
   expert_tables_.clear();
+  dequantized_.clear();
   workspace_.reset();
   release_gemm_plans();
   if (lt_) cublasLtDestroy(lt_);
@@ -220,8 +221,9 @@ const DeviceBatch& CudaBackend::batch_for(const ops::BatchMeta* b) const {
 
 Status CudaBackend::supports(const ops::Weight& w) const {
   if (w.quantized()) {
-    return unsupported("no CUDA kernel for " + std::string(formats::quant_kind_name(w.quant.kind)) +
-                       " weights yet (the CPU backend runs them)");
+    if (w.quant.packed_group > 0 && w.quant.data.device == Device::kCuda) return Status::Ok();
+    return unsupported(std::string(formats::quant_kind_name(w.quant.kind)) +
+                       " weight not packed for the CUDA kernels (upload_quantized)");
   }
   if (w.data.device != Device::kCuda || w.data.dtype != DType::kBF16) {
     return unsupported("weight of dtype " + std::string(dtype_name(w.data.dtype)) + " not uploaded as bf16");

@@ -16,6 +16,10 @@
 
 namespace kiln::cuda {
 
+// A packed quantized weight (upload_quantized) as the kernels take it.
+QuantMat quant_mat(const formats::QuantizedTensor& q);
+QuantFormat quant_format(const formats::QuantizedTensor& q);
+
 class CudaBackend final : public ops::Backend {
  public:
   CudaBackend(const DeviceInfo& info, int smem_cap, bool graphs = true);
@@ -33,6 +37,7 @@ class CudaBackend final : public ops::Backend {
   void begin_step(const ops::BatchMeta& batch) override;
   Tensor run_step(const ops::BatchMeta& batch, uint64_t key, const std::function<Tensor()>& ops) override;
   Status supports(const ops::Weight& w) const override;
+  Result<formats::QuantizedTensor> upload_quantized(const formats::QuantizedTensor& q) override;
 
   void embedding(const ops::EmbeddingArgs& a) override;
   void rms_norm(const ops::RmsNormArgs& a) override;
@@ -75,7 +80,11 @@ class CudaBackend final : public ops::Backend {
   const int32_t* device_ids(const Tensor& ids, std::vector<std::shared_ptr<void>>& keep);
   const DeviceBatch& batch_for(const ops::BatchMeta* b) const;
   const float* rope_table(const ops::RopeTable& t);
-  const ExpertWeights* expert_table(const ops::MoeExperts& ex);
+  // The device table of an expert list: ExpertWeights (bf16) or QuantExpert (packed
+  // quantized experts), made on first use.
+  const void* expert_table(const ops::MoeExperts& ex);
+  // A quantized weight as bf16 [n_out, n_in] (MLA's kv_b), made on first use.
+  const bf16* dequantized(const ops::Weight& w);
   // y [rows, n_out] = x [rows, n_in] W^T through cuBLASLt (bf16 in, fp32 accumulate).
   void gemm(const Tensor& x, const ops::Weight& w, Tensor& y);
 
@@ -113,11 +122,11 @@ class CudaBackend final : public ops::Backend {
   // against its content on every lookup (a freed object's address may be reused).
   std::map<const ops::RopeTable*, std::pair<std::vector<float>, std::shared_ptr<void>>> rope_tables_;
   struct ExpertTable {
-    std::vector<ExpertWeights> host;            // what was uploaded (the content key)
     std::vector<const void*> sources;           // host-visible identity: weight and bias data pointers
     std::vector<std::shared_ptr<void>> keep;    // the table and fp32 copies of bf16 biases
   };
   std::map<const ops::MoeExperts*, ExpertTable> expert_tables_;
+  std::map<const ops::Weight*, std::pair<const void*, Tensor>> dequantized_;  // by weight, checked by data
   std::vector<std::shared_ptr<void>> op_scratch_;  // released at begin_step
   // cuBLASLt descriptors and the chosen algorithm per GEMM shape, made once: a
   // decode step runs the same few shapes every time.

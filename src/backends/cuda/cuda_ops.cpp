@@ -52,8 +52,17 @@ void CudaBackend::rms_norm(const ops::RmsNormArgs& a) {
 void CudaBackend::linear(const ops::LinearArgs& a) {
   check_act(a.x, "linear x");
   check_act(a.out, "linear out");
+  const ops::Weight& w = *a.w;
+  if (w.quantized()) {
+    KILN_CHECK(a.x.dim(1) == w.n_in() && a.out.dim(1) == w.n_out() && a.out.dim(0) == a.x.dim(0))
+        << "linear: x " << a.x.shape << ", out " << a.out.shape << " vs weight [" << w.n_out() << ", " << w.n_in() << "]";
+    KILN_CHECK_LE(quant_gemm_smem_bytes(), smem_cap_) << "linear: the quantized GEMMs' shared memory vs --smem-cap";
+    launch_quant_linear(a.x.as<bf16>(), quant_mat(w.quant), quant_format(w.quant), vec_or_null(w.bias, "linear bias"),
+                        a.x.dim(0), w.n_out(), w.n_in(), a.out.as<bf16>(), stream_);
+    return;
+  }
   Tensor out = a.out;
-  gemm(a.x, *a.w, out);
+  gemm(a.x, w, out);
 }
 
 void CudaBackend::rope(const ops::RopeArgs& a) {
@@ -109,7 +118,10 @@ void CudaBackend::mla_attention(const ops::MlaArgs& a) {
   check_act(a.out, "mla out");
   const int n_heads = int(a.q_nope.dim(1)), d_nope = int(a.q_nope.dim(2)), d_rope = int(a.q_rope.dim(2));
   const int d_v = int(a.out.dim(2)), d_latent = int(a.latent_cache.dim(2)) - d_rope;
-  KILN_CHECK(a.kv_b->data.dtype == DType::kBF16 && !a.kv_b->bias.defined()) << "mla: kv_b must be bf16 without bias";
+  KILN_CHECK(!a.kv_b->bias.defined() && (a.kv_b->quantized() || a.kv_b->data.dtype == DType::kBF16))
+      << "mla: kv_b must be bf16 or quantized, without bias";
+  // The MLA kernels read kv_b as bf16: a quantized one is dequantized once (as vLLM does).
+  const bf16* kv_b = a.kv_b->quantized() ? dequantized(*a.kv_b) : a.kv_b->data.as<bf16>();
   MlaPath path = forced_mla_path_;
   if (path == MlaPath::kAuto) {
     const bool mma = mla_mma_supported(d_latent, d_rope) && mla_mma_smem_bytes() <= smem_cap_ && !mla_mma_disabled_;
@@ -118,7 +130,7 @@ void CudaBackend::mla_attention(const ops::MlaArgs& a) {
   const int64_t floats = int64_t(b.n_tokens) * n_heads * d_latent * 2 +
                          (path == MlaPath::kMma ? int64_t(mla_mma_scratch_floats(b, n_heads)) : 0);
   float* scratch_f = scratch<float>(floats, op_scratch_);
-  launch_mla(a.q_nope.as<bf16>(), a.q_rope.as<bf16>(), a.latent_cache.as<bf16>(), a.kv_b->data.as<bf16>(),
+  launch_mla(a.q_nope.as<bf16>(), a.q_rope.as<bf16>(), a.latent_cache.as<bf16>(), kv_b,
              a.out.as<bf16>(), scratch_f, b, n_heads, d_nope, d_rope, d_v, d_latent, a.scale, path, stream_);
 }
 
@@ -149,15 +161,13 @@ void CudaBackend::slice_columns(const ops::SliceColumnsArgs& a) {
                        stream_);
 }
 
-const ExpertWeights* CudaBackend::expert_table(const ops::MoeExperts& ex) {
+const void* CudaBackend::expert_table(const ops::MoeExperts& ex) {
   // Identity of the experts as the caller holds them: every weight and bias pointer.
   std::vector<const void*> sources;
   for (const auto* list : {&ex.gate_up, &ex.gate, &ex.up, &ex.down})
-    for (const ops::Weight& w : *list) sources.insert(sources.end(), {w.data.data, w.bias.data});
+    for (const ops::Weight& w : *list) sources.insert(sources.end(), {w.data.data, w.quant.data.data, w.bias.data});
   auto it = expert_tables_.find(&ex);
-  if (it != expert_tables_.end() && it->second.sources == sources) {
-    return static_cast<const ExpertWeights*>(it->second.keep.front().get());
-  }
+  if (it != expert_tables_.end() && it->second.sources == sources) return it->second.keep.front().get();
   ExpertTable table;
   table.sources = std::move(sources);
   table.keep.emplace_back();  // slot 0: the device table itself
@@ -174,24 +184,43 @@ const ExpertWeights* CudaBackend::expert_table(const ops::MoeExperts& ex) {
     return f;
   };
   const size_t n = ex.down.size();
-  table.host.resize(n);
+  const bool quant = n > 0 && ex.down[0].quantized();
+  std::vector<ExpertWeights> dense(quant ? 0 : n);
+  std::vector<QuantExpert> packed(quant ? n : 0);
   for (size_t e = 0; e < n; ++e) {
-    ExpertWeights& t = table.host[e];
-    if (!ex.gate_up.empty()) {
-      t.gate_up = ex.gate_up[e].data.as<bf16>();
-      t.gate_up_bias = bias(ex.gate_up[e].bias);
+    const bool fused = !ex.gate_up.empty();
+    const float* gate_up_bias = fused ? bias(ex.gate_up[e].bias) : nullptr;
+    const float* down_bias = bias(ex.down[e].bias);
+    if (quant) {
+      QuantExpert& t = packed[e];
+      if (fused) {
+        t.gate_up = quant_mat(ex.gate_up[e].quant);
+      } else {
+        t.gate = quant_mat(ex.gate[e].quant);
+        t.up = quant_mat(ex.up[e].quant);
+      }
+      t.down = quant_mat(ex.down[e].quant);
+      t.gate_up_bias = gate_up_bias;
+      t.down_bias = down_bias;
     } else {
-      t.gate = ex.gate[e].data.as<bf16>();
-      t.up = ex.up[e].data.as<bf16>();
+      ExpertWeights& t = dense[e];
+      if (fused) {
+        t.gate_up = ex.gate_up[e].data.as<bf16>();
+      } else {
+        t.gate = ex.gate[e].data.as<bf16>();
+        t.up = ex.up[e].data.as<bf16>();
+      }
+      t.down = ex.down[e].data.as<bf16>();
+      t.gate_up_bias = gate_up_bias;
+      t.down_bias = down_bias;
     }
-    t.down = ex.down[e].data.as<bf16>();
-    t.down_bias = bias(ex.down[e].bias);
   }
-  table.keep[0] = allocator_->allocate(n * sizeof(ExpertWeights));
-  KILN_CUDA_CHECK(cudaMemcpyAsync(table.keep[0].get(), table.host.data(), n * sizeof(ExpertWeights),
-                                  cudaMemcpyHostToDevice, stream_));
+  const void* host = quant ? static_cast<const void*>(packed.data()) : dense.data();
+  const size_t bytes = quant ? n * sizeof(QuantExpert) : n * sizeof(ExpertWeights);
+  table.keep[0] = allocator_->allocate(bytes);
+  KILN_CUDA_CHECK(cudaMemcpyAsync(table.keep[0].get(), host, bytes, cudaMemcpyHostToDevice, stream_));
   synchronize();
-  const ExpertWeights* device = static_cast<const ExpertWeights*>(table.keep[0].get());
+  const void* device = table.keep[0].get();
   expert_tables_[&ex] = std::move(table);
   return device;
 }
@@ -220,20 +249,34 @@ void CudaBackend::moe(const ops::MoeArgs& a) {
                    .alpha = a.glu.alpha, .limit = a.glu.limit};
   const int64_t n_pairs = n_tokens * top_k;
   float* y = scratch<float>(n_pairs * d_model, op_scratch_);
+  const auto grouped_scratch = [&] {
+    const int slots = moe_tile_slots(n_pairs, n_experts, moe_grouped_bm(n_pairs, n_experts));
+    return MoeGroupedScratch{.perm = scratch<int32_t>(n_pairs, op_scratch_),
+                             .tiles = scratch<int4>(slots, op_scratch_),
+                             .act = scratch<bf16>(n_pairs * ex.d_ff, op_scratch_),
+                             .y = y};
+  };
+  if (ex.down[0].quantized()) {  // packed experts: the quantized grouped GEMMs
+    KILN_CHECK(moe_grouped_supported(s, !ex.gate_up.empty(), n_experts))
+        << "moe: quantized experts need d_model and d_ff multiples of 8 (" << d_model << ", " << ex.d_ff << ")";
+    KILN_CHECK_LE(quant_gemm_smem_bytes(), smem_cap_) << "moe: the quantized GEMMs' shared memory vs --smem-cap";
+    MoeGroupedScratch sc = grouped_scratch();
+    launch_moe_grouped_quant(a.x.as<bf16>(), static_cast<const QuantExpert*>(expert_table(ex)),
+                             quant_format(ex.down[0].quant), chosen, s, n_pairs, n_experts, top_k, sc, stream_);
+    launch_moe_combine(y, chosen, weights, n_tokens, top_k, d_model, a.out.as<bf16>(), stream_);
+    return;
+  }
   const bool grouped_ok = moe_grouped_supported(s, !ex.gate_up.empty(), n_experts) &&
                           moe_grouped_smem_bytes() <= smem_cap_;
   MoePath path = forced_moe_path_;
   if (path == MoePath::kAuto) path = grouped_ok && !grouped_moe_disabled_ ? MoePath::kGrouped : MoePath::kGemv;
   KILN_CHECK(path != MoePath::kGrouped || grouped_ok) << "moe: the grouped path does not take this layout";
+  const auto* table = static_cast<const ExpertWeights*>(expert_table(ex));
   if (path == MoePath::kGrouped) {
-    const int slots = moe_tile_slots(n_pairs, n_experts, moe_grouped_bm(n_pairs, n_experts));
-    MoeGroupedScratch sc{.perm = scratch<int32_t>(n_pairs, op_scratch_),
-                         .tiles = scratch<int4>(slots, op_scratch_),
-                         .act = scratch<bf16>(n_pairs * ex.d_ff, op_scratch_),
-                         .y = y};
-    launch_moe_grouped(a.x.as<bf16>(), expert_table(ex), chosen, s, n_pairs, n_experts, top_k, sc, stream_);
+    MoeGroupedScratch sc = grouped_scratch();
+    launch_moe_grouped(a.x.as<bf16>(), table, chosen, s, n_pairs, n_experts, top_k, sc, stream_);
   } else {
-    launch_moe_gemv(a.x.as<bf16>(), expert_table(ex), chosen, s, n_tokens, top_k, y, smem_cap_, stream_);
+    launch_moe_gemv(a.x.as<bf16>(), table, chosen, s, n_tokens, top_k, y, smem_cap_, stream_);
   }
   launch_moe_combine(y, chosen, weights, n_tokens, top_k, d_model, a.out.as<bf16>(), stream_);
 }

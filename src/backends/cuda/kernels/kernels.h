@@ -189,6 +189,45 @@ void launch_moe_gemv(const bf16* x, const ExpertWeights* expert_table, const int
 void launch_moe_combine(const float* y, const int32_t* experts, const float* weights, int64_t n_tokens, int top_k,
                         int64_t d_model, bf16* out, cudaStream_t stream);
 
+// Sorts the (token, slot) pairs by expert into perm and cuts each expert's rows into
+// tiles of bm rows (n_slots entries, unused ones expert -1): moe_gemm.cu's tile table.
+void launch_moe_align(const int32_t* experts, int64_t n_pairs, int n_experts, int bm, int32_t* perm, int4* tiles,
+                      int n_slots, cudaStream_t stream);
+
+// ---- quant_gemm.cu: GEMMs over quantized weights in the packed layout of
+// backends/cuda/quant_pack.h (FP8, MXFP4, NVFP4, INT4), bf16 activations.
+struct QuantMat {
+  const uint8_t* codes = nullptr;   // [n_out, code row bytes]
+  const uint8_t* scales = nullptr;  // [n_out, scale row bytes]
+  const float* scale2 = nullptr;    // NVFP4's global scale (device), or nullptr
+};
+// What every matrix of one GEMM shares.
+struct QuantFormat {
+  int value = 0;       // how a code becomes a number: 0 e2m1, 1 int4 (code - 8), 2 e4m3
+  int scale_kind = 0;  // 0 e8m0, 1 e4m3, 2 bf16, 3 f16, 4 f32
+  int scale_bytes = 1;
+  int group = 32;      // inputs per scale
+};
+struct QuantExpert {
+  QuantMat gate_up, gate, up, down;     // gate_up.codes == nullptr: separate gate and up
+  const float* gate_up_bias = nullptr;  // [2*d_ff] or nullptr
+  const float* down_bias = nullptr;     // [d_model] or nullptr
+};
+// The decode-shaped tiles (16 rows) below this many rows per weight (a dense linear's
+// rows, a MoE layer's pairs per expert); the prefill tiles (64 rows) from it.
+bool quant_gemm_decode_rows(int64_t rows_per_group);
+int quant_gemm_smem_bytes();
+// out [rows, n_out] = bf16(x [rows, n_in] W^T * scale2 + bias); n_in % 8 == 0.
+void launch_quant_linear(const bf16* x, const QuantMat& w, const QuantFormat& f, const float* bias, int64_t rows,
+                         int64_t n_out, int64_t n_in, bf16* out, cudaStream_t stream);
+// launch_moe_grouped over quantized experts (same scratch, same y).
+void launch_moe_grouped_quant(const bf16* x, const QuantExpert* table, const QuantFormat& f, const int32_t* experts,
+                              const MoeShape& s, int64_t n_pairs, int n_experts, int top_k, MoeGroupedScratch& scratch,
+                              cudaStream_t stream);
+// out [n_out, n_in] = bf16(W) (MLA's kv_b, whose attention kernels read bf16).
+void launch_dequantize(const QuantMat& w, const QuantFormat& f, int64_t n_out, int64_t n_in, bf16* out,
+                       cudaStream_t stream);
+
 // ---- sampling.cu
 constexpr int kSampleMaxTop = 20;  // ops::kMaxTopLogprobs
 // One row's ops::SamplingParams and its draw.

@@ -286,9 +286,7 @@ template <typename C>
 void run_grouped(GemmParams p, const bf16* x, const int32_t* experts, int64_t n_pairs, int n_experts,
                  MoeGroupedScratch& sc, cudaStream_t stream) {
   const int n_slots = moe_tile_slots(n_pairs, n_experts, C::kBM);
-  moe_align_kernel<<<1, kAlignThreads, 0, stream>>>(experts, int(n_pairs), n_experts, C::kBM, sc.perm, sc.tiles,
-                                                     n_slots);
-  KILN_CUDA_LAUNCH_CHECK();
+  launch_moe_align(experts, n_pairs, n_experts, C::kBM, sc.perm, sc.tiles, n_slots, stream);
   p.tiles = sc.tiles;
   p.perm = sc.perm;
   // up: K = d_model, NF = 2 d_ff
@@ -308,6 +306,13 @@ void run_grouped(GemmParams p, const bf16* x, const int32_t* experts, int64_t n_
 bool prefill_tiles(int64_t n_pairs, int n_experts) { return n_pairs >= int64_t(kPrefillRowsPerExpert) * n_experts; }
 
 }  // namespace
+
+void launch_moe_align(const int32_t* experts, int64_t n_pairs, int n_experts, int bm, int32_t* perm, int4* tiles,
+                      int n_slots, cudaStream_t stream) {
+  KILN_CHECK(n_experts <= kMaxAlignExperts) << "moe align: " << n_experts << " experts (at most " << kMaxAlignExperts << ")";
+  moe_align_kernel<<<1, kAlignThreads, 0, stream>>>(experts, int(n_pairs), n_experts, bm, perm, tiles, n_slots);
+  KILN_CUDA_LAUNCH_CHECK();
+}
 
 int moe_tile_slots(int64_t n_pairs, int n_experts, int bm) {
   return int((n_pairs + bm - 1) / bm + std::min<int64_t>(n_pairs, n_experts));

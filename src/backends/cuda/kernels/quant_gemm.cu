@@ -1,0 +1,438 @@
+// GEMMs over quantized weights (the portable path, sm_80+): FP8 e4m3, MXFP4, NVFP4
+// and INT4 weights in the packed layout of backends/cuda/quant_pack.h, bf16
+// activations, bf16 mma.sync m16n8k16 with fp32 accumulation (W8A16 / W4A16).
+//
+// One kernel serves dense linears and both MoE GEMMs (moe_gemm.cu's tile table,
+// fused gate/up columns and GLU epilogue; see there). Per k step of 128 inputs a
+// multistage cp.async pipeline brings in the activation tile and the weight's raw
+// codes and scales; then, 64 inputs at a time, the CTA dequantizes its weight tile
+// into a bf16 tile in shared memory (value(code) * scale, exact in bf16 for MXFP4
+// and NVFP4; one bf16 rounding for INT4 and FP8, as transformers' bf16
+// dequantization has) and runs the same ldmatrix + mma loop as the bf16 kernel.
+// NVFP4's global scale multiplies the fp32 result. Weights move once, at their
+// packed size: this is what decode is bound by.
+//
+// Tile shapes (shared memory = stages x (A + codes + scales) + the bf16 B tile):
+//   decode:  kBM 16, kBNF 64, 4 warps in N, 4 stages: 48 KiB (4-bit), 64 KiB (FP8);
+//   prefill: kBM 64, kBNF 128, 2 x 2 warps, 2 stages: 72 KiB (4-bit), 88 KiB (FP8).
+// quant_gemm_decode_rows is the heuristic between them (the place for a tuner).
+#include <algorithm>
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/kernels/attention_mma.cuh"
+#include "backends/cuda/kernels/kernels.h"
+
+namespace kiln::cuda {
+namespace {
+
+using attn::cp_async_16;
+using attn::cp_async_commit;
+using attn::cp_async_wait;
+using attn::ldmatrix_x4;
+using attn::mma_bf16;
+using attn::smem_u32;
+using attn::swz;
+
+constexpr int kKTile = 128;      // inputs per pipeline stage (quant_pack.h kQuantKTile)
+constexpr int kSub = 64;         // inputs per dequantized bf16 tile (one 128-byte swizzled row)
+constexpr int kMaxScaleRow = 32; // scale bytes per row per stage (kQuantMaxTileScaleBytes)
+
+// value: 0 e2m1, 1 int4, 2 e4m3 (QuantValue).
+template <int kBM_, int kBNF_, int kWarpsM_, int kWarpsN_, int kStages_, int kValue_>
+struct QConfig {
+  static constexpr int kBM = kBM_, kBNF = kBNF_, kWarpsM = kWarpsM_, kWarpsN = kWarpsN_, kStages = kStages_;
+  static constexpr int kValue = kValue_;
+  static constexpr int kBits = kValue == 2 ? 8 : 4;
+  static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
+  static constexpr int kMT = kBM / (16 * kWarpsM);
+  static constexpr int kNT = kBNF / (8 * kWarpsN);
+  static constexpr int kASubBytes = kBM * kSub * 2;         // one 64-input A sub-tile
+  static constexpr int kABytes = kBM * kKTile * 2;
+  static constexpr int kCodeRow = kKTile * kBits / 8;       // code bytes per row per stage
+  static constexpr int kCodeBytes = kBNF * kCodeRow;
+  static constexpr int kScaleBytes = kBNF * kMaxScaleRow;
+  static constexpr int kStageBytes = kABytes + kCodeBytes + kScaleBytes;
+  static constexpr int kBTileBytes = kBNF * kSub * 2;
+  static constexpr int kSmemBytes = kStages * kStageBytes + kBTileBytes;
+  static constexpr int kAChunks = kABytes / 16 / kThreads;
+  static constexpr int kCodeChunks = kCodeBytes / 16 / kThreads;
+  static constexpr int kDeqChunks = kBNF * kSub / 8 / kThreads;  // 8-input chunks per sub-step
+  static_assert(kMT >= 1 && kNT % 2 == 0, "warp tile: whole m16 tiles, pairs of n8 tiles");
+  static_assert(kAChunks >= 1 && kCodeChunks >= 1 && kDeqChunks >= 1, "every thread loads and dequantizes");
+  static_assert(kSmemBytes <= 101376, "must fit the SM120 per-block shared memory");
+};
+template <int V>
+using DecodeQ = QConfig<16, 64, 1, 4, 4, V>;
+template <int V>
+using PrefillQ = QConfig<64, 128, 2, 2, 2, V>;
+
+struct QGemmParams {
+  const int4* tiles;            // MoE: (expert, first sorted row, rows, 0); nullptr: dense
+  const int32_t* perm;          // MoE: pair index of each sorted row
+  const QuantExpert* experts;   // MoE
+  QuantMat dense;               // dense: the weight
+  const float* dense_bias;      // dense: [NF] or nullptr
+  int dense_rows;               // dense: rows of a
+  const bf16* a;                // dense / up: x [rows or n_tokens, K]; down: act [n_pairs, K] sorted
+  int top_k;
+  int K, NF, d_ff;
+  int64_t code_row, scale_row;  // packed row bytes at this K
+  int tile_scale;               // scale bytes per row per stage
+  QuantFormat f;
+  MoeShape s;
+  bf16* act;                    // up output [n_pairs, d_ff]
+  float* y;                     // down output [n_pairs, d_model]
+  bf16* out;                    // dense output [rows, NF]
+};
+
+__device__ __forceinline__ float e2m1_value(uint32_t c) {
+  const uint32_t mag = c & 7u;
+  const float v = mag >= 2u ? __uint_as_float((((mag >> 1) + 126u) << 23) | ((mag & 1u) << 22)) : 0.5f * float(mag);
+  return (c & 8u) ? -v : v;
+}
+
+__device__ __forceinline__ float e4m3_value(uint32_t c) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(c), __NV_E4M3)));
+}
+
+// QuantFormat::scale_kind: 0 e8m0, 1 e4m3, 2 bf16, 3 f16, 4 f32.
+__device__ __forceinline__ float scale_value(int kind, const unsigned char* p) {
+  switch (kind) {
+    case 0: {
+      const uint32_t v = p[0];
+      return v == 0u ? __uint_as_float(0x00400000u) : v == 255u ? __uint_as_float(0x7fc00000u) : __uint_as_float(v << 23);
+    }
+    case 1: return e4m3_value(p[0]);
+    case 2: return __uint_as_float(uint32_t(*reinterpret_cast<const uint16_t*>(p)) << 16);
+    case 3: return __half2float(*reinterpret_cast<const __half*>(p));
+    default: return *reinterpret_cast<const float*>(p);
+  }
+}
+
+// Where fused column f's weight row lives (codes and scales at k = 0).
+template <bool kUp>
+__device__ __forceinline__ void b_row(const QGemmParams& p, const QuantExpert* ew, int f, const uint8_t*& codes,
+                                      const uint8_t*& scales) {
+  const QuantMat* m;
+  int row = f;
+  if (ew == nullptr) {
+    m = &p.dense;
+  } else if (!kUp) {
+    m = &ew->down;
+  } else {
+    const int i = f >> 1, h = f & 1;
+    if (ew->gate_up.codes == nullptr) {
+      m = h ? &ew->up : &ew->gate;
+      row = i;
+    } else {
+      m = &ew->gate_up;
+      row = p.s.interleaved ? f : h * p.d_ff + i;
+    }
+  }
+  codes = m->codes + int64_t(row) * p.code_row;
+  scales = m->scales + int64_t(row) * p.scale_row;
+}
+
+template <typename C, bool kUp>
+__global__ void __launch_bounds__(C::kThreads) quant_gemm_kernel(const QGemmParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  int row0, rows;
+  const QuantExpert* ew = nullptr;
+  if (p.tiles != nullptr) {
+    const int4 tile = p.tiles[blockIdx.x];
+    if (tile.x < 0) return;
+    row0 = tile.y, rows = tile.z;
+    ew = p.experts + tile.x;
+  } else {
+    row0 = int(blockIdx.x) * C::kBM;
+    rows = min(C::kBM, p.dense_rows - row0);
+  }
+  const int n0 = int(blockIdx.y) * C::kBNF;
+  const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
+  const int wm = warp / C::kWarpsN, wn = warp % C::kWarpsN;
+  const uint32_t s0 = smem_u32(smem);
+  const uint32_t sbt = s0 + C::kStages * C::kStageBytes;  // the bf16 B tile
+  unsigned char* const bt_ptr = smem + C::kStages * C::kStageBytes;
+
+  // A rows this thread copies (16 chunks of 16 bytes per 128-input row).
+  const bf16* a_src[C::kAChunks];
+#pragma unroll
+  for (int i = 0; i < C::kAChunks; ++i) {
+    const int r = (tid + i * C::kThreads) / 16;
+    a_src[i] = nullptr;
+    if (r < rows) {
+      const int64_t row = p.tiles == nullptr ? row0 + r : kUp ? p.perm[row0 + r] / p.top_k : row0 + r;
+      a_src[i] = p.a + row * p.K;
+    }
+  }
+  // Code rows this thread copies.
+  constexpr int kCodeChunksPerRow = C::kCodeRow / 16;
+  const uint8_t* c_src[C::kCodeChunks];
+#pragma unroll
+  for (int i = 0; i < C::kCodeChunks; ++i) {
+    const int f = n0 + (tid + i * C::kThreads) / kCodeChunksPerRow;
+    const uint8_t* sc;
+    c_src[i] = nullptr;
+    if (f < p.NF) b_row<kUp>(p, ew, f, c_src[i], sc);
+  }
+  const int granules = p.tile_scale / 4;  // 4-byte scale pieces per row per stage
+
+  const auto load_stage = [&](int stage, int kt) {
+    const uint32_t sa = s0 + stage * C::kStageBytes, sc = sa + C::kABytes, ss = sc + C::kCodeBytes;
+    const int k0 = kt * kKTile;
+#pragma unroll
+    for (int i = 0; i < C::kAChunks; ++i) {
+      const int c = tid + i * C::kThreads, r = c / 16, ch = c % 16, k = k0 + ch * 8;
+      const bool valid = a_src[i] != nullptr && k < p.K;
+      cp_async_16(sa + (ch / 8) * C::kASubBytes + swz<kSub>(r, ch % 8), valid ? a_src[i] + k : p.a, valid);
+    }
+#pragma unroll
+    for (int i = 0; i < C::kCodeChunks; ++i) {
+      const int c = tid + i * C::kThreads, r = c / kCodeChunksPerRow, ch = c % kCodeChunksPerRow;
+      const bool valid = c_src[i] != nullptr;
+      cp_async_16(sc + r * C::kCodeRow + ch * 16,
+                  valid ? static_cast<const void*>(c_src[i] + int64_t(kt) * C::kCodeRow + ch * 16) : p.a,
+                  valid);
+    }
+    for (int g = tid; g < C::kBNF * granules; g += C::kThreads) {
+      const int r = g / granules, j = g % granules, f = n0 + r;
+      if (f >= p.NF) continue;
+      const uint8_t *codes, *scales;
+      b_row<kUp>(p, ew, f, codes, scales);
+      const uint8_t* src = scales + int64_t(kt) * p.tile_scale + 4 * j;
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(ss + r * kMaxScaleRow + 4 * j), "l"(src));
+    }
+  };
+
+  float acc[C::kMT][C::kNT][4] = {};
+  const int n_k = (p.K + kKTile - 1) / kKTile;
+#pragma unroll
+  for (int s = 0; s < C::kStages - 1; ++s) {
+    if (s < n_k) load_stage(s, s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < n_k; ++kt) {
+    cp_async_wait<C::kStages - 2>();
+    __syncthreads();  // stage kt landed; every warp is done with stage kt - 1 and the B tile
+    const int next = kt + C::kStages - 1;
+    if (next < n_k) load_stage(next % C::kStages, next);
+    cp_async_commit();
+    const uint32_t sa = s0 + (kt % C::kStages) * C::kStageBytes;
+    const unsigned char* codes = smem + (kt % C::kStages) * C::kStageBytes + C::kABytes;
+    const unsigned char* scales = codes + C::kCodeBytes;
+#pragma unroll
+    for (int sub = 0; sub < kKTile / kSub; ++sub) {
+      if (sub > 0) __syncthreads();  // every warp is done with the previous B tile
+      // Dequantize kBNF rows x 64 inputs into the swizzled bf16 B tile, 8 inputs per chunk.
+#pragma unroll
+      for (int i = 0; i < C::kDeqChunks; ++i) {
+        const int c = tid + i * C::kThreads, r = c / 8, c8 = c % 8, k = sub * kSub + c8 * 8;
+        const float sc = scale_value(p.f.scale_kind, scales + r * kMaxScaleRow + (k / p.f.group) * p.f.scale_bytes);
+        float v[8];
+        if constexpr (C::kBits == 4) {
+          const uint32_t w = *reinterpret_cast<const uint32_t*>(codes + r * C::kCodeRow + k / 2);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            const uint32_t nib = (w >> (4 * e)) & 0xfu;
+            v[e] = (C::kValue == 0 ? e2m1_value(nib) : float(int(nib) - 8)) * sc;
+          }
+        } else {
+          const uint2 w = *reinterpret_cast<const uint2*>(codes + r * C::kCodeRow + k);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) v[e] = e4m3_value(((e < 4 ? w.x : w.y) >> (8 * (e % 4))) & 0xffu) * sc;
+        }
+        uint4 packed;
+        packed.x = attn::pack_bf16(v[0], v[1]);
+        packed.y = attn::pack_bf16(v[2], v[3]);
+        packed.z = attn::pack_bf16(v[4], v[5]);
+        packed.w = attn::pack_bf16(v[6], v[7]);
+        *reinterpret_cast<uint4*>(bt_ptr + swz<kSub>(r, c8)) = packed;
+      }
+      __syncthreads();
+      const uint32_t sas = sa + sub * C::kASubBytes;
+#pragma unroll
+      for (int kk = 0; kk < kSub / 16; ++kk) {
+        uint32_t af[C::kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < C::kMT; ++mt) {
+          const int r = (wm * C::kMT + mt) * 16 + lane % 8 + ((lane / 8) % 2) * 8;
+          ldmatrix_x4(sas + swz<kSub>(r, kk * 2 + lane / 16), af[mt]);
+        }
+#pragma unroll
+        for (int nn = 0; nn < C::kNT / 2; ++nn) {
+          const int nb = wn * C::kNT * 8 + nn * 16;
+          uint32_t b[4];
+          ldmatrix_x4(sbt + swz<kSub>(nb + lane % 8 + (lane / 16) * 8, kk * 2 + (lane / 8) % 2), b);
+#pragma unroll
+          for (int mt = 0; mt < C::kMT; ++mt) {
+            mma_bf16(acc[mt][2 * nn], af[mt], b[0], b[1]);
+            mma_bf16(acc[mt][2 * nn + 1], af[mt], b[2], b[3]);
+          }
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // Epilogue: thread holds rows lane / 4 (+ 8) and fused columns (2q, 2q + 1), q = lane % 4.
+  float g2 = 1.0f, u2 = 1.0f;  // global scales (NVFP4): gate / up, or the one matrix
+  if (ew == nullptr) {
+    if (p.dense.scale2) g2 = u2 = *p.dense.scale2;
+  } else if (!kUp) {
+    if (ew->down.scale2) g2 = u2 = *ew->down.scale2;
+  } else if (ew->gate_up.codes != nullptr) {
+    if (ew->gate_up.scale2) g2 = u2 = *ew->gate_up.scale2;
+  } else {
+    if (ew->gate.scale2) g2 = *ew->gate.scale2;
+    if (ew->up.scale2) u2 = *ew->up.scale2;
+  }
+#pragma unroll
+  for (int mt = 0; mt < C::kMT; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = (wm * C::kMT + mt) * 16 + lane / 4 + half * 8;
+      if (r >= rows) continue;
+#pragma unroll
+      for (int nt = 0; nt < C::kNT; ++nt) {
+        const int f = n0 + wn * C::kNT * 8 + nt * 8 + 2 * (lane % 4);
+        if (f >= p.NF) continue;
+        float v0 = acc[mt][nt][2 * half] * g2, v1 = acc[mt][nt][2 * half + 1] * u2;
+        if constexpr (kUp) {
+          const int i = f / 2;
+          if (ew->gate_up_bias != nullptr) {
+            const bool il = p.s.interleaved;
+            v0 += ew->gate_up_bias[il ? f : i];
+            v1 += ew->gate_up_bias[il ? f + 1 : p.d_ff + i];
+          }
+          p.act[int64_t(row0 + r) * p.d_ff + i] =
+              __float2bfloat16(glu_value(v0, v1, p.s.glu_kind, p.s.alpha, p.s.limit));
+        } else if (ew == nullptr) {
+          bf16* o = p.out + int64_t(row0 + r) * p.NF + f;
+          o[0] = __float2bfloat16(v0 + (p.dense_bias ? p.dense_bias[f] : 0.0f));
+          if (f + 1 < p.NF) o[1] = __float2bfloat16(v1 + (p.dense_bias ? p.dense_bias[f + 1] : 0.0f));
+        } else {
+          if (ew->down_bias != nullptr) v0 += ew->down_bias[f], v1 += ew->down_bias[f + 1];
+          const int64_t pair = p.perm[row0 + r];
+          *reinterpret_cast<float2*>(p.y + pair * p.NF + f) = make_float2(v0, v1);
+        }
+      }
+    }
+  }
+}
+
+template <typename C, bool kUp>
+void launch_q(const QGemmParams& p, int grid_x, cudaStream_t stream) {
+  const auto kernel = quant_gemm_kernel<C, kUp>;
+  KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
+  const dim3 grid(unsigned(grid_x), unsigned((p.NF + C::kBNF - 1) / C::kBNF));
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+// The instance for (tile shape, value kind, up or not).
+template <bool kUp>
+void dispatch(bool decode, const QGemmParams& p, int grid_x, cudaStream_t stream) {
+  switch (p.f.value) {
+    case 0: decode ? launch_q<DecodeQ<0>, kUp>(p, grid_x, stream) : launch_q<PrefillQ<0>, kUp>(p, grid_x, stream); break;
+    case 1: decode ? launch_q<DecodeQ<1>, kUp>(p, grid_x, stream) : launch_q<PrefillQ<1>, kUp>(p, grid_x, stream); break;
+    default: decode ? launch_q<DecodeQ<2>, kUp>(p, grid_x, stream) : launch_q<PrefillQ<2>, kUp>(p, grid_x, stream);
+  }
+}
+
+int64_t k_padded(int64_t k) { return (k + kKTile - 1) / kKTile * kKTile; }
+
+void set_rows(QGemmParams& p, const QuantFormat& f, int64_t K) {
+  const int64_t kp = k_padded(K);
+  const int bits = f.value == 2 ? 8 : 4;
+  p.code_row = kp * bits / 8;
+  p.scale_row = kp / f.group * f.scale_bytes;
+  p.tile_scale = int(kKTile / f.group * f.scale_bytes);
+  p.K = int(K);
+}
+
+__global__ void dequantize_kernel(QuantMat w, QuantFormat f, int64_t n_out, int64_t n_in, int64_t code_row,
+                                  int64_t scale_row, bf16* out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_out * n_in) return;
+  const int64_t o = i / n_in, k = i % n_in;
+  const uint8_t* codes = w.codes + o * code_row;
+  float v;
+  if (f.value == 2) {
+    v = e4m3_value(codes[k]);
+  } else {
+    const uint32_t c = (codes[k / 2] >> (4 * (k % 2))) & 0xfu;
+    v = f.value == 0 ? e2m1_value(c) : float(int(c) - 8);
+  }
+  v *= scale_value(f.scale_kind, w.scales + o * scale_row + (k / f.group) * f.scale_bytes);
+  if (w.scale2) v *= *w.scale2;
+  out[i] = __float2bfloat16(v);
+}
+
+}  // namespace
+
+bool quant_gemm_decode_rows(int64_t rows_per_group) { return rows_per_group < 32; }
+
+int quant_gemm_smem_bytes() {
+  return std::max({DecodeQ<0>::kSmemBytes, DecodeQ<2>::kSmemBytes, PrefillQ<0>::kSmemBytes, PrefillQ<2>::kSmemBytes});
+}
+
+void launch_quant_linear(const bf16* x, const QuantMat& w, const QuantFormat& f, const float* bias, int64_t rows,
+                         int64_t n_out, int64_t n_in, bf16* out, cudaStream_t stream) {
+  if (rows == 0) return;
+  QGemmParams p{};
+  p.dense = w;
+  p.dense_bias = bias;
+  p.dense_rows = int(rows);
+  p.a = x;
+  p.NF = int(n_out);
+  p.f = f;
+  p.out = out;
+  set_rows(p, f, n_in);
+  const bool decode = quant_gemm_decode_rows(rows);
+  const int bm = decode ? DecodeQ<0>::kBM : PrefillQ<0>::kBM;
+  dispatch<false>(decode, p, int((rows + bm - 1) / bm), stream);
+}
+
+void launch_moe_grouped_quant(const bf16* x, const QuantExpert* table, const QuantFormat& f, const int32_t* experts,
+                              const MoeShape& s, int64_t n_pairs, int n_experts, int top_k, MoeGroupedScratch& sc,
+                              cudaStream_t stream) {
+  if (n_pairs == 0) return;
+  const int bm = moe_grouped_bm(n_pairs, n_experts);
+  const bool decode = bm == DecodeQ<0>::kBM;
+  static_assert(DecodeQ<0>::kBM == 16 && PrefillQ<0>::kBM == 64, "the tile rows of moe_grouped_bm");
+  const int n_slots = moe_tile_slots(n_pairs, n_experts, bm);
+  launch_moe_align(experts, n_pairs, n_experts, bm, sc.perm, sc.tiles, n_slots, stream);
+  QGemmParams p{};
+  p.tiles = sc.tiles;
+  p.perm = sc.perm;
+  p.experts = table;
+  p.top_k = top_k;
+  p.d_ff = int(s.d_ff);
+  p.s = s;
+  p.f = f;
+  p.act = sc.act;
+  p.y = sc.y;
+  p.a = x;
+  p.NF = int(2 * s.d_ff);
+  set_rows(p, f, s.d_model);
+  dispatch<true>(decode, p, n_slots, stream);
+  p.a = sc.act;
+  p.NF = int(s.d_model);
+  set_rows(p, f, s.d_ff);
+  dispatch<false>(decode, p, n_slots, stream);
+}
+
+void launch_dequantize(const QuantMat& w, const QuantFormat& f, int64_t n_out, int64_t n_in, bf16* out,
+                       cudaStream_t stream) {
+  const int64_t n = n_out * n_in;
+  if (n == 0) return;
+  const int64_t kp = k_padded(n_in);
+  dequantize_kernel<<<unsigned((n + 255) / 256), 256, 0, stream>>>(w, f, n_out, n_in, kp * (f.value == 2 ? 8 : 4) / 8,
+                                                                    kp / f.group * f.scale_bytes, out);
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,149 @@
+#include "backends/cuda/quant_pack.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+namespace kiln::cuda {
+namespace {
+
+using formats::QuantKind;
+
+int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
+
+// Scale of a checkpoint scale tensor at flat index i, as fp32 (the same reading as
+// formats::dequantize_row's).
+float host_scale(const Tensor& t, int64_t i) {
+  switch (t.dtype) {
+    case DType::kF32: return t.as<float>()[i];
+    case DType::kBF16: return bf16_to_f32(t.as<uint16_t>()[i]);
+    case DType::kF16: return f16_to_f32(t.as<uint16_t>()[i]);
+    default: break;
+  }
+  KILN_CHECK(false) << "scale of dtype " << dtype_name(t.dtype);
+  return 0.0f;
+}
+
+Status need(bool ok, const formats::QuantizedTensor& q, const std::string& why) {
+  if (ok) return Status::Ok();
+  return unsupported("the CUDA kernels take no " + std::string(formats::quant_kind_name(q.kind)) + " weight " +
+                     std::to_string(q.n_out) + " x " + std::to_string(q.n_in) + " with " + why);
+}
+
+}  // namespace
+
+int PackedQuant::scale_bytes() const { return dtype_bits(scale_dtype) / 8; }
+
+float packed_scale(DType dtype, const uint8_t* b) {
+  switch (dtype) {
+    case DType::kE8M0: return e8m0_to_f32(b[0]);
+    case DType::kF8E4M3: return fp8_e4m3_to_f32(b[0]);
+    case DType::kBF16: { uint16_t v; std::memcpy(&v, b, 2); return bf16_to_f32(v); }
+    case DType::kF16: { uint16_t v; std::memcpy(&v, b, 2); return f16_to_f32(v); }
+    case DType::kF32: { float v; std::memcpy(&v, b, 4); return v; }
+    default: break;
+  }
+  KILN_CHECK(false) << "packed scale of dtype " << dtype_name(dtype);
+  return 0.0f;
+}
+
+Result<PackedQuant> pack_quantized(const formats::QuantizedTensor& q) {
+  KILN_CHECK(q.data.device == Device::kHost) << "pack_quantized reads host tensors";
+  PackedQuant p;
+  p.kind = q.kind;
+  p.n_out = q.n_out;
+  p.n_in = q.n_in;
+  p.k_padded = round_up(q.n_in, kQuantKTile);
+  KILN_RETURN_IF_ERROR(need(q.n_in % 8 == 0, q, "an input size not a multiple of 8"));
+  const int64_t n_out = q.n_out, n_in = q.n_in;
+  switch (q.kind) {
+    case QuantKind::kMxfp4:
+      p.value = QuantValue::kE2m1, p.bits = 4, p.group = 32, p.scale_dtype = DType::kE8M0;
+      break;
+    case QuantKind::kNvfp4:
+      p.value = QuantValue::kE2m1, p.bits = 4, p.group = 16, p.scale_dtype = DType::kF8E4M3;
+      p.has_scale2 = true;
+      p.scale2 = q.scale2.dtype == DType::kF32 ? q.scale2.as<float>()[0] : host_scale(q.scale2, 0);
+      break;
+    case QuantKind::kInt4Group: {
+      KILN_RETURN_IF_ERROR(need(q.block_k >= 8 && (q.block_k <= 64 ? 64 % q.block_k == 0 : q.block_k % 64 == 0), q,
+                                "group size " + std::to_string(q.block_k) + " (8, 16, 32 or a multiple of 64)"));
+      const DType sd = q.scale.dtype;
+      KILN_RETURN_IF_ERROR(need(sd == DType::kBF16 || sd == DType::kF16 || sd == DType::kF32, q,
+                                std::string("scales of dtype ") + std::string(dtype_name(sd))));
+      p.value = QuantValue::kInt4, p.bits = 4, p.group = std::min(q.block_k, 64), p.scale_dtype = sd;
+      break;
+    }
+    case QuantKind::kFp8Block:
+    case QuantKind::kFp8Channel:
+    case QuantKind::kFp8Tensor: {
+      int group = kQuantKTile;
+      if (q.kind == QuantKind::kFp8Block) {
+        const int bk = q.block_k;
+        KILN_RETURN_IF_ERROR(need(bk > 0 && (bk % kQuantKTile == 0 || (kQuantKTile % bk == 0 && bk >= 16)), q,
+                                  "block size " + std::to_string(bk) + " along the input (16..128 dividing 128, or a multiple of 128)"));
+        group = std::min(bk, kQuantKTile);
+      }
+      p.value = QuantValue::kE4m3, p.bits = 8, p.group = group, p.scale_dtype = DType::kF32;
+      break;
+    }
+    case QuantKind::kNone: return internal_error("pack_quantized of a dense weight");
+  }
+  KILN_RETURN_IF_ERROR(need(p.tile_scale_bytes() <= kQuantMaxTileScaleBytes, q,
+                            std::to_string(p.tile_scale_bytes()) + " bytes of scales per row per " +
+                                std::to_string(kQuantKTile) + " inputs (at most " +
+                                std::to_string(kQuantMaxTileScaleBytes) + ")"));
+  KILN_CHECK_EQ(p.tile_scale_bytes() % 4, 0);
+
+  // Codes: rows copied as they are, the padding set to the code of zero.
+  const int64_t src_row = n_in * p.bits / 8, dst_row = p.code_row_bytes();
+  const uint8_t zero = p.value == QuantValue::kInt4 ? 0x88 : 0x00;
+  p.codes.assign(size_t(n_out * dst_row), zero);
+  const auto* src = static_cast<const uint8_t*>(q.data.data);
+  for (int64_t o = 0; o < n_out; ++o) std::memcpy(&p.codes[size_t(o * dst_row)], src + o * src_row, size_t(src_row));
+
+  // Scales: one per group of k; past n_in zero (the codes there are zero too).
+  const int sb = p.scale_bytes();
+  const int64_t per_row = p.k_padded / p.group;
+  p.scales.assign(size_t(n_out * per_row * sb), 0);
+  for (int64_t o = 0; o < n_out; ++o) {
+    uint8_t* row = &p.scales[size_t(o * per_row * sb)];
+    for (int64_t j = 0; j < per_row; ++j) {
+      const int64_t k = j * p.group;  // first element of this scale group
+      if (k >= n_in) break;
+      uint8_t* dst = row + j * sb;
+      switch (q.kind) {
+        case QuantKind::kMxfp4: dst[0] = q.scale.as<uint8_t>()[o * (n_in / 32) + k / 32]; break;
+        case QuantKind::kNvfp4: dst[0] = q.scale.as<uint8_t>()[o * (n_in / 16) + k / 16]; break;
+        case QuantKind::kInt4Group: {
+          const int64_t i = o * (n_in / q.block_k) + k / q.block_k;
+          std::memcpy(dst, static_cast<const uint8_t*>(q.scale.data) + i * sb, size_t(sb));
+          break;
+        }
+        default: {  // FP8: fp32 of the checkpoint's block / channel / tensor scale
+          int64_t i = 0;
+          if (q.kind == QuantKind::kFp8Block) i = (o / q.block_n) * ((n_in + q.block_k - 1) / q.block_k) + k / q.block_k;
+          else if (q.kind == QuantKind::kFp8Channel) i = o;
+          const float s = host_scale(q.scale, i);
+          std::memcpy(dst, &s, 4);
+        }
+      }
+    }
+  }
+  return p;
+}
+
+float packed_element(const PackedQuant& p, int64_t o, int64_t k) {
+  const uint8_t* codes = &p.codes[size_t(o * p.code_row_bytes())];
+  float v = 0.0f;
+  if (p.bits == 4) {
+    const uint8_t nib = k % 2 ? uint8_t(codes[k / 2] >> 4) : uint8_t(codes[k / 2] & 0xf);
+    v = p.value == QuantValue::kInt4 ? float(int(nib) - 8) : fp4_e2m1_to_f32(nib);
+  } else {
+    v = fp8_e4m3_to_f32(codes[k]);
+  }
+  const uint8_t* s = &p.scales[size_t(o * p.scale_row_bytes() + (k / p.group) * p.scale_bytes())];
+  return v * packed_scale(p.scale_dtype, s);
+}
+
+}  // namespace kiln::cuda

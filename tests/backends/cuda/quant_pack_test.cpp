@@ -1,0 +1,75 @@
+// The CUDA backend's packed layout of quantized weights (backends/cuda/quant_pack.h),
+// checked on the CPU: every element of the packed form, decoded the way the kernels
+// decode it, equals the reference dequantization (formats::dequantize_row) exactly, the
+// padding decodes to zero, rows keep the alignment the kernels' cp.async needs, and
+// shapes the layout cannot hold fail with a clear error.
+#include <cstring>
+
+#include <gtest/gtest.h>
+
+#include "backends/cuda/quant_pack.h"
+#include "backends/cuda/quant_random.h"
+
+namespace kiln {
+namespace {
+
+using cuda::pack_quantized;
+using cuda::packed_element;
+using formats::QuantKind;
+
+TEST(CudaQuantPack, EveryFormatDecodesToTheReferenceValues) {
+  std::mt19937 rng(7);
+  for (const testing::QuantCase& c : testing::quant_cases()) {
+    // Odd row counts (a partial FP8 row block), inputs off the 128-input tile.
+    const int64_t unit = testing::quant_k_unit(c);
+    for (auto [n_out, n_in] : {std::pair<int64_t, int64_t>{3, unit}, {131, 5 * 128 + unit}, {130, 384}}) {
+      if (n_in % unit != 0) continue;
+      SCOPED_TRACE(c.name() + " " + std::to_string(n_out) + "x" + std::to_string(n_in));
+      const formats::QuantizedTensor q = testing::random_quantized(c, n_out, n_in, rng);
+      auto p = pack_quantized(q);
+      ASSERT_TRUE(p.ok()) << p.status().to_string();
+      EXPECT_EQ(p->k_padded % cuda::kQuantKTile, 0);
+      EXPECT_GE(p->k_padded, n_in);
+      EXPECT_EQ(p->code_row_bytes() % 64, 0) << "code rows are whole 16-byte chunks per tile";
+      EXPECT_EQ(p->tile_scale_bytes() % 4, 0) << "scales move in 4-byte pieces";
+      EXPECT_LE(p->tile_scale_bytes(), cuda::kQuantMaxTileScaleBytes);
+      EXPECT_EQ(cuda::kQuantKTile % p->group, 0);
+      EXPECT_EQ(p->codes.size(), size_t(n_out * p->code_row_bytes()));
+      EXPECT_EQ(p->scales.size(), size_t(n_out * p->scale_row_bytes()));
+      std::vector<float> ref(static_cast<size_t>(n_in));
+      int64_t mismatches = 0, nonzero = 0;
+      for (int64_t o = 0; o < n_out; ++o) {
+        formats::dequantize_row(q, o, ref.data());
+        for (int64_t k = 0; k < p->k_padded; ++k) {
+          const float got = packed_element(*p, o, k) * p->scale2;
+          const float want = k < n_in ? ref[size_t(k)] : 0.0f;
+          if (got != want && mismatches++ < 5) ADD_FAILURE() << "(" << o << ", " << k << "): " << got << " vs " << want;
+          nonzero += want != 0.0f;
+        }
+      }
+      EXPECT_EQ(mismatches, 0);
+      EXPECT_GT(nonzero, n_out * n_in / 2) << "random weights, not zeros";
+    }
+  }
+}
+
+TEST(CudaQuantPack, ShapesTheLayoutCannotHoldFailClearly) {
+  std::mt19937 rng(8);
+  auto q = testing::random_quantized({QuantKind::kInt4Group, 24, 0, DType::kBF16}, 4, 96, rng);
+  auto p = pack_quantized(q);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("group size 24"), std::string::npos) << p.status().message();
+
+  q = testing::random_quantized({QuantKind::kFp8Block, 96, 128, DType::kF32}, 4, 192, rng);
+  p = pack_quantized(q);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("block size 96"), std::string::npos) << p.status().message();
+
+  q = testing::random_quantized({QuantKind::kInt4Group, 8, 0, DType::kF32}, 4, 64, rng);
+  p = pack_quantized(q);  // 16 f32 scales per 128 inputs: 64 bytes, over the kernels' 32
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("bytes of scales"), std::string::npos) << p.status().message();
+}
+
+}  // namespace
+}  // namespace kiln

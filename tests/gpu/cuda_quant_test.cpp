@@ -1,0 +1,144 @@
+// The quantized GEMMs (kernels/quant_gemm.cu) against the CPU reference, for every
+// format the CUDA backend packs (tests/backends/cuda/quant_random.h): dense linears at
+// real models' shapes and odd ones, on both tile shapes (decode: < 32 rows; prefill),
+// and whole MoE layers over quantized experts. Outputs are poisoned before each call.
+//
+// Tolerance, per output element: the CPU computes x . W in fp32 with W exactly as
+// dequantized; the GPU rounds each dequantized weight to bf16 (exact for MXFP4 and
+// NVFP4, 2^-9 relative for INT4 and FP8 scales), accumulates in fp32 and rounds the
+// output to bf16. So |gpu - cpu| <= 2^-8 |ref| + 2^-9 sum_k |x_k W_ok| (+ fp32 noise).
+#include <cmath>
+#include <tuple>
+
+#include <gtest/gtest.h>
+
+#include "backends/cuda/cuda_backend_impl.h"
+#include "backends/cuda/quant_random.h"
+#include "gpu/gpu_test_util.h"
+
+namespace kiln {
+namespace {
+
+using gpu_testing::kBf16Tol;
+using testing::QuantCase;
+
+class CudaQuant : public gpu_testing::GpuTest {
+ protected:
+  // The host weight as the CPU reference reads it, and its packed GPU twin.
+  void make_weight(const QuantCase& c, int64_t n_out, int64_t n_in, bool bias, ops::Weight& wc, ops::Weight& wg) {
+    wc = ops::Weight{};
+    wc.quant = testing::random_quantized(c, n_out, n_in, rng_);
+    if (bias) wc.bias = random({n_out}, 0.1f);
+    auto packed = gpu_->upload_quantized(wc.quant);
+    ASSERT_TRUE(packed.ok()) << packed.status().to_string();
+    wg = ops::Weight{};
+    wg.quant = std::move(packed).value();
+    if (bias) wg.bias = gpu_->upload(wc.bias);
+  }
+};
+
+TEST_F(CudaQuant, LinearMatchesCpuForEveryFormatAndShape) {
+  // (n_out, n_in): gpt-oss-120b attention / expert shapes, Kimi K2 / DeepSeek q_a and an
+  // expert down, Qwen3-30B-A3B, and odd shapes (an output tail, inputs off the 128 tile).
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {5120, 2880}, {2880, 4096}, {1536, 7168}, {7168, 2048}, {768, 2048}, {131, 160}, {77, 1056}};
+  for (const QuantCase& c : testing::quant_cases()) {
+    for (auto [n_out, n_in] : shapes) {
+      if (n_in % testing::quant_k_unit(c) != 0) continue;
+      for (int rows : {1, 5, 31, 100}) {
+        if (rows == 100 && n_out * n_in > 4'000'000) continue;  // keep the CPU reference quick
+        SCOPED_TRACE(::testing::Message() << c.name() << " " << n_out << "x" << n_in << " rows " << rows);
+        ops::Weight wc, wg;
+        make_weight(c, n_out, n_in, rows % 2 == 1, wc, wg);
+        Tensor x = random({rows, n_in});
+        Tensor ref = host_tensor(DType::kF32, {rows, n_out});
+        cpu_->linear({.x = x, .w = &wc, .out = ref});
+        Tensor out = poisoned({rows, n_out});
+        gpu_->linear({.x = to_gpu(x), .w = &wg, .out = out});
+        const std::vector<float> got = from_gpu(out);
+        // The bound of the header, element by element.
+        std::vector<float> w(static_cast<size_t>(n_in));
+        std::vector<double> abs_dot(size_t(rows * n_out), 0.0);
+        for (int64_t o = 0; o < n_out; ++o) {
+          formats::dequantize_row(wc.quant, o, w.data());
+          for (int r = 0; r < rows; ++r)
+            for (int64_t k = 0; k < n_in; ++k) abs_dot[size_t(r * n_out + o)] += std::abs(x.as<float>()[r * n_in + k] * w[size_t(k)]);
+        }
+        double worst = 0.0;
+        int64_t bad = 0;
+        for (int64_t i = 0; i < ref.numel(); ++i) {
+          ASSERT_FALSE(std::isnan(got[size_t(i)])) << "element " << i << " not written (or NaN)";
+          const double want = ref.as<float>()[i], err = std::abs(got[size_t(i)] - want);
+          const double tol = std::ldexp(std::abs(want), -8) + std::ldexp(abs_dot[size_t(i)], -9) + 1e-6;
+          worst = std::max(worst, err / tol);
+          if (err > tol && bad++ < 3) ADD_FAILURE() << "element " << i << ": " << got[size_t(i)] << " vs " << want;
+        }
+        EXPECT_EQ(bad, 0) << "worst error / bound " << worst;
+      }
+    }
+  }
+}
+
+// Whole MoE layers: gpt-oss's fused interleaved MXFP4 experts with biases and the
+// clamped SwiGLU; separate gate / up / down for the other formats (GLM / Kimi / Qwen).
+TEST_F(CudaQuant, MoeMatchesCpuForEveryFormat) {
+  for (const QuantCase& c : testing::quant_cases()) {
+    const bool gpt_oss = c.kind == formats::QuantKind::kMxfp4;
+    const int n_experts = gpt_oss ? 8 : 16, top_k = gpt_oss ? 4 : 4;
+    const int64_t d_model = gpt_oss ? 2880 : 1024, d_ff = gpt_oss ? 2880 : 768;
+    SCOPED_TRACE(c.name());
+    ops::MoeExperts ec, eg;
+    ec.d_ff = eg.d_ff = d_ff;
+    ec.gate_up_interleaved = eg.gate_up_interleaved = gpt_oss;
+    for (int e = 0; e < n_experts; ++e) {
+      ops::Weight a, b;
+      if (gpt_oss) {
+        make_weight(c, 2 * d_ff, d_model, true, a, b);
+        ec.gate_up.push_back(a), eg.gate_up.push_back(b);
+      } else {
+        make_weight(c, d_ff, d_model, false, a, b);
+        ec.gate.push_back(a), eg.gate.push_back(b);
+        make_weight(c, d_ff, d_model, false, a, b);
+        ec.up.push_back(a), eg.up.push_back(b);
+      }
+      make_weight(c, d_model, d_ff, gpt_oss, a, b);
+      ec.down.push_back(a), eg.down.push_back(b);
+    }
+    Tensor router = random({n_experts, d_model}, 0.05f);
+    ops::Weight rc{.data = as_bf16(router)}, rg{.data = gpu_->upload(rc.data)};
+    const ops::RouterParams rp{.kind = gpt_oss ? ops::RouterKind::kTopKSoftmax : ops::RouterKind::kSoftmaxTopK,
+                               .n_experts = n_experts, .top_k = top_k, .norm_topk_prob = true};
+    const ops::GluParams glu{.kind = gpt_oss ? ops::GluKind::kGptOssClamp : ops::GluKind::kSilu};
+    // 1 and 8 tokens: decode tiles; 160 tokens x 4 / 16 experts = 40 rows per expert: prefill tiles.
+    for (int tokens : {1, 8, 160}) {
+      SCOPED_TRACE(::testing::Message() << tokens << " tokens");
+      Tensor x = random({tokens, d_model});
+      Tensor ref = host_tensor(DType::kF32, {tokens, d_model});
+      cpu_->moe({.x = x, .router = &rc, .experts = &ec, .routing = rp, .glu = glu, .out = ref});
+      Tensor out = poisoned(ref.shape);
+      gpu_->moe({.x = to_gpu(x), .router = &rg, .experts = &eg, .routing = rp, .glu = glu, .out = out});
+      // The act between the GEMMs is bf16 on the GPU (as on the bf16 path), plus the
+      // weights' bf16 rounding for INT4 / FP8: three bf16 roundings of the scale.
+      std::vector<float> got = from_gpu(out);
+      double max_ref = 0.0, max_err = 0.0;
+      for (int64_t i = 0; i < ref.numel(); ++i) {
+        ASSERT_FALSE(std::isnan(got[size_t(i)])) << "element " << i << " not written (or NaN)";
+        max_ref = std::max(max_ref, double(std::abs(ref.as<float>()[i])));
+        max_err = std::max(max_err, std::abs(double(got[size_t(i)]) - ref.as<float>()[i]));
+      }
+      EXPECT_LE(max_err, 3 * kBf16Tol * max_ref) << "max error " << max_err << " vs max |ref| " << max_ref;
+      std::printf("%s moe %d tokens: max error / max|ref| %.3g\n", c.name().c_str(), tokens, max_err / max_ref);
+    }
+  }
+}
+
+// A weight the packed layout cannot hold is refused at upload, naming the problem.
+TEST_F(CudaQuant, UnsupportedShapesFailAtUpload) {
+  auto q = testing::random_quantized({formats::QuantKind::kInt4Group, 24, 0, DType::kBF16}, 4, 96, rng_);
+  auto p = gpu_->upload_quantized(q);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("group size 24"), std::string::npos) << p.status().message();
+}
+
+}  // namespace
+}  // namespace kiln
