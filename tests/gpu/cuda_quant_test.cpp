@@ -45,7 +45,7 @@ TEST_F(CudaQuant, LinearMatchesCpuForEveryFormatAndShape) {
   for (const QuantCase& c : testing::quant_cases()) {
     for (auto [n_out, n_in] : shapes) {
       if (n_in % testing::quant_k_unit(c) != 0) continue;
-      for (int rows : {1, 5, 31, 100}) {
+      for (int rows : {1, 3, 4, 17, 100}) {  // GEMV (<= 4), decode tiles, prefill tiles
         if (rows == 100 && n_out * n_in > 4'000'000) continue;  // keep the CPU reference quick
         SCOPED_TRACE(::testing::Message() << c.name() << " " << n_out << "x" << n_in << " rows " << rows);
         ops::Weight wc, wg;
@@ -109,8 +109,9 @@ TEST_F(CudaQuant, MoeMatchesCpuForEveryFormat) {
     const ops::RouterParams rp{.kind = gpt_oss ? ops::RouterKind::kTopKSoftmax : ops::RouterKind::kSoftmaxTopK,
                                .n_experts = n_experts, .top_k = top_k, .norm_topk_prob = true};
     const ops::GluParams glu{.kind = gpt_oss ? ops::GluKind::kGptOssClamp : ops::GluKind::kSilu};
-    // 1 and 8 tokens: decode tiles; 160 tokens x 4 / 16 experts = 40 rows per expert: prefill tiles.
-    for (int tokens : {1, 8, 160}) {
+    // 1 and 8 tokens: the GEMV (kGemvRows-row tiles); 24: decode tiles; 160 tokens x 4 / 16
+    // experts = 40 rows per expert: prefill tiles.
+    for (int tokens : {1, 8, 24, 160}) {
       SCOPED_TRACE(::testing::Message() << tokens << " tokens");
       Tensor x = random({tokens, d_model});
       Tensor ref = host_tensor(DType::kF32, {tokens, d_model});

@@ -1,6 +1,8 @@
 // CudaBackend's ops: argument checks at entry, then the kernels of kernels/.
 #include "backends/cuda/cuda_backend_impl.h"
 
+#include <algorithm>
+
 namespace kiln::cuda {
 namespace {
 
@@ -57,8 +59,16 @@ void CudaBackend::linear(const ops::LinearArgs& a) {
     KILN_CHECK(a.x.dim(1) == w.n_in() && a.out.dim(1) == w.n_out() && a.out.dim(0) == a.x.dim(0))
         << "linear: x " << a.x.shape << ", out " << a.out.shape << " vs weight [" << w.n_out() << ", " << w.n_in() << "]";
     KILN_CHECK_LE(quant_gemm_smem_bytes(), smem_cap_) << "linear: the quantized GEMMs' shared memory vs --smem-cap";
-    launch_quant_linear(a.x.as<bf16>(), quant_mat(w.quant), quant_format(w.quant), vec_or_null(w.bias, "linear bias"),
-                        a.x.dim(0), w.n_out(), w.n_in(), a.out.as<bf16>(), stream_);
+    const int64_t rows = a.x.dim(0);
+    if (rows == 0) return;
+    if (quant_gemv_fits(rows, w.n_in())) {
+      launch_quant_gemv_linear(a.x.as<bf16>(), quant_mat(w.quant), quant_format(w.quant),
+                               vec_or_null(w.bias, "linear bias"), rows, w.n_out(), w.n_in(), a.out.as<bf16>(),
+                               stream_);
+    } else {
+      launch_quant_linear(a.x.as<bf16>(), quant_mat(w.quant), quant_format(w.quant), vec_or_null(w.bias, "linear bias"),
+                          rows, w.n_out(), w.n_in(), a.out.as<bf16>(), stream_);
+    }
     return;
   }
   Tensor out = a.out;
@@ -260,9 +270,20 @@ void CudaBackend::moe(const ops::MoeArgs& a) {
     KILN_CHECK(moe_grouped_supported(s, !ex.gate_up.empty(), n_experts))
         << "moe: quantized experts need d_model and d_ff multiples of 8 (" << d_model << ", " << ex.d_ff << ")";
     KILN_CHECK_LE(quant_gemm_smem_bytes(), smem_cap_) << "moe: the quantized GEMMs' shared memory vs --smem-cap";
-    MoeGroupedScratch sc = grouped_scratch();
-    launch_moe_grouped_quant(a.x.as<bf16>(), static_cast<const QuantExpert*>(expert_table(ex)),
-                             quant_format(ex.down[0].quant), chosen, s, n_pairs, n_experts, top_k, sc, stream_);
+    const auto* table = static_cast<const QuantExpert*>(expert_table(ex));
+    const QuantFormat f = quant_format(ex.down[0].quant);
+    if (n_tokens <= kQuantGemvMoeTokens && quant_gemv_fits(kGemvRows, std::max(d_model, ex.d_ff))) {
+      // Decode: a few rows per expert, streamed on the CUDA cores.
+      const int slots = moe_tile_slots(n_pairs, n_experts, kGemvRows);
+      int32_t* perm = scratch<int32_t>(n_pairs, op_scratch_);
+      int4* tiles = scratch<int4>(slots, op_scratch_);
+      bf16* act = scratch<bf16>(n_pairs * ex.d_ff, op_scratch_);
+      launch_moe_align(chosen, n_pairs, n_experts, kGemvRows, perm, tiles, slots, stream_);
+      launch_moe_gemv_quant(a.x.as<bf16>(), table, f, s, top_k, perm, tiles, slots, act, y, stream_);
+    } else {
+      MoeGroupedScratch sc = grouped_scratch();
+      launch_moe_grouped_quant(a.x.as<bf16>(), table, f, chosen, s, n_pairs, n_experts, top_k, sc, stream_);
+    }
     launch_moe_combine(y, chosen, weights, n_tokens, top_k, d_model, a.out.as<bf16>(), stream_);
     return;
   }
