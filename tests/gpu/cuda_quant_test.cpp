@@ -20,14 +20,14 @@ namespace kiln {
 namespace {
 
 using gpu_testing::kBf16Tol;
-using testing::QuantCase;
+using cuda::QuantCase;
 
 class CudaQuant : public gpu_testing::GpuTest {
  protected:
   // The host weight as the CPU reference reads it, and its packed GPU twin.
   void make_weight(const QuantCase& c, int64_t n_out, int64_t n_in, bool bias, ops::Weight& wc, ops::Weight& wg) {
     wc = ops::Weight{};
-    wc.quant = testing::random_quantized(c, n_out, n_in, rng_);
+    wc.quant = cuda::random_quantized(c, n_out, n_in, rng_);
     if (bias) wc.bias = random({n_out}, 0.1f);
     auto packed = gpu_->upload_quantized(wc.quant);
     ASSERT_TRUE(packed.ok()) << packed.status().to_string();
@@ -42,9 +42,9 @@ TEST_F(CudaQuant, LinearMatchesCpuForEveryFormatAndShape) {
   // expert down, Qwen3-30B-A3B, and odd shapes (an output tail, inputs off the 128 tile).
   const std::vector<std::pair<int64_t, int64_t>> shapes = {
       {5120, 2880}, {2880, 4096}, {1536, 7168}, {7168, 2048}, {768, 2048}, {131, 160}, {77, 1056}};
-  for (const QuantCase& c : testing::quant_cases()) {
+  for (const QuantCase& c : cuda::quant_cases()) {
     for (auto [n_out, n_in] : shapes) {
-      if (n_in % testing::quant_k_unit(c) != 0) continue;
+      if (n_in % cuda::quant_k_unit(c) != 0) continue;
       for (int rows : {1, 3, 4, 17, 100}) {  // GEMV (<= 4), decode tiles, prefill tiles
         if (rows == 100 && n_out * n_in > 4'000'000) continue;  // keep the CPU reference quick
         SCOPED_TRACE(::testing::Message() << c.name() << " " << n_out << "x" << n_in << " rows " << rows);
@@ -82,7 +82,7 @@ TEST_F(CudaQuant, LinearMatchesCpuForEveryFormatAndShape) {
 // Whole MoE layers: gpt-oss's fused interleaved MXFP4 experts with biases and the
 // clamped SwiGLU; separate gate / up / down for the other formats (GLM / Kimi / Qwen).
 TEST_F(CudaQuant, MoeMatchesCpuForEveryFormat) {
-  for (const QuantCase& c : testing::quant_cases()) {
+  for (const QuantCase& c : cuda::quant_cases()) {
     const bool gpt_oss = c.kind == formats::QuantKind::kMxfp4;
     const int n_experts = gpt_oss ? 8 : 16, top_k = gpt_oss ? 4 : 4;
     const int64_t d_model = gpt_oss ? 2880 : 1024, d_ff = gpt_oss ? 2880 : 768;
@@ -135,7 +135,7 @@ TEST_F(CudaQuant, MoeMatchesCpuForEveryFormat) {
 
 // A weight the packed layout cannot hold is refused at upload, naming the problem.
 TEST_F(CudaQuant, UnsupportedShapesFailAtUpload) {
-  auto q = testing::random_quantized({formats::QuantKind::kInt4Group, 24, 0, DType::kBF16}, 4, 96, rng_);
+  auto q = cuda::random_quantized({formats::QuantKind::kInt4Group, 24, 0, DType::kBF16}, 4, 96, rng_);
   auto p = gpu_->upload_quantized(q);
   ASSERT_FALSE(p.ok());
   EXPECT_NE(p.status().message().find("group size 24"), std::string::npos) << p.status().message();

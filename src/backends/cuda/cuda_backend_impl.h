@@ -64,6 +64,9 @@ class CudaBackend final : public ops::Backend {
   // MoE expert path control, likewise (the GEMV path remains).
   void force_moe_path(MoePath p) { forced_moe_path_ = p; }
   void disable_grouped_moe() { grouped_moe_disabled_ = true; }
+  // Quantized weights control (the self-test): after a failure upload_quantized
+  // refuses every quantized weight with this reason.
+  void disable_quantized(std::string reason) { quantized_disabled_ = std::move(reason); }
   // Decode steps replayed from a recorded CUDA graph so far (tests, doctor).
   int64_t graph_replays() const { return graph_replays_; }
   // MLA attend path control, likewise (the warp kernel remains).
@@ -154,6 +157,7 @@ class CudaBackend final : public ops::Backend {
   bool grouped_moe_disabled_ = false;
   MlaPath forced_mla_path_ = MlaPath::kAuto;
   bool mla_mma_disabled_ = false;
+  std::string quantized_disabled_;  // non-empty: the self-test failure that disabled them
 };
 
 }  // namespace kiln::cuda

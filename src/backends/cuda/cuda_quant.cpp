@@ -28,6 +28,10 @@ QuantFormat quant_format(const formats::QuantizedTensor& q) {
 }
 
 Result<formats::QuantizedTensor> CudaBackend::upload_quantized(const formats::QuantizedTensor& q) {
+  if (!quantized_disabled_.empty()) {
+    return unsupported("quantized weights are disabled on this GPU: the start-up self-test failed (" +
+                       quantized_disabled_ + ")");
+  }
   KILN_ASSIGN_OR_RETURN(PackedQuant p, pack_quantized(q));
   formats::QuantizedTensor out;
   out.kind = q.kind;

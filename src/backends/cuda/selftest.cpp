@@ -7,6 +7,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend_impl.h"
+#include "backends/cuda/quant_random.h"
 #include "core/log.h"
 
 namespace kiln::cuda {
@@ -310,6 +311,25 @@ PathResult test_sampling(Harness& h) {
 
 }  // namespace
 
+// A quantized linear of each value kind, on the GEMV (2 rows) and on the mma.sync
+// decode (20) and prefill (40) tiles. The reference reads the weights as the GPU's bf16
+// tiles hold them (the CPU's bf16 mode).
+PathResult test_quant_linear(Harness& h, const QuantCase& c, int rows) {
+  static std::mt19937 rng(20261123);
+  const int64_t n_out = 192, n_in = 384;
+  ops::Weight wc{.quant = random_quantized(c, n_out, n_in, rng)};
+  auto packed = h.gpu_backend().upload_quantized(wc.quant);
+  const std::string path = "quantized linear (" + c.name() + ", " + std::to_string(rows) + " rows, " +
+                           (rows <= kGemvRows ? "GEMV" : "mma.sync") + ")";
+  if (!packed.ok()) return PathResult{.path = path, .detail = packed.status().to_string()};
+  ops::Weight wg{.quant = std::move(packed).value()};
+  Tensor x = h.random({rows, n_in});
+  Tensor ref = h.cpu_out({rows, n_out}), out = h.poisoned({rows, n_out});
+  h.cpu().linear({.x = x, .w = &wc, .out = ref});
+  h.gpu_backend().linear({.x = h.gpu(x), .w = &wg, .out = out});
+  return h.compare(path, out, ref);
+}
+
 std::vector<PathResult> run_self_test(ops::Backend& gpu) {
   Harness h(gpu);
   std::vector<PathResult> r;
@@ -367,6 +387,21 @@ std::vector<PathResult> run_self_test(ops::Backend& gpu) {
       }
     }
     if (cuda) cuda->force_moe_path(MoePath::kAuto);
+  }
+  // Quantized weights: no fallback kernel, so a failure refuses quantized checkpoints
+  // (upload_quantized says why) and leaves bf16 models served.
+  for (const QuantCase& c : {QuantCase{formats::QuantKind::kMxfp4}, QuantCase{formats::QuantKind::kNvfp4},
+                             QuantCase{formats::QuantKind::kInt4Group, 32, 0, DType::kBF16},
+                             QuantCase{formats::QuantKind::kFp8Block, 128, 128, DType::kF32}}) {
+    for (int rows : {2, 20, 40}) {
+      PathResult t = test_quant_linear(h, c, rows);
+      t.required = false;
+      if (!t.passed && cuda) {
+        cuda->disable_quantized(t.path + ": " + t.detail);
+        KILN_LOG(kWarn, "CUDA self-test: quantized weights disabled: " << t.path << ": " << t.detail);
+      }
+      r.push_back(t);
+    }
   }
   r.push_back(test_sampling(h));
   gpu.synchronize();

@@ -19,13 +19,13 @@ using formats::QuantKind;
 
 TEST(CudaQuantPack, EveryFormatDecodesToTheReferenceValues) {
   std::mt19937 rng(7);
-  for (const testing::QuantCase& c : testing::quant_cases()) {
+  for (const cuda::QuantCase& c : cuda::quant_cases()) {
     // Odd row counts (a partial FP8 row block), inputs off the 128-input tile.
-    const int64_t unit = testing::quant_k_unit(c);
+    const int64_t unit = cuda::quant_k_unit(c);
     for (auto [n_out, n_in] : {std::pair<int64_t, int64_t>{3, unit}, {131, 5 * 128 + unit}, {130, 384}}) {
       if (n_in % unit != 0) continue;
       SCOPED_TRACE(c.name() + " " + std::to_string(n_out) + "x" + std::to_string(n_in));
-      const formats::QuantizedTensor q = testing::random_quantized(c, n_out, n_in, rng);
+      const formats::QuantizedTensor q = cuda::random_quantized(c, n_out, n_in, rng);
       auto p = pack_quantized(q);
       ASSERT_TRUE(p.ok()) << p.status().to_string();
       EXPECT_EQ(p->k_padded % cuda::kQuantKTile, 0);
@@ -55,17 +55,17 @@ TEST(CudaQuantPack, EveryFormatDecodesToTheReferenceValues) {
 
 TEST(CudaQuantPack, ShapesTheLayoutCannotHoldFailClearly) {
   std::mt19937 rng(8);
-  auto q = testing::random_quantized({QuantKind::kInt4Group, 24, 0, DType::kBF16}, 4, 96, rng);
+  auto q = cuda::random_quantized({QuantKind::kInt4Group, 24, 0, DType::kBF16}, 4, 96, rng);
   auto p = pack_quantized(q);
   ASSERT_FALSE(p.ok());
   EXPECT_NE(p.status().message().find("group size 24"), std::string::npos) << p.status().message();
 
-  q = testing::random_quantized({QuantKind::kFp8Block, 96, 128, DType::kF32}, 4, 192, rng);
+  q = cuda::random_quantized({QuantKind::kFp8Block, 96, 128, DType::kF32}, 4, 192, rng);
   p = pack_quantized(q);
   ASSERT_FALSE(p.ok());
   EXPECT_NE(p.status().message().find("block size 96"), std::string::npos) << p.status().message();
 
-  q = testing::random_quantized({QuantKind::kInt4Group, 8, 0, DType::kF32}, 4, 64, rng);
+  q = cuda::random_quantized({QuantKind::kInt4Group, 8, 0, DType::kF32}, 4, 64, rng);
   p = pack_quantized(q);  // 16 f32 scales per 128 inputs: 64 bytes, over the kernels' 32
   ASSERT_FALSE(p.ok());
   EXPECT_NE(p.status().message().find("bytes of scales"), std::string::npos) << p.status().message();

@@ -1,6 +1,7 @@
-// Random quantized weights in their checkpoint layouts (formats/quant.h), shared by the
-// CUDA packing test (CPU) and the quantized GEMM tests (GPU). Codes cover every value
-// but NaN; scales keep weights in a trained model's range.
+// Random quantized weights in their checkpoint layouts (formats/quant.h), for the
+// start-up self-test of the quantized kernels (selftest.cpp), the CUDA packing test
+// (CPU) and the quantized GEMM tests (GPU). Codes cover every value but NaN; scales
+// keep weights in a trained model's range.
 #pragma once
 
 #include <cmath>
@@ -10,7 +11,7 @@
 #include "core/tensor.h"
 #include "formats/quant.h"
 
-namespace kiln::testing {
+namespace kiln::cuda {
 
 struct QuantCase {
   formats::QuantKind kind;
@@ -115,4 +116,4 @@ inline int64_t quant_k_unit(const QuantCase& c) {
   }
 }
 
-}  // namespace kiln::testing
+}  // namespace kiln::cuda
