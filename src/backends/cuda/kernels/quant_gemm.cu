@@ -18,12 +18,10 @@
 // quant_gemm_decode_rows is the heuristic between them (the place for a tuner).
 #include <algorithm>
 
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
-
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels/attention_mma.cuh"
 #include "backends/cuda/kernels/kernels.h"
+#include "backends/cuda/kernels/quant_decode.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -87,30 +85,6 @@ struct QGemmParams {
   float* y;                     // down output [n_pairs, d_model]
   bf16* out;                    // dense output [rows, NF]
 };
-
-__device__ __forceinline__ float e2m1_value(uint32_t c) {
-  const uint32_t mag = c & 7u;
-  const float v = mag >= 2u ? __uint_as_float((((mag >> 1) + 126u) << 23) | ((mag & 1u) << 22)) : 0.5f * float(mag);
-  return (c & 8u) ? -v : v;
-}
-
-__device__ __forceinline__ float e4m3_value(uint32_t c) {
-  return __half2float(__half(__nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(c), __NV_E4M3)));
-}
-
-// QuantFormat::scale_kind: 0 e8m0, 1 e4m3, 2 bf16, 3 f16, 4 f32.
-__device__ __forceinline__ float scale_value(int kind, const unsigned char* p) {
-  switch (kind) {
-    case 0: {
-      const uint32_t v = p[0];
-      return v == 0u ? __uint_as_float(0x00400000u) : v == 255u ? __uint_as_float(0x7fc00000u) : __uint_as_float(v << 23);
-    }
-    case 1: return e4m3_value(p[0]);
-    case 2: return __uint_as_float(uint32_t(*reinterpret_cast<const uint16_t*>(p)) << 16);
-    case 3: return __half2float(*reinterpret_cast<const __half*>(p));
-    default: return *reinterpret_cast<const float*>(p);
-  }
-}
 
 // Where fused column f's weight row lives (codes and scales at k = 0).
 template <bool kUp>

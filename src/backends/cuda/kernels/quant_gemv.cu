@@ -19,6 +19,7 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels/common.cuh"
 #include "backends/cuda/kernels/kernels.h"
+#include "backends/cuda/kernels/quant_decode.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -45,19 +46,6 @@ struct GemvParams {
   float* y;                    // down: [pairs, d_model]
   bf16* out;                   // dense: [rows, n_out]
 };
-
-__device__ __forceinline__ float scale_at(int kind, const uint8_t* p) {
-  switch (kind) {
-    case 0: {
-      const uint32_t v = p[0];
-      return v == 0u ? __uint_as_float(0x00400000u) : v == 255u ? __uint_as_float(0x7fc00000u) : __uint_as_float(v << 23);
-    }
-    case 1: return __half2float(__half(__nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(p[0]), __NV_E4M3)));
-    case 2: return __uint_as_float(uint32_t(*reinterpret_cast<const uint16_t*>(p)) << 16);
-    case 3: return __half2float(*reinterpret_cast<const __half*>(p));
-    default: return *reinterpret_cast<const float*>(p);
-  }
-}
 
 // Four codes of byte pair `b` (bits 0-15: codes 0..3, low nibble first) as four floats.
 // e2m1: magnitudes through two byte permutations (tables of the bf16 high and low bytes
@@ -189,7 +177,7 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
 #pragma unroll
               for (int r = 0; r < kGemvRows; ++r) acc[h][r] += part[r] * sc, part[r] = 0.0f;
             }
-            sc = scale_at(p.f.scale_kind, scales[h] + (k >> group_shift) * p.f.scale_bytes);
+            sc = scale_value(p.f.scale_kind, scales[h] + (k >> group_shift) * p.f.scale_bytes);
           }
           float v[8];
           if constexpr (kValue == 2) decode8<2>(words[2 * q], words[2 * q + 1], v);
