@@ -80,6 +80,7 @@
 #include "backends/cpu/cpu_internal.h"  // cpu::route: the reference routing rule
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/kernels/kernels.h"
 #include "ops/backend.h"
 
 namespace {
@@ -668,7 +669,8 @@ constexpr QuantFormatCase kQuantFormats[] = {
 std::vector<kiln::formats::QuantizedTensor> packed_experts(Bench& b, ops::Backend& be, const QuantFormatCase& f,
                                                            int64_t n_experts, int64_t n_out, int64_t n_in,
                                                            double* bytes_per_expert) {
-  const int64_t kp = (n_in + 127) / 128 * 128, code_row = kp * f.bits / 8, scale_row = kp / f.group * f.scale_bytes;
+  const kiln::cuda::QuantFormat qf{.value = f.bits == 8 ? 2 : 0, .scale_bytes = f.scale_bytes, .group = f.group};
+  const int64_t code_row = qf.code_row_bytes(n_in), scale_row = qf.scale_row_bytes(n_in);
   // Codes: random bytes from the weight pool (a bf16 tensor of the same bytes).
   Tensor codes = b.fill.weight(be, {n_experts, n_out, code_row / 2});
   Tensor scales = be.alloc(DType::kU8, {n_experts, n_out, scale_row});

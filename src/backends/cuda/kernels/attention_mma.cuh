@@ -287,6 +287,39 @@ inline int log2_exact(int v) {  // -1 unless v is a power of two
   return s;
 }
 
+// One warp's k loop over a swizzled A tile (rows of kBK bf16) and B tile for the GEMMs
+// (moe_gemm.cu, quant_gemm.cu): the warp owns kMT m16 tiles from row wm * kMT * 16 and
+// kNT n8 tiles from column wn * kNT * 8. B holds one row of kBK per output column, or,
+// kTransB, one row of kBNF output columns per k (read with ldmatrix.trans).
+template <int kMT, int kNT, int kBK, bool kTransB = false, int kBNF = 0>
+__device__ __forceinline__ void warp_tile_mma(uint32_t sa, uint32_t sb, int wm, int wn, int lane,
+                                              float (&acc)[kMT][kNT][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kBK / 16; ++kk) {
+    uint32_t af[kMT][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      const int r = (wm * kMT + mt) * 16 + lane % 8 + ((lane / 8) % 2) * 8;
+      ldmatrix_x4(sa + swz<kBK>(r, kk * 2 + lane / 16), af[mt]);
+    }
+#pragma unroll
+    for (int nn = 0; nn < kNT / 2; ++nn) {
+      const int nb = wn * kNT * 8 + nn * 16;  // first column of the two n8 tiles
+      uint32_t b[4];
+      if constexpr (kTransB) {
+        ldmatrix_x4_trans(sb + swz<kBNF>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8, nb / 8 + lane / 16), b);
+      } else {
+        ldmatrix_x4(sb + swz<kBK>(nb + lane % 8 + (lane / 16) * 8, kk * 2 + (lane / 8) % 2), b);
+      }
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        mma_bf16(acc[mt][2 * nn], af[mt], b[0], b[1]);
+        mma_bf16(acc[mt][2 * nn + 1], af[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
 inline Params make_params(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, const float* sinks,
                           const DeviceBatch& b, int n_heads, int n_kv_heads, float scale, int window) {
   Params p{};

@@ -207,6 +207,10 @@ struct QuantFormat {
   int scale_kind = 0;  // 0 e8m0, 1 e4m3, 2 bf16, 3 f16, 4 f32
   int scale_bytes = 1;
   int group = 32;      // inputs per scale
+  // Packed row bytes of a weight with k inputs (quant_pack.h: padded to 128-input tiles).
+  __host__ __device__ int64_t k_padded(int64_t k) const { return (k + 127) / 128 * 128; }
+  __host__ __device__ int64_t code_row_bytes(int64_t k) const { return k_padded(k) * (value == 2 ? 8 : 4) / 8; }
+  __host__ __device__ int64_t scale_row_bytes(int64_t k) const { return k_padded(k) / group * scale_bytes; }
 };
 struct QuantExpert {
   QuantMat gate_up, gate, up, down;     // gate_up.codes == nullptr: separate gate and up

@@ -41,9 +41,6 @@ namespace {
 using attn::cp_async_16;
 using attn::cp_async_commit;
 using attn::cp_async_wait;
-using attn::ldmatrix_x4;
-using attn::ldmatrix_x4_trans;
-using attn::mma_bf16;
 using attn::smem_u32;
 using attn::swz;
 
@@ -166,30 +163,7 @@ __global__ void __launch_bounds__(C::kThreads) moe_gemm_kernel(const GemmParams 
     if (next < n_k) load_stage(next % C::kStages, next * kBK);
     cp_async_commit();
     const uint32_t sa = s0 + (kt % C::kStages) * C::kStageBytes, sb = sa + C::kABytes;
-#pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) {
-      uint32_t af[C::kMT][4];
-#pragma unroll
-      for (int mt = 0; mt < C::kMT; ++mt) {
-        const int r = (wm * C::kMT + mt) * 16 + lane % 8 + ((lane / 8) % 2) * 8;
-        ldmatrix_x4(sa + swz<kBK>(r, kk * 2 + lane / 16), af[mt]);
-      }
-#pragma unroll
-      for (int nn = 0; nn < C::kNT / 2; ++nn) {
-        const int nb = wn * C::kNT * 8 + nn * 16;  // first fused column of the two n8 tiles
-        uint32_t b[4];
-        if constexpr (kTrans) {
-          ldmatrix_x4_trans(sb + swz<C::kBNF>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8, nb / 8 + lane / 16), b);
-        } else {
-          ldmatrix_x4(sb + swz<kBK>(nb + lane % 8 + (lane / 16) * 8, kk * 2 + (lane / 8) % 2), b);
-        }
-#pragma unroll
-        for (int mt = 0; mt < C::kMT; ++mt) {
-          mma_bf16(acc[mt][2 * nn], af[mt], b[0], b[1]);
-          mma_bf16(acc[mt][2 * nn + 1], af[mt], b[2], b[3]);
-        }
-      }
-    }
+    attn::warp_tile_mma<C::kMT, C::kNT, kBK, kTrans, C::kBNF>(sa, sb, wm, wn, lane, acc);
   }
   cp_async_wait<0>();
 

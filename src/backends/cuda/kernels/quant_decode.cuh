@@ -7,6 +7,8 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include "backends/cuda/kernels/kernels.h"
+
 namespace kiln::cuda {
 
 // One e2m1 code (4 bits) as a float: 0, .5, 1, 1.5, 2, 3, 4, 6 and negatives.
@@ -33,6 +35,24 @@ __device__ __forceinline__ float scale_value(int kind, const unsigned char* p) {
     case 3: return __half2float(*reinterpret_cast<const __half*>(p));
     default: return *reinterpret_cast<const float*>(p);
   }
+}
+
+// Where column f of a quantized GEMM reads its weight row: a dense weight's row f, an
+// expert's down row f, or (up) fused column f = 2i + h of a gate/up pair: gate (h 0) or
+// up (h 1) row i, from separate matrices or one fused [gate; up] / interleaved matrix.
+// By value: taking the address of a kernel parameter (the dense weight) would copy the
+// whole parameter block to local memory.
+struct QuantRowRef {
+  QuantMat m;
+  int row;
+};
+__device__ __forceinline__ QuantRowRef quant_row(const QuantMat& dense, const QuantExpert* ew, bool up,
+                                                 bool interleaved, int d_ff, int f) {
+  if (ew == nullptr) return {dense, f};
+  if (!up) return {ew->down, f};
+  const int i = f >> 1, h = f & 1;
+  if (ew->gate_up.codes == nullptr) return {h ? ew->up : ew->gate, i};
+  return {ew->gate_up, interleaved ? f : h * d_ff + i};
 }
 
 }  // namespace kiln::cuda

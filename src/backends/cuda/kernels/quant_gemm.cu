@@ -29,8 +29,6 @@ namespace {
 using attn::cp_async_16;
 using attn::cp_async_commit;
 using attn::cp_async_wait;
-using attn::ldmatrix_x4;
-using attn::mma_bf16;
 using attn::smem_u32;
 using attn::swz;
 
@@ -90,24 +88,9 @@ struct QGemmParams {
 template <bool kUp>
 __device__ __forceinline__ void b_row(const QGemmParams& p, const QuantExpert* ew, int f, const uint8_t*& codes,
                                       const uint8_t*& scales) {
-  const QuantMat* m;
-  int row = f;
-  if (ew == nullptr) {
-    m = &p.dense;
-  } else if (!kUp) {
-    m = &ew->down;
-  } else {
-    const int i = f >> 1, h = f & 1;
-    if (ew->gate_up.codes == nullptr) {
-      m = h ? &ew->up : &ew->gate;
-      row = i;
-    } else {
-      m = &ew->gate_up;
-      row = p.s.interleaved ? f : h * p.d_ff + i;
-    }
-  }
-  codes = m->codes + int64_t(row) * p.code_row;
-  scales = m->scales + int64_t(row) * p.scale_row;
+  const QuantRowRef w = quant_row(p.dense, ew, kUp, p.s.interleaved, p.d_ff, f);
+  codes = w.m.codes + int64_t(w.row) * p.code_row;
+  scales = w.m.scales + int64_t(w.row) * p.scale_row;
 }
 
 template <typename C, bool kUp>
@@ -226,43 +209,16 @@ __global__ void __launch_bounds__(C::kThreads) quant_gemm_kernel(const QGemmPara
         *reinterpret_cast<uint4*>(bt_ptr + swz<kSub>(r, c8)) = packed;
       }
       __syncthreads();
-      const uint32_t sas = sa + sub * C::kASubBytes;
-#pragma unroll
-      for (int kk = 0; kk < kSub / 16; ++kk) {
-        uint32_t af[C::kMT][4];
-#pragma unroll
-        for (int mt = 0; mt < C::kMT; ++mt) {
-          const int r = (wm * C::kMT + mt) * 16 + lane % 8 + ((lane / 8) % 2) * 8;
-          ldmatrix_x4(sas + swz<kSub>(r, kk * 2 + lane / 16), af[mt]);
-        }
-#pragma unroll
-        for (int nn = 0; nn < C::kNT / 2; ++nn) {
-          const int nb = wn * C::kNT * 8 + nn * 16;
-          uint32_t b[4];
-          ldmatrix_x4(sbt + swz<kSub>(nb + lane % 8 + (lane / 16) * 8, kk * 2 + (lane / 8) % 2), b);
-#pragma unroll
-          for (int mt = 0; mt < C::kMT; ++mt) {
-            mma_bf16(acc[mt][2 * nn], af[mt], b[0], b[1]);
-            mma_bf16(acc[mt][2 * nn + 1], af[mt], b[2], b[3]);
-          }
-        }
-      }
+      attn::warp_tile_mma<C::kMT, C::kNT, kSub>(sa + sub * C::kASubBytes, sbt, wm, wn, lane, acc);
     }
   }
   cp_async_wait<0>();
 
   // Epilogue: thread holds rows lane / 4 (+ 8) and fused columns (2q, 2q + 1), q = lane % 4.
-  float g2 = 1.0f, u2 = 1.0f;  // global scales (NVFP4): gate / up, or the one matrix
-  if (ew == nullptr) {
-    if (p.dense.scale2) g2 = u2 = *p.dense.scale2;
-  } else if (!kUp) {
-    if (ew->down.scale2) g2 = u2 = *ew->down.scale2;
-  } else if (ew->gate_up.codes != nullptr) {
-    if (ew->gate_up.scale2) g2 = u2 = *ew->gate_up.scale2;
-  } else {
-    if (ew->gate.scale2) g2 = *ew->gate.scale2;
-    if (ew->up.scale2) u2 = *ew->up.scale2;
-  }
+  // Global scales (NVFP4) of the thread's even and odd columns: gate and up, or one matrix.
+  float g2 = 1.0f, u2 = 1.0f;
+  if (const float* s2 = quant_row(p.dense, ew, kUp, p.s.interleaved, p.d_ff, 0).m.scale2) g2 = *s2;
+  if (const float* s2 = quant_row(p.dense, ew, kUp, p.s.interleaved, p.d_ff, 1).m.scale2) u2 = *s2;
 #pragma unroll
   for (int mt = 0; mt < C::kMT; ++mt) {
 #pragma unroll
@@ -316,13 +272,9 @@ void dispatch(bool decode, const QGemmParams& p, int grid_x, cudaStream_t stream
   }
 }
 
-int64_t k_padded(int64_t k) { return (k + kKTile - 1) / kKTile * kKTile; }
-
 void set_rows(QGemmParams& p, const QuantFormat& f, int64_t K) {
-  const int64_t kp = k_padded(K);
-  const int bits = f.value == 2 ? 8 : 4;
-  p.code_row = kp * bits / 8;
-  p.scale_row = kp / f.group * f.scale_bytes;
+  p.code_row = f.code_row_bytes(K);
+  p.scale_row = f.scale_row_bytes(K);
   p.tile_scale = int(kKTile / f.group * f.scale_bytes);
   p.K = int(K);
 }
@@ -403,9 +355,8 @@ void launch_dequantize(const QuantMat& w, const QuantFormat& f, int64_t n_out, i
                        cudaStream_t stream) {
   const int64_t n = n_out * n_in;
   if (n == 0) return;
-  const int64_t kp = k_padded(n_in);
-  dequantize_kernel<<<unsigned((n + 255) / 256), 256, 0, stream>>>(w, f, n_out, n_in, kp * (f.value == 2 ? 8 : 4) / 8,
-                                                                    kp / f.group * f.scale_bytes, out);
+  dequantize_kernel<<<unsigned((n + 255) / 256), 256, 0, stream>>>(w, f, n_out, n_in, f.code_row_bytes(n_in),
+                                                                    f.scale_row_bytes(n_in), out);
   KILN_CUDA_LAUNCH_CHECK();
 }
 

@@ -91,14 +91,6 @@ __device__ __forceinline__ void decode8(uint32_t w0, uint32_t w1, float (&v)[8])
   }
 }
 
-// Where weight row `row` of the unit's matrix lives.
-__device__ __forceinline__ const QuantMat* unit_mat(const GemvParams& p, const QuantExpert* ew, bool up, int h) {
-  if (ew == nullptr) return &p.dense;
-  if (!up) return &ew->down;
-  if (ew->gate_up.codes != nullptr) return &ew->gate_up;
-  return h ? &ew->up : &ew->gate;
-}
-
 // kUp: unit i = (gate row, up row) of output i; else unit u = rows (2u, 2u + 1).
 template <int kValue, bool kUp>
 __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p) {
@@ -141,14 +133,12 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
     bool live[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const QuantMat* m = unit_mat(p, ew, kUp, h);
-      int row;
-      if (kUp) row = ew->gate_up.codes == nullptr ? u : p.s.interleaved ? 2 * u + h : h * p.d_ff + u;
-      else row = 2 * u + h;
-      live[h] = kUp || row < p.n_out;
-      codes[h] = m->codes + int64_t(live[h] ? row : 0) * p.code_row;
-      scales[h] = m->scales + int64_t(live[h] ? row : 0) * p.scale_row;
-      gu_scale2[h] = m->scale2 ? *m->scale2 : 1.0f;
+      // Unit u is fused column 2u + h of an up GEMM, or output rows 2u + h.
+      const QuantRowRef w = quant_row(p.dense, ew, kUp, p.s.interleaved, p.d_ff, 2 * u + h);
+      live[h] = kUp || 2 * u + h < p.n_out;
+      codes[h] = w.m.codes + int64_t(live[h] ? w.row : 0) * p.code_row;
+      scales[h] = w.m.scales + int64_t(live[h] ? w.row : 0) * p.scale_row;
+      gu_scale2[h] = w.m.scale2 ? *w.m.scale2 : 1.0f;
     }
     float acc[2][kGemvRows] = {};
     // The next chunk's codes are loaded before this one is decoded: two 16-byte loads
@@ -245,9 +235,9 @@ void launch_gemv(const GemvParams& p, int grid_x, cudaStream_t stream) {
 
 void set_k(GemvParams& p, const QuantFormat& f, int64_t K) {
   p.K = int(K);
-  p.Kp = int((K + kKTile - 1) / kKTile * kKTile);
-  p.code_row = int64_t(p.Kp) * (f.value == 2 ? 8 : 4) / 8;
-  p.scale_row = int64_t(p.Kp) / f.group * f.scale_bytes;
+  p.Kp = int(f.k_padded(K));
+  p.code_row = f.code_row_bytes(K);
+  p.scale_row = f.scale_row_bytes(K);
 }
 
 }  // namespace
