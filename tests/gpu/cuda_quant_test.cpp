@@ -45,7 +45,7 @@ TEST_F(CudaQuant, LinearMatchesCpuForEveryFormatAndShape) {
   for (const QuantCase& c : cuda::quant_cases()) {
     for (auto [n_out, n_in] : shapes) {
       if (n_in % cuda::quant_k_unit(c) != 0) continue;
-      for (int rows : {1, 3, 4, 17, 100}) {  // GEMV (<= 4), decode tiles, prefill tiles
+      for (int rows : {1, 3, 8, 17, 100}) {  // GEMV (<= 8), decode tiles, prefill tiles
         if (rows == 100 && n_out * n_in > 4'000'000) continue;  // keep the CPU reference quick
         SCOPED_TRACE(::testing::Message() << c.name() << " " << n_out << "x" << n_in << " rows " << rows);
         ops::Weight wc, wg;

@@ -86,15 +86,12 @@ class CudaBackend final : public ops::Backend {
   // The device table of an expert list: ExpertWeights (bf16) or QuantExpert (packed
   // quantized experts), made on first use.
   const void* expert_table(const ops::MoeExperts& ex);
-  // The path heuristic for quantized weights (a tuner's place): the CUDA-core GEMV
-  // (quant_gemv.cu) while a weight meets at most kGemvRows activation rows and they
-  // fit in shared memory, else the mma.sync tiles (quant_gemm.cu). A MoE layer takes
-  // the GEMV at up to kQuantGemvMoeTokens tokens (then nearly every expert has one or
-  // two rows; busier experts get several kGemvRows-row tiles).
+  // The path heuristic for quantized weights (a tuner's place): the streaming GEMV
+  // (quant_gemv.cu) while a weight meets at most quant_gemv_max_rows activation rows,
+  // else the mma.sync tiles (quant_gemm.cu). A MoE layer takes the GEMV at up to
+  // kQuantGemvMoeTokens tokens (then nearly every expert has one or two rows; busier
+  // experts get several tiles).
   static constexpr int64_t kQuantGemvMoeTokens = 16;
-  bool quant_gemv_fits(int64_t rows, int64_t n_in) const {
-    return rows <= kGemvRows && quant_gemv_smem_bytes(rows, n_in) <= smem_cap_;
-  }
   // A quantized weight as bf16 [n_out, n_in] (MLA's kv_b), made on first use.
   const bf16* dequantized(const ops::Weight& w);
   // y [rows, n_out] = x [rows, n_in] W^T through cuBLASLt (bf16 in, fp32 accumulate).

@@ -61,7 +61,7 @@ void CudaBackend::linear(const ops::LinearArgs& a) {
     KILN_CHECK_LE(quant_gemm_smem_bytes(), smem_cap_) << "linear: the quantized GEMMs' shared memory vs --smem-cap";
     const int64_t rows = a.x.dim(0);
     if (rows == 0) return;
-    if (quant_gemv_fits(rows, w.n_in())) {
+    if (rows <= quant_gemv_max_rows(w.n_in())) {
       launch_quant_gemv_linear(a.x.as<bf16>(), quant_mat(w.quant), quant_format(w.quant),
                                vec_or_null(w.bias, "linear bias"), rows, w.n_out(), w.n_in(), a.out.as<bf16>(),
                                stream_);
@@ -272,14 +272,17 @@ void CudaBackend::moe(const ops::MoeArgs& a) {
     KILN_CHECK_LE(quant_gemm_smem_bytes(), smem_cap_) << "moe: the quantized GEMMs' shared memory vs --smem-cap";
     const auto* table = static_cast<const QuantExpert*>(expert_table(ex));
     const QuantFormat f = quant_format(ex.down[0].quant);
-    if (n_tokens <= kQuantGemvMoeTokens && quant_gemv_fits(kGemvRows, std::max(d_model, ex.d_ff))) {
-      // Decode: a few rows per expert, streamed on the CUDA cores.
-      const int slots = moe_tile_slots(n_pairs, n_experts, kGemvRows);
+    // Decode: a few rows per expert (a token meets an expert once), weights streamed
+    // into registers (quant_gemv.cu).
+    const int gemv_rows = int(std::min<int64_t>(n_tokens, quant_gemv_max_rows(std::max(d_model, ex.d_ff))));
+    if (n_tokens <= kQuantGemvMoeTokens && gemv_rows >= 1) {
+      const int slots = moe_tile_slots(n_pairs, n_experts, gemv_rows);
       int32_t* perm = scratch<int32_t>(n_pairs, op_scratch_);
       int4* tiles = scratch<int4>(slots, op_scratch_);
       bf16* act = scratch<bf16>(n_pairs * ex.d_ff, op_scratch_);
-      launch_moe_align(chosen, n_pairs, n_experts, kGemvRows, perm, tiles, slots, stream_);
-      launch_moe_gemv_quant(a.x.as<bf16>(), table, f, s, top_k, perm, tiles, slots, act, y, stream_);
+      launch_moe_align(chosen, n_pairs, n_experts, gemv_rows, perm, tiles, slots, stream_);
+      launch_moe_gemv_quant(a.x.as<bf16>(), table, f, s, top_k, gemv_rows, n_pairs, perm, tiles, slots, act, y,
+                            stream_);
     } else {
       MoeGroupedScratch sc = grouped_scratch();
       launch_moe_grouped_quant(a.x.as<bf16>(), table, f, chosen, s, n_pairs, n_experts, top_k, sc, stream_);

@@ -229,18 +229,20 @@ void launch_moe_grouped_quant(const bf16* x, const QuantExpert* table, const Qua
                               const MoeShape& s, int64_t n_pairs, int n_experts, int top_k, MoeGroupedScratch& scratch,
                               cudaStream_t stream);
 // ---- quant_gemv.cu: the decode-shaped products (at most kGemvRows activation rows per
-// weight) on the CUDA cores, weights streamed straight into registers.
-constexpr int kGemvRows = 4;
-// Dynamic shared memory of a product of `rows` activation rows with n_in inputs.
-int quant_gemv_smem_bytes(int64_t rows, int64_t n_in);
-// launch_quant_linear for rows <= kGemvRows.
+// weight), weights streamed straight into registers and decoded for the tensor cores.
+constexpr int kGemvRows = 8;
+// The most activation rows the GEMV takes with n_in inputs (they are staged in shared
+// memory; 0: n_in is not a multiple of 8).
+int quant_gemv_max_rows(int64_t n_in);
+// launch_quant_linear for rows <= quant_gemv_max_rows(n_in).
 void launch_quant_gemv_linear(const bf16* x, const QuantMat& w, const QuantFormat& f, const float* bias, int64_t rows,
                               int64_t n_out, int64_t n_in, bf16* out, cudaStream_t stream);
-// Both MoE products over a tile table of kGemvRows-row tiles (launch_moe_align with
-// bm = kGemvRows): act (sorted rows) then y (per pair), as launch_moe_grouped_quant.
+// Both MoE products over a tile table of rows_cap-row tiles (launch_moe_align with
+// bm = rows_cap <= quant_gemv_max_rows of d_model and d_ff): act (sorted rows) then y
+// (per pair), as launch_moe_grouped_quant.
 void launch_moe_gemv_quant(const bf16* x, const QuantExpert* table, const QuantFormat& f, const MoeShape& s,
-                           int top_k, const int32_t* perm, const int4* tiles, int n_slots, bf16* act, float* y,
-                           cudaStream_t stream);
+                           int top_k, int rows_cap, int64_t n_pairs, const int32_t* perm, const int4* tiles,
+                           int n_slots, bf16* act, float* y, cudaStream_t stream);
 // out [n_out, n_in] = bf16(W) (MLA's kv_b, whose attention kernels read bf16).
 void launch_dequantize(const QuantMat& w, const QuantFormat& f, int64_t n_out, int64_t n_in, bf16* out,
                        cudaStream_t stream);

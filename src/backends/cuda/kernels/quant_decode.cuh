@@ -23,19 +23,28 @@ __device__ __forceinline__ float e4m3_value(uint32_t c) {
   return __half2float(__half(__nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(c), __NV_E4M3)));
 }
 
-// A scale of QuantFormat::scale_kind (0 e8m0, 1 e4m3, 2 bf16, 3 f16, 4 f32) at p.
-__device__ __forceinline__ float scale_value(int kind, const unsigned char* p) {
+// The bits of a scale of QuantFormat::scale_kind (0 e8m0, 1 e4m3, 2 bf16, 3 f16, 4 f32)
+// at p, and their value: separate so that a kernel can issue the load early and
+// decode when it arrives.
+__device__ __forceinline__ uint32_t scale_bits(int kind, const unsigned char* p) {
   switch (kind) {
-    case 0: {  // 2^(v - 127); 0 is 2^-127 (a subnormal), 255 NaN
-      const uint32_t v = p[0];
-      return v == 0u ? __uint_as_float(0x00400000u) : v == 255u ? __uint_as_float(0x7fc00000u) : __uint_as_float(v << 23);
-    }
-    case 1: return e4m3_value(p[0]);
-    case 2: return __uint_as_float(uint32_t(*reinterpret_cast<const uint16_t*>(p)) << 16);
-    case 3: return __half2float(*reinterpret_cast<const __half*>(p));
-    default: return *reinterpret_cast<const float*>(p);
+    case 0:
+    case 1: return p[0];
+    case 2:
+    case 3: return *reinterpret_cast<const uint16_t*>(p);
+    default: return *reinterpret_cast<const uint32_t*>(p);
   }
 }
+__device__ __forceinline__ float scale_of(int kind, uint32_t v) {
+  switch (kind) {
+    case 0: return v == 0u ? __uint_as_float(0x00400000u) : v == 255u ? __uint_as_float(0x7fc00000u) : __uint_as_float(v << 23);  // 2^(v - 127)
+    case 1: return e4m3_value(v);
+    case 2: return __uint_as_float(v << 16);
+    case 3: return __half2float(__ushort_as_half(uint16_t(v)));
+    default: return __uint_as_float(v);
+  }
+}
+__device__ __forceinline__ float scale_value(int kind, const unsigned char* p) { return scale_of(kind, scale_bits(kind, p)); }
 
 // Where column f of a quantized GEMM reads its weight row: a dense weight's row f, an
 // expert's down row f, or (up) fused column f = 2i + h of a gate/up pair: gate (h 0) or

@@ -1,22 +1,40 @@
 // Decode-shaped products over quantized weights (quant_pack.h layout): a few rows of
-// activations (at most kGemvRows) against each weight, the case of MoE decode (one
-// or two tokens per expert) and of a dense linear at batch 1-4. Tensor-core tiles
-// waste 12 of 16 rows there and stage every weight through shared memory; here each
-// warp streams its weight rows straight from global memory into registers (16 bytes
-// per lane: 32 four-bit or 16 FP8 codes), decodes them with a few integer ops and
-// multiplies on the CUDA cores, the activations read from shared memory.
+// activations (at most kGemvRows) against each weight, the case of MoE decode (one or
+// two tokens per expert) and of a dense linear at batch 1-8. The work is streaming the
+// weights; the arithmetic must stay out of its way. Each warp loads its weight codes
+// straight from global memory into registers (16 bytes per lane per 128 inputs, no
+// shared memory), turns them into bf16 pairs with a few bit operations and hands them
+// to the tensor cores as the A operand of mma.sync m16n8k16, the activation rows as B
+// (n = 8 token rows; unused rows are zeros). The multiply-adds cost nothing on the CUDA
+// cores, which only decode.
 //
-// Work unit: one warp owns a pair of weight rows at a time, for every activation row of
-// its tile: (gate_i, up_i) of a fused gate/up GEMM (the GLU applied in the warp), or
-// two consecutive output rows of a down / dense GEMM. A CTA covers kUnitsPerCta units
-// of one tile (MoE: moe_gemm.cu's tile table with tiles of kGemvRows rows; dense: all
-// rows). A lane's chunk (32 four-bit or 16 FP8 codes) holds whole scale groups or
-// lies in one (groups are 16 to 128 inputs), so the products of a group are summed
-// first and scaled once, in fp32.
+// A warp's unit is 16 weight rows (the mma's m): for an up GEMM the gate rows of 8
+// consecutive outputs i and their up rows, so each lane holds gate and up of output i
+// for two tokens and applies the GLU itself; else 16 consecutive output rows. Lane
+// (g, t) = (lane / 4, lane % 4) holds rows g and g + 8 of the A fragment and token row
+// g of B. Per 128-input block, lane t owns inputs [32t, 32t + 32) of the block for its
+// rows (one 16-byte load of 4-bit codes, two of FP8). A dot product does not care in
+// which order k is summed, so the mma's logical k is mapped onto these physical inputs
+// in whatever order the decoding yields pairs (decode_pair), and the CTA stages its
+// activation rows in shared memory permuted to the same order, so that a step's B
+// fragment is one 8-byte load.
+//
+// Memory parallelism is the whole game at one or two tokens: each warp keeps kRing - 1
+// blocks of codes (3 KB for 4-bit formats) in flight while it decodes one, and when a GEMM has too few
+// units to fill the GPU the warps of a CTA split the unit's k range (split) and add up
+// their results through shared memory.
+//
+// Scales: a 4-bit lane chunk of 32 inputs lies in one or two scale groups, but one mma
+// sums the chunks of four lanes, so the scale goes onto the weights before the mma: a
+// bf16 multiply of each decoded pair, exact for MXFP4 / NVFP4 (power-of-two or 4-bit
+// scales times 2-bit mantissas) and a single rounding for INT4 (as the reference's bf16
+// weights are). FP8 with 128-input groups (block FP8, per channel, per tensor) scales a
+// whole block's fp32 result instead.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/kernels/attention_mma.cuh"
 #include "backends/cuda/kernels/common.cuh"
 #include "backends/cuda/kernels/kernels.h"
 #include "backends/cuda/kernels/quant_decode.cuh"
@@ -24,10 +42,13 @@
 namespace kiln::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-constexpr int kUnitsPerCta = 64;
-constexpr int kKTile = 128;  // codes are padded to whole 128-input tiles
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kKTile = 128;    // codes are padded to whole 128-input blocks
+constexpr int kXPad = 4;       // bf16 after each staged activation row: conflict-free B loads (8-byte aligned rows)
+constexpr int kSmemBudget = 48 * 1024;  // staged activations per CTA (rows are capped to fit)
+constexpr int kStaticSmem = kWarps * 4 * 32 * 4;  // the split-k partial sums
+static_assert(kGemvRows == 8, "token rows are the mma's n");
 
 struct GemvParams {
   const int4* tiles;           // MoE tile table, or nullptr: dense (one tile of `dense_rows` rows)
@@ -36,9 +57,10 @@ struct GemvParams {
   QuantMat dense;
   const float* dense_bias;
   int dense_rows;
-  int x_rows;                  // activation rows staged in shared memory (<= kGemvRows)
+  int rows_cap;                // most rows a tile has (the staged rows)
   const bf16* a;               // activations [.., K]
-  int top_k, K, Kp, units, d_ff, n_out;
+  int top_k, K, Kp, units, d_ff, n_out, n_blocks;
+  int split;                   // warps per unit, each over n_blocks / split blocks
   int64_t code_row, scale_row;
   QuantFormat f;
   MoeShape s;
@@ -47,55 +69,88 @@ struct GemvParams {
   bf16* out;                   // dense: [rows, n_out]
 };
 
-// Four codes of byte pair `b` (bits 0-15: codes 0..3, low nibble first) as four floats.
-// e2m1: magnitudes through two byte permutations (tables of the bf16 high and low bytes
-// of 0, .5, 1, 1.5, 2, 3, 4, 6), the sign bit moved to bit 15 of each bf16.
-__device__ __forceinline__ void e2m1x4(uint32_t b, float (&v)[4]) {
-  const uint32_t sel = b & 0x7777u;
-  const uint32_t hi = __byte_perm(0x3f3f3f00u, 0x40404040u, sel);
-  const uint32_t lo = __byte_perm(0xc0800000u, 0xc0804000u, sel);
-  const uint32_t p01 = __byte_perm(lo, hi, 0x5140), p23 = __byte_perm(lo, hi, 0x7362);
-  const uint32_t s01 = ((b & 0x8u) << 12) | ((b & 0x80u) << 24), s23 = ((b & 0x800u) << 4) | ((b & 0x8000u) << 16);
-  v[0] = __uint_as_float((p01 | s01) << 16);
-  v[1] = __uint_as_float((p01 | s01) & 0xffff0000u);
-  v[2] = __uint_as_float((p23 | s23) << 16);
-  v[3] = __uint_as_float((p23 | s23) & 0xffff0000u);
+// Format: how codes decode (kValue as QuantFormat::value), how scales are stored (kScale
+// as QuantFormat::scale_kind) and how many a lane's 32-input chunk has (kSpc: 32 / group,
+// at least 1).
+template <int kValue, int kScale, int kSpc>
+struct Fmt {
+  static constexpr bool kFp8 = kValue == 2;
+  static constexpr int kChunkWords = kFp8 ? 8 : 4;  // 32-bit words of codes per lane per block and row
+  static constexpr int kRing = kFp8 ? 2 : 4;        // blocks of codes in flight per warp (registers)
+  // Decoded pairs are bf16 whose value is the code's times 2^-kBias (e2m1: the 3 bits
+  // placed under a bf16 exponent of bias 127 rather than 1; e4m3: bias 127 vs 7).
+  static constexpr int kBias = kValue == 0 ? 126 : kValue == 2 ? 120 : 0;
+  // Pre-mma scale factors carry 2^kPre so that bf16 holds them and the scaled weights
+  // stay normal numbers; the fp32 result is multiplied by 2^(kBias - kPre).
+  static constexpr int kPre = kValue == 1 ? 0 : 100;
+  static constexpr float kUnbias = kValue == 0 ? 0x1p26f : kValue == 2 ? 0x1p20f : 1.0f;
+  static_assert(kBias - kPre == (kValue == 0 ? 26 : kValue == 2 ? 20 : 0));
+};
+
+__device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
+__device__ __forceinline__ __nv_bfloat162 as_bf16x2(uint32_t v) { return *reinterpret_cast<__nv_bfloat162*>(&v); }
+
+// Pair i (0..3) of an 8-code word of 4-bit codes c0..c7 (c0 in the low nibble): the
+// bf16x2 (c_i, c_{i+4}). e2m1: nibble i moved to bits 12-15 (and i + 4 to 28-31), its
+// magnitude shifted under the bf16 exponent, the sign kept (Marlin's trick). INT4:
+// (code | 0x4300) as bf16 is 128 + code, minus 136.
+template <int kValue>
+__device__ __forceinline__ uint32_t decode_pair(uint32_t w, int i) {
+  if constexpr (kValue == 0) {
+    const uint32_t u = w << (12 - 4 * i);
+    return (u & 0x80008000u) | ((u & 0x70007000u) >> 6);
+  } else {
+    const uint32_t u = ((w >> (4 * i)) & 0x000f000fu) | 0x43004300u;
+    return bf16x2_bits(__hsub2(as_bf16x2(u), __floats2bfloat162_rn(136.0f, 136.0f)));
+  }
+}
+// e4m3 bytes b0..b3 of a word: (b0, b2) for j = 0, (b1, b3) for j = 1.
+__device__ __forceinline__ uint32_t decode_fp8_pair(uint32_t w, int j) {
+  const uint32_t u = j == 0 ? w << 8 : w;
+  return (u & 0x80008000u) | ((u & 0x7f007f00u) >> 4);
 }
 
-// Eight values of 32 bits of codes (4-bit: 8 codes; FP8 takes two words per 8).
-template <int kValue>
-__device__ __forceinline__ void decode8(uint32_t w0, uint32_t w1, float (&v)[8]) {
-  if constexpr (kValue == 0) {
-    float a[4], b[4];
-    e2m1x4(w0 & 0xffffu, a);
-    e2m1x4(w0 >> 16, b);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = a[i], v[4 + i] = b[i];
-  } else if constexpr (kValue == 1) {
-    // (code | 0x4300) as bf16 is 128 + code: two codes per 32-bit op.
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t t = ((w0 >> (4 * j)) & 0x000f000fu) | 0x43004300u;  // codes j and j + 4
-      v[j] = __uint_as_float(t << 16) - 136.0f;
-      v[j + 4] = __uint_as_float(t & 0xffff0000u) - 136.0f;
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t w = j < 2 ? w0 : w1;
-      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t((w >> (16 * (j % 2))) & 0xffffu), __NV_E4M3);
-      const float2 f = __half22float2(__half2(h));
-      v[2 * j] = f.x;
-      v[2 * j + 1] = f.y;
-    }
+// Eight activations (one 16-byte load) in the order the steps read them as B: 4-bit
+// codes pair inputs (i, i + 4) of 8, FP8 (i, i + 2) of 4, and a step's (b0, b1) is 4
+// consecutive staged values.
+template <bool kFp8>
+__device__ __forceinline__ uint4 permute_x(uint4 v) {
+  if constexpr (kFp8) {  // x0 x2 x1 x3 | x4 x6 x5 x7
+    return make_uint4(__byte_perm(v.x, v.y, 0x5410), __byte_perm(v.x, v.y, 0x7632), __byte_perm(v.z, v.w, 0x5410),
+                      __byte_perm(v.z, v.w, 0x7632));
+  } else {  // x0 x4 x1 x5 | x2 x6 x3 x7
+    return make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632), __byte_perm(v.y, v.w, 0x5410),
+                      __byte_perm(v.y, v.w, 0x7632));
   }
 }
 
-// kUp: unit i = (gate row, up row) of output i; else unit u = rows (2u, 2u + 1).
-template <int kValue, bool kUp>
+// Bytes of `rows` staged activation rows of kp inputs.
+__host__ __device__ int x_bytes(int rows, int kp) { return rows * (kp + kXPad) * 2; }
+
+// One block of codes of a lane's two rows, and their scales' bits, as loaded.
+template <int kValue, int kScale, int kSpc>
+struct Slot {
+  uint32_t w[2][Fmt<kValue, kScale, kSpc>::kChunkWords];
+  uint32_t s[2][kSpc];
+};
+
+// d += a (16x16 bf16) * b (16x8 bf16) as attn::mma_bf16, but not volatile: the compiler
+// may schedule it among the decoding instructions.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <bool kUp, int kValue, int kScale, int kSpc>
 __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p) {
+  using F = Fmt<kValue, kScale, kSpc>;
+  using S = Slot<kValue, kScale, kSpc>;
+  constexpr int R = F::kRing;
+  constexpr int kCodeBytes = F::kFp8 ? kKTile : kKTile / 2;  // per row per block
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16* xs = reinterpret_cast<bf16*>(smem);  // [x_rows, Kp], zero past K and past the tile's rows
+  __shared__ float partial[kWarps][4][32];
+  static_assert(sizeof(partial) == kStaticSmem);
   int row0, rows;
   const QuantExpert* ew = nullptr;
   if (p.tiles != nullptr) {
@@ -106,184 +161,259 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
   } else {
     row0 = 0, rows = p.dense_rows;
   }
-  // Activation rows into shared memory, 8 bf16 per 16-byte load.
-  const int chunks_per_row = p.Kp / 8;
-  for (int c = threadIdx.x; c < p.x_rows * chunks_per_row; c += kThreads) {
-    const int r = c / chunks_per_row, k = (c % chunks_per_row) * 8;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r < rows && k < p.K) {
-      const int64_t src = p.tiles == nullptr ? r : kUp ? p.perm[row0 + r] / p.top_k : row0 + r;
-      v = *reinterpret_cast<const uint4*>(p.a + src * p.K + k);
-    }
-    *reinterpret_cast<uint4*>(xs + r * p.Kp + k) = v;
-  }
-  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int unit = blockIdx.y * (kWarps / p.split) + warp / p.split, slice = warp % p.split;
+  const int per_slice = (p.n_blocks + p.split - 1) / p.split;
+  const int b_begin = min(p.n_blocks, slice * per_slice);
+  const int b_end = unit < p.units ? min(p.n_blocks, b_begin + per_slice) : b_begin;
 
-  constexpr int kCodes = kValue == 2 ? 16 : 32;  // per lane per chunk (16 bytes)
-  constexpr int kSteps = kCodes / 8;              // 8 inputs per step
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  // Rows to multiply: the tile's (a decode tile usually has one), uniform in the CTA.
-  // Groups are powers of two (16 to 128): shifts, not divisions, in the inner loop.
-  const int group_shift = __ffs(p.f.group) - 1, n_chunks = p.Kp / kCodes, x_rows = min(p.x_rows, rows);
-  float gu_scale2[2] = {1.0f, 1.0f};
-  for (int u = blockIdx.y * kUnitsPerCta + warp; u < min(p.units, (blockIdx.y + 1) * kUnitsPerCta); u += kWarps) {
-    // The unit's two weight rows.
-    const uint8_t* codes[2];
-    const uint8_t* scales[2];
-    bool live[2];
+  // This lane's two weight rows: gate and up of output 8 unit + g, or rows 16 unit + g (+ 8).
+  const uint8_t* codes[2];
+  const uint8_t* scales[2];
+  bool live[2];
+  float scale2[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int f = kUp ? 2 * (8 * unit + g) + h : 16 * unit + g + 8 * h;
+    live[h] = unit < p.units && (kUp ? 8 * unit + g < p.d_ff : f < p.n_out);
+    const QuantRowRef w = quant_row(p.dense, ew, kUp, p.s.interleaved, p.d_ff, live[h] ? f : 0);
+    codes[h] = w.m.codes + int64_t(w.row) * p.code_row + t * (kCodeBytes / 4);
+    scales[h] = w.m.scales + int64_t(w.row) * p.scale_row;
+    scale2[h] = w.m.scale2 ? *w.m.scale2 : 1.0f;
+  }
+  // FP8 with 128-input groups scales each block's fp32 result (uniform).
+  const bool block_scaled = F::kFp8 && p.f.group == kKTile;
+  const int group_shift = __ffs(p.f.group) - 1;
+  const auto load = [&](int blk, S& st) {
+    const int k0 = blk * kKTile + 32 * t;  // the chunk's first input
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      // Unit u is fused column 2u + h of an up GEMM, or output rows 2u + h.
-      const QuantRowRef w = quant_row(p.dense, ew, kUp, p.s.interleaved, p.d_ff, 2 * u + h);
-      live[h] = kUp || 2 * u + h < p.n_out;
-      codes[h] = w.m.codes + int64_t(live[h] ? w.row : 0) * p.code_row;
-      scales[h] = w.m.scales + int64_t(live[h] ? w.row : 0) * p.scale_row;
-      gu_scale2[h] = w.m.scale2 ? *w.m.scale2 : 1.0f;
-    }
-    float acc[2][kGemvRows] = {};
-    // The next chunk's codes are loaded before this one is decoded: two 16-byte loads
-    // per row in flight per lane.
-    const auto load = [&](int c, uint4 (&w)[2]) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        w[h] = live[h] && c < n_chunks ? __ldg(reinterpret_cast<const uint4*>(codes[h]) + c) : make_uint4(0, 0, 0, 0);
-    };
-    uint4 next[2];
-    load(lane, next);
-    for (int c = lane; c < n_chunks; c += 32) {
-      uint4 w[2] = {next[0], next[1]};
-      load(c + 32, next);
-      const int k0 = c * kCodes;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t words[4] = {w[h].x, w[h].y, w[h].z, w[h].w};
-        float part[kGemvRows] = {};
-        float sc = 0.0f;
-#pragma unroll
-        for (int q = 0; q < kSteps; ++q) {
-          const int k = k0 + q * 8;
-          if (q == 0 || (k & ((1 << group_shift) - 1)) == 0) {  // a scale group starts (or the chunk does)
-            if (q > 0) {
-#pragma unroll
-              for (int r = 0; r < kGemvRows; ++r) acc[h][r] += part[r] * sc, part[r] = 0.0f;
-            }
-            sc = scale_value(p.f.scale_kind, scales[h] + (k >> group_shift) * p.f.scale_bytes);
-          }
-          float v[8];
-          if constexpr (kValue == 2) decode8<2>(words[2 * q], words[2 * q + 1], v);
-          else decode8<kValue>(words[q], 0u, v);
-#pragma unroll
-          for (int r = 0; r < kGemvRows; ++r) {
-            if (r >= x_rows) break;
-            const uint4 xv = *reinterpret_cast<const uint4*>(xs + r * p.Kp + k);
-            const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w};
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              part[r] += __uint_as_float(xw[e] << 16) * v[2 * e];
-              part[r] += __uint_as_float(xw[e] & 0xffff0000u) * v[2 * e + 1];
-            }
-          }
-        }
-#pragma unroll
-        for (int r = 0; r < kGemvRows; ++r) acc[h][r] += part[r] * sc;
+      for (int v = 0; v < F::kChunkWords / 4; ++v) {
+        const uint4 q = live[h] ? __ldg(reinterpret_cast<const uint4*>(codes[h] + int64_t(blk) * kCodeBytes) + v)
+                                : make_uint4(0, 0, 0, 0);
+        st.w[h][4 * v] = q.x, st.w[h][4 * v + 1] = q.y, st.w[h][4 * v + 2] = q.z, st.w[h][4 * v + 3] = q.w;
       }
+#pragma unroll
+      for (int i = 0; i < kSpc; ++i)
+        st.s[h][i] = scale_bits(kScale, scales[h] + ((k0 + i * (32 / kSpc)) >> group_shift) * p.f.scale_bytes);
     }
+  };
+  // A ring of R blocks of codes in registers: block b + R - 1 is requested before block
+  // b is decoded (slot indices are compile-time: the main loop is unrolled by R).
+  S ring[R];
+#pragma unroll
+  for (int j = 0; j < R - 1; ++j)
+    if (b_begin + j < b_end) load(b_begin + j, ring[j]);
+
+  // The activation rows, staged while the first blocks of codes are on their way.
+  const int x_stride = p.Kp + kXPad;
+  bf16* xs = reinterpret_cast<bf16*>(smem);  // [rows, Kp + kXPad], permuted (permute_x)
+  for (int c = threadIdx.x; c < rows * (p.Kp / 8); c += kThreads) {
+    const int r = c / (p.Kp / 8), k = (c % (p.Kp / 8)) * 8;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (k < p.K) {
+      const int64_t src = p.tiles == nullptr ? r : kUp ? p.perm[row0 + r] / p.top_k : row0 + r;
+      v = permute_x<F::kFp8>(*reinterpret_cast<const uint4*>(p.a + src * p.K + k));
+    }
+    uint2* dst = reinterpret_cast<uint2*>(xs + r * x_stride + k);
+    dst[0] = make_uint2(v.x, v.y), dst[1] = make_uint2(v.z, v.w);
+  }
+  __syncthreads();
+  const bf16* xg = g < rows ? xs + g * x_stride + 32 * t : nullptr;  // token row g's staged inputs
+
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const auto compute = [&](const S& st, int blk) {
+    float sv[2][kSpc];
+    uint32_t sf[2][kSpc];
+    // Pre-mma scale factors (bf16 pairs) per row and scale of the chunk: 2^kPre times the
+    // scale, or 2^120 alone for block-scaled FP8 (which makes decoded e4m3 numbers exact).
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int r = 0; r < kGemvRows; ++r) acc[h][r] = warp_sum(acc[h][r]) * gu_scale2[h];
-    if (lane >= kGemvRows || lane >= rows) continue;
-    const int r = lane;  // lane r writes activation row r's outputs
-    float v0 = 0.0f, v1 = 0.0f;
+      for (int i = 0; i < kSpc; ++i) {
+        sv[h][i] = scale_of(kScale, st.s[h][i]);
+        sf[h][i] = bf16x2_bits(__float2bfloat162_rn(block_scaled ? 0x1p120f : kValue == 1 ? sv[h][i] : sv[h][i] * 0x1p100f));
+      }
+    // Two accumulators: consecutive mmas do not wait on each other.
+    float part[2][4] = {};
 #pragma unroll
-    for (int i = 0; i < kGemvRows; ++i)
-      if (i == r) v0 = acc[0][i], v1 = acc[1][i];
+    for (int step = 0; step < 8; ++step) {
+      uint32_t a[4];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        // A step covers 4 inputs: FP8 word `step`; 4-bit word step / 2, pairs 2r and 2r + 1.
+        const __nv_bfloat162 f = as_bf16x2(sf[h][step * kSpc / 8]);
+        const uint32_t w = st.w[h][F::kFp8 ? step : step / 2];
+        const uint32_t lo = F::kFp8 ? decode_fp8_pair(w, 0) : decode_pair<kValue>(w, 2 * (step % 2));
+        const uint32_t hi = F::kFp8 ? decode_fp8_pair(w, 1) : decode_pair<kValue>(w, 2 * (step % 2) + 1);
+        a[h] = bf16x2_bits(__hmul2(as_bf16x2(lo), f));
+        a[2 + h] = bf16x2_bits(__hmul2(as_bf16x2(hi), f));
+      }
+      uint2 b = make_uint2(0, 0);
+      if (xg != nullptr) b = *reinterpret_cast<const uint2*>(xg + blk * kKTile + 4 * step);
+      mma_bf16(part[step % 2], a, b.x, b.y);
+    }
+    const float s0 = block_scaled ? sv[0][0] : 1.0f, s1 = block_scaled ? sv[1][0] : 1.0f;
+    acc[0] += (part[0][0] + part[1][0]) * s0, acc[1] += (part[0][1] + part[1][1]) * s0;
+    acc[2] += (part[0][2] + part[1][2]) * s1, acc[3] += (part[0][3] + part[1][3]) * s1;
+  };
+  for (int b0 = b_begin; b0 < b_end; b0 += R) {
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+      const int blk = b0 + j;
+      if (blk < b_end) {
+        if (blk + R - 1 < b_end) load(blk + R - 1, ring[(j + R - 1) % R]);
+        compute(ring[j], blk);
+      }
+    }
+  }
+
+  // The unit's slices add up in the first one's registers.
+  if (p.split > 1) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) partial[warp][j][lane] = acc[j];
+    __syncthreads();
+    if (slice != 0) return;
+    for (int w = 1; w < p.split; ++w)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[j] += partial[warp + w][j][lane];
+  }
+  if (unit >= p.units) return;
+
+  // acc: rows g (0, 1) and g + 8 (2, 3) for token rows 2t and 2t + 1.
+  const float unbias = block_scaled ? 1.0f : F::kUnbias;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int n = 2 * t + j;
+    if (n >= rows) continue;
+    float v0 = acc[j] * unbias * scale2[0], v1 = acc[2 + j] * unbias * scale2[1];
     if constexpr (kUp) {
+      const int i = 8 * unit + g;
+      if (!live[0]) continue;
       if (ew->gate_up_bias != nullptr) {
         const bool il = p.s.interleaved && ew->gate_up.codes != nullptr;
-        v0 += ew->gate_up_bias[il ? 2 * u : u];
-        v1 += ew->gate_up_bias[il ? 2 * u + 1 : p.d_ff + u];
+        v0 += ew->gate_up_bias[il ? 2 * i : i];
+        v1 += ew->gate_up_bias[il ? 2 * i + 1 : p.d_ff + i];
       }
-      p.act[int64_t(row0 + r) * p.d_ff + u] = __float2bfloat16(glu_value(v0, v1, p.s.glu_kind, p.s.alpha, p.s.limit));
-    } else if (ew == nullptr) {
-      bf16* o = p.out + int64_t(r) * p.n_out + 2 * u;
-      o[0] = __float2bfloat16(v0 + (p.dense_bias ? p.dense_bias[2 * u] : 0.0f));
-      if (live[1]) o[1] = __float2bfloat16(v1 + (p.dense_bias ? p.dense_bias[2 * u + 1] : 0.0f));
+      p.act[int64_t(row0 + n) * p.d_ff + i] = __float2bfloat16(glu_value(v0, v1, p.s.glu_kind, p.s.alpha, p.s.limit));
     } else {
-      if (ew->down_bias != nullptr) v0 += ew->down_bias[2 * u], v1 += ew->down_bias[2 * u + 1];
-      const int64_t pair = p.perm[row0 + r];
-      *reinterpret_cast<float2*>(p.y + pair * p.n_out + 2 * u) = make_float2(v0, v1);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int o = 16 * unit + g + 8 * h;
+        if (!live[h]) continue;
+        const float v = h == 0 ? v0 : v1;
+        if (ew == nullptr) {
+          p.out[int64_t(n) * p.n_out + o] = __float2bfloat16(v + (p.dense_bias ? p.dense_bias[o] : 0.0f));
+        } else {
+          p.y[int64_t(p.perm[row0 + n]) * p.n_out + o] = v + (ew->down_bias ? ew->down_bias[o] : 0.0f);
+        }
+      }
     }
   }
 }
 
+int kp_of(int64_t k) { return int((k + kKTile - 1) / kKTile * kKTile); }
+
+// Launch over `tiles` tiles (MoE: about the live ones), splitting each unit's k range
+// over 2 or 4 warps while that keeps the warps within about two waves: more warps
+// hide more latency, but a warp streams best over many blocks.
 template <bool kUp>
-void launch_gemv(const GemvParams& p, int grid_x, cudaStream_t stream) {
-  const int smem = p.x_rows * p.Kp * 2;
-  const dim3 grid(unsigned(grid_x), unsigned((p.units + kUnitsPerCta - 1) / kUnitsPerCta));
+void launch_gemv(GemvParams p, int grid_x, int64_t tiles, cudaStream_t stream) {
+  int device = 0, sms = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&device));
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t wave = int64_t(sms) * 16;  // resident warps at about 100 registers per thread
+  p.split = 1;
+  while (p.split < kWarps && int64_t(p.units) * tiles * p.split * 2 <= 2 * wave && p.n_blocks >= 4 * p.split)
+    p.split *= 2;
+  const int units_per_cta = kWarps / p.split;
+  const dim3 grid(unsigned(grid_x), unsigned((p.units + units_per_cta - 1) / units_per_cta));
+  const int smem = x_bytes(p.rows_cap, p.Kp);
+  KILN_CHECK(smem <= kSmemBudget) << "quant gemv: " << p.rows_cap << " rows of " << p.K << " inputs";
   const auto go = [&](auto kernel) {
-    if (smem > 48 * 1024) KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    if (smem + kStaticSmem > 48 * 1024)
+      KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     kernel<<<grid, kThreads, smem, stream>>>(p);
   };
-  switch (p.f.value) {
-    case 0: go(quant_gemv_kernel<0, kUp>); break;
-    case 1: go(quant_gemv_kernel<1, kUp>); break;
-    default: go(quant_gemv_kernel<2, kUp>);
-  }
+  const int v = p.f.value, s = p.f.scale_kind, spc = std::max(1, 32 / p.f.group);
+  // One instance per format the packer produces (quant_pack.cpp).
+  if (v == 0 && s == 0 && spc == 1) go(quant_gemv_kernel<kUp, 0, 0, 1>);        // MXFP4
+  else if (v == 0 && s == 1 && spc == 2) go(quant_gemv_kernel<kUp, 0, 1, 2>);   // NVFP4
+  else if (v == 1 && s == 2 && spc == 1) go(quant_gemv_kernel<kUp, 1, 2, 1>);   // INT4, bf16 scales
+  else if (v == 1 && s == 2 && spc == 2) go(quant_gemv_kernel<kUp, 1, 2, 2>);
+  else if (v == 1 && s == 2 && spc == 4) go(quant_gemv_kernel<kUp, 1, 2, 4>);
+  else if (v == 1 && s == 3 && spc == 1) go(quant_gemv_kernel<kUp, 1, 3, 1>);   // INT4, f16 scales
+  else if (v == 1 && s == 3 && spc == 2) go(quant_gemv_kernel<kUp, 1, 3, 2>);
+  else if (v == 1 && s == 3 && spc == 4) go(quant_gemv_kernel<kUp, 1, 3, 4>);
+  else if (v == 1 && s == 4 && spc == 1) go(quant_gemv_kernel<kUp, 1, 4, 1>);   // INT4, f32 scales
+  else if (v == 1 && s == 4 && spc == 2) go(quant_gemv_kernel<kUp, 1, 4, 2>);
+  else if (v == 1 && s == 4 && spc == 4) go(quant_gemv_kernel<kUp, 1, 4, 4>);
+  else if (v == 2 && s == 4 && spc == 1) go(quant_gemv_kernel<kUp, 2, 4, 1>);   // FP8
+  else if (v == 2 && s == 4 && spc == 2) go(quant_gemv_kernel<kUp, 2, 4, 2>);
+  else KILN_CHECK(false) << "quant gemv: no kernel for value kind " << v << ", scale kind " << s << ", group " << p.f.group;
   KILN_CUDA_LAUNCH_CHECK();
 }
 
 void set_k(GemvParams& p, const QuantFormat& f, int64_t K) {
+  KILN_CHECK(K % 8 == 0) << "quant gemv: " << K << " inputs, not a multiple of 8";
   p.K = int(K);
   p.Kp = int(f.k_padded(K));
+  p.n_blocks = p.Kp / kKTile;
   p.code_row = f.code_row_bytes(K);
   p.scale_row = f.scale_row_bytes(K);
 }
 
 }  // namespace
 
-int quant_gemv_smem_bytes(int64_t rows, int64_t k) { return int(rows * ((k + kKTile - 1) / kKTile * kKTile) * 2); }
+int quant_gemv_max_rows(int64_t n_in) {
+  int rows = kGemvRows;
+  while (rows > 0 && x_bytes(rows, kp_of(n_in)) > kSmemBudget) --rows;
+  return n_in % 8 != 0 ? 0 : rows;
+}
 
 void launch_quant_gemv_linear(const bf16* x, const QuantMat& w, const QuantFormat& f, const float* bias, int64_t rows,
                               int64_t n_out, int64_t n_in, bf16* out, cudaStream_t stream) {
-  KILN_CHECK(rows >= 1 && rows <= kGemvRows) << "quant gemv: " << rows << " rows";
+  KILN_CHECK(rows >= 1 && rows <= quant_gemv_max_rows(n_in)) << "quant gemv: " << rows << " rows of " << n_in;
   GemvParams p{};
   p.dense = w;
   p.dense_bias = bias;
-  p.dense_rows = int(rows);
-  p.x_rows = int(rows);
+  p.dense_rows = p.rows_cap = int(rows);
   p.a = x;
   p.n_out = int(n_out);
-  p.units = int((n_out + 1) / 2);
+  p.units = int((n_out + 15) / 16);
   p.f = f;
   p.out = out;
   set_k(p, f, n_in);
-  launch_gemv<false>(p, 1, stream);
+  launch_gemv<false>(p, 1, 1, stream);
 }
 
 void launch_moe_gemv_quant(const bf16* x, const QuantExpert* table, const QuantFormat& f, const MoeShape& s,
-                           int top_k, const int32_t* perm, const int4* tiles, int n_slots, bf16* act, float* y,
-                           cudaStream_t stream) {
+                           int top_k, int rows_cap, int64_t n_pairs, const int32_t* perm, const int4* tiles,
+                           int n_slots, bf16* act, float* y, cudaStream_t stream) {
+  KILN_CHECK(rows_cap >= 1 && rows_cap <= quant_gemv_max_rows(std::max(s.d_model, s.d_ff)))
+      << "quant gemv: tiles of " << rows_cap << " rows";
   GemvParams p{};
   p.tiles = tiles;
   p.perm = perm;
   p.experts = table;
   p.top_k = top_k;
+  p.rows_cap = rows_cap;
   p.d_ff = int(s.d_ff);
   p.s = s;
   p.f = f;
   p.act = act;
   p.y = y;
   p.a = x;
-  p.x_rows = kGemvRows;
-  p.units = int(s.d_ff);
+  p.units = int((s.d_ff + 7) / 8);
   set_k(p, f, s.d_model);
-  launch_gemv<true>(p, n_slots, stream);
+  const int64_t live_tiles = std::min<int64_t>(n_pairs, n_slots);
+  launch_gemv<true>(p, n_slots, live_tiles, stream);
   p.a = act;
-  p.units = int(s.d_model / 2);
+  p.units = int((s.d_model + 15) / 16);
   p.n_out = int(s.d_model);
   set_k(p, f, s.d_ff);
-  launch_gemv<false>(p, n_slots, stream);
+  launch_gemv<false>(p, n_slots, live_tiles, stream);
 }
 
 }  // namespace kiln::cuda
