@@ -8,9 +8,10 @@
 // (32 / 4, d 128); the block table scatters blocks over the cache. The L2 is
 // flushed before every timed launch, so decode reads come from DRAM.
 //
-//   build-gpu/bin/attention_bench [--smem-cap 101376] [--iters 20] [--no-warp] [--sweep-splits]
+//   build-gpu/bin/attention_bench [--smem-cap 101376] [--iters 20] [--no-warp] [--sweep-splits] [--fp8]
 // --sweep-splits: also time decode at forced KV split counts (tunes the
-// split heuristic in attention_decode.cu).
+// split heuristic in attention_decode.cu). --fp8: an e4m3 cache with a scale per
+// (slot, kv head) (--kv-cache-dtype fp8); decode bytes count the codes and scales.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -75,10 +76,28 @@ bf16* device_random(size_t n, std::mt19937& rng) {
   return p;
 }
 
+// Random e4m3 codes over n bytes (no NaN code), and scales near 1 / 448 over n_scales.
+void* device_random_e4m3(size_t n, std::mt19937& rng) {
+  const size_t pattern = std::min<size_t>(n, size_t(1) << 20);
+  std::vector<uint8_t> host(pattern);
+  for (auto& h : host) h = uint8_t(rng() % 0x7f) | uint8_t(rng() % 2 ? 0x80 : 0);
+  uint8_t* p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, n));
+  for (size_t off = 0; off < n; off += pattern)
+    CHECK_CUDA(cudaMemcpy(p + off, host.data(), std::min(pattern, n - off), cudaMemcpyHostToDevice));
+  return p;
+}
+float* device_scales(size_t n, std::mt19937& rng) {
+  std::vector<float> host(n);
+  for (auto& h : host) h = std::uniform_real_distribution<float>(0.5f, 1.0f)(rng) / 448.0f;
+  return device_copy(host);
+}
+
 struct Problem {
   DeviceBatch b;
   std::vector<void*> owned;
-  bf16 *q = nullptr, *k = nullptr, *v = nullptr, *out = nullptr;
+  bf16 *q = nullptr, *out = nullptr;
+  kiln::cuda::KvCacheView kv;
   float* sinks = nullptr;
   ~Problem() {
     for (void* p : owned) cudaFree(p);
@@ -86,7 +105,7 @@ struct Problem {
 };
 
 // n_seqs sequences of `context` cached tokens, each querying its last n_query.
-void build(Problem& pr, const ModelShape& m, int n_seqs, int context, int n_query, std::mt19937& rng) {
+void build(Problem& pr, const ModelShape& m, int n_seqs, int context, int n_query, bool fp8, std::mt19937& rng) {
   constexpr int kBs = 16;
   const int blocks_per_seq = (context + kBs - 1) / kBs, n_blocks = n_seqs * blocks_per_seq;
   std::vector<int32_t> perm(static_cast<size_t>(n_blocks));
@@ -109,11 +128,17 @@ void build(Problem& pr, const ModelShape& m, int n_seqs, int context, int n_quer
   pr.b = DeviceBatch{.positions = d_pos, .slot_mapping = d_slots, .seq_of_token = d_seq, .block_table = d_table,
                      .n_tokens = n_tokens, .n_seqs = n_seqs, .max_blocks = blocks_per_seq, .block_size = kBs};
   const size_t cache = size_t(n_blocks) * kBs * m.n_kv_heads * m.d_head;
-  pr.k = device_random(cache, rng);
-  pr.v = device_random(cache, rng);
+  if (fp8) {
+    const size_t rows = size_t(n_blocks) * kBs * m.n_kv_heads;
+    pr.kv = {.k = device_random_e4m3(cache, rng), .v = device_random_e4m3(cache, rng),
+             .k_scale = device_scales(rows, rng), .v_scale = device_scales(rows, rng), .fp8 = true};
+    pr.owned.insert(pr.owned.end(), {const_cast<float*>(pr.kv.k_scale), const_cast<float*>(pr.kv.v_scale)});
+  } else {
+    pr.kv = {.k = device_random(cache, rng), .v = device_random(cache, rng)};
+  }
   pr.q = device_random(size_t(n_tokens) * m.n_heads * m.d_head, rng);
   CHECK_CUDA(cudaMalloc(&pr.out, size_t(n_tokens) * m.n_heads * m.d_head * sizeof(bf16)));
-  pr.owned.insert(pr.owned.end(), {pr.k, pr.v, pr.q, pr.out});
+  pr.owned.insert(pr.owned.end(), {const_cast<void*>(pr.kv.k), const_cast<void*>(pr.kv.v), pr.q, pr.out});
   if (m.sinks) {
     std::vector<float> s(size_t(m.n_heads));
     for (auto& x : s) x = std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng);
@@ -157,22 +182,24 @@ struct Timer {
 
 int main(int argc, char** argv) {
   int smem_cap = 101376, iters = 20;
-  bool warp = true, sweep = false;
+  bool warp = true, sweep = false, fp8 = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--smem-cap" && i + 1 < argc) smem_cap = std::atoi(argv[++i]);
     else if (a == "--iters" && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (a == "--no-warp") warp = false;
     else if (a == "--sweep-splits") sweep = true;
+    else if (a == "--fp8") fp8 = true;
     else {
-      std::fprintf(stderr, "usage: %s [--smem-cap BYTES] [--iters N] [--no-warp] [--sweep-splits]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--smem-cap BYTES] [--iters N] [--no-warp] [--sweep-splits] [--fp8]\n",
+                   argv[0]);
       return 2;
     }
   }
   cudaDeviceProp prop{};
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s (%d SMs), --smem-cap %d, %d iterations, L2 flushed before each\n\n", prop.name,
-              prop.multiProcessorCount, smem_cap, iters);
+  std::printf("device: %s (%d SMs), --smem-cap %d, %d iterations, L2 flushed before each, %s KV cache\n\n",
+              prop.name, prop.multiProcessorCount, smem_cap, iters, fp8 ? "e4m3" : "bf16");
   const ModelShape shapes[] = {{"gpt-oss 64/8 d64 sinks", 64, 8, 64, true}, {"Qwen3-30B 32/4 d128", 32, 4, 128, false}};
   std::mt19937 rng(7);
   Timer timer;
@@ -190,20 +217,22 @@ int main(int argc, char** argv) {
     for (int n_seqs : {1, 8}) {
       for (int context : {1024, 8192, 32768}) {
         Problem pr;
-        build(pr, m, n_seqs, context, 1, rng);
+        build(pr, m, n_seqs, context, 1, fp8, rng);
         const float scale = 1.0f / std::sqrt(float(m.d_head));
-        const AttentionPath path = kiln::cuda::choose_attention_path(pr.b, m.d_head, smem_cap);
+        const AttentionPath path = kiln::cuda::choose_attention_path(pr.b, m.d_head, smem_cap, fp8);
         auto launch = [&](kiln::cuda::AttentionOptions o) {
           return [&, o] {
-            kiln::cuda::launch_attention(pr.q, pr.k, pr.v, pr.out, pr.sinks, pr.b, m.n_heads, m.n_kv_heads, m.d_head,
+            kiln::cuda::launch_attention(pr.q, pr.kv, pr.out, pr.sinks, pr.b, m.n_heads, m.n_kv_heads, m.d_head,
                                          scale, 0, nullptr, smem_cap, o);
           };
         };
-        const size_t need = kiln::cuda::attention_scratch_bytes(pr.b, m.n_heads, m.n_kv_heads, m.d_head, 0, smem_cap);
+        const size_t need =
+            kiln::cuda::attention_scratch_bytes(pr.b, m.n_heads, m.n_kv_heads, m.d_head, 0, smem_cap, fp8);
         if (need > scratch_cap) return std::fprintf(stderr, "scratch %zu > %zu\n", need, scratch_cap), 1;
         const double us = timer.time_us(iters, launch({.scratch = scratch}));
         const double malloc_us = timer.time_us(iters, launch({}));
-        const double bytes = double(n_seqs) * context * m.n_kv_heads * m.d_head * 2 /*K,V*/ * 2 /*bf16*/;
+        const double row_bytes = fp8 ? m.d_head + 4.0 /*codes + scale*/ : m.d_head * 2.0 /*bf16*/;
+        const double bytes = double(n_seqs) * context * m.n_kv_heads * row_bytes * 2 /*K,V*/;
         const double gbs = bytes / (us * 1e3);
         const double warp_us =
             warp ? timer.time_us(std::max(1, iters / 10), launch({.path = AttentionPath::kWarp})) : 0.0;
@@ -226,11 +255,11 @@ int main(int argc, char** argv) {
   for (const ModelShape& m : shapes) {
     for (int tokens : {2048, 8192}) {
       Problem pr;
-      build(pr, m, 1, tokens, tokens, rng);
+      build(pr, m, 1, tokens, tokens, fp8, rng);
       const float scale = 1.0f / std::sqrt(float(m.d_head));
       auto launch = [&](kiln::cuda::AttentionOptions o) {
         return [&, o] {
-          kiln::cuda::launch_attention(pr.q, pr.k, pr.v, pr.out, pr.sinks, pr.b, m.n_heads, m.n_kv_heads, m.d_head,
+          kiln::cuda::launch_attention(pr.q, pr.kv, pr.out, pr.sinks, pr.b, m.n_heads, m.n_kv_heads, m.d_head,
                                        scale, 0, nullptr, smem_cap, o);
         };
       };
@@ -244,7 +273,7 @@ int main(int argc, char** argv) {
         const double malloc_us = v < 0 ? timer.time_us(std::max(3, iters / 2), launch({.fa2_variant = v})) : 0.0;
         const double tflops = flop / (us * 1e6);
         const std::string name = v < 0 ? "fa2 (default)" : "fa2 variant " + std::to_string(v);
-        const std::string smem = std::to_string(kiln::cuda::attention_fa2_smem_bytes(m.d_head, v)) + " B smem";
+        const std::string smem = std::to_string(kiln::cuda::attention_fa2_smem_bytes(m.d_head, v, fp8)) + " B smem";
         std::printf("| prefill | %s | 1 | %d | %s, %s | %.1f | %.1f TFLOP/s | %.1f%% of %.0f TFLOP/s | %s | %s | %s |\n",
                     m.name, tokens, name.c_str(), smem.c_str(), us, tflops, 100.0 * tflops / kMmaPeakTflops,
                     kMmaPeakTflops, v < 0 ? std::to_string(int(malloc_us)).c_str() : "-",

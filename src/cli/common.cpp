@@ -7,6 +7,7 @@
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/selftest.h"
 #endif
+#include "core/check.h"
 
 namespace kiln::cli {
 
@@ -27,12 +28,24 @@ void add_common(CLI::App* cmd, CommonOptions& o, bool model_option) {
       ->check(CLI::IsMember({"auto", "dummy"}));
   cmd->add_option("--num-layers", o.num_layers, "use only the first N decoder layers (quick runs; 0: all)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--kv-cache-dtype", o.kv_cache_dtype,
+                  "KV cache storage: bf16 (the activations as they are; fp32 on the CPU reference) or fp8 "
+                  "(e4m3 with a scale per token and head: about twice the tokens in the same memory)")
+      ->check(CLI::Validator(
+          [](const std::string& v) {
+            const auto d = runtime::parse_kv_cache_dtype(v);
+            return d.ok() ? std::string() : d.status().message();
+          },
+          "bf16|fp8"));
 }
 
 runtime::EngineOptions engine_options(const CommonOptions& o) {
+  auto kv_dtype = runtime::parse_kv_cache_dtype(o.kv_cache_dtype);
+  KILN_CHECK(kv_dtype.ok()) << kv_dtype.status().to_string();  // --kv-cache-dtype's validator let it through
   return {.block_size = o.block_size,
           .max_model_len = o.max_model_len,
           .prefill_chunk = o.prefill_chunk,
+          .kv_cache_dtype = *kv_dtype,
           .load_format = o.load_format == "dummy" ? runtime::LoadFormat::kDummy : runtime::LoadFormat::kAuto,
           .num_layers = o.num_layers};
 }

@@ -25,11 +25,12 @@ struct CommonOptions {
   int64_t max_model_len = 0;
   std::string load_format = "auto";  // auto | dummy
   int64_t num_layers = 0;            // > 0: the first N decoder layers only
+  std::string kv_cache_dtype = "bf16";  // bf16 | fp8 (runtime::parse_kv_cache_dtype)
 };
 
 // --backend, --threads, --device, --smem-cap, --block-size, --prefill-chunk,
-// --max-model-len, --load-format, --num-layers; and --model unless the command takes the
-// model as an argument.
+// --max-model-len, --load-format, --num-layers, --kv-cache-dtype; and --model unless the
+// command takes the model as an argument.
 void add_common(CLI::App* cmd, CommonOptions& o, bool model_option = true);
 
 // The backend of o.backend; a CUDA backend has passed its start-up self-test.

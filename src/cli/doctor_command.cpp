@@ -49,9 +49,9 @@ int run_doctor(int device, int smem_cap) {
   int failed = 0;
   for (const cuda::PathResult& r : results) {
     failed += !r.passed && r.required;
-    std::printf("%-52s %-8s %-10s %.2e (%.2e)%s%s\n", r.path.c_str(), r.passed ? "yes" : "no",
-                r.passed ? "passed" : (r.required ? "FAILED" : "disabled"), r.rel_err, r.tolerance,
-                r.detail.empty() ? "" : "  ", r.detail.c_str());
+    const char* result = !r.applicable ? "n/a" : r.passed ? "passed" : (r.required ? "FAILED" : "disabled");
+    std::printf("%-52s %-8s %-10s %.2e (%.2e)%s%s\n", r.path.c_str(), r.passed ? "yes" : "no", result, r.rel_err,
+                r.tolerance, r.detail.empty() ? "" : "  ", r.detail.c_str());
   }
   std::printf("\n%zu paths, %d required paths failed (a failed fast path is disabled, its fallback serves)\n",
               results.size(), failed);

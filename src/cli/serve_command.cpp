@@ -213,9 +213,10 @@ Status serve(ServeOptions o, const ServeHooks& hooks) {
   }
   const runtime::Engine& e = *engine;
   std::fprintf(stderr,
-               "kiln: KV cache %lld tokens (%.1f MiB, %lld-token blocks), max model len %lld, up to %d sequences, "
+               "kiln: KV cache %lld tokens (%s, %.1f MiB, %lld-token blocks), max model len %lld, up to %d sequences, "
                "%d tokens per step, prefix caching %s\n",
-               (long long)e.kv_capacity_tokens(), double(e.kv_cache_bytes()) / (1 << 20), (long long)o.common.block_size,
+               (long long)e.kv_capacity_tokens(), std::string(dtype_name(e.kv_cache_storage())).c_str(),
+               double(e.kv_cache_bytes()) / (1 << 20), (long long)o.common.block_size,
                (long long)e.max_model_len(), e.scheduler_config().max_num_seqs, e.scheduler_config().max_num_batched_tokens,
                e.prefix_caching() ? "on" : "off");
   runtime::AsyncEngine async(std::move(engine), {.max_queued_requests = o.max_queued_requests});

@@ -86,6 +86,21 @@ float fp8_e4m3_to_f32(uint8_t v) {
   return neg ? -f : f;
 }
 
+uint8_t f32_to_fp8_e4m3(float f) {
+  if (std::isnan(f)) return 0x7f;
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
+  const float a = std::fabs(f);
+  if (a >= 448.0f) return sign | 0x7e;  // saturate (e4m3fn has no infinity)
+  if (a < 0.015625f) {                  // subnormal range (below 2^-6): quantum 2^-9
+    return sign | uint8_t(std::nearbyint(a * 512.0f));  // round half even; 8 is 2^-6, the first normal
+  }
+  // normal: round the mantissa to 3 bits, ties to even (a carry moves the exponent up)
+  uint32_t x = std::bit_cast<uint32_t>(a);
+  x += 0x7ffffu + ((x >> 20) & 1u);
+  const uint32_t exp = (x >> 23) - 120;  // rebias 127 -> 7
+  return sign | uint8_t((exp << 3) | ((x >> 20) & 0x7u));
+}
+
 float fp8_e5m2_to_f32(uint8_t v) { return f16_to_f32(uint16_t(v) << 8); }
 
 float fp4_e2m1_to_f32(uint8_t nibble) {

@@ -56,6 +56,10 @@ uint16_t f32_to_f16(float f);
 
 // OCP FP8 e4m3fn (bias 7, no infinities, S.1111.111 = NaN).
 float fp8_e4m3_to_f32(uint8_t v);
+// f to e4m3fn, rounded to nearest even and saturating: |f| > 448 becomes +-448 (what
+// CUDA's __nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3) does); subnormals are
+// multiples of 2^-9; the sign of zero is kept; NaN becomes 0x7f.
+uint8_t f32_to_fp8_e4m3(float f);
 // OCP FP8 e5m2 (bias 15, IEEE-like with inf/NaN).
 float fp8_e5m2_to_f32(uint8_t v);
 // e2m1 nibble (low 4 bits): values 0, .5, 1, 1.5, 2, 3, 4, 6 and negatives.

@@ -46,10 +46,10 @@ void Attention::forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta&
   be.rope({.x = q3, .batch = &batch, .table = &rope});
   be.rope({.x = k3, .batch = &batch, .table = &rope});
   be.kv_store({.k = k3, .v = vt.reshape({n_tokens, n_kv_heads, d_head}), .k_cache = kv.k,
-               .v_cache = kv.v, .batch = &batch});
+               .v_cache = kv.v, .k_scale = kv.k_scale, .v_scale = kv.v_scale, .batch = &batch});
   Tensor attn = act(be, {n_tokens, n_heads, d_head});
-  be.attention({.q = q3, .k_cache = kv.k, .v_cache = kv.v, .out = attn, .sinks = sinks,
-                .batch = &batch, .scale = scale, .sliding_window = sliding_window});
+  be.attention({.q = q3, .k_cache = kv.k, .v_cache = kv.v, .k_scale = kv.k_scale, .v_scale = kv.v_scale,
+                .out = attn, .sinks = sinks, .batch = &batch, .scale = scale, .sliding_window = sliding_window});
   be.linear({.x = attn.reshape({n_tokens, n_heads * d_head}), .w = &o, .out = out});
 }
 
@@ -78,12 +78,13 @@ void Mla::forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta& batch
   be.rms_norm({.x = latent, .weight = kv_a_norm, .out = latent, .eps = norm_eps});
   be.rope({.x = k_rope.reshape({n_tokens, 1, d_rope}), .batch = &batch,
            .table = &rope});
-  be.mla_store({.kv_latent = latent, .k_rope = k_rope, .latent_cache = kv.latent, .batch = &batch});
+  be.mla_store({.kv_latent = latent, .k_rope = k_rope, .latent_cache = kv.latent,
+                .latent_scale = kv.latent_scale, .batch = &batch});
   Tensor attn = act(be, {n_tokens, n_heads, d_v});
   be.mla_attention({.q_nope = q_nope.reshape({n_tokens, n_heads, d_nope}),
                     .q_rope = q_rope.reshape({n_tokens, n_heads, d_rope}),
-                    .latent_cache = kv.latent, .kv_b = &kv_b, .out = attn, .batch = &batch,
-                    .scale = scale});
+                    .latent_cache = kv.latent, .latent_scale = kv.latent_scale, .kv_b = &kv_b, .out = attn,
+                    .batch = &batch, .scale = scale});
   be.linear({.x = attn.reshape({n_tokens, n_heads * d_v}), .w = &o, .out = out});
 }
 

@@ -11,10 +11,14 @@
 namespace kiln::model {
 
 // Per-layer paged KV storage. GQA: k, v [n_blocks, block_size, n_kv_heads, d_head].
-// MLA: latent [n_blocks, block_size, d_latent + d_rope].
+// MLA: latent [n_blocks, block_size, d_latent + d_rope]. An e4m3 cache (ops/kv_quant.h)
+// adds its scales: k_scale, v_scale [n_blocks, block_size, n_kv_heads] or latent_scale
+// [n_blocks, block_size, 2] f32; they are undefined otherwise.
 struct LayerKv {
   Tensor k, v;
   Tensor latent;
+  Tensor k_scale, v_scale;
+  Tensor latent_scale;
 };
 
 // What a layer needs from the KV cache, per token slot.

@@ -77,10 +77,17 @@ struct RopeArgs {
   const RopeTable* table = nullptr;
 };
 
-// Writes the new tokens' K and V into the paged cache at batch.slot_mapping.
+// The paged KV cache holds either the activation dtype (the values as they are) or
+// e4m3 codes with one fp32 scale per stored row (--kv-cache-dtype fp8; the scaling
+// rule, shared by every backend, is in ops/kv_quant.h). The cache tensors' dtype says
+// which: kF8E4M3 caches come with their scale tensors, other caches without.
+
+// Writes the new tokens' K and V into the paged cache at batch.slot_mapping (an e4m3
+// cache: quantized, each (token, kv head) row with its own scale).
 struct KvStoreArgs {
   Tensor k, v;               // [n_tokens, n_kv_heads, d_head]
-  Tensor k_cache, v_cache;   // [n_blocks, block_size, n_kv_heads, d_head]
+  Tensor k_cache, v_cache;   // [n_blocks, block_size, n_kv_heads, d_head] activation dtype or e4m3
+  Tensor k_scale, v_scale;   // e4m3 caches: [n_blocks, block_size, n_kv_heads] f32; else undefined
   const BatchMeta* batch = nullptr;
 };
 
@@ -90,9 +97,11 @@ struct KvStoreArgs {
 //   out[t,h] = sum_j softmax_j(scale * q.k_j) v_j
 // With sinks, the softmax denominator also has exp(sinks[h]) (a virtual key
 // with no value; gpt-oss).
+// An e4m3 cache is read as k_j = e4m3_value(code) * k_scale[slot, kv head] (likewise v).
 struct AttentionArgs {
   Tensor q;                  // [n_tokens, n_heads, d_head]
-  Tensor k_cache, v_cache;   // [n_blocks, block_size, n_kv_heads, d_head]
+  Tensor k_cache, v_cache;   // [n_blocks, block_size, n_kv_heads, d_head] activation dtype or e4m3
+  Tensor k_scale, v_scale;   // e4m3 caches: [n_blocks, block_size, n_kv_heads] f32; else undefined
   Tensor out;                // [n_tokens, n_heads, d_head]
   Tensor sinks;              // [n_heads] stored dtype, or undefined
   const BatchMeta* batch = nullptr;
@@ -101,11 +110,13 @@ struct AttentionArgs {
 };
 
 // Writes the new tokens' MLA latents into the latent cache at batch.slot_mapping:
-// cache[slot] = concat(kv_latent[t], k_rope[t]).
+// cache[slot] = concat(kv_latent[t], k_rope[t]). An e4m3 cache quantizes the latent and
+// the rope part of a token as two rows, each with its own scale.
 struct MlaStoreArgs {
   Tensor kv_latent;     // [n_tokens, d_latent] (after kv_a_layernorm)
   Tensor k_rope;        // [n_tokens, d_rope] (rope applied)
-  Tensor latent_cache;  // [n_blocks, block_size, d_latent + d_rope]
+  Tensor latent_cache;  // [n_blocks, block_size, d_latent + d_rope] activation dtype or e4m3
+  Tensor latent_scale;  // e4m3 caches: [n_blocks, block_size, 2] f32 (latent, rope); else undefined
   const BatchMeta* batch = nullptr;
 };
 
@@ -115,10 +126,13 @@ struct MlaStoreArgs {
 //   k_j = concat(W_uk[h] c_j, r_j),  v_j = W_uv[h] c_j
 //   out[t,h] = sum_j softmax_j(scale * (q_nope.W_uk[h] c_j + q_rope.r_j)) v_j
 // causal over positions like AttentionArgs.
+// An e4m3 cache is read as c_j = e4m3_value(code) * latent_scale[slot, 0] and
+// r_j = e4m3_value(code) * latent_scale[slot, 1].
 struct MlaArgs {
   Tensor q_nope;        // [n_tokens, n_heads, d_nope]
   Tensor q_rope;        // [n_tokens, n_heads, d_rope] (rope applied)
-  Tensor latent_cache;  // [n_blocks, block_size, d_latent + d_rope]
+  Tensor latent_cache;  // [n_blocks, block_size, d_latent + d_rope] activation dtype or e4m3
+  Tensor latent_scale;  // e4m3 caches: [n_blocks, block_size, 2] f32 (latent, rope); else undefined
   const Weight* kv_b = nullptr;
   Tensor out;           // [n_tokens, n_heads, d_v]
   const BatchMeta* batch = nullptr;
@@ -347,6 +361,12 @@ class Backend {
   // Whether this backend can compute with `w` (its dtype / quantized format);
   // checked at load so an unsupported checkpoint fails with a clear error.
   virtual Status supports(const Weight& w) const { return Status::Ok(); }
+  // Whether its cache ops take a KV cache of `dtype` (the activation dtype always;
+  // kF8E4M3 where the backend implements ops/kv_quant.h); checked when the cache is made.
+  virtual Status supports_kv_cache(DType dtype) const {
+    if (dtype == activation_dtype()) return Status::Ok();
+    return unsupported("the " + name() + " backend has no KV cache in " + std::string(dtype_name(dtype)));
+  }
 
   virtual void embedding(const EmbeddingArgs& a) = 0;
   virtual void rms_norm(const RmsNormArgs& a) = 0;

@@ -103,7 +103,10 @@ Status Engine::size_kv_cache(const EngineOptions& o) {
       .max_num_seqs = o.max_num_seqs, .max_num_batched_tokens = max_batched, .max_prefill_chunk = o.prefill_chunk});
 
   const std::vector<model::KvLayout> layouts = model_.kv_layouts();
-  const int64_t bytes_token = KvCache::bytes_per_token(layouts, backend_->activation_dtype());
+  const bool fp8 = o.kv_cache_dtype == KvCacheDtype::kFp8;
+  KILN_RETURN_IF_ERROR(backend_->supports_kv_cache(fp8 ? DType::kF8E4M3 : backend_->activation_dtype())
+                           .with_context(std::string("--kv-cache-dtype ") + kv_cache_dtype_name(o.kv_cache_dtype)));
+  const int64_t bytes_token = KvCache::bytes_per_token(layouts, backend_->activation_dtype(), o.kv_cache_dtype);
   int64_t kv_bytes = o.kv_cache_bytes;
   if (kv_bytes <= 0) {
     if (backend_->memory_info()) {
@@ -141,11 +144,13 @@ Status Engine::size_kv_cache(const EngineOptions& o) {
     KILN_LOG(kWarn, "maximum model length " << len << " lowered to " << capacity << ", what the KV cache holds");
     max_model_len_ = capacity;
   }
-  kv_ = KvCache::create(*backend_, layouts, int32_t(n_blocks), bs);
+  kv_ = KvCache::create(*backend_, layouts, int32_t(n_blocks), bs, o.kv_cache_dtype);
   kv_bytes_ = n_blocks * bs * bytes_token;
   blocks_ = std::make_unique<BlockManager>(int32_t(n_blocks), bs, o.enable_prefix_caching);
-  KILN_LOG(kInfo, "KV cache: " << n_blocks << " blocks of " << bs << " tokens = " << capacity << " tokens ("
-                               << mib(kv_bytes_) << "), max model len " << max_model_len_ << ", prefix caching "
+  KILN_LOG(kInfo, "KV cache: " << dtype_name(kv_.storage) << (fp8 ? " with fp32 scales per row" : "") << ", "
+                               << n_blocks << " blocks of " << bs
+                               << " tokens = " << capacity << " tokens (" << mib(kv_bytes_) << ", " << bytes_token
+                               << " bytes per token), max model len " << max_model_len_ << ", prefix caching "
                                << (o.enable_prefix_caching ? "on" : "off"));
   return Status::Ok();
 }
@@ -163,7 +168,8 @@ int64_t Engine::measure_activation_peak() {
   const int64_t base = backend_->memory_info()->in_use;
   int64_t temp_kv = 0;
   {
-    KvCache temp = KvCache::create(*backend_, model_.kv_layouts(), n_seqs * blocks_per_seq, bs);
+    KvCache temp = KvCache::create(*backend_, model_.kv_layouts(), n_seqs * blocks_per_seq, bs,
+                                   options_.kv_cache_dtype);
     temp_kv = backend_->memory_info()->in_use - base;
     ops::BatchMeta b;
     b.block_size = bs;

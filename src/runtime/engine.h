@@ -44,6 +44,9 @@ struct EngineOptions {
   // holds is lowered to it; an explicit one is an error.
   int64_t kv_cache_bytes = 0;
   float gpu_memory_utilization = 0.9f;
+  // How the cache stores K / V: unquantized, or e4m3 with per-row scales (about twice
+  // the tokens in the same bytes; ops/kv_quant.h).
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::kBf16;
   // Weight loading progress: checkpoint bytes bound so far, of the total.
   std::function<void(uint64_t done, uint64_t total)> on_load_progress;
   LoadFormat load_format = LoadFormat::kAuto;
@@ -122,6 +125,8 @@ class Engine {
   int64_t max_model_len() const { return max_model_len_; }
   int64_t kv_capacity_tokens() const { return kv_.capacity_tokens(); }
   int64_t kv_cache_bytes() const { return kv_bytes_; }
+  KvCacheDtype kv_cache_dtype() const { return kv_.dtype; }
+  DType kv_cache_storage() const { return kv_.storage; }  // bf16 / f32 (CPU) / f8e4m3
   const SchedulerConfig& scheduler_config() const { return scheduler_->config(); }
   bool prefix_caching() const { return blocks_->prefix_caching(); }
   ops::Backend& backend() { return *backend_; }

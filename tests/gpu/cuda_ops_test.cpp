@@ -110,38 +110,61 @@ TEST_F(CudaOps, PagedAttentionMatchesCpuForPrefillDecodeWindowsAndSinks) {
   }
 }
 
-// Both MLA attend paths. 20 heads: a partial 16-head tile on the mma path;
-// contexts 300 and 700 over 64-block tables: several KV splits, a partial last
-// key tile; sequence 0 has 5 query tokens (causal within the step).
+// Both MLA attend paths, over a bf16 and an e4m3 latent cache (mla_store on both
+// backends must write the same codes and scales). 20 heads: a partial 16-head tile on
+// the mma path; contexts 300 and 700 over 64-block tables: several KV splits, a partial
+// last key tile; sequence 0 has 5 query tokens (causal within the step).
 TEST_F(CudaOps, MlaMatchesCpuAtDeepSeekHeadSizes) {
   const int n_heads = 20, d_nope = 128, d_rope = 64, d_v = 128, d_latent = 512, bs = 16, max_blocks = 64;
   const ops::BatchMeta b1 = scattered_batch({{300, 300}, {700, 700}}, bs, max_blocks);
   const ops::BatchMeta b2 = scattered_batch({{5, 300}, {1, 700}}, bs, max_blocks);
-  Tensor lat = random({b1.n_tokens(), d_latent}), rope = random({b1.n_tokens(), d_rope});
-  Tensor cache = host_tensor(DType::kF32, {2 * max_blocks, bs, d_latent + d_rope});
-  cpu_->mla_store({.kv_latent = lat, .k_rope = rope, .latent_cache = cache, .batch = &b1});
-  Tensor cache_g = gpu_->alloc(DType::kBF16, cache.shape);
-  gpu_->begin_step(b1);
-  gpu_->mla_store({.kv_latent = to_gpu(lat), .k_rope = to_gpu(rope), .latent_cache = cache_g, .batch = &b1});
   Tensor kv_b = random({n_heads * (d_nope + d_v), d_latent}, 0.05f);
   ops::Weight wc{.data = as_bf16(kv_b)};
   ops::Weight wg{.data = gpu_->upload(wc.data)};
-  Tensor qn = random({b2.n_tokens(), n_heads, d_nope}), qr = random({b2.n_tokens(), n_heads, d_rope});
-  const float scale = 1.0f / std::sqrt(float(d_nope + d_rope));
-  Tensor ref = host_tensor(DType::kF32, {b2.n_tokens(), n_heads, d_v});
-  cpu_->mla_attention({.q_nope = qn, .q_rope = qr, .latent_cache = cache, .kv_b = &wc, .out = ref, .batch = &b2,
-                       .scale = scale});
   auto* cuda = dynamic_cast<cuda::CudaBackend*>(gpu_.get());
   ASSERT_NE(cuda, nullptr);
-  // The mma path rounds q_lat and the probabilities to bf16 (one half-ulp each).
-  for (auto [path, tol] : {std::pair{cuda::MlaPath::kWarp, kBf16Tol}, std::pair{cuda::MlaPath::kMma, 2 * kBf16Tol}}) {
-    SCOPED_TRACE(cuda::mla_path_name(path));
-    cuda->force_mla_path(path);
-    gpu_->begin_step(b2);
-    Tensor out = poisoned(ref.shape);
-    gpu_->mla_attention({.q_nope = to_gpu(qn), .q_rope = to_gpu(qr), .latent_cache = cache_g, .kv_b = &wg,
-                         .out = out, .batch = &b2, .scale = scale});
-    expect_close(from_gpu(out), ref, tol, "mla");
+  for (bool fp8 : {false, true}) {
+    SCOPED_TRACE(fp8 ? "e4m3 cache" : "bf16 cache");
+    Tensor lat = random({b1.n_tokens(), d_latent}), rope = random({b1.n_tokens(), d_rope});
+    const Shape shape{2 * max_blocks, bs, d_latent + d_rope}, scales{2 * max_blocks, bs, 2};
+    Tensor cache = host_tensor(fp8 ? DType::kF8E4M3 : DType::kF32, shape);
+    Tensor cache_scale = fp8 ? host_tensor(DType::kF32, scales) : Tensor{};
+    cpu_->mla_store({.kv_latent = lat, .k_rope = rope, .latent_cache = cache, .latent_scale = cache_scale,
+                     .batch = &b1});
+    Tensor cache_g = gpu_->alloc(fp8 ? DType::kF8E4M3 : DType::kBF16, shape);
+    Tensor scale_g = fp8 ? gpu_->alloc(DType::kF32, scales) : Tensor{};
+    gpu_->begin_step(b1);
+    gpu_->mla_store({.kv_latent = to_gpu(lat), .k_rope = to_gpu(rope), .latent_cache = cache_g,
+                     .latent_scale = scale_g, .batch = &b1});
+    if (fp8) {  // the stored bytes of every slot the step wrote, codes and scales
+      gpu_->synchronize();
+      const int64_t row = d_latent + d_rope;
+      std::vector<uint8_t> codes(size_t(cache.nbytes()));
+      std::vector<float> sc(size_t(cache_scale.numel()));
+      ASSERT_EQ(cudaMemcpy(codes.data(), cache_g.data, codes.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(sc.data(), scale_g.data, sc.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      for (int32_t slot : b1.slot_mapping) {
+        ASSERT_EQ(std::memcmp(codes.data() + slot * row, cache.as<uint8_t>() + slot * row, size_t(row)), 0) << slot;
+        ASSERT_EQ(sc[size_t(slot) * 2], cache_scale.as<float>()[slot * 2]) << slot;
+        ASSERT_EQ(sc[size_t(slot) * 2 + 1], cache_scale.as<float>()[slot * 2 + 1]) << slot;
+      }
+    }
+    Tensor qn = random({b2.n_tokens(), n_heads, d_nope}), qr = random({b2.n_tokens(), n_heads, d_rope});
+    const float scale = 1.0f / std::sqrt(float(d_nope + d_rope));
+    Tensor ref = host_tensor(DType::kF32, {b2.n_tokens(), n_heads, d_v});
+    cpu_->mla_attention({.q_nope = qn, .q_rope = qr, .latent_cache = cache, .latent_scale = cache_scale,
+                         .kv_b = &wc, .out = ref, .batch = &b2, .scale = scale});
+    // The mma path rounds q_lat and the probabilities to bf16 (one half-ulp each).
+    for (auto [path, tol] :
+         {std::pair{cuda::MlaPath::kWarp, kBf16Tol}, std::pair{cuda::MlaPath::kMma, 2 * kBf16Tol}}) {
+      SCOPED_TRACE(cuda::mla_path_name(path));
+      cuda->force_mla_path(path);
+      gpu_->begin_step(b2);
+      Tensor out = poisoned(ref.shape);
+      gpu_->mla_attention({.q_nope = to_gpu(qn), .q_rope = to_gpu(qr), .latent_cache = cache_g,
+                           .latent_scale = scale_g, .kv_b = &wg, .out = out, .batch = &b2, .scale = scale});
+      expect_close(from_gpu(out), ref, tol, "mla");
+    }
   }
   cuda->force_mla_path(cuda::MlaPath::kAuto);
 }

@@ -1,12 +1,16 @@
 // The CPU reference of the paged KV cache ops: kv_store and attention (GQA,
-// sliding window, sinks), mla_store and mla_attention (absorbed form).
+// sliding window, sinks), mla_store and mla_attention (absorbed form), over a cache
+// of activations (f32) or of e4m3 codes with per-row scales (ops/kv_quant.h: stores
+// quantize, attention dequantizes to fp32 and then computes exactly as over f32).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
 
 #include "backends/cpu/cpu_internal.h"
+#include "ops/kv_quant.h"
 
 namespace kiln::cpu {
 namespace {
@@ -56,6 +60,71 @@ void check_slots(const ops::BatchMeta& b, int64_t n_slots, const char* op) {
   }
 }
 
+// ---- the cache's storage ----------------------------------------------------------
+
+// A paged cache tensor [n_blocks, block_size, ...] with slots of `row` values: f32, or
+// e4m3 with `scale` [n_blocks, block_size, n_scales] f32 (one scale per quantized row).
+struct PagedCache {
+  Tensor data, scale;
+  int64_t row = 0, n_scales = 0;
+  bool fp8() const { return data.dtype == DType::kF8E4M3; }
+};
+
+// Checks a cache and its scales (present exactly for an e4m3 cache) and describes them.
+PagedCache check_cache(const Tensor& cache, const Tensor& scale, int rank, int64_t n_scales, const char* what) {
+  KILN_CHECK(cache.defined()) << "cpu backend: " << what << " is undefined";
+  PagedCache c{.data = cache, .scale = scale, .row = 1, .n_scales = n_scales};
+  if (cache.dtype != DType::kF8E4M3) {
+    check_activation(cache, what, rank);
+    KILN_CHECK(!scale.defined()) << "cpu backend: " << what << " is " << dtype_name(cache.dtype)
+                                 << " but has scales (only an e4m3 cache has them)";
+  } else {
+    KILN_CHECK(cache.device == Device::kHost) << "cpu backend: " << what << " is not in host memory";
+    KILN_CHECK_EQ(cache.rank(), rank) << "cpu backend: rank of " << what << " " << cache.shape;
+    KILN_CHECK(scale.defined() && scale.device == Device::kHost && scale.dtype == DType::kF32)
+        << "cpu backend: the e4m3 " << what << " needs f32 host scales";
+    KILN_CHECK(scale.rank() == 3 && scale.dim(0) == cache.dim(0) && scale.dim(1) == cache.dim(1) &&
+               scale.dim(2) == n_scales)
+        << "cpu backend: scales of " << what << " " << scale.shape << " vs cache " << cache.shape << " and "
+        << n_scales << " scales per slot";
+  }
+  for (int d = 2; d < rank; ++d) c.row *= cache.dim(d);
+  return c;
+}
+
+// e4m3 code -> value (fp8_e4m3_to_f32), once per code.
+const std::array<float, 256>& e4m3_values() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int c = 0; c < 256; ++c) t[size_t(c)] = fp8_e4m3_to_f32(uint8_t(c));
+    return t;
+  }();
+  return table;
+}
+
+// Stores x[0, n) at values [begin, begin + n) of a slot: copied, or quantized as one
+// row with scale number scale_index (ops/kv_quant.h).
+void store_values(const PagedCache& c, int64_t slot, int64_t begin, const float* x, int64_t n, int64_t scale_index) {
+  if (!c.fp8()) {
+    std::memcpy(c.data.as<float>() + slot * c.row + begin, x, size_t(n) * sizeof(float));
+    return;
+  }
+  c.scale.as<float>()[slot * c.n_scales + scale_index] =
+      ops::kv_quantize_row(x, n, c.data.as<uint8_t>() + slot * c.row + begin);
+}
+
+// Values [begin, begin + n) of a slot as fp32: a view of an f32 cache, or an e4m3 row
+// (scale number scale_index) dequantized into buf.
+const float* load_values(const PagedCache& c, int64_t slot, int64_t begin, int64_t n, int64_t scale_index,
+                         float* buf) {
+  if (!c.fp8()) return c.data.as<float>() + slot * c.row + begin;
+  const std::array<float, 256>& value = e4m3_values();
+  const uint8_t* codes = c.data.as<uint8_t>() + slot * c.row + begin;
+  const float scale = c.scale.as<float>()[slot * c.n_scales + scale_index];
+  for (int64_t i = 0; i < n; ++i) buf[i] = value[codes[i]] * scale;  // = ops::kv_dequantize
+  return buf;
+}
+
 // In place: scores[j] <- softmax weight of j. With a sink, the denominator also
 // has exp(sink - max), where max includes the sink.
 void softmax_in_place(std::vector<float>& scores, int64_t n, bool has_sink, float sink) {
@@ -73,27 +142,32 @@ void softmax_in_place(std::vector<float>& scores, int64_t n, bool has_sink, floa
 
 // ---- kv_store -----------------------------------------------------------------
 
-// k_cache[slot_mapping[t]] = k[t], v_cache[slot_mapping[t]] = v[t].
+// k_cache[slot_mapping[t]] = k[t], v_cache[slot_mapping[t]] = v[t] (an e4m3 cache:
+// each kv head's row quantized with its own scale).
 void CpuBackend::kv_store(const ops::KvStoreArgs& a) {
   check_activation(a.k, "kv_store k", 3);
   check_activation(a.v, "kv_store v", 3);
-  check_activation(a.k_cache, "kv_store k_cache", 4);
-  check_activation(a.v_cache, "kv_store v_cache", 4);
+  const int64_t n_kv_heads = a.k.dim(1), d_head = a.k.dim(2);
+  const PagedCache kc = check_cache(a.k_cache, a.k_scale, 4, n_kv_heads, "kv_store k_cache");
+  const PagedCache vc = check_cache(a.v_cache, a.v_scale, 4, n_kv_heads, "kv_store v_cache");
   KILN_CHECK_EQ(a.v.shape, a.k.shape) << "kv_store: v.shape vs k.shape";
   KILN_CHECK_EQ(a.v_cache.shape, a.k_cache.shape) << "kv_store: v_cache.shape vs k_cache.shape";
-  KILN_CHECK_EQ(a.k_cache.dim(2), a.k.dim(1)) << "kv_store: k_cache.dim(2) vs k.dim(1) (n_kv_heads)";
-  KILN_CHECK_EQ(a.k_cache.dim(3), a.k.dim(2)) << "kv_store: k_cache.dim(3) vs k.dim(2) (d_head)";
+  KILN_CHECK(a.v_cache.dtype == a.k_cache.dtype) << "kv_store: v_cache vs k_cache dtype";
+  KILN_CHECK_EQ(a.k_cache.dim(2), n_kv_heads) << "kv_store: k_cache.dim(2) vs k.dim(1) (n_kv_heads)";
+  KILN_CHECK_EQ(a.k_cache.dim(3), d_head) << "kv_store: k_cache.dim(3) vs k.dim(2) (d_head)";
   KILN_CHECK(a.batch != nullptr) << "kv_store: batch is null";
   KILN_CHECK_EQ(int64_t(a.batch->n_tokens()), a.k.dim(0)) << "kv_store: batch.n_tokens() vs k.dim(0)";
   KILN_CHECK_EQ(int64_t(a.batch->block_size), a.k_cache.dim(1))
       << "kv_store: batch.block_size vs k_cache.dim(1)";
   check_slots(*a.batch, a.k_cache.dim(0) * a.k_cache.dim(1), "kv_store");
-  const int64_t row = a.k.dim(1) * a.k.dim(2);  // n_kv_heads * d_head
   for (int64_t t = 0; t < a.k.dim(0); ++t) {
     const int64_t slot = a.batch->slot_mapping[t];
     if (slot == ops::kPadSlot) continue;
-    std::memcpy(a.k_cache.as<float>() + slot * row, a.k.as<float>() + t * row, row * sizeof(float));
-    std::memcpy(a.v_cache.as<float>() + slot * row, a.v.as<float>() + t * row, row * sizeof(float));
+    for (int64_t h = 0; h < n_kv_heads; ++h) {
+      const int64_t at = (t * n_kv_heads + h) * d_head;
+      store_values(kc, slot, h * d_head, a.k.as<float>() + at, d_head, h);
+      store_values(vc, slot, h * d_head, a.v.as<float>() + at, d_head, h);
+    }
   }
 }
 
@@ -105,12 +179,14 @@ void CpuBackend::kv_store(const ops::KvStoreArgs& a) {
 void CpuBackend::attention(const ops::AttentionArgs& a) {
   check_activation(a.q, "attention q", 3);
   check_activation(a.out, "attention out", 3);
-  check_activation(a.k_cache, "attention k_cache", 4);
-  check_activation(a.v_cache, "attention v_cache", 4);
+  KILN_CHECK(a.k_cache.defined() && a.k_cache.rank() == 4) << "attention: k_cache " << a.k_cache.shape;
   const int64_t n_tokens = a.q.dim(0), n_heads = a.q.dim(1), d_head = a.q.dim(2);
   const int64_t n_kv_heads = a.k_cache.dim(2);
+  const PagedCache kc = check_cache(a.k_cache, a.k_scale, 4, n_kv_heads, "attention k_cache");
+  const PagedCache vc = check_cache(a.v_cache, a.v_scale, 4, n_kv_heads, "attention v_cache");
   KILN_CHECK_EQ(a.out.shape, a.q.shape) << "attention: out.shape vs q.shape";
   KILN_CHECK_EQ(a.v_cache.shape, a.k_cache.shape) << "attention: v_cache.shape vs k_cache.shape";
+  KILN_CHECK(a.v_cache.dtype == a.k_cache.dtype) << "attention: v_cache vs k_cache dtype";
   KILN_CHECK_EQ(a.k_cache.dim(3), d_head) << "attention: k_cache.dim(3) vs q.dim(2) (d_head)";
   KILN_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0)
       << "attention: n_heads " << n_heads << " not a multiple of n_kv_heads " << n_kv_heads;
@@ -124,14 +200,11 @@ void CpuBackend::attention(const ops::AttentionArgs& a) {
       check_batch(a.batch, n_tokens, a.k_cache.dim(0), a.k_cache.dim(1), "attention");
   const ops::BatchMeta& b = *a.batch;
   const int64_t group = n_heads / n_kv_heads;
-  const int64_t kv_row = n_kv_heads * d_head;  // floats per cache slot
   const float* q = a.q.as<float>();
-  const float* k_cache = a.k_cache.as<float>();
-  const float* v_cache = a.v_cache.as<float>();
   float* out = a.out.as<float>();
 
   pool_.parallel_for(n_tokens * n_heads, [&](int64_t w0, int64_t w1) {
-    std::vector<float> scores;
+    std::vector<float> scores, buf(static_cast<size_t>(d_head));
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t t = w / n_heads, h = w % n_heads, kvh = h / group;
       const int32_t s = seq_of[t], p = b.positions[t];
@@ -140,7 +213,7 @@ void CpuBackend::attention(const ops::AttentionArgs& a) {
       const float* qv = q + (t * n_heads + h) * d_head;
       scores.assign(size_t(n), 0.0f);
       for (int64_t j = 0; j < n; ++j) {
-        const float* kv = k_cache + b.slot(s, lo + int32_t(j)) * kv_row + kvh * d_head;
+        const float* kv = load_values(kc, b.slot(s, lo + int32_t(j)), kvh * d_head, d_head, kvh, buf.data());
         float dot = 0.0f;
         for (int64_t d = 0; d < d_head; ++d) dot += qv[d] * kv[d];
         scores[j] = a.scale * dot;
@@ -149,7 +222,7 @@ void CpuBackend::attention(const ops::AttentionArgs& a) {
       float* o = out + (t * n_heads + h) * d_head;
       for (int64_t d = 0; d < d_head; ++d) o[d] = 0.0f;
       for (int64_t j = 0; j < n; ++j) {
-        const float* vv = v_cache + b.slot(s, lo + int32_t(j)) * kv_row + kvh * d_head;
+        const float* vv = load_values(vc, b.slot(s, lo + int32_t(j)), kvh * d_head, d_head, kvh, buf.data());
         for (int64_t d = 0; d < d_head; ++d) o[d] += scores[j] * vv[d];
       }
     }
@@ -159,11 +232,12 @@ void CpuBackend::attention(const ops::AttentionArgs& a) {
 
 // ---- MLA ----------------------------------------------------------------------
 
-// latent_cache[slot_mapping[t]] = concat(kv_latent[t], k_rope[t]).
+// latent_cache[slot_mapping[t]] = concat(kv_latent[t], k_rope[t]) (an e4m3 cache: the
+// latent and the rope part quantized as two rows, scales 0 and 1 of the slot).
 void CpuBackend::mla_store(const ops::MlaStoreArgs& a) {
   check_activation(a.kv_latent, "mla_store kv_latent", 2);
   check_activation(a.k_rope, "mla_store k_rope", 2);
-  check_activation(a.latent_cache, "mla_store latent_cache", 3);
+  const PagedCache cache = check_cache(a.latent_cache, a.latent_scale, 3, 2, "mla_store latent_cache");
   const int64_t n_tokens = a.kv_latent.dim(0), d_latent = a.kv_latent.dim(1);
   const int64_t d_rope = a.k_rope.dim(1);
   KILN_CHECK_EQ(a.k_rope.dim(0), n_tokens) << "mla_store: k_rope.dim(0) vs kv_latent.dim(0)";
@@ -174,12 +248,11 @@ void CpuBackend::mla_store(const ops::MlaStoreArgs& a) {
   KILN_CHECK_EQ(int64_t(a.batch->block_size), a.latent_cache.dim(1))
       << "mla_store: batch.block_size vs latent_cache.dim(1)";
   check_slots(*a.batch, a.latent_cache.dim(0) * a.latent_cache.dim(1), "mla_store");
-  const int64_t row = d_latent + d_rope;
   for (int64_t t = 0; t < n_tokens; ++t) {
-    if (a.batch->slot_mapping[t] == ops::kPadSlot) continue;
-    float* dst = a.latent_cache.as<float>() + a.batch->slot_mapping[t] * row;
-    std::memcpy(dst, a.kv_latent.as<float>() + t * d_latent, d_latent * sizeof(float));
-    std::memcpy(dst + d_latent, a.k_rope.as<float>() + t * d_rope, d_rope * sizeof(float));
+    const int64_t slot = a.batch->slot_mapping[t];
+    if (slot == ops::kPadSlot) continue;
+    store_values(cache, slot, 0, a.kv_latent.as<float>() + t * d_latent, d_latent, 0);
+    store_values(cache, slot, d_latent, a.k_rope.as<float>() + t * d_rope, d_rope, 1);
   }
 }
 
@@ -192,7 +265,7 @@ void CpuBackend::mla_store(const ops::MlaStoreArgs& a) {
 void CpuBackend::mla_attention(const ops::MlaArgs& a) {
   check_activation(a.q_nope, "mla_attention q_nope", 3);
   check_activation(a.q_rope, "mla_attention q_rope", 3);
-  check_activation(a.latent_cache, "mla_attention latent_cache", 3);
+  const PagedCache cache = check_cache(a.latent_cache, a.latent_scale, 3, 2, "mla_attention latent_cache");
   check_activation(a.out, "mla_attention out", 3);
   KILN_CHECK(a.kv_b != nullptr) << "mla_attention: kv_b is null";
   check_weight(*a.kv_b, "mla_attention kv_b");
@@ -213,12 +286,10 @@ void CpuBackend::mla_attention(const ops::MlaArgs& a) {
   const std::vector<int32_t> seq_of = check_batch(a.batch, n_tokens, a.latent_cache.dim(0),
                                                   a.latent_cache.dim(1), "mla_attention");
   const ops::BatchMeta& b = *a.batch;
-  const int64_t row = d_latent + d_rope;  // floats per cache slot
-  const float* cache = a.latent_cache.as<float>();
   const ops::Weight& kv_b = *a.kv_b;
 
   pool_.parallel_for(n_tokens * n_heads, [&](int64_t w0, int64_t w1) {
-    std::vector<float> q_lat(d_latent), o_lat(d_latent), uk(d_latent), scores;
+    std::vector<float> q_lat(d_latent), o_lat(d_latent), uk(d_latent), scores, buf(size_t(d_latent + d_rope));
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t t = w / n_heads, h = w % n_heads;
       const int64_t uk_row = h * (d_nope + d_v);  // W_uk[h] = kv_b rows [uk_row, +d_nope)
@@ -236,16 +307,18 @@ void CpuBackend::mla_attention(const ops::MlaArgs& a) {
       const int64_t n = int64_t(p) + 1;
       scores.assign(size_t(n), 0.0f);
       for (int64_t j = 0; j < n; ++j) {
-        const float* cj = cache + b.slot(s, int32_t(j)) * row;
+        const int64_t slot = b.slot(s, int32_t(j));
+        const float* cj = load_values(cache, slot, 0, d_latent, 0, buf.data());
+        const float* rj = load_values(cache, slot, d_latent, d_rope, 1, buf.data() + d_latent);
         float dot = 0.0f;
         for (int64_t c = 0; c < d_latent; ++c) dot += q_lat[c] * cj[c];
-        for (int64_t r = 0; r < d_rope; ++r) dot += qr[r] * cj[d_latent + r];
+        for (int64_t r = 0; r < d_rope; ++r) dot += qr[r] * rj[r];
         scores[j] = a.scale * dot;
       }
       softmax_in_place(scores, n, false, 0.0f);
       std::fill(o_lat.begin(), o_lat.end(), 0.0f);
       for (int64_t j = 0; j < n; ++j) {
-        const float* cj = cache + b.slot(s, int32_t(j)) * row;
+        const float* cj = load_values(cache, b.slot(s, int32_t(j)), 0, d_latent, 0, buf.data());
         for (int64_t c = 0; c < d_latent; ++c) o_lat[c] += scores[j] * cj[c];
       }
       float* o = a.out.as<float>() + (t * n_heads + h) * d_v;

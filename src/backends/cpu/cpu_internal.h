@@ -75,6 +75,10 @@ class CpuBackend final : public ops::Backend {
   Tensor upload(const Tensor& host) override;
   void to_host_f32(const Tensor& t, float* out) override;
   void from_host_f32(const float* src, Tensor& t) override;
+  // f32 (the activations as they are) or e4m3 with per-row scales (ops/kv_quant.h).
+  Status supports_kv_cache(DType dtype) const override {
+    return dtype == DType::kF8E4M3 ? Status::Ok() : ops::Backend::supports_kv_cache(dtype);
+  }
 
   void embedding(const ops::EmbeddingArgs& a) override;
   void rms_norm(const ops::RmsNormArgs& a) override;

@@ -37,6 +37,8 @@ class CudaBackend final : public ops::Backend {
   void begin_step(const ops::BatchMeta& batch) override;
   Tensor run_step(const ops::BatchMeta& batch, uint64_t key, const std::function<Tensor()>& ops) override;
   Status supports(const ops::Weight& w) const override;
+  // bf16, or e4m3 with per-row scales (ops/kv_quant.h); every attention path reads both.
+  Status supports_kv_cache(DType dtype) const override;
   Result<formats::QuantizedTensor> upload_quantized(const formats::QuantizedTensor& q) override;
 
   void embedding(const ops::EmbeddingArgs& a) override;
@@ -67,6 +69,9 @@ class CudaBackend final : public ops::Backend {
   // Quantized weights control (the self-test): after a failure upload_quantized
   // refuses every quantized weight with this reason.
   void disable_quantized(std::string reason) { quantized_disabled_ = std::move(reason); }
+  // The native SM120 MoE GEMMs (quant_gemm_sm120.cu), per activation format: off until
+  // the self-test has proved them on this device (it runs them on SM 12.x only).
+  void enable_native_quant_moe(int act_format) { native_quant_moe_[act_format] = true; }
   // Decode steps replayed from a recorded CUDA graph so far (tests, doctor).
   int64_t graph_replays() const { return graph_replays_; }
   // MLA attend path control, likewise (the warp kernel remains).
@@ -155,6 +160,7 @@ class CudaBackend final : public ops::Backend {
   MlaPath forced_mla_path_ = MlaPath::kAuto;
   bool mla_mma_disabled_ = false;
   std::string quantized_disabled_;  // non-empty: the self-test failure that disabled them
+  bool native_quant_moe_[2] = {false, false};  // by quant_native_act_format
 };
 
 }  // namespace kiln::cuda

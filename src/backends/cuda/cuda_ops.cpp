@@ -17,7 +17,30 @@ const float* vec_or_null(const Tensor& t, const char* what) {
   return t.as<float>();
 }
 
+// A paged cache tensor: bf16 without scales, or e4m3 with its fp32 scales
+// [n_blocks, block_size, n_scales]. Returns whether it is e4m3.
+bool check_cache(const Tensor& cache, const Tensor& scale, int64_t n_scales, const char* what) {
+  KILN_CHECK(cache.defined() && cache.device == Device::kCuda &&
+             (cache.dtype == DType::kBF16 || cache.dtype == DType::kF8E4M3))
+      << "cuda: " << what << " must be a bf16 or e4m3 device tensor (dtype " << dtype_name(cache.dtype) << ")";
+  const bool fp8 = cache.dtype == DType::kF8E4M3;
+  if (!fp8) {
+    KILN_CHECK(!scale.defined()) << "cuda: bf16 " << what << " with scales (only an e4m3 cache has them)";
+    return false;
+  }
+  KILN_CHECK(scale.defined() && scale.device == Device::kCuda && scale.dtype == DType::kF32 && scale.rank() == 3 &&
+             scale.dim(0) == cache.dim(0) && scale.dim(1) == cache.dim(1) && scale.dim(2) == n_scales)
+      << "cuda: e4m3 " << what << " " << cache.shape << " needs f32 scales [" << cache.dim(0) << ", " << cache.dim(1)
+      << ", " << n_scales << "] (got " << scale.shape << ")";
+  return true;
+}
+
 }  // namespace
+
+Status CudaBackend::supports_kv_cache(DType dtype) const {
+  if (dtype == DType::kBF16 || dtype == DType::kF8E4M3) return Status::Ok();
+  return ops::Backend::supports_kv_cache(dtype);
+}
 
 void CudaBackend::embedding(const ops::EmbeddingArgs& a) {
   check_act(a.table, "embedding table");
@@ -86,8 +109,21 @@ void CudaBackend::rope(const ops::RopeArgs& a) {
 void CudaBackend::kv_store(const ops::KvStoreArgs& a) {
   const DeviceBatch& b = batch_for(a.batch);
   check_act(a.k, "kv_store k");
-  check_act(a.k_cache, "k_cache");
-  const int64_t row = a.k.dim(1) * a.k.dim(2);
+  check_act(a.v, "kv_store v");
+  KILN_CHECK(a.k_cache.rank() == 4 && a.v_cache.shape == a.k_cache.shape && a.v_cache.dtype == a.k_cache.dtype &&
+             a.k.dim(1) == a.k_cache.dim(2) && a.k.dim(2) == a.k_cache.dim(3) && a.v.shape == a.k.shape)
+      << "kv_store: k " << a.k.shape << ", v " << a.v.shape << " vs caches " << a.k_cache.shape << " / "
+      << a.v_cache.shape;
+  const int64_t n_kv_heads = a.k.dim(1), d_head = a.k.dim(2), row = n_kv_heads * d_head;
+  const bool fp8 = check_cache(a.k_cache, a.k_scale, n_kv_heads, "k_cache");
+  check_cache(a.v_cache, a.v_scale, n_kv_heads, "v_cache");
+  if (fp8) {  // each (token, kv head) row quantized with its own scale
+    launch_store_rows_e4m3(a.k.as<bf16>(), a.k_cache.as<uint8_t>(), a.k_scale.as<float>(), b.slot_mapping,
+                           b.n_tokens, int(n_kv_heads), d_head, row, 0, int(n_kv_heads), 0, stream_);
+    launch_store_rows_e4m3(a.v.as<bf16>(), a.v_cache.as<uint8_t>(), a.v_scale.as<float>(), b.slot_mapping,
+                           b.n_tokens, int(n_kv_heads), d_head, row, 0, int(n_kv_heads), 0, stream_);
+    return;
+  }
   launch_store_rows(a.k.as<bf16>(), a.k_cache.as<bf16>(), b.slot_mapping, b.n_tokens, row, row, 0, stream_);
   launch_store_rows(a.v.as<bf16>(), a.v_cache.as<bf16>(), b.slot_mapping, b.n_tokens, row, row, 0, stream_);
 }
@@ -96,26 +132,45 @@ void CudaBackend::attention(const ops::AttentionArgs& a) {
   const DeviceBatch& b = batch_for(a.batch);
   check_act(a.q, "attention q");
   check_act(a.out, "attention out");
+  KILN_CHECK(a.k_cache.rank() == 4 && a.v_cache.shape == a.k_cache.shape && a.v_cache.dtype == a.k_cache.dtype &&
+             a.k_cache.dim(3) == a.q.dim(2))
+      << "attention: q " << a.q.shape << " vs caches " << a.k_cache.shape << " / " << a.v_cache.shape;
   const int n_heads = int(a.q.dim(1)), d_head = int(a.q.dim(2)), n_kv_heads = int(a.k_cache.dim(2));
   KILN_CHECK_EQ(n_heads % n_kv_heads, 0) << "attention: n_heads vs n_kv_heads";
+  const bool fp8 = check_cache(a.k_cache, a.k_scale, n_kv_heads, "k_cache");
+  check_cache(a.v_cache, a.v_scale, n_kv_heads, "v_cache");
+  const KvCacheView kv{.k = a.k_cache.data, .v = a.v_cache.data,
+                       .k_scale = fp8 ? a.k_scale.as<float>() : nullptr,
+                       .v_scale = fp8 ? a.v_scale.as<float>() : nullptr, .fp8 = fp8};
   AttentionPath path = forced_attention_path_;
   if (path == AttentionPath::kAuto) {
-    path = choose_attention_path(b, d_head, smem_cap_);
+    path = choose_attention_path(b, d_head, smem_cap_, fp8);
     for (AttentionPath off : disabled_attention_paths_)
       if (path == off) path = AttentionPath::kWarp;  // failed its self-test
   }
   AttentionOptions opt{.path = path};
-  const size_t bytes = attention_scratch_bytes(b, n_heads, n_kv_heads, d_head, a.sliding_window, smem_cap_, opt);
+  const size_t bytes =
+      attention_scratch_bytes(b, n_heads, n_kv_heads, d_head, a.sliding_window, smem_cap_, fp8, opt);
   if (bytes > 0) opt.scratch = scratch<char>(int64_t(bytes), op_scratch_);
-  launch_attention(a.q.as<bf16>(), a.k_cache.as<bf16>(), a.v_cache.as<bf16>(), a.out.as<bf16>(),
-                   vec_or_null(a.sinks, "sinks"), b, n_heads, n_kv_heads, d_head, a.scale, a.sliding_window, stream_,
-                   smem_cap_, opt);
+  launch_attention(a.q.as<bf16>(), kv, a.out.as<bf16>(), vec_or_null(a.sinks, "sinks"), b, n_heads, n_kv_heads,
+                   d_head, a.scale, a.sliding_window, stream_, smem_cap_, opt);
 }
 
 void CudaBackend::mla_store(const ops::MlaStoreArgs& a) {
   const DeviceBatch& b = batch_for(a.batch);
+  check_act(a.kv_latent, "mla_store kv_latent");
+  check_act(a.k_rope, "mla_store k_rope");
   const int64_t d_latent = a.kv_latent.dim(1), d_rope = a.k_rope.dim(1), row = a.latent_cache.dim(2);
   KILN_CHECK_EQ(d_latent + d_rope, row) << "mla_store: d_latent + d_rope vs cache row";
+  if (check_cache(a.latent_cache, a.latent_scale, 2, "latent_cache")) {  // latent and rope: two rows, two scales
+    uint8_t* cache = a.latent_cache.as<uint8_t>();
+    float* scales = a.latent_scale.as<float>();
+    launch_store_rows_e4m3(a.kv_latent.as<bf16>(), cache, scales, b.slot_mapping, b.n_tokens, 1, d_latent, row, 0,
+                           2, 0, stream_);
+    launch_store_rows_e4m3(a.k_rope.as<bf16>(), cache, scales, b.slot_mapping, b.n_tokens, 1, d_rope, row, d_latent,
+                           2, 1, stream_);
+    return;
+  }
   launch_store_rows(a.kv_latent.as<bf16>(), a.latent_cache.as<bf16>(), b.slot_mapping, b.n_tokens, d_latent, row, 0,
                     stream_);
   launch_store_rows(a.k_rope.as<bf16>(), a.latent_cache.as<bf16>(), b.slot_mapping, b.n_tokens, d_rope, row,
@@ -130,18 +185,22 @@ void CudaBackend::mla_attention(const ops::MlaArgs& a) {
   const int d_v = int(a.out.dim(2)), d_latent = int(a.latent_cache.dim(2)) - d_rope;
   KILN_CHECK(!a.kv_b->bias.defined() && (a.kv_b->quantized() || a.kv_b->data.dtype == DType::kBF16))
       << "mla: kv_b must be bf16 or quantized, without bias";
+  const bool fp8 = check_cache(a.latent_cache, a.latent_scale, 2, "latent_cache");
+  const MlaCacheView cache{.data = a.latent_cache.data, .scale = fp8 ? a.latent_scale.as<float>() : nullptr,
+                           .fp8 = fp8};
   // The MLA kernels read kv_b as bf16: a quantized one is dequantized once (as vLLM does).
   const bf16* kv_b = a.kv_b->quantized() ? dequantized(*a.kv_b) : a.kv_b->data.as<bf16>();
   MlaPath path = forced_mla_path_;
   if (path == MlaPath::kAuto) {
-    const bool mma = mla_mma_supported(d_latent, d_rope) && mla_mma_smem_bytes() <= smem_cap_ && !mla_mma_disabled_;
+    const bool mma =
+        mla_mma_supported(d_latent, d_rope) && mla_mma_smem_bytes(fp8) <= smem_cap_ && !mla_mma_disabled_;
     path = mma ? MlaPath::kMma : MlaPath::kWarp;
   }
   const int64_t floats = int64_t(b.n_tokens) * n_heads * d_latent * 2 +
                          (path == MlaPath::kMma ? int64_t(mla_mma_scratch_floats(b, n_heads)) : 0);
   float* scratch_f = scratch<float>(floats, op_scratch_);
-  launch_mla(a.q_nope.as<bf16>(), a.q_rope.as<bf16>(), a.latent_cache.as<bf16>(), kv_b,
-             a.out.as<bf16>(), scratch_f, b, n_heads, d_nope, d_rope, d_v, d_latent, a.scale, path, stream_);
+  launch_mla(a.q_nope.as<bf16>(), a.q_rope.as<bf16>(), cache, kv_b, a.out.as<bf16>(), scratch_f, b, n_heads, d_nope,
+             d_rope, d_v, d_latent, a.scale, path, stream_);
 }
 
 void CudaBackend::glu(const ops::GluArgs& a) {
@@ -285,7 +344,18 @@ void CudaBackend::moe(const ops::MoeArgs& a) {
                             stream_);
     } else {
       MoeGroupedScratch sc = grouped_scratch();
-      launch_moe_grouped_quant(a.x.as<bf16>(), table, f, chosen, s, n_pairs, n_experts, top_k, sc, stream_);
+      // Prefill-shaped MXFP4 / NVFP4 layers on SM 12.x: the block-scaled tensor cores,
+      // once the self-test has proved them here (enable_native_quant_moe).
+      const int act_format = quant_native_act_format(f);
+      if (act_format >= 0 && native_quant_moe_[act_format] && moe_native_quant_prefill(n_pairs, n_experts) &&
+          quant_native_smem_bytes() <= smem_cap_) {
+        void* act_q = scratch<uint8_t>(int64_t(moe_native_quant_scratch_bytes(act_format, s, n_pairs, top_k)),
+                                       op_scratch_);
+        launch_moe_grouped_quant_sm120(a.x.as<bf16>(), table, f, chosen, s, n_pairs, n_experts, top_k, sc, act_q,
+                                       stream_);
+      } else {
+        launch_moe_grouped_quant(a.x.as<bf16>(), table, f, chosen, s, n_pairs, n_experts, top_k, sc, stream_);
+      }
     }
     launch_moe_combine(y, chosen, weights, n_tokens, top_k, d_model, a.out.as<bf16>(), stream_);
     return;

@@ -7,6 +7,8 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend_impl.h"
+#include "backends/cuda/kernels/quant_mma_sm120.h"
+#include "backends/cuda/quant_pack.h"
 #include "backends/cuda/quant_random.h"
 #include "core/log.h"
 
@@ -137,48 +139,71 @@ PathResult test_glu(Harness& h, ops::GluKind kind) {
   return h.compare(kind == ops::GluKind::kSilu ? "glu (silu)" : "glu (gpt-oss clamp)", out, ref);
 }
 
-PathResult test_attention(Harness& h, int n_heads, int n_kv, int d, int window, bool sinks) {
+// A KV cache on both backends: the CPU's f32 (or e4m3 + scales), the GPU's bf16 (or
+// e4m3 + scales). n_scales: scales per slot (e4m3 only).
+struct SelfTestCache {
+  Tensor cpu, gpu, cpu_scale, gpu_scale;
+};
+SelfTestCache make_cache(Harness& h, Shape s, int64_t n_scales, bool fp8) {
+  SelfTestCache c;
+  if (!fp8) {
+    c.cpu = h.cpu_out(s);
+    c.gpu = h.gpu_backend().alloc(DType::kBF16, s);
+    return c;
+  }
+  c.cpu = host_tensor(DType::kF8E4M3, s);
+  c.gpu = h.gpu_backend().alloc(DType::kF8E4M3, s);
+  c.cpu_scale = host_tensor(DType::kF32, {s.dims[0], s.dims[1], n_scales});
+  c.gpu_scale = h.gpu_backend().alloc(DType::kF32, c.cpu_scale.shape);
+  return c;
+}
+
+PathResult test_attention(Harness& h, int n_heads, int n_kv, int d, int window, bool sinks, bool fp8) {
   const ops::BatchMeta b1 = scattered_batch({{20, 20}, {40, 40}}, 16, 3), b2 = scattered_batch({{20, 20}, {1, 40}}, 16, 3);
   Tensor k = h.random({b1.n_tokens(), n_kv, d}), v = h.random({b1.n_tokens(), n_kv, d});
-  Tensor kc = h.cpu_out({6, 16, n_kv, d}), vc = h.cpu_out({6, 16, n_kv, d});
-  Tensor kg = h.gpu_backend().alloc(DType::kBF16, kc.shape), vg = h.gpu_backend().alloc(DType::kBF16, vc.shape);
-  h.cpu().kv_store({.k = k, .v = v, .k_cache = kc, .v_cache = vc, .batch = &b1});
+  const SelfTestCache kc = make_cache(h, {6, 16, n_kv, d}, n_kv, fp8), vc = make_cache(h, {6, 16, n_kv, d}, n_kv, fp8);
+  h.cpu().kv_store({.k = k, .v = v, .k_cache = kc.cpu, .v_cache = vc.cpu, .k_scale = kc.cpu_scale,
+                    .v_scale = vc.cpu_scale, .batch = &b1});
   h.gpu_backend().begin_step(b1);
-  h.gpu_backend().kv_store({.k = h.gpu(k), .v = h.gpu(v), .k_cache = kg, .v_cache = vg, .batch = &b1});
+  h.gpu_backend().kv_store({.k = h.gpu(k), .v = h.gpu(v), .k_cache = kc.gpu, .v_cache = vc.gpu,
+                            .k_scale = kc.gpu_scale, .v_scale = vc.gpu_scale, .batch = &b1});
   Tensor q = h.random({b2.n_tokens(), n_heads, d});
   Tensor s = sinks ? h.random({n_heads}, 2.0f) : Tensor{};
   const float scale = 1.0f / std::sqrt(float(d));
   Tensor ref = h.cpu_out({b2.n_tokens(), n_heads, d}), out = h.poisoned(ref.shape);
-  h.cpu().attention({.q = q, .k_cache = kc, .v_cache = vc, .out = ref, .sinks = s, .batch = &b2, .scale = scale,
-                     .sliding_window = window});
+  h.cpu().attention({.q = q, .k_cache = kc.cpu, .v_cache = vc.cpu, .k_scale = kc.cpu_scale, .v_scale = vc.cpu_scale,
+                     .out = ref, .sinks = s, .batch = &b2, .scale = scale, .sliding_window = window});
   h.gpu_backend().begin_step(b2);
-  h.gpu_backend().attention({.q = h.gpu(q), .k_cache = kg, .v_cache = vg, .out = out,
+  h.gpu_backend().attention({.q = h.gpu(q), .k_cache = kc.gpu, .v_cache = vc.gpu, .k_scale = kc.gpu_scale,
+                             .v_scale = vc.gpu_scale, .out = out,
                              .sinks = sinks ? h.gpu_backend().upload(s) : Tensor{}, .batch = &b2, .scale = scale,
                              .sliding_window = window});
-  return h.compare("attention (d " + std::to_string(d) + ", GQA " + std::to_string(n_heads / n_kv) +
-                       (window ? ", window" : "") + (sinks ? ", sinks" : "") + ")",
+  return h.compare(std::string("attention (") + (fp8 ? "fp8 cache, " : "") + "d " + std::to_string(d) + ", GQA " +
+                       std::to_string(n_heads / n_kv) + (window ? ", window" : "") + (sinks ? ", sinks" : "") + ")",
                    out, ref);
 }
 
-PathResult test_mla(Harness& h) {
+PathResult test_mla(Harness& h, bool fp8) {
   const int n_heads = 2, d_nope = 128, d_rope = 64, d_v = 128, d_latent = 512;
   const ops::BatchMeta b1 = scattered_batch({{18, 18}}, 16, 2), b2 = scattered_batch({{1, 18}}, 16, 2);
   Tensor lat = h.random({18, d_latent}), rope = h.random({18, d_rope});
-  Tensor cache = h.cpu_out({2, 16, d_latent + d_rope});
-  Tensor cg = h.gpu_backend().alloc(DType::kBF16, cache.shape);
-  h.cpu().mla_store({.kv_latent = lat, .k_rope = rope, .latent_cache = cache, .batch = &b1});
+  const SelfTestCache cache = make_cache(h, {2, 16, d_latent + d_rope}, 2, fp8);
+  h.cpu().mla_store({.kv_latent = lat, .k_rope = rope, .latent_cache = cache.cpu, .latent_scale = cache.cpu_scale,
+                     .batch = &b1});
   h.gpu_backend().begin_step(b1);
-  h.gpu_backend().mla_store({.kv_latent = h.gpu(lat), .k_rope = h.gpu(rope), .latent_cache = cg, .batch = &b1});
+  h.gpu_backend().mla_store({.kv_latent = h.gpu(lat), .k_rope = h.gpu(rope), .latent_cache = cache.gpu,
+                             .latent_scale = cache.gpu_scale, .batch = &b1});
   Tensor kv_b = h.random({n_heads * (d_nope + d_v), d_latent}, 0.05f);
   ops::Weight wc{.data = h.bf16(kv_b)}, wg{.data = h.gpu_backend().upload(wc.data)};
   Tensor qn = h.random({1, n_heads, d_nope}), qr = h.random({1, n_heads, d_rope});
   Tensor ref = h.cpu_out({1, n_heads, d_v}), out = h.poisoned(ref.shape);
-  h.cpu().mla_attention({.q_nope = qn, .q_rope = qr, .latent_cache = cache, .kv_b = &wc, .out = ref, .batch = &b2,
-                         .scale = 0.07f});
+  h.cpu().mla_attention({.q_nope = qn, .q_rope = qr, .latent_cache = cache.cpu, .latent_scale = cache.cpu_scale,
+                         .kv_b = &wc, .out = ref, .batch = &b2, .scale = 0.07f});
   h.gpu_backend().begin_step(b2);
-  h.gpu_backend().mla_attention({.q_nope = h.gpu(qn), .q_rope = h.gpu(qr), .latent_cache = cg, .kv_b = &wg,
-                                 .out = out, .batch = &b2, .scale = 0.07f});
-  return h.compare("mla (absorbed, latent 512 + rope 64)", out, ref);
+  h.gpu_backend().mla_attention({.q_nope = h.gpu(qn), .q_rope = h.gpu(qr), .latent_cache = cache.gpu,
+                                 .latent_scale = cache.gpu_scale, .kv_b = &wg, .out = out, .batch = &b2,
+                                 .scale = 0.07f});
+  return h.compare(std::string("mla (") + (fp8 ? "fp8 cache, " : "") + "absorbed, latent 512 + rope 64)", out, ref);
 }
 
 PathResult test_moe(Harness& h, ops::RouterKind kind, int n_tokens) {
@@ -330,6 +355,212 @@ PathResult test_quant_linear(Harness& h, const QuantCase& c, int rows) {
   return h.compare(path, out, ref);
 }
 
+namespace {
+
+// The native SM120 MoE GEMMs (kernels/quant_gemm_sm120.cu) quantize activations on the
+// fly, so the bf16 CPU backend is not their reference. The reference here computes their
+// math on the host from each GEMM's own input: x and the device's act quantized by
+// quant_mma_sm120.h's rules, the packed weights' values (quant_pack.h), sums in double,
+// the CPU backend's GLU. The device and host quantized x must agree byte for byte; act
+// and y then differ by fp32 summation order (and act by its bf16 rounding): kTolerance.
+// SM 12.x only (elsewhere "not applicable"); a pass enables the path.
+PathResult test_moe_native(Harness& h, formats::QuantKind kind) {
+  const bool mx = kind == formats::QuantKind::kMxfp4;
+  PathResult res{.path = std::string("moe native sm_120a (") +
+                         (mx ? "MXFP4 x e4m3, mxf8f6f4)" : "NVFP4 x e2m1, mxf4nvf4)"),
+                 .tolerance = kTolerance,
+                 .required = false};
+  auto* cuda = dynamic_cast<CudaBackend*>(&h.gpu_backend());
+  if (cuda == nullptr || cuda->info().cc_major != 12) {
+    res.applicable = false;
+    res.detail = cuda ? "not applicable on sm_" + std::to_string(cuda->info().cc()) : "not a CUDA backend";
+    return res;
+  }
+  if (!quant_sm120_native_available()) {
+    res.detail = "this build has no sm_120a / sm_121a code for sm_" + std::to_string(cuda->info().cc()) +
+                 " (KILN_CUDA_ARCHS " KILN_CUDA_ARCHS_BUILT ")";
+    return res;
+  }
+  // 4 experts, top-2, 96 tokens: 48 rows per expert, the 64-row prefill tiles; inputs off
+  // the 128-input tile. MXFP4 as gpt-oss has it (interleaved gate/up, biases, clamped
+  // SwiGLU), NVFP4 as ModelOpt's (separate gate and up, SiLU).
+  const int n_experts = 4, top_k = 2, n_tokens = 96, d = 320, d_ff = 192, n_pairs = n_tokens * top_k;
+  const auto fmt = sm120::ActFormat(mx ? 0 : 1);
+  static std::mt19937 rng(20261124);
+  struct HostExpert {
+    std::vector<PackedQuant> up;  // fused [2 d_ff, d] interleaved, or gate, up
+    PackedQuant down;
+    std::vector<float> up_bias, down_bias;
+  };
+  std::vector<HostExpert> hosts(n_experts);
+  std::vector<QuantExpert> table(n_experts);
+  std::vector<formats::QuantizedTensor> keep;  // device weights, alive until the end
+  std::vector<Tensor> keep_bias;
+  auto matrix = [&](int64_t n_out, int64_t n_in, std::vector<PackedQuant>& host) -> Result<QuantMat> {
+    const formats::QuantizedTensor q = random_quantized({kind}, n_out, n_in, rng);
+    KILN_ASSIGN_OR_RETURN(PackedQuant p, pack_quantized(q));
+    host.push_back(std::move(p));
+    KILN_ASSIGN_OR_RETURN(formats::QuantizedTensor g, cuda->upload_quantized(q));
+    keep.push_back(g);
+    return quant_mat(keep.back());
+  };
+  auto bias = [&](int64_t n, std::vector<float>& host) {
+    Tensor b = h.random({n}, 0.1f);
+    host.assign(b.as<float>(), b.as<float>() + n);
+    keep_bias.push_back(cuda->upload(b));
+    return keep_bias.back().as<float>();
+  };
+  const Status built = [&]() -> Status {
+    for (int e = 0; e < n_experts; ++e) {
+      HostExpert& he = hosts[size_t(e)];
+      QuantExpert& t = table[size_t(e)];
+      if (mx) {
+        KILN_ASSIGN_OR_RETURN(t.gate_up, matrix(2 * d_ff, d, he.up));
+        t.gate_up_bias = bias(2 * d_ff, he.up_bias);
+        t.down_bias = bias(d, he.down_bias);
+      } else {
+        KILN_ASSIGN_OR_RETURN(t.gate, matrix(d_ff, d, he.up));
+        KILN_ASSIGN_OR_RETURN(t.up, matrix(d_ff, d, he.up));
+      }
+      std::vector<PackedQuant> down;
+      KILN_ASSIGN_OR_RETURN(t.down, matrix(d, d_ff, down));
+      he.down = std::move(down[0]);
+    }
+    return Status::Ok();
+  }();
+  if (!built.ok()) {
+    res.detail = built.to_string();
+    return res;
+  }
+  const QuantFormat f = quant_format(keep.back());
+  std::vector<int32_t> experts(static_cast<size_t>(n_pairs));
+  for (int tkn = 0; tkn < n_tokens; ++tkn) {  // two distinct experts, unevenly loaded
+    const int e0 = int(rng() % 3), e1 = (e0 + 1 + int(rng() % 3)) % n_experts;
+    experts[size_t(2 * tkn)] = e0, experts[size_t(2 * tkn + 1)] = e1;
+  }
+  Tensor x = h.random({n_tokens, d}, 2.0f), xg = h.gpu(x);
+
+  // Device buffers (outputs poisoned), then the launch on this thread's default stream.
+  auto bytes = [&](size_t n) { return cuda->alloc(DType::kU8, {int64_t(n)}); };
+  const int slots = moe_tile_slots(n_pairs, n_experts, sm120::kBM);
+  const size_t act_q_bytes =
+      moe_native_quant_scratch_bytes(int(fmt), MoeShape{.d_model = d, .d_ff = d_ff}, n_pairs, top_k);
+  Tensor t_table = bytes(table.size() * sizeof(QuantExpert)), t_experts = bytes(experts.size() * 4);
+  Tensor t_perm = bytes(size_t(n_pairs) * 4), t_tiles = bytes(size_t(slots) * sizeof(int4)), t_q = bytes(act_q_bytes);
+  Tensor t_act = h.poisoned({n_pairs, d_ff});
+  Tensor t_y = bytes(size_t(n_pairs) * d * 4);
+  std::vector<float> nan(size_t(n_pairs) * d, std::nanf(""));
+  cuda->synchronize();  // uploads and x are on the backend's stream
+  KILN_CUDA_CHECK(cudaMemcpy(t_table.data, table.data(), t_table.nbytes(), cudaMemcpyHostToDevice));
+  KILN_CUDA_CHECK(cudaMemcpy(t_experts.data, experts.data(), t_experts.nbytes(), cudaMemcpyHostToDevice));
+  KILN_CUDA_CHECK(cudaMemcpy(t_y.data, nan.data(), t_y.nbytes(), cudaMemcpyHostToDevice));
+  const MoeShape s{.d_model = d, .d_ff = d_ff, .interleaved = mx, .glu_kind = mx ? 1 : 0};
+  MoeGroupedScratch sc{.perm = t_perm.as<int32_t>(), .tiles = static_cast<int4*>(t_tiles.data),
+                       .act = t_act.as<bf16>(), .y = t_y.as<float>()};
+  launch_moe_grouped_quant_sm120(xg.as<bf16>(), static_cast<const QuantExpert*>(t_table.data), f,
+                                 t_experts.as<int32_t>(), s, n_pairs, n_experts, top_k, sc, t_q.data, nullptr);
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<int32_t> perm(static_cast<size_t>(n_pairs));
+  std::vector<float> act(size_t(n_pairs) * d_ff), y(size_t(n_pairs) * d);
+  KILN_CUDA_CHECK(cudaMemcpy(perm.data(), t_perm.data, perm.size() * 4, cudaMemcpyDeviceToHost));
+  KILN_CUDA_CHECK(cudaMemcpy(y.data(), t_y.data, y.size() * 4, cudaMemcpyDeviceToHost));
+  cuda->to_host_f32(t_act, act.data());
+
+  // x quantized: the device's bytes against quantize_act_rows'.
+  const int64_t x_codes = n_tokens * sm120::act_code_row_bytes(fmt, d);
+  const int64_t x_scales = n_tokens * sm120::act_scale_row_bytes(fmt, d);
+  std::vector<uint8_t> xq(static_cast<size_t>(x_codes)), xs(static_cast<size_t>(x_scales)), dq(xq.size()),
+      ds(xs.size());
+  std::vector<float> xr(static_cast<size_t>(n_tokens)), dr(xr.size());
+  sm120::quantize_act_rows(fmt, x.as<float>(), n_tokens, d, xq.data(), xs.data(), xr.data());
+  const QuantActBuffers dev = quant_act_buffers(int(fmt), t_q.data, n_tokens, d);
+  KILN_CUDA_CHECK(cudaMemcpy(dq.data(), dev.codes, dq.size(), cudaMemcpyDeviceToHost));
+  KILN_CUDA_CHECK(cudaMemcpy(ds.data(), dev.scales, ds.size(), cudaMemcpyDeviceToHost));
+  if (!mx) KILN_CUDA_CHECK(cudaMemcpy(dr.data(), dev.row_scale, dr.size() * 4, cudaMemcpyDeviceToHost));
+  if (dq != xq || ds != xs || (!mx && dr != xr)) {
+    res.detail = "the device's quantized activations differ from quantize_act_rows'";
+    return res;
+  }
+
+  // act = glu(x W_up^T) per sorted row, then y = act W_down^T per pair, each from its own input.
+  auto dequantized = [](const PackedQuant& p) {
+    std::vector<float> w(size_t(p.n_out * p.n_in));
+    for (int64_t o = 0; o < p.n_out; ++o)
+      for (int64_t k = 0; k < p.n_in; ++k) w[size_t(o * p.n_in + k)] = packed_element(p, o, k) * p.scale2;
+    return w;
+  };
+  auto act_rows = [&](const float* in, int64_t rows, int64_t k, std::vector<uint8_t>& codes,
+                      std::vector<uint8_t>& scales, std::vector<float>& row_scale) {
+    std::vector<float> out(size_t(rows * k));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < k; ++i)
+        out[size_t(r * k + i)] = sm120::act_value(fmt, codes.data(), scales.data(), row_scale.data(), k, r, i);
+    return out;
+  };
+  auto dot = [](const float* a, const float* b, int64_t n) {
+    double s = 0.0;
+    for (int64_t i = 0; i < n; ++i) s += double(a[i]) * b[i];
+    return float(s);
+  };
+  std::vector<std::vector<float>> w_up(size_t(n_experts) * 2), w_down(static_cast<size_t>(n_experts));
+  for (int e = 0; e < n_experts; ++e) {
+    for (size_t j = 0; j < hosts[size_t(e)].up.size(); ++j)
+      w_up[size_t(2 * e) + j] = dequantized(hosts[size_t(e)].up[j]);
+    w_down[size_t(e)] = dequantized(hosts[size_t(e)].down);
+  }
+  const std::vector<float> xv = act_rows(x.as<float>(), n_tokens, d, xq, xs, xr);
+  Tensor gate = h.cpu_out({n_pairs, d_ff}), up = h.cpu_out({n_pairs, d_ff}), act_ref = h.cpu_out({n_pairs, d_ff});
+  for (int r = 0; r < n_pairs; ++r) {
+    const int pair = perm[size_t(r)], e = experts[size_t(pair)];
+    const HostExpert& he = hosts[size_t(e)];
+    const float* xrow = &xv[size_t(pair / top_k) * d];
+    for (int i = 0; i < d_ff; ++i) {
+      // Gate / up rows: interleaved (2i, 2i + 1) of the fused matrix, or row i of each.
+      const float* wg = mx ? &w_up[size_t(2 * e)][size_t(2 * i) * d] : &w_up[size_t(2 * e)][size_t(i) * d];
+      const float* wu = mx ? &w_up[size_t(2 * e)][size_t(2 * i + 1) * d] : &w_up[size_t(2 * e + 1)][size_t(i) * d];
+      gate.as<float>()[r * d_ff + i] = dot(xrow, wg, d) + (mx ? he.up_bias[size_t(2 * i)] : 0.0f);
+      up.as<float>()[r * d_ff + i] = dot(xrow, wu, d) + (mx ? he.up_bias[size_t(2 * i + 1)] : 0.0f);
+    }
+  }
+  h.cpu().glu({.gate = gate, .up = up, .out = act_ref,
+               .params = {.kind = mx ? ops::GluKind::kGptOssClamp : ops::GluKind::kSilu}});
+  std::vector<uint8_t> aq(size_t(n_pairs * sm120::act_code_row_bytes(fmt, d_ff)));
+  std::vector<uint8_t> as(size_t(n_pairs * sm120::act_scale_row_bytes(fmt, d_ff)));
+  std::vector<float> ar(static_cast<size_t>(n_pairs));
+  sm120::quantize_act_rows(fmt, act.data(), n_pairs, d_ff, aq.data(), as.data(), ar.data());
+  const std::vector<float> av = act_rows(act.data(), n_pairs, d_ff, aq, as, ar);
+  double max_act = 0.0, err_act = 0.0, max_y = 0.0, err_y = 0.0;
+  for (int64_t i = 0; i < int64_t(act.size()); ++i) {
+    if (std::isnan(act[size_t(i)])) {
+      res.detail = "act element " + std::to_string(i) + " not written (NaN)";
+      return res;
+    }
+    max_act = std::max(max_act, double(std::abs(act_ref.as<float>()[i])));
+    err_act = std::max(err_act, double(std::abs(act[size_t(i)] - act_ref.as<float>()[i])));
+  }
+  for (int r = 0; r < n_pairs; ++r) {
+    const int pair = perm[size_t(r)], e = experts[size_t(pair)];
+    for (int j = 0; j < d; ++j) {
+      const float want = dot(&av[size_t(r) * d_ff], &w_down[size_t(e)][size_t(j) * d_ff], d_ff) +
+                         (mx ? hosts[size_t(e)].down_bias[size_t(j)] : 0.0f);
+      const float got = y[size_t(pair) * d + j];
+      if (std::isnan(got)) {
+        res.detail = "pair " + std::to_string(pair) + " not written (NaN)";
+        return res;
+      }
+      max_y = std::max(max_y, double(std::abs(want)));
+      err_y = std::max(err_y, double(std::abs(got - want)));
+    }
+  }
+  res.rel_err = std::max(err_act / std::max(max_act, 1e-30), err_y / std::max(max_y, 1e-30));
+  res.passed = res.rel_err <= kTolerance;
+  if (!res.passed)
+    res.detail = "max relative error " + std::to_string(res.rel_err) + " > " + std::to_string(kTolerance);
+  return res;
+}
+
+}  // namespace
+
 std::vector<PathResult> run_self_test(ops::Backend& gpu) {
   Harness h(gpu);
   std::vector<PathResult> r;
@@ -343,9 +574,12 @@ std::vector<PathResult> run_self_test(ops::Backend& gpu) {
   auto* cuda = dynamic_cast<CudaBackend*>(&gpu);
   const std::pair<AttentionPath, const char*> paths[] = {
       {AttentionPath::kWarp, "warp"}, {AttentionPath::kFa2, "FA2 mma.sync"}, {AttentionPath::kSplitKv, "split-KV"}};
+  // Each over a bf16 and an e4m3 cache (both backends quantize the same values to the
+  // same codes and scales, so the comparison measures the kernels).
   for (const auto& [path, name] : paths) {
     if (cuda) cuda->force_attention_path(path);
-    for (PathResult t : {test_attention(h, 8, 2, 64, 16, true), test_attention(h, 4, 1, 128, 0, false)}) {
+    for (PathResult t : {test_attention(h, 8, 2, 64, 16, true, false), test_attention(h, 4, 1, 128, 0, false, false),
+                         test_attention(h, 8, 2, 64, 16, true, true), test_attention(h, 4, 1, 128, 0, false, true)}) {
       t.path = std::string(name) + " " + t.path;
       t.required = path == AttentionPath::kWarp;
       if (!t.passed && !t.required && cuda) {
@@ -358,14 +592,16 @@ std::vector<PathResult> run_self_test(ops::Backend& gpu) {
   }
   for (MlaPath path : {MlaPath::kWarp, MlaPath::kMma}) {
     if (cuda) cuda->force_mla_path(path);
-    PathResult t = test_mla(h);
-    t.path = std::string(mla_path_name(path)) + " " + t.path;
-    t.required = path == MlaPath::kWarp;
-    if (!t.passed && !t.required && cuda) {
-      cuda->disable_mla_mma();
-      KILN_LOG(kWarn, "CUDA self-test: disabling the mma.sync MLA path: " << t.detail);
+    for (bool fp8 : {false, true}) {
+      PathResult t = test_mla(h, fp8);
+      t.path = std::string(mla_path_name(path)) + " " + t.path;
+      t.required = path == MlaPath::kWarp;
+      if (!t.passed && !t.required && cuda) {
+        cuda->disable_mla_mma();
+        KILN_LOG(kWarn, "CUDA self-test: disabling the mma.sync MLA path: " << t.detail);
+      }
+      r.push_back(t);
     }
-    r.push_back(t);
     if (cuda) cuda->force_mla_path(MlaPath::kAuto);
   }
   // MoE experts: the GEMV path (required), then the grouped GEMMs in their decode
@@ -402,6 +638,16 @@ std::vector<PathResult> run_self_test(ops::Backend& gpu) {
       }
       r.push_back(t);
     }
+  }
+  // The native SM120 quantized MoE: off by default, enabled format by format on a pass.
+  for (formats::QuantKind kind : {formats::QuantKind::kMxfp4, formats::QuantKind::kNvfp4}) {
+    PathResult t = test_moe_native(h, kind);
+    if (t.passed && cuda) {
+      cuda->enable_native_quant_moe(kind == formats::QuantKind::kMxfp4 ? 0 : 1);
+    } else if (t.applicable) {
+      KILN_LOG(kWarn, "CUDA self-test: " << t.path << " stays off: " << t.detail);
+    }
+    r.push_back(t);
   }
   r.push_back(test_sampling(h));
   gpu.synchronize();

@@ -17,6 +17,7 @@ struct PathResult {
   double tolerance = 0.0;
   std::string detail;     // why it failed
   bool required = true;   // false: a fast path with a fallback; a failure disables it instead
+  bool applicable = true;  // false: the path cannot run on this GPU (detail says why); not run
 };
 
 // A batch of sequences, each (n_query newest tokens, context_len), whose block

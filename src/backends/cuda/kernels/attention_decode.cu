@@ -26,7 +26,11 @@
 // Either keeps >= 32 KB of loads in flight per SM, above the ~10-25 KB that
 // Little's law asks for at SM120 / H100 DRAM bandwidth and latency. The
 // end-of-loop merge reuses the ring: 4 warps * 16 rows * (D + 2) floats.
+// An e4m3 cache (attention_mma.cuh) halves the tiles and adds 64 scales each:
+// 3 * 2 * (64 * D + 256) = 26,112 B (D 64) / 50,688 B (D 128), so with D = 128 two
+// CTAs fit an SM120 SM; the stages hold the same keys, now in half the bytes.
 #include <algorithm>
+#include <type_traits>
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels/attention_mma.cuh"
@@ -35,14 +39,14 @@ namespace kiln::cuda {
 namespace attn {
 namespace {
 
-template <int D>
+template <int D, typename T>
 struct DecodeConfig {
   static constexpr int kStages = 3;
   static constexpr int kWarps = 4;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kBM = 16;
   static constexpr int kBN = 16 * kWarps;
-  static constexpr int kTileBytes = kBN * D * 2;
+  static constexpr int kTileBytes = KvTile<T, D>::bytes(kBN);
   static constexpr int kStageBytes = 2 * kTileBytes;
   static constexpr int kQBytes = kBM * D * 2;
   static constexpr int kSmemBytes = kStages * kStageBytes;
@@ -56,9 +60,9 @@ struct DecodeConfig {
 constexpr int kMinKeysPerSplit = 256;
 constexpr int kMaxSplits = 128;
 
-template <int D>
-__global__ void __launch_bounds__(DecodeConfig<D>::kThreads) attention_decode_kernel(const Params p) {
-  using C = DecodeConfig<D>;
+template <int D, typename T>
+__global__ void __launch_bounds__(DecodeConfig<D, T>::kThreads) attention_decode_kernel(const Params p) {
+  using C = DecodeConfig<D, T>;
   constexpr int kBN = C::kBN, kStages = C::kStages;
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t s_ring = smem_u32(smem), s_q = s_ring + (kStages - 1) * C::kStageBytes;
@@ -97,14 +101,20 @@ __global__ void __launch_bounds__(DecodeConfig<D>::kThreads) attention_decode_ke
     return;
   }
 
+  // A stage: the K tile (codes, then its scales for e4m3), then the V tile.
+  constexpr uint32_t kScales = kBN * KvTile<T, D>::kRowBytes;
+  const auto load_stage = [&](uint32_t st, int j0) {
+    load_kv_tile<T, D, kBN, C::kThreads>(st, p.k_cache, p, table, kvh, j0, kv_hi);
+    load_kv_scales<T, kBN, C::kThreads>(st + kScales, p.k_scale, p, table, kvh, j0, kv_hi);
+    load_kv_tile<T, D, kBN, C::kThreads>(st + C::kTileBytes, p.v_cache, p, table, kvh, j0, kv_hi);
+    load_kv_scales<T, kBN, C::kThreads>(st + C::kTileBytes + kScales, p.v_scale, p, table, kvh, j0, kv_hi);
+  };
   load_q_tile<D, C::kBM, C::kThreads>(s_q, p, q0, n_rows, row0, kvh);
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
     if (st < n_my) {
       const int j0 = (kt_begin + st) * kBN;
-      load_kv_tile<D, kBN, C::kThreads>(s_ring + st * C::kStageBytes, p.k_cache, p, table, kvh, j0, kv_hi);
-      load_kv_tile<D, kBN, C::kThreads>(s_ring + st * C::kStageBytes + C::kTileBytes, p.v_cache, p, table, kvh, j0,
-                                        kv_hi);
+      load_stage(s_ring + st * C::kStageBytes, j0);
     }
     cp_async_commit();  // Q rides in group 0
   }
@@ -116,17 +126,14 @@ __global__ void __launch_bounds__(DecodeConfig<D>::kThreads) attention_decode_ke
     cp_async_wait<kStages - 2>();
     __syncthreads();  // tile i landed; every warp is done with tile i - 1's stage
     if (i == 0) {
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        ldmatrix_x4(s_q + swz<D>(lane % 8 + ((lane / 8) % 2) * 8, kk * 2 + lane / 16), qf[kk]);
+      load_q_frags<T, D>(s_q, 0, qf);
       __syncthreads();  // Q is in registers: its stage may take a tile
     }
     const int next = i + kStages - 1;
     if (next < n_my) {
       const uint32_t st = s_ring + (next % kStages) * C::kStageBytes;
       const int j0 = (kt_begin + next) * kBN;
-      load_kv_tile<D, kBN, C::kThreads>(st, p.k_cache, p, table, kvh, j0, kv_hi);
-      load_kv_tile<D, kBN, C::kThreads>(st + C::kTileBytes, p.v_cache, p, table, kvh, j0, kv_hi);
+      load_stage(st, j0);
     }
     cp_async_commit();
 
@@ -134,17 +141,13 @@ __global__ void __launch_bounds__(DecodeConfig<D>::kThreads) attention_decode_ke
     const int key0 = warp * 16, j0 = (kt_begin + i) * kBN + key0;  // this warp's 16 keys
     if (j0 > kv_hi) continue;
     float sc[2][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t b[4];
-      ldmatrix_x4(s_k + swz<D>(key0 + lane % 8 + (lane / 16) * 8, kk * 2 + (lane / 8) % 2), b);
-      mma_bf16(sc[0], qf[kk], b[0], b[1]);
-      mma_bf16(sc[1], qf[kk], b[2], b[3]);
-    }
+    mma_qk<T, D, 2>(s_k, key0, qf, sc);
+    scale_columns<T>(sc, s_k + kScales, key0);
     online_softmax(sc, acc, m, l, row, j0, p.scale_log2, true);
+    scale_columns<T>(sc, s_v + kScales, key0);
     uint32_t pf[1][4];
     pack_probs(sc, pf);
-    mma_pv<D, 1, D / 16>(s_v, key0, 0, pf, acc);
+    mma_pv<T, D, 1, D / 16>(s_v, key0, 0, pf, acc);
   }
   cp_async_wait<0>();
   __syncthreads();  // the ring and Q buffers are free: merge the 4 warps
@@ -157,10 +160,13 @@ __global__ void __launch_bounds__(DecodeConfig<D>::kThreads) attention_decode_ke
     const int r = lane / 4 + 8 * half;
     const float lh = quad_sum(l[half]);
     if (lane % 4 == 0) s_m[warp * C::kBM + r] = m[half], s_l[warp * C::kBM + r] = lh;
-    float* dst = s_acc + (warp * C::kBM + r) * D + 2 * (lane % 4);
+    float* dst = s_acc + (warp * C::kBM + r) * D;
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n)
-      *reinterpret_cast<float2*>(dst + n * 8) = make_float2(acc[n][2 * half], acc[n][2 * half + 1]);
+    for (int n = 0; n < D / 8; ++n) {
+      int col;
+      const float2 v = acc_pair<T>(acc, n, half, col);
+      *reinterpret_cast<float2*>(dst + col) = v;
+    }
   }
   __syncthreads();
 
@@ -246,15 +252,15 @@ __global__ void __launch_bounds__(128) attention_combine_kernel(const Params p) 
 // context (the window bounds it). From the --sweep-splits runs of
 // bench/attention_bench.cpp: within 10% of the best split count in every case
 // but one short one (batch 1 x 1k: 4 splits, 14 us vs 12.5 us at 8).
-template <int D>
+template <int D, typename T>
 int choose_splits_for(const DeviceBatch& b, int group, int n_kv_heads, int window) {
-  using C = DecodeConfig<D>;
+  using C = DecodeConfig<D, T>;
   int device = 0, sms = 0, per_sm = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&device));
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  KILN_CUDA_CHECK(cudaFuncSetAttribute(attention_decode_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  KILN_CUDA_CHECK(cudaFuncSetAttribute(attention_decode_kernel<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        C::kSmemBytes));
-  KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_decode_kernel<D>, C::kThreads,
+  KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_decode_kernel<D, T>, C::kThreads,
                                                                 C::kSmemBytes));
   int64_t ctx = int64_t(b.max_blocks) * b.block_size;
   if (window > 0) ctx = std::min<int64_t>(ctx, window + C::kBN);
@@ -265,10 +271,25 @@ int choose_splits_for(const DeviceBatch& b, int group, int n_kv_heads, int windo
   return int(std::clamp<int64_t>(std::min(wave, by_ctx), 1, kMaxSplits));
 }
 
-int choose_splits(const DeviceBatch& b, int d_head, int group, int n_kv_heads, int window, int requested) {
+// Calls f(D, T) (as std::integral_constant and a T value) for a head size and cache type.
+template <typename F>
+void with_decode_instance(int d_head, bool fp8, F&& f) {
+  const auto for_d = [&](auto d) {
+    if (fp8) f(d, e4m3{});
+    else f(d, bf16{});
+  };
+  if (d_head == 64) for_d(std::integral_constant<int, 64>{});
+  else for_d(std::integral_constant<int, 128>{});
+}
+
+int choose_splits(const DeviceBatch& b, int d_head, int group, int n_kv_heads, int window, int requested,
+                  bool fp8) {
   if (requested > 0) return requested;
-  return d_head == 64 ? choose_splits_for<64>(b, group, n_kv_heads, window)
-                      : choose_splits_for<128>(b, group, n_kv_heads, window);
+  int splits = 1;
+  with_decode_instance(d_head, fp8, [&](auto d, auto t) {
+    splits = choose_splits_for<decltype(d)::value, decltype(t)>(b, group, n_kv_heads, window);
+  });
+  return splits;
 }
 
 // Scratch layout: [tile table (unless one token per sequence)] [partials (when split)].
@@ -282,9 +303,9 @@ DecodeScratch decode_scratch(const DeviceBatch& b, int n_heads, int group, int d
   return d;
 }
 
-template <int D>
+template <int D, typename T>
 void decode_for(Params p, int n_splits, void* scratch, cudaStream_t stream) {
-  using C = DecodeConfig<D>;
+  using C = DecodeConfig<D, T>;
   p.n_splits = n_splits;
   const DecodeScratch layout = decode_scratch(p.b, p.n_heads, p.group, D, n_splits);
   char* base = static_cast<char*>(scratch);
@@ -300,9 +321,9 @@ void decode_for(Params p, int n_splits, void* scratch, cudaStream_t stream) {
     x_tiles = max_row_tiles(p.b, p.group, C::kBM);
     p.tiles = launch_attention_tiles(p.b, p.group, C::kBM, x_tiles, base, stream);
   }
-  KILN_CUDA_CHECK(cudaFuncSetAttribute(attention_decode_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  KILN_CUDA_CHECK(cudaFuncSetAttribute(attention_decode_kernel<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        C::kSmemBytes));
-  attention_decode_kernel<D><<<dim3(x_tiles, p.n_kv_heads, n_splits), C::kThreads, C::kSmemBytes, stream>>>(p);
+  attention_decode_kernel<D, T><<<dim3(x_tiles, p.n_kv_heads, n_splits), C::kThreads, C::kSmemBytes, stream>>>(p);
   KILN_CUDA_LAUNCH_CHECK();
   if (n_splits > 1) {
     attention_combine_kernel<D><<<ceil_div(int64_t(p.b.n_tokens) * p.n_heads, 4), 128, 0, stream>>>(p);
@@ -313,35 +334,39 @@ void decode_for(Params p, int n_splits, void* scratch, cudaStream_t stream) {
 }  // namespace
 }  // namespace attn
 
-int attention_decode_smem_bytes(int d_head) {
-  if (d_head == 64) return attn::DecodeConfig<64>::kSmemBytes;
-  if (d_head == 128) return attn::DecodeConfig<128>::kSmemBytes;
-  return 0;
+int attention_decode_smem_bytes(int d_head, bool fp8_cache) {
+  if (d_head != 64 && d_head != 128) return 0;
+  int bytes = 0;
+  attn::with_decode_instance(d_head, fp8_cache, [&](auto d, auto t) {
+    bytes = attn::DecodeConfig<decltype(d)::value, decltype(t)>::kSmemBytes;
+  });
+  return bytes;
 }
 
 size_t attention_decode_scratch_bytes(const DeviceBatch& b, int n_heads, int n_kv_heads, int d_head,
-                                      int sliding_window, int n_splits) {
+                                      int sliding_window, int n_splits, bool fp8_cache) {
   const int group = n_heads / n_kv_heads;
-  const int splits = attn::choose_splits(b, d_head, group, n_kv_heads, sliding_window, n_splits);
+  const int splits = attn::choose_splits(b, d_head, group, n_kv_heads, sliding_window, n_splits, fp8_cache);
   const attn::DecodeScratch d = attn::decode_scratch(b, n_heads, group, d_head, splits);
   return d.table_bytes + d.part_bytes;
 }
 
-void launch_attention_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out,
-                             const float* sinks, const DeviceBatch& b, int n_heads, int n_kv_heads, int d_head,
-                             float scale, int sliding_window, int n_splits, void* scratch, cudaStream_t stream) {
+void launch_attention_decode(const bf16* q, const KvCacheView& kv, bf16* out, const float* sinks,
+                             const DeviceBatch& b, int n_heads, int n_kv_heads, int d_head, float scale,
+                             int sliding_window, int n_splits, void* scratch, cudaStream_t stream) {
   if (b.n_tokens == 0) return;
-  KILN_CHECK(attention_decode_smem_bytes(d_head) > 0 && attn::log2_exact(b.block_size) >= 0)
+  KILN_CHECK(attention_decode_smem_bytes(d_head, kv.fp8) > 0 && attn::log2_exact(b.block_size) >= 0)
       << "attention decode: no kernel for head size " << d_head << ", block size " << b.block_size;
   KILN_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0) << "attention decode: " << n_heads << " / " << n_kv_heads;
-  const attn::Params p =
-      attn::make_params(q, k_cache, v_cache, out, sinks, b, n_heads, n_kv_heads, scale, sliding_window);
-  n_splits = attn::choose_splits(b, d_head, p.group, n_kv_heads, sliding_window, n_splits);
+  KILN_CHECK(!kv.fp8 || (kv.k_scale != nullptr && kv.v_scale != nullptr)) << "attention decode: e4m3 without scales";
+  const attn::Params p = attn::make_params(q, kv, out, sinks, b, n_heads, n_kv_heads, scale, sliding_window);
+  n_splits = attn::choose_splits(b, d_head, p.group, n_kv_heads, sliding_window, n_splits, kv.fp8);
   KILN_CHECK(scratch != nullptr ||
-             attention_decode_scratch_bytes(b, n_heads, n_kv_heads, d_head, sliding_window, n_splits) == 0)
+             attention_decode_scratch_bytes(b, n_heads, n_kv_heads, d_head, sliding_window, n_splits, kv.fp8) == 0)
       << "attention decode: no scratch";
-  if (d_head == 64) attn::decode_for<64>(p, n_splits, scratch, stream);
-  else attn::decode_for<128>(p, n_splits, scratch, stream);
+  attn::with_decode_instance(d_head, kv.fp8, [&](auto d, auto t) {
+    attn::decode_for<decltype(d)::value, decltype(t)>(p, n_splits, scratch, stream);
+  });
 }
 
 }  // namespace kiln::cuda

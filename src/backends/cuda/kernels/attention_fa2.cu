@@ -26,6 +26,9 @@
 //   3: (4, 2, 64, 3: <= 168 registers)            24,576 B   49,152 B
 //   4: (4, 2, 32, 3)                              12,288 B   24,576 B
 // All fit the 101,376 B SM120 cap with room for 2 CTAs per 100 KB SM120 SM.
+// An e4m3 cache (attention_mma.cuh) halves each tile and adds its 4-byte scales, but Q
+// (bf16) is still staged through the K buffers, so the shared memory is
+// max(kKBufs * tile, Q) + tile: at D = 128 e.g. variant 2 takes 32,768 + 8,448 = 41,216 B.
 // Registers (ptxas, sm_90: ~160 per thread at D = 64, 243-255 at D = 128 without
 // a min-CTA bound; variants 3-4 cap at 168 and spill at D = 128) allow 2 CTAs
 // of 4 warps or 1 of 8 per SM at D = 128.
@@ -38,16 +41,23 @@ namespace {
 
 constexpr int kTilesThreads = 1024;
 
-template <int D, int kWarps_, int kKBufs_, int kBN_, int kMinBlocks_>
+template <int D, int kWarps_, int kKBufs_, int kBN_, int kMinBlocks_, typename T_ = bf16>
 struct Fa2Config {
+  using T = T_;  // the cache element type
   static constexpr int kD = D, kWarps = kWarps_, kKBufs = kKBufs_;
   static constexpr int kMinBlocks = kMinBlocks_;  // per SM, for __launch_bounds__ (caps registers)
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kBM = 16 * kWarps;  // query rows per CTA
   static constexpr int kBN = kBN_;         // keys per tile
-  static constexpr int kTileBytes = kBN * D * 2;
-  static constexpr int kSmemBytes = (kKBufs + 1) * kTileBytes;  // K buffers + V
-  static_assert(kBM * D * 2 <= kKBufs * kTileBytes, "Q is staged through the K buffers");
+  // e4m3: a K buffer holds K_j's codes, K_j's scales and V_j's scales (they land with
+  // K_j, before the softmax needs them); the V buffer V_j's codes.
+  static constexpr int kScaleBytes = kBN * KvTile<T, D>::kRowBytes;  // the scales' offset in a K buffer
+  static constexpr int kKTileBytes = KvTile<T, D>::bytes(kBN, 2);
+  static constexpr int kVTileBytes = KvTile<T, D>::bytes(kBN, 0);
+  // The K buffers, where Q is staged first (bf16 Q fits a bf16 cache's buffers), then V.
+  static constexpr int kKBytes = kKBufs * kKTileBytes > kBM * D * 2 ? kKBufs * kKTileBytes : kBM * D * 2;
+  static constexpr int kSmemBytes = kKBytes + kVTileBytes;
+  static_assert(kIsFp8<T> || kBM * D * 2 <= kKBufs * kKTileBytes, "Q is staged through the K buffers");
   static_assert(kSmemBytes <= 101376, "must fit the SM120 per-block shared memory");
 };
 
@@ -112,10 +122,11 @@ __global__ void __launch_bounds__(kTilesThreads)
 
 template <typename C>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) attention_fa2_kernel(const Params p) {
+  using T = typename C::T;
   constexpr int D = C::kD, kBN = C::kBN, kWarps = C::kWarps;
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ int range_lo[kWarps], range_hi[kWarps];
-  const uint32_t s_k0 = smem_u32(smem), s_v = s_k0 + C::kKBufs * C::kTileBytes;
+  const uint32_t s_k0 = smem_u32(smem), s_v = s_k0 + C::kKBytes;
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, kvh = int(blockIdx.y);
   const int4 tile = p.tiles[blockIdx.x];  // (sequence, first row, first token, rows)
   if (tile.x < 0) return;
@@ -137,9 +148,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) attention_fa2_kern
   cp_async_wait<0>();
   __syncthreads();
   uint32_t qf[D / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk)
-    ldmatrix_x4(s_k0 + swz<D>(warp * 16 + lane % 8 + ((lane / 8) % 2) * 8, kk * 2 + lane / 16), qf[kk]);
+  load_q_frags<T, D>(s_k0, warp * 16, qf);
   int kv_lo = INT_MAX, kv_hi = -1;
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) kv_lo = min(kv_lo, range_lo[w]), kv_hi = max(kv_hi, range_hi[w]);
@@ -148,19 +157,24 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) attention_fa2_kern
   float acc[D / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const int kt_first = kv_lo / kBN, kt_last = kv_hi / kBN;
-  load_kv_tile<D, kBN, C::kThreads>(s_k0, p.k_cache, p, table, kvh, kt_first * kBN, kv_hi);
+  const auto load_k = [&](uint32_t dst, int j0) {  // K_j (codes; e4m3: then K_j's and V_j's scales)
+    load_kv_tile<T, D, kBN, C::kThreads>(dst, p.k_cache, p, table, kvh, j0, kv_hi);
+    load_kv_scales<T, kBN, C::kThreads>(dst + C::kScaleBytes, p.k_scale, p, table, kvh, j0, kv_hi);
+    load_kv_scales<T, kBN, C::kThreads>(dst + C::kScaleBytes + kBN * 4, p.v_scale, p, table, kvh, j0, kv_hi);
+  };
+  load_k(s_k0, kt_first * kBN);
   cp_async_commit();
   for (int kt = kt_first; kt <= kt_last; ++kt) {
     const int j0 = kt * kBN;
-    const uint32_t s_k = s_k0 + (C::kKBufs == 2 ? ((kt - kt_first) & 1) * C::kTileBytes : 0);
+    const uint32_t s_k = s_k0 + (C::kKBufs == 2 ? ((kt - kt_first) & 1) * C::kKTileBytes : 0);
     cp_async_wait<0>();
     __syncthreads();  // K_j landed; every warp is done with V_{j-1} (and K_{j-1})
-    load_kv_tile<D, kBN, C::kThreads>(s_v, p.v_cache, p, table, kvh, j0, kv_hi);
+    load_kv_tile<T, D, kBN, C::kThreads>(s_v, p.v_cache, p, table, kvh, j0, kv_hi);
     cp_async_commit();
     const bool prefetch = C::kKBufs == 2 && kt < kt_last;
     if (prefetch) {
-      const uint32_t s_next = s_k0 + ((kt + 1 - kt_first) & 1) * C::kTileBytes;
-      load_kv_tile<D, kBN, C::kThreads>(s_next, p.k_cache, p, table, kvh, j0 + kBN, kv_hi);
+      const uint32_t s_next = s_k0 + ((kt + 1 - kt_first) & 1) * C::kKTileBytes;
+      load_k(s_next, j0 + kBN);
       cp_async_commit();
     }
 
@@ -168,24 +182,17 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) attention_fa2_kern
     uint32_t pf[kBN / 16][4];
     if (active) {
       float sc[kBN / 8][4] = {};
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-        for (int nn = 0; nn < kBN / 16; ++nn) {
-          uint32_t b[4];
-          ldmatrix_x4(s_k + swz<D>(nn * 16 + lane % 8 + (lane / 16) * 8, kk * 2 + (lane / 8) % 2), b);
-          mma_bf16(sc[2 * nn], qf[kk], b[0], b[1]);
-          mma_bf16(sc[2 * nn + 1], qf[kk], b[2], b[3]);
-        }
-      }
+      mma_qk<T, D, kBN / 8>(s_k, 0, qf, sc);
+      scale_columns<T>(sc, s_k + C::kScaleBytes, 0);
       const bool need_mask = j0 + kBN - 1 > w_pos_min || j0 < w_lo_max;
       online_softmax(sc, acc, m, l, row, j0, p.scale_log2, need_mask);
+      scale_columns<T>(sc, s_k + C::kScaleBytes + kBN * 4, 0);
       pack_probs(sc, pf);
     }
     if (C::kKBufs == 1) {
       __syncthreads();  // every warp is done reading K_j: its buffer takes K_{j+1}
       if (kt < kt_last) {
-        load_kv_tile<D, kBN, C::kThreads>(s_k0, p.k_cache, p, table, kvh, j0 + kBN, kv_hi);
+        load_k(s_k0, j0 + kBN);
         cp_async_commit();
         cp_async_wait<1>();
       } else {
@@ -197,7 +204,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) attention_fa2_kern
       cp_async_wait<0>();
     }
     __syncthreads();  // V_j landed
-    if (active) mma_pv<D, kBN / 16, D / 16>(s_v, 0, 0, pf, acc);
+    if (active) mma_pv<T, D, kBN / 16, D / 16>(s_v, 0, 0, pf, acc);
   }
 
 #pragma unroll
@@ -206,32 +213,33 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) attention_fa2_kern
     if (row[half].pos < 0) continue;
     float acc_scale;
     const float inv = finish_row(m[half], lh, p.sinks, row[half].head, acc_scale);
-    bf16* o = p.out + (int64_t(row[half].token) * p.n_heads + row[half].head) * D + 2 * (lane % 4);
+    bf16* o = p.out + (int64_t(row[half].token) * p.n_heads + row[half].head) * D;
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
-      *reinterpret_cast<__nv_bfloat162*>(o + n * 8) =
-          __floats2bfloat162_rn(acc[n][2 * half] * inv, acc[n][2 * half + 1] * inv);
+      int col;
+      const float2 v = acc_pair<T>(acc, n, half, col);
+      *reinterpret_cast<__nv_bfloat162*>(o + col) = __floats2bfloat162_rn(v.x * inv, v.y * inv);
     }
   }
 }
 
-// Calls f(Config) for variant v (see the table at the top).
-template <int D, typename F>
+// Calls f(Config) for variant v (see the table at the top) and cache element type T.
+template <int D, typename T, typename F>
 void with_variant(int v, F&& f) {
   switch (v) {
-    case 0: f(Fa2Config<D, 4, 1, 64, 1>{}); return;
-    case 1: f(Fa2Config<D, 4, 2, 64, 1>{}); return;
-    case 2: f(Fa2Config<D, 8, 2, 64, 1>{}); return;
-    case 3: f(Fa2Config<D, 4, 2, 64, 3>{}); return;
-    case 4: f(Fa2Config<D, 4, 2, 32, 3>{}); return;
+    case 0: f(Fa2Config<D, 4, 1, 64, 1, T>{}); return;
+    case 1: f(Fa2Config<D, 4, 2, 64, 1, T>{}); return;
+    case 2: f(Fa2Config<D, 8, 2, 64, 1, T>{}); return;
+    case 3: f(Fa2Config<D, 4, 2, 64, 3, T>{}); return;
+    case 4: f(Fa2Config<D, 4, 2, 32, 3, T>{}); return;
   }
   KILN_CHECK(false) << "attention fa2: no variant " << v;
 }
 
 template <typename F>
-void with_head_size(int d_head, int v, F&& f) {
-  if (d_head == 64) with_variant<64>(v, f);
-  else with_variant<128>(v, f);
+void with_head_size(int d_head, int v, bool fp8, F&& f) {
+  if (d_head == 64) fp8 ? with_variant<64, e4m3>(v, f) : with_variant<64, bf16>(v, f);
+  else fp8 ? with_variant<128, e4m3>(v, f) : with_variant<128, bf16>(v, f);
 }
 
 }  // namespace
@@ -254,31 +262,32 @@ const int4* launch_attention_tiles(const DeviceBatch& b, int group, int bm, int 
 
 int attention_fa2_variant_count() { return attn::kVariants; }
 
-int attention_fa2_smem_bytes(int d_head, int variant) {
+int attention_fa2_smem_bytes(int d_head, int variant, bool fp8_cache) {
   if (d_head != 64 && d_head != 128) return 0;
   if (variant < 0) variant = attn::default_variant(d_head);
   int bytes = 0;
-  attn::with_head_size(d_head, variant, [&](auto c) { bytes = decltype(c)::kSmemBytes; });
+  attn::with_head_size(d_head, variant, fp8_cache, [&](auto c) { bytes = decltype(c)::kSmemBytes; });
   return bytes;
 }
 
 size_t attention_fa2_scratch_bytes(const DeviceBatch& b, int n_heads, int n_kv_heads, int d_head, int variant) {
   if (variant < 0) variant = attn::default_variant(d_head);
   int bm = 0;
-  attn::with_head_size(d_head, variant, [&](auto c) { bm = decltype(c)::kBM; });
+  attn::with_head_size(d_head, variant, false, [&](auto c) { bm = decltype(c)::kBM; });
   return attn::tile_table_bytes(b, attn::max_row_tiles(b, n_heads / n_kv_heads, bm));
 }
 
-void launch_attention_fa2(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, const float* sinks,
-                          const DeviceBatch& b, int n_heads, int n_kv_heads, int d_head, float scale,
-                          int sliding_window, int variant, void* scratch, cudaStream_t stream) {
+void launch_attention_fa2(const bf16* q, const KvCacheView& kv, bf16* out, const float* sinks, const DeviceBatch& b,
+                          int n_heads, int n_kv_heads, int d_head, float scale, int sliding_window, int variant,
+                          void* scratch, cudaStream_t stream) {
   if (b.n_tokens == 0) return;
-  KILN_CHECK(attention_fa2_smem_bytes(d_head, variant) > 0 && attn::log2_exact(b.block_size) >= 0)
+  KILN_CHECK(attention_fa2_smem_bytes(d_head, variant, kv.fp8) > 0 && attn::log2_exact(b.block_size) >= 0)
       << "attention fa2: no kernel for head size " << d_head << ", block size " << b.block_size;
   KILN_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0) << "attention fa2: " << n_heads << " / " << n_kv_heads;
   KILN_CHECK(scratch != nullptr) << "attention fa2: no scratch";
+  KILN_CHECK(!kv.fp8 || (kv.k_scale != nullptr && kv.v_scale != nullptr)) << "attention fa2: e4m3 without scales";
   if (variant < 0) variant = attn::default_variant(d_head);
-  attn::Params p = attn::make_params(q, k_cache, v_cache, out, sinks, b, n_heads, n_kv_heads, scale, sliding_window);
+  attn::Params p = attn::make_params(q, kv, out, sinks, b, n_heads, n_kv_heads, scale, sliding_window);
   const auto launch = [&](auto c) {
     using C = decltype(c);
     const dim3 grid(attn::max_row_tiles(b, p.group, C::kBM), n_kv_heads);
@@ -289,7 +298,7 @@ void launch_attention_fa2(const bf16* q, const bf16* k_cache, const bf16* v_cach
     kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
     KILN_CUDA_LAUNCH_CHECK();
   };
-  attn::with_head_size(d_head, variant, launch);
+  attn::with_head_size(d_head, variant, kv.fp8, launch);
 }
 
 }  // namespace kiln::cuda

@@ -1,7 +1,20 @@
 // Device pieces shared by the tensor-core attention kernels (attention_fa2.cu,
-// attention_decode.cu): PTX wrappers (cp.async, ldmatrix, mma.sync bf16), the
-// swizzled shared-memory tile layout, the paged K/V tile gather, the per-row
-// online softmax, and the "row space" that maps CTAs to query rows.
+// attention_decode.cu, attention_mla.cu): PTX wrappers (cp.async, ldmatrix, mma.sync
+// bf16), the swizzled shared-memory tile layouts, the paged K/V tile gather, Q K^T and
+// P V over bf16 or e4m3 tiles, the per-row online softmax, and the "row space" that
+// maps CTAs to query rows.
+//
+// An e4m3 cache (kv_fp8.cuh) is read in registers: a K / V tile lands in shared memory
+// as codes (half the bytes of bf16) plus its rows' fp32 scales, and the mma fragments
+// are built from the codes by a byte permutation and an exact conversion to bf16. The
+// scales are applied outside the mma: a key's K scale multiplies its score column
+// (q . (s k) = s (q . k)), its V scale its probability column before P V. An e4m3
+// fragment reads 4 consecutive codes per thread where the bf16 mma wants elements
+// (2c, 2c + 1) and (2c + 8, 2c + 9) of a k16 step: the dot product is order-free, so
+// Q's fragment takes the same permutation of the head dimension (load_q_frags); for
+// P V, ldmatrix.trans of byte pairs gives each thread two adjacent output columns, so
+// an e4m3 accumulator holds the even columns of a 16-column group in one n8 tile and
+// the odd ones in the next (acc_pair maps them back).
 //
 // Row space. For one sequence s and one kv head, the query rows are the pairs
 // (token, q head of the kv head's group), row R = i * group + g for the
@@ -19,6 +32,7 @@
 
 #include "backends/cuda/kernels/common.cuh"
 #include "backends/cuda/kernels/kernels.h"
+#include "backends/cuda/kernels/kv_fp8.cuh"
 
 namespace kiln::cuda::attn {
 
@@ -26,8 +40,10 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 struct Params {
   const bf16* q;        // [n_tokens, n_heads, D]
-  const bf16* k_cache;  // [n_blocks, block_size, n_kv_heads, D]
-  const bf16* v_cache;
+  const void* k_cache;  // [n_blocks, block_size, n_kv_heads, D] bf16 or e4m3 (the kernel's T)
+  const void* v_cache;
+  const float* k_scale;  // e4m3: [n_blocks, block_size, n_kv_heads]; bf16: nullptr
+  const float* v_scale;
   bf16* out;            // [n_tokens, n_heads, D]
   const float* sinks;   // [n_heads] or nullptr
   DeviceBatch b;
@@ -50,6 +66,18 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__
 // 16 bytes global -> shared, bypassing L1; valid == false zero-fills.
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+// 4 or 8 bytes (a row's scale, MLA's pair of scales) global -> shared; valid == false zero-fills.
+template <int kBytes>
+__device__ __forceinline__ void cp_async_small(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(kBytes),
+               "r"(valid ? kBytes : 0));
+}
+// 8 bytes from shared memory.
+__device__ __forceinline__ uint2 lds_64(uint32_t addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+  return v;
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -107,26 +135,74 @@ __device__ __forceinline__ uint32_t swz(int row, int chunk) {
   return uint32_t(row * (D * 2) + ((chunk ^ (row & 7)) << 4));
 }
 
+// A K / V tile of kRows rows of D elements of T (bf16, or e4m3 codes then the rows'
+// fp32 scales). Chunks are 16 bytes: 8 bf16 or 16 codes. e4m3 rows of 64 or 128 bytes
+// are XOR-swizzled over the 8 chunks of each 128-byte line; MLA's 576-byte rows are
+// padded to 592 (37 chunks: row r's chunk c is at 16-byte unit 37 r + c, and 37 r mod 8
+// differs for 8 consecutive rows), so every ldmatrix phase is conflict-free.
+template <typename T, int D>
+struct KvTile {
+  static constexpr bool kFp8 = kIsFp8<T>;
+  static_assert(!kFp8 || D == 64 || D == 128 || D == 576, "e4m3 tiles: D 64, 128 or 576");
+  static constexpr int kRowBytes = kFp8 && D == 576 ? D + 16 : D * int(sizeof(T));
+  static constexpr int kChunks = D * int(sizeof(T)) / 16;  // chunks of data per row
+  // Bytes of a tile of kRows rows (scales_per_row: the fp32 scales each e4m3 row has).
+  static constexpr int bytes(int rows, int scales_per_row = 1) {
+    return rows * kRowBytes + (kFp8 ? rows * scales_per_row * 4 : 0);
+  }
+  __device__ static uint32_t offset(int row, int chunk) {
+    if constexpr (!kFp8) {
+      return swz<D>(row, chunk);
+    } else if constexpr (D == 576) {
+      return uint32_t(row * kRowBytes + (chunk << 4));
+    } else {  // 128 / D rows per 128-byte line, each line's 8 chunks XOR-swizzled
+      return uint32_t(row * D + ((chunk ^ ((row / (128 / D)) & (D / 16 - 1))) << 4));
+    }
+  }
+};
+
 // Rows [0, kRows) of a K or V tile = cached positions j0 + r of sequence s,
 // kv head kvh, gathered through the block table (one 16-byte cp.async per
 // chunk). Positions past j_hi (beyond every row's query position, possibly past
 // the sequence's blocks) are zero-filled: P is 0 there, and 0 * 0 stays 0.
-template <int D, int kRows, int kThreads>
-__device__ __forceinline__ void load_kv_tile(uint32_t dst, const bf16* cache, const Params& p, const int32_t* table,
+template <typename T, int D, int kRows, int kThreads>
+__device__ __forceinline__ void load_kv_tile(uint32_t dst, const void* cache, const Params& p, const int32_t* table,
                                              int kvh, int j0, int j_hi) {
-  constexpr int kChunks = D / 8;
+  using L = KvTile<T, D>;
+  constexpr int kChunks = L::kChunks;
   static_assert((kRows * kChunks) % kThreads == 0, "tile chunks must divide over the threads");
   const int bs_mask = (1 << p.bs_shift) - 1;
+  const char* base = static_cast<const char*>(cache);
 #pragma unroll
   for (int i = 0; i < kRows * kChunks / kThreads; ++i) {
     const int c = int(threadIdx.x) + i * kThreads, r = c / kChunks, ch = c % kChunks, j = j0 + r;
     const bool valid = j <= j_hi;
-    const bf16* src = cache;
+    const char* src = base;
     if (valid) {
       const int64_t slot = (int64_t(__ldg(table + (j >> p.bs_shift))) << p.bs_shift) + (j & bs_mask);
-      src = cache + (slot * p.n_kv_heads + kvh) * D + ch * 8;
+      src = base + ((slot * p.n_kv_heads + kvh) * D) * int64_t(sizeof(T)) + ch * 16;
     }
-    cp_async_16(dst + swz<D>(r, ch), src, valid);
+    cp_async_16(dst + L::offset(r, ch), src, valid);
+  }
+}
+
+// The scales of the same rows (an e4m3 tile's; nothing for bf16): kRows floats at dst,
+// one 4-byte cp.async each, zero past j_hi.
+template <typename T, int kRows, int kThreads>
+__device__ __forceinline__ void load_kv_scales(uint32_t dst, const float* scale, const Params& p,
+                                               const int32_t* table, int kvh, int j0, int j_hi) {
+  if constexpr (kIsFp8<T>) {
+    const int bs_mask = (1 << p.bs_shift) - 1;
+    for (int r = int(threadIdx.x); r < kRows; r += kThreads) {
+      const int j = j0 + r;
+      const bool valid = j <= j_hi;
+      const float* src = scale;
+      if (valid) {
+        const int64_t slot = (int64_t(__ldg(table + (j >> p.bs_shift))) << p.bs_shift) + (j & bs_mask);
+        src = scale + slot * p.n_kv_heads + kvh;
+      }
+      cp_async_small<4>(dst + r * 4, src, valid);
+    }
   }
 }
 
@@ -227,23 +303,135 @@ __device__ __forceinline__ void pack_probs(const float (&s)[kN][4], uint32_t (&p
   }
 }
 
+// Q fragments of a 16-row Q tile (rows row0.., bf16, swz<D> layout at s_q) for the
+// D / 16 k16 steps of Q K^T. e4m3 keys: the head dimension permuted as the keys' codes
+// come (k16 slots 2c, 2c + 1, 2c + 8, 2c + 9 hold dims 4c .. 4c + 3): one 8-byte load
+// of dims 4c .. 4c + 3 per row half instead of ldmatrix.
+template <typename T, int D>
+__device__ __forceinline__ void load_q_frags(uint32_t s_q, int row0, uint32_t (&qf)[D / 16][4]) {
+  const int lane = int(threadIdx.x) % 32;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    if constexpr (!kIsFp8<T>) {
+      ldmatrix_x4(s_q + swz<D>(row0 + lane % 8 + ((lane / 8) % 2) * 8, kk * 2 + lane / 16), qf[kk]);
+    } else {
+      const int c = lane % 4, chunk = kk * 2 + c / 2, byte = (c % 2) * 8;
+      const uint2 lo = lds_64(s_q + swz<D>(row0 + lane / 4, chunk) + byte);
+      const uint2 hi = lds_64(s_q + swz<D>(row0 + lane / 4 + 8, chunk) + byte);
+      qf[kk][0] = lo.x, qf[kk][1] = hi.x, qf[kk][2] = lo.y, qf[kk][3] = hi.y;
+    }
+  }
+}
+
+// sc[n] += Q K^T for the kNT n8 tiles of keys key0 + 8 n .. (rows of the tile at s_k)
+// over the D dims of qf (load_q_frags). e4m3: codes only; scale_scores applies the scales.
+template <typename T, int D, int kNT>
+__device__ __forceinline__ void mma_qk(uint32_t s_k, int key0, const uint32_t (&qf)[D / 16][4],
+                                       float (&sc)[kNT][4]) {
+  using L = KvTile<T, D>;
+  const int lane = int(threadIdx.x) % 32;
+  static_assert(kNT % 2 == 0, "keys in pairs of n8 tiles");
+  if constexpr (!L::kFp8) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+      for (int nn = 0; nn < kNT / 2; ++nn) {
+        uint32_t b[4];
+        ldmatrix_x4(s_k + L::offset(key0 + nn * 16 + lane % 8 + (lane / 16) * 8, kk * 2 + (lane / 8) % 2), b);
+        mma_bf16(sc[2 * nn], qf[kk], b[0], b[1]);
+        mma_bf16(sc[2 * nn + 1], qf[kk], b[2], b[3]);
+      }
+    }
+  } else {
+    // One ldmatrix: keys (0-7, 8-15) x chunks (kk, kk + 1) = 2 n8 tiles x 2 k16 steps.
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk += 2) {
+#pragma unroll
+      for (int nn = 0; nn < kNT / 2; ++nn) {
+        uint32_t w[4];
+        ldmatrix_x4(s_k + L::offset(key0 + nn * 16 + lane % 8 + ((lane / 8) % 2) * 8, kk + lane / 16), w);
+        mma_bf16(sc[2 * nn], qf[kk], e4m3x4_lo(w[0]), e4m3x4_hi(w[0]));
+        mma_bf16(sc[2 * nn + 1], qf[kk], e4m3x4_lo(w[1]), e4m3x4_hi(w[1]));
+        mma_bf16(sc[2 * nn], qf[kk + 1], e4m3x4_lo(w[2]), e4m3x4_hi(w[2]));
+        mma_bf16(sc[2 * nn + 1], qf[kk + 1], e4m3x4_lo(w[3]), e4m3x4_hi(w[3]));
+      }
+    }
+  }
+}
+
+// e4m3: multiplies the fragment's columns (keys key0 + 8 n + 2 (lane % 4) + e) by their
+// rows' scales at s_scale (floats indexed by key, kStride floats apart): after Q K^T the
+// K scales, after the softmax the V scales. bf16: nothing.
+template <typename T, int kN, int kStride = 1>
+__device__ __forceinline__ void scale_columns(float (&s)[kN][4], uint32_t s_scale, int key0) {
+  if constexpr (kIsFp8<T>) {
+    const int lane = int(threadIdx.x) % 32;
+#pragma unroll
+    for (int n = 0; n < kN; ++n) {
+      const int key = key0 + n * 8 + 2 * (lane % 4);
+      float a, b;
+      if constexpr (kStride == 1) {
+        const uint2 v = lds_64(s_scale + key * 4);
+        a = __uint_as_float(v.x), b = __uint_as_float(v.y);
+      } else {
+        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(a) : "r"(s_scale + key * kStride * 4));
+        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(b) : "r"(s_scale + (key + 1) * kStride * 4));
+      }
+      s[n][0] *= a, s[n][1] *= b, s[n][2] *= a, s[n][3] *= b;
+    }
+  }
+}
+
 // acc[0, 2 kNd) += P . V: P from pack_probs (kK k16 steps: keys key0 + 16 kk ..),
-// V the swizzled tile of rows of D bf16 at s_v, output columns from 16-byte
-// chunk chunk0 on (8 columns each, 2 kNd n8 tiles).
-template <int D, int kK, int kNd>
-__device__ __forceinline__ void mma_pv(uint32_t s_v, int key0, int chunk0, const uint32_t (&pf)[kK][4],
+// V the tile of rows of D elements of T at s_v, output columns dim0 .. dim0 + 16 kNd
+// (2 kNd n8 tiles; e4m3: the even / odd layout of acc_pair).
+template <typename T, int D, int kK, int kNd>
+__device__ __forceinline__ void mma_pv(uint32_t s_v, int key0, int dim0, const uint32_t (&pf)[kK][4],
                                        float (&acc)[2 * kNd][4]) {
+  using L = KvTile<T, D>;
   const int lane = int(threadIdx.x) % 32;
 #pragma unroll
   for (int kk = 0; kk < kK; ++kk) {
+    const int key = key0 + kk * 16 + lane % 8 + ((lane / 8) % 2) * 8;
+    if constexpr (!L::kFp8) {
 #pragma unroll
-    for (int nd = 0; nd < kNd; ++nd) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(s_v + swz<D>(key0 + kk * 16 + lane % 8 + ((lane / 8) % 2) * 8, chunk0 + nd * 2 + lane / 16),
-                        b);
-      mma_bf16(acc[2 * nd], pf[kk], b[0], b[1]);
-      mma_bf16(acc[2 * nd + 1], pf[kk], b[2], b[3]);
+      for (int nd = 0; nd < kNd; ++nd) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(s_v + L::offset(key, dim0 / 8 + nd * 2 + lane / 16), b);
+        mma_bf16(acc[2 * nd], pf[kk], b[0], b[1]);
+        mma_bf16(acc[2 * nd + 1], pf[kk], b[2], b[3]);
+      }
+    } else {
+      // Transposed byte pairs of keys (0-7, 8-15) x chunks (q, q + 1): each thread gets
+      // keys 2c, 2c + 1 of output columns 2g, 2g + 1 of the chunk's 16.
+      static_assert(kNd % 2 == 0, "e4m3 P V: output columns in pairs of 16");
+#pragma unroll
+      for (int q = 0; q < kNd; q += 2) {
+        uint32_t w[4];
+        ldmatrix_x4_trans(s_v + L::offset(key, dim0 / 16 + q + lane / 16), w);
+        mma_bf16(acc[2 * q], pf[kk], e4m3x4_even(w[0]), e4m3x4_even(w[1]));
+        mma_bf16(acc[2 * q + 1], pf[kk], e4m3x4_odd(w[0]), e4m3x4_odd(w[1]));
+        mma_bf16(acc[2 * q + 2], pf[kk], e4m3x4_even(w[2]), e4m3x4_even(w[3]));
+        mma_bf16(acc[2 * q + 3], pf[kk], e4m3x4_odd(w[2]), e4m3x4_odd(w[3]));
+      }
     }
+  }
+}
+
+// The i-th pair of adjacent output columns (i < kN) that this thread's P V accumulator
+// holds in row half `half`: the columns (col, col + 1) relative to its dim0, their values.
+// bf16: tile i, columns 8 i + 2c; e4m3: tiles 2q (even) and 2q + 1 (odd columns of the
+// 16 from 16 q) hold 16 q + 4c + {0, 2} and + {1, 3}.
+template <typename T, int kN>
+__device__ __forceinline__ float2 acc_pair(const float (&acc)[kN][4], int i, int half, int& col) {
+  const int c = int(threadIdx.x) % 4;
+  if constexpr (!kIsFp8<T>) {
+    col = 8 * i + 2 * c;
+    return make_float2(acc[i][2 * half], acc[i][2 * half + 1]);
+  } else {
+    const int q = i / 2, e = i % 2;
+    col = 16 * q + 4 * c + 2 * e;
+    return make_float2(acc[2 * q][2 * half + e], acc[2 * q + 1][2 * half + e]);
   }
 }
 
@@ -320,12 +508,14 @@ __device__ __forceinline__ void warp_tile_mma(uint32_t sa, uint32_t sb, int wm, 
   }
 }
 
-inline Params make_params(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, const float* sinks,
-                          const DeviceBatch& b, int n_heads, int n_kv_heads, float scale, int window) {
+inline Params make_params(const bf16* q, const KvCacheView& kv, bf16* out, const float* sinks, const DeviceBatch& b,
+                          int n_heads, int n_kv_heads, float scale, int window) {
   Params p{};
   p.q = q;
-  p.k_cache = k_cache;
-  p.v_cache = v_cache;
+  p.k_cache = kv.k;
+  p.v_cache = kv.v;
+  p.k_scale = kv.k_scale;
+  p.v_scale = kv.v_scale;
   p.out = out;
   p.sinks = sinks;
   p.b = b;

@@ -59,8 +59,25 @@ void launch_rope(bf16* x, int64_t n_tokens, int64_t n_heads, int64_t d_head, con
 // cache rows of cache_row_elems).
 void launch_store_rows(const bf16* x, bf16* cache, const int32_t* slot_mapping, int64_t n_tokens,
                        int64_t row_elems, int64_t cache_row_elems, int64_t col_offset, cudaStream_t stream);
+// The e4m3 cache's store (ops/kv_quant.h): x [n_tokens, n_groups * group_elems] as n_groups
+// rows per token, each quantized with its own scale; group g of token t goes to
+// cache[slot, col_offset + g * group_elems ..] (cache rows of cache_row_elems codes) and its
+// scale to scales[slot * scales_per_slot + scale_offset + g].
+void launch_store_rows_e4m3(const bf16* x, uint8_t* cache, float* scales, const int32_t* slot_mapping,
+                            int64_t n_tokens, int n_groups, int64_t group_elems, int64_t cache_row_elems,
+                            int64_t col_offset, int scales_per_slot, int scale_offset, cudaStream_t stream);
 
 // ---- attention.cu, attention_fa2.cu, attention_decode.cu
+// The paged KV cache as the attention kernels read it (ops::AttentionArgs): bf16, or
+// e4m3 codes with one fp32 scale per (slot, kv head) row (ops/kv_quant.h). Every path
+// has both instances (the kernels are templated on the cache element type).
+struct KvCacheView {
+  const void* k = nullptr;         // [n_blocks, block_size, n_kv_heads, d_head] bf16 or e4m3
+  const void* v = nullptr;
+  const float* k_scale = nullptr;  // e4m3: [n_blocks, block_size, n_kv_heads]; bf16: nullptr
+  const float* v_scale = nullptr;
+  bool fp8 = false;
+};
 // Paged causal attention (ops::AttentionArgs). sinks: [n_heads] fp32 or nullptr.
 // Three paths compute it:
 //   kWarp:    one warp per (token, head), no shared memory: the reference path;
@@ -72,9 +89,10 @@ const char* attention_path_name(AttentionPath path);
 // tokens per sequence; n_tokens <= n_seqs + 3 guarantees at most 4 in every
 // one), else kFa2; kWarp where the tensor-core kernels have no instance (head
 // size other than 64 / 128, block size not a power of two) or their shared
-// memory exceeds smem_cap. Every path is exact for every batch: the kernels tile
-// each sequence's own rows, so the rule only picks the faster one.
-AttentionPath choose_attention_path(const DeviceBatch& b, int d_head, int smem_cap);
+// memory (for the cache's element type) exceeds smem_cap. Every path is exact for
+// every batch: the kernels tile each sequence's own rows, so the rule only picks
+// the faster one.
+AttentionPath choose_attention_path(const DeviceBatch& b, int d_head, int smem_cap, bool fp8_cache = false);
 
 struct AttentionOptions {
   AttentionPath path = AttentionPath::kAuto;
@@ -85,45 +103,52 @@ struct AttentionOptions {
 };
 // smem_cap: the backend's --smem-cap; no path requests more dynamic shared
 // memory per block than it.
-void launch_attention(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, const float* sinks,
-                      const DeviceBatch& b, int n_heads, int n_kv_heads, int d_head, float scale,
-                      int sliding_window, cudaStream_t stream, int smem_cap = 101376,
-                      const AttentionOptions& options = {});
+void launch_attention(const bf16* q, const KvCacheView& kv, bf16* out, const float* sinks, const DeviceBatch& b,
+                      int n_heads, int n_kv_heads, int d_head, float scale, int sliding_window, cudaStream_t stream,
+                      int smem_cap = 101376, const AttentionOptions& options = {});
 // Scratch the same call of launch_attention uses (0 for the warp path).
 size_t attention_scratch_bytes(const DeviceBatch& b, int n_heads, int n_kv_heads, int d_head, int sliding_window,
-                               int smem_cap, const AttentionOptions& options = {});
+                               int smem_cap, bool fp8_cache, const AttentionOptions& options = {});
 
 // The tensor-core paths (launch_attention checks support and provides scratch).
 // Dynamic shared memory per block; 0: no kernel for d_head.
 int attention_fa2_variant_count();
-int attention_fa2_smem_bytes(int d_head, int variant = -1);
-int attention_decode_smem_bytes(int d_head);
+int attention_fa2_smem_bytes(int d_head, int variant = -1, bool fp8_cache = false);
+int attention_decode_smem_bytes(int d_head, bool fp8_cache = false);
 size_t attention_fa2_scratch_bytes(const DeviceBatch& b, int n_heads, int n_kv_heads, int d_head, int variant);
 size_t attention_decode_scratch_bytes(const DeviceBatch& b, int n_heads, int n_kv_heads, int d_head,
-                                      int sliding_window, int n_splits);
-void launch_attention_fa2(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, const float* sinks,
-                          const DeviceBatch& b, int n_heads, int n_kv_heads, int d_head, float scale,
-                          int sliding_window, int variant, void* scratch, cudaStream_t stream);
-void launch_attention_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out,
-                             const float* sinks, const DeviceBatch& b, int n_heads, int n_kv_heads, int d_head,
-                             float scale, int sliding_window, int n_splits, void* scratch, cudaStream_t stream);
+                                      int sliding_window, int n_splits, bool fp8_cache);
+void launch_attention_fa2(const bf16* q, const KvCacheView& kv, bf16* out, const float* sinks, const DeviceBatch& b,
+                          int n_heads, int n_kv_heads, int d_head, float scale, int sliding_window, int variant,
+                          void* scratch, cudaStream_t stream);
+void launch_attention_decode(const bf16* q, const KvCacheView& kv, bf16* out, const float* sinks,
+                             const DeviceBatch& b, int n_heads, int n_kv_heads, int d_head, float scale,
+                             int sliding_window, int n_splits, void* scratch, cudaStream_t stream);
+// The MLA latent cache as its kernels read it: bf16, or e4m3 codes with two fp32 scales
+// per slot (latent, rope; ops/kv_quant.h).
+struct MlaCacheView {
+  const void* data = nullptr;    // [n_blocks, block_size, d_latent + d_rope] bf16 or e4m3
+  const float* scale = nullptr;  // e4m3: [n_blocks, block_size, 2]; bf16: nullptr
+  bool fp8 = false;
+};
 // MLA, absorbed (ops::MlaArgs): q_lat = W_uk^T q_nope; attend over the latent cache; out = W_uv o_lat.
 // kv_b: [n_heads * (d_nope + d_v), d_latent] bf16. The attend step has two paths:
 //   kWarp: one warp per (token, head), fp32 (attention.cu): the reference path;
 //   kMma:  16 heads per CTA on mma.sync, split-KV (attention_mla.cu), for
 //          d_latent 512 + d_rope 64 (DeepSeek-V3, Kimi K2).
+// Both read a bf16 or an e4m3 cache.
 enum class MlaPath { kAuto, kWarp, kMma };
 const char* mla_path_name(MlaPath path);
 bool mla_mma_supported(int d_latent, int d_rope);
-int mla_mma_smem_bytes();
+int mla_mma_smem_bytes(bool fp8_cache = false);
 // Scratch of the kMma path's split partials (0 when it does not split).
 size_t mla_mma_scratch_floats(const DeviceBatch& b, int n_heads);
 // scratch: n_tokens * n_heads * d_latent * 2 floats, then (kMma) mla_mma_scratch_floats.
-void launch_mla(const bf16* q_nope, const bf16* q_rope, const bf16* latent_cache, const bf16* kv_b, bf16* out,
+void launch_mla(const bf16* q_nope, const bf16* q_rope, const MlaCacheView& cache, const bf16* kv_b, bf16* out,
                 float* scratch, const DeviceBatch& b, int n_heads, int d_nope, int d_rope, int d_v, int d_latent,
                 float scale, MlaPath path, cudaStream_t stream);
 // The kMma attend step: o_lat [n_tokens, n_heads, 512] fp32 from q_lat (fp32) and q_rope.
-void launch_mla_attend_mma(const float* q_lat, const bf16* q_rope, const bf16* latent_cache, float* o_lat,
+void launch_mla_attend_mma(const float* q_lat, const bf16* q_rope, const MlaCacheView& cache, float* o_lat,
                            float* partials, const DeviceBatch& b, int n_heads, float scale, cudaStream_t stream);
 
 // ---- moe.cu
@@ -228,6 +253,39 @@ void launch_quant_linear(const bf16* x, const QuantMat& w, const QuantFormat& f,
 void launch_moe_grouped_quant(const bf16* x, const QuantExpert* table, const QuantFormat& f, const int32_t* experts,
                               const MoeShape& s, int64_t n_pairs, int n_experts, int top_k, MoeGroupedScratch& scratch,
                               cudaStream_t stream);
+// ---- quant_gemm_sm120.cu: launch_moe_grouped_quant on SM 12.x's block-scaled tensor
+// cores (sm_120a / sm_121a code only), activations quantized on the fly in the layout of
+// kernels/quant_mma_sm120.h (act_format: its ActFormat, 0 e4m3 for MXFP4 weights, 1
+// e2m1 for NVFP4).
+// The activation format for weights of format f, or -1 when the native kernels take no
+// such weights (MXFP4 and NVFP4 only).
+int quant_native_act_format(const QuantFormat& f);
+int quant_native_smem_bytes();
+// Whether the current device is SM 12.x and runs this build's native code (a probe
+// kernel, once per device): false on every other GPU, where nothing native is launched.
+bool quant_sm120_native_available();
+// Quantized activations of `rows` rows of k inputs, carved from one device buffer.
+struct QuantActBuffers {
+  uint8_t* codes = nullptr;     // [rows, act code row bytes]
+  uint8_t* scales = nullptr;    // [rows, act scale row bytes]
+  float* row_scale = nullptr;   // [rows] (e2m1)
+};
+size_t quant_act_bytes(int act_format, int64_t rows, int64_t k);
+QuantActBuffers quant_act_buffers(int act_format, void* base, int64_t rows, int64_t k);
+// x [rows, k] bf16 -> out (k % 8 == 0). Portable code: it runs on every GPU.
+void launch_quantize_act(int act_format, const bf16* x, int64_t rows, int64_t k, const QuantActBuffers& out,
+                         cudaStream_t stream);
+// Device bytes of act_scratch: x quantized per token (at its start), then act per pair.
+size_t moe_native_quant_scratch_bytes(int act_format, const MoeShape& s, int64_t n_pairs, int top_k);
+// Whether a MoE call is prefill-shaped (moe_grouped_bm's 64-row tiles), the one shape
+// the native kernels take (decode shapes stay on the GEMV and the portable tiles).
+bool moe_native_quant_prefill(int64_t n_pairs, int n_experts);
+// launch_moe_grouped_quant for prefill-shaped calls over MXFP4 / NVFP4 experts (scratch
+// sized for 64-row tiles); refuses (KILN_CHECK) a device that is not SM 12.x or has no
+// native code.
+void launch_moe_grouped_quant_sm120(const bf16* x, const QuantExpert* table, const QuantFormat& f,
+                                    const int32_t* experts, const MoeShape& s, int64_t n_pairs, int n_experts,
+                                    int top_k, MoeGroupedScratch& scratch, void* act_scratch, cudaStream_t stream);
 // ---- quant_gemv.cu: the decode-shaped products (at most kGemvRows activation rows per
 // weight), weights streamed straight into registers and decoded for the tensor cores.
 constexpr int kGemvRows = 8;

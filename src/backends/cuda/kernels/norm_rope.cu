@@ -1,10 +1,11 @@
 // RMSNorm (fused residual add), RoPE (half / interleaved pairs, partial), and
-// row stores into the paged KV cache.
+// row stores into the paged KV cache (bf16 copies, or e4m3 rows with their scales).
 #include <cmath>
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels/common.cuh"
 #include "backends/cuda/kernels/kernels.h"
+#include "backends/cuda/kernels/kv_fp8.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -93,6 +94,28 @@ __global__ void store_rows_kernel(const bf16* x, bf16* cache, const int32_t* slo
   for (int64_t i = threadIdx.x; i < row_elems; i += blockDim.x) dst[i] = x[t * row_elems + i];
 }
 
+// One warp per (token, group) row: absmax, scale, codes (ops/kv_quant.h via kv_fp8.cuh).
+constexpr int kStoreWarps = 4;
+__global__ void __launch_bounds__(32 * kStoreWarps)
+    store_rows_e4m3_kernel(const bf16* x, uint8_t* cache, float* scales, const int32_t* slot_mapping, int64_t n_rows,
+                           int n_groups, int64_t group_elems, int64_t cache_row_elems, int64_t col_offset,
+                           int scales_per_slot, int scale_offset) {
+  const int64_t w = int64_t(blockIdx.x) * kStoreWarps + threadIdx.x / 32;  // = t * n_groups + g
+  const int lane = int(threadIdx.x) % 32;
+  if (w >= n_rows) return;
+  const int64_t t = w / n_groups;
+  const int g = int(w % n_groups);
+  const int32_t slot = slot_mapping[t];
+  if (slot < 0) return;  // a padding row (ops::kPadSlot): nothing to store
+  const bf16* src = x + w * group_elems;
+  float absmax = 0.0f;
+  for (int64_t i = lane; i < group_elems; i += 32) absmax = fmaxf(absmax, fabsf(to_f(src[i])));
+  const float scale = kv_row_scale(warp_max(absmax));
+  uint8_t* dst = cache + int64_t(slot) * cache_row_elems + col_offset + g * group_elems;
+  for (int64_t i = lane; i < group_elems; i += 32) dst[i] = kv_quantize(to_f(src[i]), scale);
+  if (lane == 0) scales[int64_t(slot) * scales_per_slot + scale_offset + g] = scale;
+}
+
 }  // namespace
 
 void launch_rms_norm(const bf16* x, bf16* residual, const float* weight, bf16* out, int64_t rows, int64_t dim,
@@ -118,6 +141,17 @@ void launch_store_rows(const bf16* x, bf16* cache, const int32_t* slot_mapping, 
   if (n_tokens == 0) return;
   store_rows_kernel<<<unsigned(n_tokens), 128, 0, stream>>>(x, cache, slot_mapping, row_elems, cache_row_elems,
                                                             col_offset);
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+void launch_store_rows_e4m3(const bf16* x, uint8_t* cache, float* scales, const int32_t* slot_mapping,
+                            int64_t n_tokens, int n_groups, int64_t group_elems, int64_t cache_row_elems,
+                            int64_t col_offset, int scales_per_slot, int scale_offset, cudaStream_t stream) {
+  const int64_t n_rows = n_tokens * n_groups;
+  if (n_rows == 0) return;
+  store_rows_e4m3_kernel<<<ceil_div(n_rows, kStoreWarps), 32 * kStoreWarps, 0, stream>>>(
+      x, cache, scales, slot_mapping, n_rows, n_groups, group_elems, cache_row_elems, col_offset, scales_per_slot,
+      scale_offset);
   KILN_CUDA_LAUNCH_CHECK();
 }
 
