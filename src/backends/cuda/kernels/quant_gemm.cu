@@ -232,13 +232,8 @@ __global__ void __launch_bounds__(C::kThreads) quant_gemm_kernel(const QGemmPara
         float v0 = acc[mt][nt][2 * half] * g2, v1 = acc[mt][nt][2 * half + 1] * u2;
         if constexpr (kUp) {
           const int i = f / 2;
-          if (ew->gate_up_bias != nullptr) {
-            const bool il = p.s.interleaved;
-            v0 += ew->gate_up_bias[il ? f : i];
-            v1 += ew->gate_up_bias[il ? f + 1 : p.d_ff + i];
-          }
-          p.act[int64_t(row0 + r) * p.d_ff + i] =
-              __float2bfloat16(glu_value(v0, v1, p.s.glu_kind, p.s.alpha, p.s.limit));
+          p.act[int64_t(row0 + r) * p.d_ff + i] = __float2bfloat16(
+              glu_output(v0, v1, ew->gate_up_bias, p.s.interleaved, i, p.d_ff, p.s.glu_kind, p.s.alpha, p.s.limit));
         } else if (ew == nullptr) {
           bf16* o = p.out + int64_t(row0 + r) * p.NF + f;
           o[0] = __float2bfloat16(v0 + (p.dense_bias ? p.dense_bias[f] : 0.0f));

@@ -235,13 +235,8 @@ __global__ void __launch_bounds__(sm120::kThreads) moe_gemm_sm120_kernel(const N
         float v0 = acc[mt][nt][2 * half] * rs * g2, v1 = acc[mt][nt][2 * half + 1] * rs * u2;
         if constexpr (kUp) {
           const int i = f / 2;
-          if (ew->gate_up_bias != nullptr) {
-            const bool il = p.s.interleaved;
-            v0 += ew->gate_up_bias[il ? f : i];
-            v1 += ew->gate_up_bias[il ? f + 1 : p.d_ff + i];
-          }
-          p.act[int64_t(row0 + r) * p.d_ff + i] =
-              __float2bfloat16(glu_value(v0, v1, p.s.glu_kind, p.s.alpha, p.s.limit));
+          p.act[int64_t(row0 + r) * p.d_ff + i] = __float2bfloat16(
+              glu_output(v0, v1, ew->gate_up_bias, p.s.interleaved, i, p.d_ff, p.s.glu_kind, p.s.alpha, p.s.limit));
         } else {
           if (ew->down_bias != nullptr) v0 += ew->down_bias[f], v1 += ew->down_bias[f + 1];
           const int64_t pair = p.perm[row0 + r];

@@ -291,12 +291,8 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
     if constexpr (kUp) {
       const int i = 8 * unit + g;
       if (!live[0]) continue;
-      if (ew->gate_up_bias != nullptr) {
-        const bool il = p.s.interleaved && ew->gate_up.codes != nullptr;
-        v0 += ew->gate_up_bias[il ? 2 * i : i];
-        v1 += ew->gate_up_bias[il ? 2 * i + 1 : p.d_ff + i];
-      }
-      p.act[int64_t(row0 + n) * p.d_ff + i] = __float2bfloat16(glu_value(v0, v1, p.s.glu_kind, p.s.alpha, p.s.limit));
+      p.act[int64_t(row0 + n) * p.d_ff + i] = __float2bfloat16(
+          glu_output(v0, v1, ew->gate_up_bias, p.s.interleaved, i, p.d_ff, p.s.glu_kind, p.s.alpha, p.s.limit));
     } else {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
