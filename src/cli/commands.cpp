@@ -50,10 +50,9 @@ Result<std::unique_ptr<runtime::Engine>> open_engine(const CommonOptions& o) {
     KILN_ASSIGN_OR_RETURN(dir, ensure_demo_model());
     KILN_LOG(kInfo, "no --model given: using the built-in demo model in " << dir);
   }
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<ops::Backend> backend, make_backend(o));
   runtime::EngineOptions options = engine_options(o);
   options.max_num_seqs = 1;
-  return runtime::Engine::load(dir, std::move(backend), options);
+  return load_engine(dir, o, options);
 }
 
 int cmd_logits(const CommonOptions& o, const std::string& tokens_arg) {

@@ -1,6 +1,8 @@
 #include "cli/common.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <thread>
 
 #include "backends/cpu/cpu_backend.h"
 #ifdef KILN_HAVE_CUDA
@@ -37,6 +39,14 @@ void add_common(CLI::App* cmd, CommonOptions& o, bool model_option) {
             return d.ok() ? std::string() : d.status().message();
           },
           "bf16|fp8"));
+  cmd->add_option("--tensor-parallel-size,--tp", o.tensor_parallel,
+                  "ranks (GPUs) each holding a slice of every layer (heads, MLP columns, vocabulary)")
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--pipeline-parallel-size,--pp", o.pipeline_parallel,
+                  "pipeline stages, each holding a run of layers (ranks = tensor x pipeline)")
+      ->check(CLI::Range(1, 64));
+  cmd->add_flag("--enable-expert-parallel", o.expert_parallel,
+                "place routed experts whole across the tensor-parallel ranks instead of splitting each");
 }
 
 runtime::EngineOptions engine_options(const CommonOptions& o) {
@@ -47,7 +57,10 @@ runtime::EngineOptions engine_options(const CommonOptions& o) {
           .prefill_chunk = o.prefill_chunk,
           .kv_cache_dtype = *kv_dtype,
           .load_format = o.load_format == "dummy" ? runtime::LoadFormat::kDummy : runtime::LoadFormat::kAuto,
-          .num_layers = o.num_layers};
+          .num_layers = o.num_layers,
+          .parallel = {.tensor_parallel = o.tensor_parallel,
+                       .pipeline_parallel = o.pipeline_parallel,
+                       .expert_parallel = o.expert_parallel}};
 }
 
 Result<std::unique_ptr<ops::Backend>> make_backend(const CommonOptions& o) {
@@ -63,6 +76,33 @@ Result<std::unique_ptr<ops::Backend>> make_backend(const CommonOptions& o) {
   }
 #endif
   return unsupported("the " + o.backend + " backend is not part of this build (CUDA was not found at build time)");
+}
+
+Result<std::vector<std::unique_ptr<ops::Backend>>> make_backends(const CommonOptions& o) {
+  const int world = o.tensor_parallel * o.pipeline_parallel;
+  std::vector<std::unique_ptr<ops::Backend>> out;
+  for (int r = 0; r < world; ++r) {
+    CommonOptions rank = o;
+    rank.device = o.device + r;
+    if (o.backend == "cpu" && world > 1) {  // the cores shared out
+      const int cores = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+      rank.threads = std::max(1, cores / world);
+    }
+    auto be = make_backend(rank);
+    if (!be.ok()) return world > 1 ? be.status().with_context("rank " + std::to_string(r)) : be.status();
+    out.push_back(std::move(be).value());
+  }
+  return out;
+}
+
+Result<std::unique_ptr<runtime::Engine>> load_engine(const std::string& dir, const CommonOptions& o,
+                                                     const runtime::EngineOptions& options) {
+  KILN_ASSIGN_OR_RETURN(auto backends, make_backends(o));
+  runtime::EngineOptions e = options;
+#ifdef KILN_HAVE_NCCL
+  if (o.backend == "cuda") e.comms = cuda_comm_world;
+#endif
+  return runtime::Engine::load(dir, std::move(backends), e);
 }
 
 int fail(const Status& s) {

@@ -26,15 +26,25 @@ struct CommonOptions {
   std::string load_format = "auto";  // auto | dummy
   int64_t num_layers = 0;            // > 0: the first N decoder layers only
   std::string kv_cache_dtype = "bf16";  // bf16 | fp8 (runtime::parse_kv_cache_dtype)
+  int tensor_parallel = 1;
+  int pipeline_parallel = 1;
+  bool expert_parallel = false;
 };
 
 // --backend, --threads, --device, --smem-cap, --block-size, --prefill-chunk,
-// --max-model-len, --load-format, --num-layers, --kv-cache-dtype; and --model unless the
-// command takes the model as an argument.
+// --max-model-len, --load-format, --num-layers, --kv-cache-dtype, --tensor-parallel-size,
+// --pipeline-parallel-size, --enable-expert-parallel; and --model unless the command takes
+// the model as an argument.
 void add_common(CLI::App* cmd, CommonOptions& o, bool model_option = true);
 
 // The backend of o.backend; a CUDA backend has passed its start-up self-test.
 Result<std::unique_ptr<ops::Backend>> make_backend(const CommonOptions& o);
+// One backend per rank of the parallel options (CUDA: devices --device, --device + 1, ...;
+// CPU: the threads shared out), each self-tested.
+Result<std::vector<std::unique_ptr<ops::Backend>>> make_backends(const CommonOptions& o);
+// make_backends, then the engine on them.
+Result<std::unique_ptr<runtime::Engine>> load_engine(const std::string& dir, const CommonOptions& o,
+                                                     const runtime::EngineOptions& options);
 
 // The engine options the common options set.
 runtime::EngineOptions engine_options(const CommonOptions& o);

@@ -193,11 +193,16 @@ Status serve(ServeOptions o, const ServeHooks& hooks) {
                                                    .tool_call_parser = o.tool_call_parser,
                                                    .reasoning_parser = o.reasoning_parser,
                                                    .generation_config_dir = dir}));
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<ops::Backend> backend, make_backend(o.common));
-  std::fprintf(stderr, "kiln: loading %s on %s\n", dir.c_str(), backend->name().c_str());
+  const int world = o.common.tensor_parallel * o.common.pipeline_parallel;
+  std::fprintf(stderr, "kiln: loading %s on %s%s\n", dir.c_str(), o.common.backend.c_str(),
+               world > 1 ? (" x " + std::to_string(world) + " ranks (tensor-parallel " +
+                            std::to_string(o.common.tensor_parallel) + ", pipeline " +
+                            std::to_string(o.common.pipeline_parallel) +
+                            (o.common.expert_parallel ? ", expert-parallel)" : ")")).c_str()
+                         : "");
   LoadProgress progress;
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine,
-                        runtime::Engine::load(dir, std::move(backend), [&] {
+                        load_engine(dir, o.common, [&] {
                           runtime::EngineOptions e = engine_options(o.common);
                           e.max_num_seqs = o.max_num_seqs;
                           e.max_num_batched_tokens = o.max_num_batched_tokens;
@@ -226,7 +231,12 @@ Status serve(ServeOptions o, const ServeHooks& hooks) {
               model->name().c_str(), o.host.c_str(), port);
   std::fflush(stdout);
 
-  while (g_signals.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  while (g_signals.load() == 0 && async.failure().empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (const std::string failure = async.failure(); !failure.empty()) {
+    http.stop();
+    async.stop();
+    return internal_error("the engine failed, the server stops: " + failure);
+  }
   http.drain(std::chrono::milliseconds(int64_t(o.shutdown_timeout * 1000)));
   http.stop();
   async.stop();

@@ -123,8 +123,17 @@ Tensor CausalLM::forward(ops::Backend& be, const ops::BatchMeta& batch, std::vec
 
 Tensor CausalLM::step_ops(ops::Backend& be, const ops::BatchMeta& batch, std::vector<LayerKv>& kv) const {
   const int64_t n_tokens = batch.n_tokens();
+  const auto reduce = [&](Tensor& partial) {
+    if (tp != nullptr) tp->all_reduce(partial);
+  };
   Tensor residual = act(be, {n_tokens, d_model});
-  be.embedding({.table = embed, .out = residual, .from_batch = ops::BatchIds::kTokens, .batch = &batch});
+  if (first_stage) {
+    be.embedding({.table = embed, .out = residual, .from_batch = ops::BatchIds::kTokens, .batch = &batch,
+                  .id_begin = vocab_begin, .vocab_size = vocab_size});
+    reduce(residual);
+  } else {
+    pp->recv(residual, prev_stage);
+  }
 
   // Pre-norm residual stream: the norm op adds the previous block's output into
   // `residual` and normalises it in one call.
@@ -137,20 +146,46 @@ Tensor CausalLM::step_ops(ops::Backend& be, const ops::BatchMeta& batch, std::ve
                  .residual = first ? Tensor{} : residual, .out = normed, .eps = norm_eps});
     first = false;
     std::visit([&](const auto& a) { a.forward(be, normed, batch, kv[i], block_out); }, l.attn);
+    reduce(block_out);
     be.rms_norm({.x = block_out, .weight = l.post_attn_norm, .residual = residual, .out = normed,
                  .eps = norm_eps});
     std::visit([&](const auto& f) { f.forward(be, normed, block_out); }, l.ffn);
+    reduce(block_out);
   }
-  be.rms_norm({.x = block_out, .weight = final_norm, .residual = residual, .out = normed,
-               .eps = norm_eps});
+  if (!last_stage) {  // hand the residual stream on
+    if (!layers.empty()) be.add({.a = residual, .b = block_out, .out = residual});
+    pp->send(residual, next_stage);
+    return Tensor{};
+  }
+  be.rms_norm({.x = layers.empty() ? residual : block_out, .weight = final_norm,
+               .residual = layers.empty() ? Tensor{} : residual, .out = normed, .eps = norm_eps});
 
   // Gather the requested rows, then project them to the vocabulary.
   const int64_t n_rows = int64_t(batch.logit_rows.size());
   Tensor picked = act(be, {n_rows, d_model});
   be.embedding({.table = normed, .out = picked, .from_batch = ops::BatchIds::kLogitRows, .batch = &batch});
-  Tensor logits = act(be, {n_rows, vocab_size});
-  be.linear({.x = picked, .w = &lm_head, .out = logits});
-  return logits;
+  return logits(be, picked);
+}
+
+Tensor CausalLM::logits(ops::Backend& be, const Tensor& picked) const {
+  const int64_t n_rows = picked.dim(0);
+  if (tp == nullptr) return linear(be, picked, lm_head);
+  // Vocab-parallel: every rank projects its part (padded to vocab_part columns), the
+  // parts are gathered, and their columns laid side by side.
+  Tensor part = act(be, {n_rows, vocab_part});
+  const int64_t rows_here = lm_head.n_out();
+  Tensor mine = rows_here == vocab_part ? part : act(be, {n_rows, rows_here});
+  be.linear({.x = picked, .w = &lm_head, .out = mine});
+  if (rows_here != vocab_part) be.slice_columns({.src = mine, .dst = part, .n_cols = rows_here});
+  Tensor parts = act(be, {int64_t(tp->size()), n_rows, vocab_part});
+  tp->all_gather(part, parts);
+  Tensor out = act(be, {n_rows, vocab_size});
+  for (int r = 0; r < tp->size(); ++r) {
+    const int64_t begin = vocab_part * r, n = std::min(vocab_part, vocab_size - begin);
+    if (n <= 0) break;
+    be.slice_columns({.src = parts.index0(r), .dst = out, .dst_col_begin = begin, .n_cols = n});
+  }
+  return out;
 }
 
 }  // namespace kiln::model

@@ -6,6 +6,7 @@
 #include <variant>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "ops/backend.h"
 
 namespace kiln::model {
@@ -94,23 +95,38 @@ struct DecoderLayer {
 };
 
 // A decoder-only causal LM: embed -> layers (pre-norm residual) -> norm -> lm_head.
+//
+// Parallel (docs/ARCHITECTURE.md "Many GPUs"): a tensor-parallel rank holds a slice of
+// every layer (heads, MLP and expert columns or whole experts, a vocabulary part); each
+// block's output is a partial sum the `tp` group all-reduces, and the logits parts are
+// all-gathered. A pipeline stage holds layers [first_layer, first_layer + layers.size()):
+// a stage after the first receives the hidden state from `prev_stage`, a stage before
+// the last sends it to `next_stage` (ranks of the `pp` communicator).
 struct CausalLM {
   int64_t vocab_size = 0, d_model = 0;
   float norm_eps = 1e-6f;
-  Tensor embed;            // [vocab, d_model]
+  Tensor embed;            // [vocab_part rows from vocab_begin, d_model] (first stage; last when tied)
   std::vector<DecoderLayer> layers;
-  Tensor final_norm;       // [d_model]
-  ops::Weight lm_head;     // [vocab, d_model] (may share memory with embed)
+  Tensor final_norm;       // [d_model] (last stage)
+  ops::Weight lm_head;     // [vocab rows from vocab_begin, d_model] (last stage; may share embed's memory)
+  int64_t vocab_begin = 0, vocab_part = 0;  // this rank's vocabulary rows; every rank's part size
+  int64_t first_layer = 0;
+  bool first_stage = true, last_stage = true;
+  comm::Communicator* tp = nullptr;  // null: one tensor-parallel rank
+  comm::Communicator* pp = nullptr;  // null: one stage
+  int prev_stage = -1, next_stage = -1;
 
   std::vector<KvLayout> kv_layouts() const;
 
   // Runs one step over the flattened batch (batch.token_ids) through
   // Backend::run_step and returns the logits [batch.logit_rows.size(), vocab]
-  // (activation dtype) of the requested rows, valid until the next step.
+  // (activation dtype) of the requested rows, valid until the next step; a stage
+  // before the last returns an undefined tensor.
   Tensor forward(ops::Backend& be, const ops::BatchMeta& batch, std::vector<LayerKv>& kv) const;
 
  private:
   Tensor step_ops(ops::Backend& be, const ops::BatchMeta& batch, std::vector<LayerKv>& kv) const;
+  Tensor logits(ops::Backend& be, const Tensor& picked) const;
 };
 
 }  // namespace kiln::model

@@ -11,24 +11,38 @@ std::string layer_prefix(int64_t layer) { return "model.layers." + std::to_strin
 Result<Attention> load_attention(WeightLoader& w, const formats::ModelConfig& c, int64_t layer,
                                  const std::string& prefix, const AttentionOptions& opt) {
   Attention a;
-  a.n_heads = c.n_heads;
-  a.n_kv_heads = c.n_kv_heads;
   a.d_head = c.d_head;
-  if (a.n_heads % a.n_kv_heads != 0) {
-    return corrupt("num_attention_heads (" + std::to_string(a.n_heads) +
-                   ") is not a multiple of num_key_value_heads (" + std::to_string(a.n_kv_heads) + ")");
+  if (c.n_heads % c.n_kv_heads != 0) {
+    return corrupt("num_attention_heads (" + std::to_string(c.n_heads) +
+                   ") is not a multiple of num_key_value_heads (" + std::to_string(c.n_kv_heads) + ")");
   }
-  const int64_t d_q = a.n_heads * a.d_head, d_kv = a.n_kv_heads * a.d_head;
-  KILN_ASSIGN_OR_RETURN(a.q, w.linear(prefix + ".q_proj", d_q, c.d_model, opt.qkv_bias));
-  KILN_ASSIGN_OR_RETURN(a.k, w.linear(prefix + ".k_proj", d_kv, c.d_model, opt.qkv_bias));
-  KILN_ASSIGN_OR_RETURN(a.v, w.linear(prefix + ".v_proj", d_kv, c.d_model, opt.qkv_bias));
-  KILN_ASSIGN_OR_RETURN(a.o, w.linear(prefix + ".o_proj", c.d_model, d_q, opt.o_bias));
+  // Tensor parallelism: each rank takes n_heads / tp query heads and the KV heads they
+  // read: n_kv_heads / tp of them, or, with fewer KV heads than ranks, the one KV head
+  // of its query heads (replicated on tp / n_kv_heads ranks).
+  const Shard& sh = w.shard();
+  const int64_t tp = sh.tp_size, r = sh.tp_rank;
+  if (c.n_heads % tp != 0 || (c.n_kv_heads % tp != 0 && tp % c.n_kv_heads != 0)) {
+    return unsupported("tensor-parallel size " + std::to_string(tp) + " does not divide " +
+                       std::to_string(c.n_heads) + " attention heads and " + std::to_string(c.n_kv_heads) +
+                       " KV heads (nor do the KV heads divide it)");
+  }
+  a.n_heads = c.n_heads / tp;
+  a.n_kv_heads = c.n_kv_heads % tp == 0 ? c.n_kv_heads / tp : 1;
+  const int64_t kv_first = c.n_kv_heads % tp == 0 ? r * a.n_kv_heads : r / (tp / c.n_kv_heads);
+  const int64_t d_q = c.n_heads * a.d_head, d_kv = c.n_kv_heads * a.d_head;
+  const int64_t q_rows = a.n_heads * a.d_head, kv_rows = a.n_kv_heads * a.d_head;
+  const Part q_part = Part::rows(r * q_rows, q_rows), kv_part = Part::rows(kv_first * a.d_head, kv_rows);
+  KILN_ASSIGN_OR_RETURN(a.q, w.linear(prefix + ".q_proj", d_q, c.d_model, opt.qkv_bias, q_part));
+  KILN_ASSIGN_OR_RETURN(a.k, w.linear(prefix + ".k_proj", d_kv, c.d_model, opt.qkv_bias, kv_part));
+  KILN_ASSIGN_OR_RETURN(a.v, w.linear(prefix + ".v_proj", d_kv, c.d_model, opt.qkv_bias, kv_part));
+  KILN_ASSIGN_OR_RETURN(a.o, w.linear(prefix + ".o_proj", c.d_model, d_q, opt.o_bias, Part::cols(r * q_rows, q_rows),
+                                      /*bias_here=*/r == 0));
   if (opt.qk_norm) {
     KILN_ASSIGN_OR_RETURN(a.q_norm, w.tensor(prefix + ".q_norm.weight", {a.d_head}));
     KILN_ASSIGN_OR_RETURN(a.k_norm, w.tensor(prefix + ".k_norm.weight", {a.d_head}));
   }
   if (opt.sinks) {
-    KILN_ASSIGN_OR_RETURN(a.sinks, w.tensor(prefix + ".sinks", {a.n_heads}));
+    KILN_ASSIGN_OR_RETURN(a.sinks, w.tensor(prefix + ".sinks", {c.n_heads}, Part::rows(r * a.n_heads, a.n_heads)));
   }
   a.norm_eps = float(c.rms_norm_eps);
   KILN_ASSIGN_OR_RETURN(a.rope, make_rope_table(c.rope, a.d_head, ops::RopeStyle::kHalf));
@@ -39,7 +53,6 @@ Result<Attention> load_attention(WeightLoader& w, const formats::ModelConfig& c,
 
 Result<Mla> load_mla(WeightLoader& w, const formats::ModelConfig& c, const std::string& prefix) {
   Mla m;
-  m.n_heads = c.n_heads;
   m.d_nope = c.d_nope;
   m.d_rope = c.d_rope;
   m.d_v = c.d_v;
@@ -47,21 +60,33 @@ Result<Mla> load_mla(WeightLoader& w, const formats::ModelConfig& c, const std::
   if (m.d_nope <= 0 || m.d_rope <= 0 || m.d_v <= 0 || m.d_latent <= 0) {
     return corrupt("MLA needs positive qk_nope_head_dim, qk_rope_head_dim, v_head_dim and kv_lora_rank");
   }
-  const int64_t d_q = m.n_heads * (m.d_nope + m.d_rope);
+  // Tensor parallelism: heads split (q / q_b, kv_b rows, o columns); the latent
+  // projections and cache are whole on every rank.
+  const Shard& sh = w.shard();
+  if (c.n_heads % sh.tp_size != 0) {
+    return unsupported("tensor-parallel size " + std::to_string(sh.tp_size) + " does not divide " +
+                       std::to_string(c.n_heads) + " attention heads");
+  }
+  m.n_heads = c.n_heads / sh.tp_size;
+  const int64_t h0 = sh.tp_rank * m.n_heads, d_qk = m.d_nope + m.d_rope;
+  const int64_t d_q = c.n_heads * d_qk;
+  const Part q_part = Part::rows(h0 * d_qk, m.n_heads * d_qk);
   const bool bias = c.attention_bias;
   if (c.q_lora_rank > 0) {
     KILN_ASSIGN_OR_RETURN(m.q_a, w.linear(prefix + ".q_a_proj", c.q_lora_rank, c.d_model, bias));
     KILN_ASSIGN_OR_RETURN(m.q_a_norm, w.tensor(prefix + ".q_a_layernorm.weight", {c.q_lora_rank}));
-    KILN_ASSIGN_OR_RETURN(m.q_b, w.linear(prefix + ".q_b_proj", d_q, c.q_lora_rank, false));
+    KILN_ASSIGN_OR_RETURN(m.q_b, w.linear(prefix + ".q_b_proj", d_q, c.q_lora_rank, false, q_part));
   } else {
-    KILN_ASSIGN_OR_RETURN(m.q, w.linear(prefix + ".q_proj", d_q, c.d_model, false));
+    KILN_ASSIGN_OR_RETURN(m.q, w.linear(prefix + ".q_proj", d_q, c.d_model, false, q_part));
   }
   KILN_ASSIGN_OR_RETURN(
       m.kv_a, w.linear(prefix + ".kv_a_proj_with_mqa", m.d_latent + m.d_rope, c.d_model, bias));
   KILN_ASSIGN_OR_RETURN(m.kv_a_norm, w.tensor(prefix + ".kv_a_layernorm.weight", {m.d_latent}));
-  KILN_ASSIGN_OR_RETURN(
-      m.kv_b, w.linear(prefix + ".kv_b_proj", m.n_heads * (m.d_nope + m.d_v), m.d_latent, false));
-  KILN_ASSIGN_OR_RETURN(m.o, w.linear(prefix + ".o_proj", c.d_model, m.n_heads * m.d_v, bias));
+  const int64_t d_kvb = m.d_nope + m.d_v;
+  KILN_ASSIGN_OR_RETURN(m.kv_b, w.linear(prefix + ".kv_b_proj", c.n_heads * d_kvb, m.d_latent, false,
+                                         Part::rows(h0 * d_kvb, m.n_heads * d_kvb)));
+  KILN_ASSIGN_OR_RETURN(m.o, w.linear(prefix + ".o_proj", c.d_model, c.n_heads * m.d_v, bias,
+                                      Part::cols(h0 * m.d_v, m.n_heads * m.d_v), /*bias_here=*/sh.tp_rank == 0));
   m.norm_eps = float(c.rms_norm_eps);
   // DeepSeek pairs rotary dims (2i, 2i+1); the pairing is the same for q and k, so
   // kiln keeps them in place (transformers permutes both, which leaves q.k unchanged).
@@ -78,40 +103,74 @@ Result<Mla> load_mla(WeightLoader& w, const formats::ModelConfig& c, const std::
   return m;
 }
 
+Result<int64_t> tp_part_of(const Shard& sh, int64_t n, const std::string& what) {
+  if (n % sh.tp_size != 0) {
+    return unsupported("tensor-parallel size " + std::to_string(sh.tp_size) + " does not divide the " +
+                       std::to_string(n) + " " + what);
+  }
+  return n / sh.tp_size;
+}
+
 Result<Mlp> load_mlp(WeightLoader& w, const std::string& prefix, int64_t d_model, int64_t d_ff) {
+  // Tensor parallelism: gate / up split by output (column parallel), down by input (row
+  // parallel); each rank's down gives a partial sum the ranks add.
+  const Shard& sh = w.shard();
+  KILN_ASSIGN_OR_RETURN(const int64_t part, tp_part_of(sh, d_ff, "intermediate columns of " + prefix));
+  const int64_t f0 = sh.tp_rank * part;
   Mlp m;
-  KILN_ASSIGN_OR_RETURN(m.gate, w.linear(prefix + ".gate_proj", d_ff, d_model, false));
-  KILN_ASSIGN_OR_RETURN(m.up, w.linear(prefix + ".up_proj", d_ff, d_model, false));
-  KILN_ASSIGN_OR_RETURN(m.down, w.linear(prefix + ".down_proj", d_model, d_ff, false));
+  KILN_ASSIGN_OR_RETURN(m.gate, w.linear(prefix + ".gate_proj", d_ff, d_model, false, Part::rows(f0, part)));
+  KILN_ASSIGN_OR_RETURN(m.up, w.linear(prefix + ".up_proj", d_ff, d_model, false, Part::rows(f0, part)));
+  KILN_ASSIGN_OR_RETURN(m.down, w.linear(prefix + ".down_proj", d_model, d_ff, false, Part::cols(f0, part)));
   return m;
 }
 
 Result<ops::MoeExperts> load_experts(WeightLoader& w, const std::string& prefix, int64_t n_experts,
                                      int64_t d_model, int64_t d_ff) {
+  // Expert parallelism: this rank's experts, whole. Else every expert split like an MLP.
+  const Shard& sh = w.shard();
+  const auto [first, count] = sh.experts(n_experts);
+  int64_t part = d_ff, f0 = 0;
+  if (!sh.expert_parallel) {
+    KILN_ASSIGN_OR_RETURN(part, tp_part_of(sh, d_ff, "intermediate columns of the experts of " + prefix));
+    f0 = sh.tp_rank * part;
+  }
   ops::MoeExperts ex;
-  ex.d_ff = d_ff;
-  for (int64_t e = 0; e < n_experts; ++e) {
+  ex.d_ff = part;
+  ex.first_expert = int32_t(first);
+  for (int64_t e = first; e < first + count; ++e) {
     const std::string p = prefix + "." + std::to_string(e);
-    KILN_ASSIGN_OR_RETURN(ops::Weight g, w.linear(p + ".gate_proj", d_ff, d_model, false));
-    KILN_ASSIGN_OR_RETURN(ops::Weight u, w.linear(p + ".up_proj", d_ff, d_model, false));
-    KILN_ASSIGN_OR_RETURN(ops::Weight d, w.linear(p + ".down_proj", d_model, d_ff, false));
+    KILN_ASSIGN_OR_RETURN(ops::Weight g, w.linear(p + ".gate_proj", d_ff, d_model, false, Part::rows(f0, part)));
+    KILN_ASSIGN_OR_RETURN(ops::Weight u, w.linear(p + ".up_proj", d_ff, d_model, false, Part::rows(f0, part)));
+    KILN_ASSIGN_OR_RETURN(ops::Weight d, w.linear(p + ".down_proj", d_model, d_ff, false, Part::cols(f0, part)));
     ex.gate.push_back(std::move(g));
     ex.up.push_back(std::move(u));
     ex.down.push_back(std::move(d));
   }
+  if (count < n_experts) w.skip_prefix(prefix + ".");  // the other ranks' experts
   return ex;
 }
 
 Status load_embedding_and_head(WeightLoader& w, const formats::ModelConfig& c, CausalLM& lm) {
+  // Tensor parallelism: the vocabulary split over the ranks (the last part shorter when
+  // it does not divide); a pipeline's first stage embeds, its last one projects.
+  const Shard& sh = w.shard();
   lm.vocab_size = c.vocab_size;
   lm.d_model = c.d_model;
   lm.norm_eps = float(c.rms_norm_eps);
-  KILN_ASSIGN_OR_RETURN(lm.embed, w.tensor("model.embed_tokens.weight", {c.vocab_size, c.d_model}));
+  const auto [v0, rows] = sh.split(c.vocab_size);
+  if (rows <= 0) return unsupported("tensor-parallel size " + std::to_string(sh.tp_size) + " exceeds the vocabulary");
+  lm.vocab_begin = v0;
+  lm.vocab_part = (c.vocab_size + sh.tp_size - 1) / sh.tp_size;
+  const bool embed_here = sh.first_stage || (sh.last_stage && c.tie_word_embeddings);
+  if (embed_here) {
+    KILN_ASSIGN_OR_RETURN(lm.embed, w.tensor("model.embed_tokens.weight", {c.vocab_size, c.d_model}, Part::rows(v0, rows)));
+  }
+  if (!sh.last_stage) return Status::Ok();
   KILN_ASSIGN_OR_RETURN(lm.final_norm, w.tensor("model.norm.weight", {c.d_model}));
   if (c.tie_word_embeddings) {
     lm.lm_head.data = lm.embed;
   } else {
-    KILN_ASSIGN_OR_RETURN(lm.lm_head, w.dense_linear("lm_head", c.vocab_size, c.d_model, false));
+    KILN_ASSIGN_OR_RETURN(lm.lm_head, w.dense_linear("lm_head", c.vocab_size, c.d_model, false, Part::rows(v0, rows)));
   }
   return Status::Ok();
 }
@@ -130,13 +189,28 @@ Status load_layer_norms(WeightLoader& w, const formats::ModelConfig& c, int64_t 
 namespace kiln::model {
 
 Result<CausalLM> build_decoder(WeightLoader& w, const formats::ModelConfig& c, const LayerBinder& bind) {
+  const Shard& sh = w.shard();
+  const int64_t end = sh.layer_end < 0 ? c.n_layers : std::min(sh.layer_end, c.n_layers);
   CausalLM lm;
   KILN_RETURN_IF_ERROR(load_embedding_and_head(w, c, lm));
-  for (int64_t i = 0; i < c.n_layers; ++i) {
+  lm.first_layer = sh.layer_begin;
+  lm.first_stage = sh.first_stage;
+  lm.last_stage = sh.last_stage;
+  for (int64_t i = sh.layer_begin; i < end; ++i) {
     DecoderLayer l;
     KILN_RETURN_IF_ERROR(load_layer_norms(w, c, i, l));
     KILN_RETURN_IF_ERROR(bind(i, layer_prefix(i), l));
     lm.layers.push_back(std::move(l));
+  }
+  // A pipeline stage leaves the other stages' tensors alone.
+  if (!sh.first_stage || !sh.last_stage) {
+    for (int64_t i = 0; i < c.n_layers; ++i)
+      if (i < sh.layer_begin || i >= end) w.skip_prefix(layer_prefix(i) + ".");
+    if (!sh.first_stage && !(sh.last_stage && c.tie_word_embeddings)) w.skip_prefix("model.embed_tokens.");
+    if (!sh.last_stage) {
+      w.skip_prefix("model.norm.");
+      w.skip_prefix("lm_head.");
+    }
   }
   return lm;
 }

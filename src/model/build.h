@@ -23,6 +23,8 @@ Result<Attention> load_attention(WeightLoader& w, const formats::ModelConfig& c,
                                  const std::string& prefix, const AttentionOptions& opt);
 // prefix = "model.layers.N.self_attn" (DeepSeek naming)
 Result<Mla> load_mla(WeightLoader& w, const formats::ModelConfig& c, const std::string& prefix);
+// d_ff / tensor-parallel size, or an error naming `what` when it does not divide.
+Result<int64_t> tp_part_of(const Shard& shard, int64_t d_ff, const std::string& what);
 // prefix = "model.layers.N.mlp": gate_proj / up_proj / down_proj
 Result<Mlp> load_mlp(WeightLoader& w, const std::string& prefix, int64_t d_model, int64_t d_ff);
 // Per-expert tensors prefix.E.{gate,up,down}_proj.weight (Qwen3-MoE, GLM, DeepSeek, Kimi).

@@ -1,6 +1,8 @@
 #include "model/loader.h"
 
 #include <cmath>
+#include <cstring>
+#include <numeric>
 
 #include "ops/random.h"
 
@@ -15,7 +17,161 @@ std::string dtype_list(std::initializer_list<DType> dtypes) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// The (begin, count) of each dimension of `s` that `part` keeps.
+Result<std::vector<std::pair<int64_t, int64_t>>> part_ranges(const Shape& s, const Part& part) {
+  if (int(part.dims.size()) > s.rank) {
+    return invalid_argument("a part of " + std::to_string(part.dims.size()) + " dimensions of a tensor " +
+                            s.to_string());
+  }
+  std::vector<std::pair<int64_t, int64_t>> r;
+  for (int d = 0; d < s.rank; ++d) {
+    auto [begin, count] = size_t(d) < part.dims.size() ? part.dims[size_t(d)] : std::pair<int64_t, int64_t>{0, -1};
+    if (count < 0) count = s[d] - begin;
+    if (begin < 0 || count <= 0 || begin + count > s[d]) {
+      return invalid_argument("part [" + std::to_string(begin) + ", " + std::to_string(begin + count) +
+                              ") of dimension " + std::to_string(d) + " of a tensor " + s.to_string());
+    }
+    r.emplace_back(begin, count);
+  }
+  return r;
+}
+
+Shape part_shape(const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+  Shape out;
+  for (const auto& [begin, count] : ranges) out.push_back(count);
+  return out;
+}
+
+// How a quantized format's arrays follow its logical [n_out, n_in] matrix: inputs per
+// data element, and inputs / outputs per scale element (0: the scale does not follow).
+struct QuantGrid {
+  int64_t in_per_elem = 1, scale_in = 0, scale_out = 0;
+};
+
+QuantGrid quant_grid(const formats::QuantizedTensor& q) {
+  using formats::QuantKind;
+  switch (q.kind) {
+    case QuantKind::kFp8Block: return {1, q.block_k, q.block_n};
+    case QuantKind::kFp8Channel: return {1, 0, 1};
+    case QuantKind::kFp8Tensor: return {1, 0, 0};
+    case QuantKind::kNvfp4: return {2, 16, 1};
+    case QuantKind::kMxfp4: return {2, 32, 1};
+    case QuantKind::kInt4Group: return {8, q.block_k, 1};
+    case QuantKind::kNone: break;
+  }
+  return {};
+}
+
+// The rows and columns `part` keeps of a quantized [n_out, n_in] matrix, cut along its
+// scale blocks; an error names `name` when the cut would split one.
+Result<formats::QuantizedTensor> cut_quantized(const formats::QuantizedTensor& q, const Part& part,
+                                               const std::string& name) {
+  if (part.whole()) return q;
+  auto ranges = part_ranges(Shape{q.n_out, q.n_in}, part);
+  if (!ranges.ok()) return ranges.status().with_context(name);
+  const auto& r = *ranges;
+  const auto [row0, rows] = r[0];
+  const auto [col0, cols] = r[1];
+  // FP8 block and INT4 scale grids are free: a cut through a block refines the grid
+  // (the same scale repeated over smaller blocks), so every tensor-parallel split works.
+  if (q.kind == formats::QuantKind::kFp8Block || q.kind == formats::QuantKind::kInt4Group) {
+    const auto refine = [](int64_t block, int64_t begin, int64_t count, int64_t n) {
+      int64_t b = std::gcd(block, begin);
+      return begin + count == n ? b : std::gcd(b, count);
+    };
+    const int64_t bn = q.kind == formats::QuantKind::kFp8Block ? refine(q.block_n, row0, rows, q.n_out) : 1;
+    const int64_t bk = refine(q.block_k, col0, cols, q.n_in);
+    if ((bn != q.block_n && q.kind == formats::QuantKind::kFp8Block) || bk != q.block_k) {
+      if (q.kind == formats::QuantKind::kInt4Group && bk % 8 != 0) {
+        return unsupported("cannot split " + name + " (int4-group) at inputs [" + std::to_string(col0) + ", " +
+                           std::to_string(col0 + cols) + "): eight inputs share a packed word");
+      }
+      formats::QuantizedTensor fine = q;
+      fine.block_n = int32_t(q.kind == formats::QuantKind::kFp8Block ? bn : q.block_n);
+      fine.block_k = int32_t(bk);
+      const int64_t old_cols = ceil_div(q.n_in, q.block_k);
+      const int64_t new_rows = q.kind == formats::QuantKind::kFp8Block ? ceil_div(q.n_out, bn) : q.n_out;
+      const int64_t new_cols = ceil_div(q.n_in, bk);
+      fine.scale = host_tensor(q.scale.dtype, {new_rows, new_cols});
+      const size_t elem = dtype_bits(q.scale.dtype) / 8;
+      for (int64_t i = 0; i < new_rows; ++i)
+        for (int64_t j = 0; j < new_cols; ++j) {
+          const int64_t old_row = q.kind == formats::QuantKind::kFp8Block ? i * bn / q.block_n : i;
+          std::memcpy(static_cast<uint8_t*>(fine.scale.data) + size_t(i * new_cols + j) * elem,
+                      static_cast<const uint8_t*>(q.scale.data) + size_t(old_row * old_cols + j * bk / q.block_k) * elem,
+                      elem);
+        }
+      return cut_quantized(fine, part, name);
+    }
+  }
+  const QuantGrid g = quant_grid(q);
+  const auto aligned = [&](int64_t begin, int64_t count, int64_t n, int64_t unit, const char* what) -> Status {
+    if (unit <= 1 || (begin % unit == 0 && (count % unit == 0 || begin + count == n))) return Status::Ok();
+    return unsupported("cannot split " + name + " (" + std::string(formats::quant_kind_name(q.kind)) + ") at " +
+                       what + " [" + std::to_string(begin) + ", " + std::to_string(begin + count) +
+                       "): its blocks are " + std::to_string(unit) + " " + what + " wide");
+  };
+  KILN_RETURN_IF_ERROR(aligned(col0, cols, q.n_in, std::max(g.in_per_elem, g.scale_in), "inputs"));
+  KILN_RETURN_IF_ERROR(aligned(row0, rows, q.n_out, g.scale_out, "outputs"));
+  formats::QuantizedTensor out = q;
+  out.n_out = rows;
+  out.n_in = cols;
+  // data: [n_out, n_in / in_per_elem] (MXFP4's [n_out, n_in/32, 16] bytes seen as 2-D).
+  const Tensor data = q.data.reshape({q.n_out, q.data.numel() / q.n_out});
+  const Part data_part{{{row0, rows}, {col0 / g.in_per_elem, ceil_div(cols, g.in_per_elem)}}};
+  KILN_ASSIGN_OR_RETURN(out.data, slice_part(data, data_part));
+  if (q.kind == formats::QuantKind::kMxfp4) out.data = out.data.reshape(Shape{rows, cols / 32, int64_t(16)});
+  if (g.scale_out > 0 || g.scale_in > 0) {
+    const int64_t s_rows = q.scale.rank() >= 1 ? q.scale.dim(0) : 1;
+    const Tensor scale = q.scale.reshape({s_rows, q.scale.numel() / s_rows});
+    std::vector<std::pair<int64_t, int64_t>> s;
+    s.emplace_back(g.scale_out > 0 ? std::pair{row0 / g.scale_out, ceil_div(row0 + rows, g.scale_out) - row0 / g.scale_out}
+                                   : std::pair<int64_t, int64_t>{0, -1});
+    s.emplace_back(g.scale_in > 0 ? std::pair{col0 / g.scale_in, ceil_div(col0 + cols, g.scale_in) - col0 / g.scale_in}
+                                  : std::pair<int64_t, int64_t>{0, -1});
+    const Part scale_part{s};
+    KILN_ASSIGN_OR_RETURN(out.scale, slice_part(scale, scale_part));
+  }
+  return out;
+}
+
 }  // namespace
+
+bool Part::whole() const {
+  for (const auto& [begin, count] : dims)
+    if (begin != 0 || count != -1) return false;
+  return true;
+}
+
+Result<Tensor> slice_part(const Tensor& t, const Part& part) {
+  if (part.whole()) return t;
+  KILN_CHECK(dtype_bits(t.dtype) % 8 == 0 && t.device == Device::kHost) << "slice_part: " << dtype_name(t.dtype);
+  KILN_ASSIGN_OR_RETURN(auto r, part_ranges(t.shape, part));
+  const Shape out_shape = part_shape(r);
+  bool rows_only = true;  // only dimension 0 is cut: a view
+  for (int d = 1; d < t.rank(); ++d) rows_only = rows_only && r[size_t(d)].second == t.dim(d);
+  if (rows_only) return t.slice0(r[0].first, r[0].first + r[0].second).reshape(out_shape);
+  Tensor out = host_tensor(t.dtype, out_shape);
+  const size_t elem = dtype_bits(t.dtype) / 8;
+  const int rank = t.rank();
+  std::vector<int64_t> stride(size_t(rank), 1);
+  for (int d = rank - 2; d >= 0; --d) stride[size_t(d)] = stride[size_t(d) + 1] * t.dim(d + 1);
+  const int64_t run = r[size_t(rank) - 1].second;  // elements copied at a time
+  std::vector<int64_t> idx(size_t(rank), 0);
+  auto* dst = static_cast<uint8_t*>(out.data);
+  const auto* src = static_cast<const uint8_t*>(t.data);
+  for (int64_t n = out.numel() / run; n > 0; --n) {
+    int64_t offset = r[size_t(rank) - 1].first;
+    for (int d = 0; d + 1 < rank; ++d) offset += (r[size_t(d)].first + idx[size_t(d)]) * stride[size_t(d)];
+    std::memcpy(dst, src + size_t(offset) * elem, size_t(run) * elem);
+    dst += size_t(run) * elem;
+    for (int d = rank - 2; d >= 0; --d) {  // the next index of the leading dimensions
+      if (++idx[size_t(d)] < r[size_t(d)].second) break;
+      idx[size_t(d)] = 0;
+    }
+  }
+  return out;
+}
 
 Tensor WeightLoader::uploaded(const Tensor& t) {
   Tensor out = backend_.upload(t);
@@ -24,7 +180,10 @@ Tensor WeightLoader::uploaded(const Tensor& t) {
   return out;
 }
 
-Tensor WeightLoader::generated(const std::string& name, const Shape& shape) {
+Tensor WeightLoader::generated(const std::string& name, const Shape& full, const Part& part) {
+  auto ranges = part_ranges(full, part);
+  KILN_CHECK(ranges.ok()) << name << ": " << ranges.status().to_string();
+  const Shape shape = part_shape(*ranges);
   Tensor t = backend_.alloc(shape.rank >= 2 ? DType::kBF16 : DType::kF32, shape);
   const bool norm = name.find("norm") != std::string::npos;
   const bool vector = shape.rank < 2;
@@ -34,10 +193,11 @@ Tensor WeightLoader::generated(const std::string& name, const Shape& shape) {
   } else if (name.find("sinks") != std::string::npos) {
     stddev = 1.0f;  // attention sink logits
   } else if (!vector) {
-    stddev = float(1.0 / std::sqrt(double(shape.dims[1])));  // [n_out, n_in] or [experts, n_in, n_out]
+    stddev = float(1.0 / std::sqrt(double(full.dims[1])));  // [n_out, n_in] or [experts, n_in, n_out]
   }
   uint64_t seed = dummy_seed_;
   for (unsigned char c : name) seed = ops::splitmix64(seed ^ c);
+  for (const auto& [begin, count] : *ranges) seed = ops::splitmix64(seed ^ uint64_t(begin));  // a shard's own values
   backend_.fill_random({.out = t, .seed = seed, .mean = mean, .stddev = stddev});
   used_.insert(name);
   return t;
@@ -70,9 +230,12 @@ Result<formats::QuantizedTensor> WeightLoader::uploaded(const formats::Quantized
   return out;
 }
 
-Result<Tensor> WeightLoader::tensor(const std::string& name, const Shape& shape) {
-  if (ckpt_ == nullptr) return generated(name, shape);
-  KILN_ASSIGN_OR_RETURN(Tensor t, ckpt_->get(name, shape));
+Result<Tensor> WeightLoader::tensor(const std::string& name, const Shape& shape, const Part& part) {
+  if (ckpt_ == nullptr) return generated(name, shape, part);
+  KILN_ASSIGN_OR_RETURN(Tensor full, ckpt_->get(name, shape));
+  auto sliced = slice_part(full, part);
+  if (!sliced.ok()) return sliced.status().with_context(name);
+  Tensor t = std::move(sliced).value();
   if (t.dtype != DType::kF32 && t.dtype != DType::kBF16 && t.dtype != DType::kF16) {
     return unsupported("tensor " + name + " has dtype " + std::string(dtype_name(t.dtype)) +
                        "; this path takes f32, bf16 or f16 weights" +
@@ -88,38 +251,55 @@ Result<Tensor> WeightLoader::optional_tensor(const std::string& name, const Shap
 }
 
 Result<ops::Weight> WeightLoader::dense_linear(const std::string& prefix, int64_t n_out, int64_t n_in,
-                                               bool bias) {
+                                               bool bias, const Part& part, bool bias_here) {
   ops::Weight w;
   for (const char* packed : {".weight_packed", ".weight_scale", ".weight_scale_inv"}) {
     if (!has(prefix + packed)) continue;
     return corrupt(prefix + packed + " says " + prefix + " is stored quantized, but " +
                    (quant_.quantized() ? "quantization_config excludes it" : "config.json has no quantization_config"));
   }
-  KILN_ASSIGN_OR_RETURN(w.data, tensor(prefix + ".weight", {n_out, n_in}));
-  if (bias) {
-    KILN_ASSIGN_OR_RETURN(w.bias, tensor(prefix + ".bias", {n_out}));
-  }
+  KILN_ASSIGN_OR_RETURN(w.data, tensor(prefix + ".weight", {n_out, n_in}, part));
+  KILN_RETURN_IF_ERROR(linear_bias(prefix, n_out, bias, part, bias_here, w));
   return w;
 }
 
-Result<ops::Weight> WeightLoader::linear(const std::string& prefix, int64_t n_out, int64_t n_in, bool bias) {
+Status WeightLoader::linear_bias(const std::string& prefix, int64_t n_out, bool bias, const Part& part,
+                                 bool bias_here, ops::Weight& w) {
+  if (!bias) return Status::Ok();
+  if (!bias_here) {  // another rank adds it
+    used_.insert(prefix + ".bias");
+    return Status::Ok();
+  }
+  Part rows;
+  if (!part.dims.empty()) rows.dims.push_back(part.dims[0]);
+  KILN_ASSIGN_OR_RETURN(w.bias, tensor(prefix + ".bias", {n_out}, rows));
+  return Status::Ok();
+}
+
+Result<ops::Weight> WeightLoader::linear(const std::string& prefix, int64_t n_out, int64_t n_in, bool bias,
+                                         const Part& part, bool bias_here) {
   if (!quant_.is_quantized(prefix) || quant_.kind == formats::QuantKind::kMxfp4) {
-    return dense_linear(prefix, n_out, n_in, bias);
+    return dense_linear(prefix, n_out, n_in, bias, part, bias_here);
   }
   ops::Weight w;
-  auto q = quantized(prefix, n_out, n_in);
+  auto q = quantized(prefix, n_out, n_in, part);
   if (!q.ok()) {
     return q.status().with_context(prefix + " is quantized (" + std::string(formats::quant_kind_name(quant_.kind)) +
                                    ", " + quant_.method + " quantization_config)");
   }
   w.quant = std::move(q).value();
-  if (bias) {
-    KILN_ASSIGN_OR_RETURN(w.bias, tensor(prefix + ".bias", {n_out}));
-  }
+  KILN_RETURN_IF_ERROR(linear_bias(prefix, n_out, bias, part, bias_here, w));
   return w;
 }
 
-Result<formats::QuantizedTensor> WeightLoader::quantized(const std::string& p, int64_t n_out, int64_t n_in) {
+Result<formats::QuantizedTensor> WeightLoader::quantized(const std::string& p, int64_t n_out, int64_t n_in,
+                                                         const Part& part) {
+  KILN_ASSIGN_OR_RETURN(formats::QuantizedTensor q, quantized_host(p, n_out, n_in));
+  KILN_ASSIGN_OR_RETURN(q, cut_quantized(q, part, p + ".weight"));
+  return uploaded(q);
+}
+
+Result<formats::QuantizedTensor> WeightLoader::quantized_host(const std::string& p, int64_t n_out, int64_t n_in) {
   using formats::QuantKind;
   formats::QuantizedTensor q;
   q.kind = quant_.kind;
@@ -139,19 +319,19 @@ Result<formats::QuantizedTensor> WeightLoader::quantized(const std::string& p, i
       // DeepSeek's native name is weight_scale_inv (multiplied despite the name).
       const std::string scale = quant_.method == "fp8" ? p + ".weight_scale_inv" : p + ".weight_scale";
       KILN_ASSIGN_OR_RETURN(q.scale, host_typed(scale, float_scale, {ceil_div(n_out, q.block_n), ceil_div(n_in, q.block_k)}));
-      return uploaded(q);
+      return q;
     }
     case QuantKind::kFp8Channel: {
       KILN_ASSIGN_OR_RETURN(q.data, host_typed(p + ".weight", {DType::kF8E4M3}, {n_out, n_in}));
       KILN_ASSIGN_OR_RETURN(q.scale, host_typed(p + ".weight_scale", float_scale, {n_out, 1}));
-      return uploaded(q);
+      return q;
     }
     case QuantKind::kFp8Tensor: {
       KILN_ASSIGN_OR_RETURN(q.data, host_typed(p + ".weight", {DType::kF8E4M3}, {n_out, n_in}));
       const formats::TensorInfo* info = ckpt_->info(p + ".weight_scale");
       const Shape s = info && info->shape.rank == 0 ? Shape{} : Shape{1};
       KILN_ASSIGN_OR_RETURN(q.scale, host_typed(p + ".weight_scale", float_scale, s));
-      return uploaded(q);
+      return q;
     }
     case QuantKind::kNvfp4: {
       KILN_RETURN_IF_ERROR(need_divisible(16, "NVFP4"));
@@ -163,7 +343,7 @@ Result<formats::QuantizedTensor> WeightLoader::quantized(const std::string& p, i
       // The static activation scale is for FP4 activations; the reference computes
       // activations in fp32 and does not use it.
       if (has(p + ".input_scale")) used_.insert(p + ".input_scale");
-      return uploaded(q);
+      return q;
     }
     case QuantKind::kInt4Group: {
       const int64_t group = quant_.group_size;
@@ -187,7 +367,7 @@ Result<formats::QuantizedTensor> WeightLoader::quantized(const std::string& p, i
         }
         used_.insert(p + ".weight_shape");
       }
-      return uploaded(q);
+      return q;
     }
     case QuantKind::kMxfp4:
     case QuantKind::kNone: break;
@@ -197,7 +377,8 @@ Result<formats::QuantizedTensor> WeightLoader::quantized(const std::string& p, i
 
 Result<std::vector<formats::QuantizedTensor>> WeightLoader::mxfp4_experts(const std::string& name,
                                                                            int64_t n_experts, int64_t n_out,
-                                                                           int64_t n_in) {
+                                                                           int64_t n_in, int64_t first, int64_t count,
+                                                                           const Part& part) {
   if (n_in % 32 != 0) {
     return corrupt("MXFP4 group size 32 does not divide the input size " + std::to_string(n_in) + " of " + name);
   }
@@ -205,14 +386,16 @@ Result<std::vector<formats::QuantizedTensor>> WeightLoader::mxfp4_experts(const 
   KILN_ASSIGN_OR_RETURN(Tensor scales,
                         host_typed(name + "_scales", {DType::kU8, DType::kE8M0}, {n_experts, n_out, n_in / 32}));
   std::vector<formats::QuantizedTensor> out;
-  for (int64_t e = 0; e < n_experts; ++e) {
+  for (int64_t e = first; e < first + count; ++e) {
     formats::QuantizedTensor q;
     q.kind = formats::QuantKind::kMxfp4;
     q.n_out = n_out;
     q.n_in = n_in;
     q.data = blocks.index0(e);
     q.scale = scales.index0(e);
-    auto u = uploaded(q);
+    auto cut = cut_quantized(q, part, name + " (expert " + std::to_string(e) + ")");
+    if (!cut.ok()) return cut.status();
+    auto u = uploaded(*cut);
     if (!u.ok()) return u.status().with_context(name + " (MXFP4 experts)");
     out.push_back(std::move(u).value());
   }
@@ -222,8 +405,11 @@ Result<std::vector<formats::QuantizedTensor>> WeightLoader::mxfp4_experts(const 
 std::vector<std::string> WeightLoader::unused() const {
   std::vector<std::string> out;
   if (ckpt_ == nullptr) return out;
-  for (const std::string& n : ckpt_->names())
-    if (!used_.count(n)) out.push_back(n);
+  for (const std::string& n : ckpt_->names()) {
+    bool skipped = false;
+    for (const std::string& p : skipped_) skipped = skipped || n.rfind(p, 0) == 0;
+    if (!used_.count(n) && !skipped) out.push_back(n);
+  }
   return out;
 }
 

@@ -3,6 +3,7 @@
 // the tensor and the problem.
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <set>
 #include <string>
@@ -14,6 +15,44 @@
 #include "ops/backend.h"
 
 namespace kiln::model {
+
+// The part of a model one rank holds (tensor, expert and pipeline parallelism; see
+// docs/ARCHITECTURE.md "Many GPUs").
+struct Shard {
+  int tp_rank = 0, tp_size = 1;  // the tensor-parallel group: heads, MLP columns, vocab split
+  bool expert_parallel = false;  // routed experts placed whole across the tensor-parallel
+                                 // group instead of each expert's d_ff being split
+  int64_t layer_begin = 0;       // this pipeline stage's decoder layers [layer_begin, layer_end)
+  int64_t layer_end = -1;        // -1: to the last layer
+  bool first_stage = true, last_stage = true;
+
+  // This rank's part [begin, begin + count) of n items split over the tensor-parallel
+  // group: even parts, the last ones shorter when n does not divide (the vocabulary).
+  std::pair<int64_t, int64_t> split(int64_t n) const {
+    const int64_t part = (n + tp_size - 1) / tp_size;
+    const int64_t begin = std::min(n, part * tp_rank);
+    return {begin, std::min(n, begin + part) - begin};
+  }
+  // The routed experts this rank holds under expert parallelism: [begin, begin + count).
+  std::pair<int64_t, int64_t> experts(int64_t n) const {
+    if (!expert_parallel) return {0, n};
+    const int64_t begin = n * tp_rank / tp_size;
+    return {begin, n * (tp_rank + 1) / tp_size - begin};
+  }
+};
+
+// A block of a tensor: per dimension (begin, count), count -1 for all of it; dimensions
+// past the list are whole. Part{} is the whole tensor.
+struct Part {
+  std::vector<std::pair<int64_t, int64_t>> dims;
+  static Part rows(int64_t begin, int64_t count) { return {{{begin, count}}}; }
+  static Part cols(int64_t begin, int64_t count) { return {{{0, -1}, {begin, count}}}; }
+  bool whole() const;
+};
+
+// `t` (host, any dtype of whole bytes) cut to `part`: a view when the part is contiguous
+// (leading rows of whole trailing dims), else a copy that reads only the part.
+Result<Tensor> slice_part(const Tensor& t, const Part& part);
 
 class WeightLoader {
  public:
@@ -29,26 +68,38 @@ class WeightLoader {
   static WeightLoader dummy(ops::Backend& backend, uint64_t seed) { return WeightLoader(backend, seed); }
 
   const formats::QuantConfig& quant() const { return quant_; }
+  const Shard& shard() const { return shard_; }
+  void set_shard(const Shard& s) { shard_ = s; }
 
   bool has(const std::string& name) const { return ckpt_ != nullptr && ckpt_->has(name); }
 
-  // A float tensor (f32 / bf16 / f16) of exactly `shape`.
-  Result<Tensor> tensor(const std::string& name, const Shape& shape);
+  // A float tensor (f32 / bf16 / f16) of exactly `shape` in the checkpoint, cut to `part`.
+  Result<Tensor> tensor(const std::string& name, const Shape& shape, const Part& part = {});
   // Like tensor(), or an undefined Tensor when the checkpoint has no such name.
   Result<Tensor> optional_tensor(const std::string& name, const Shape& shape);
   // The linear layer `prefix` (an nn.Linear of the checkpoint): prefix.weight
   // [n_out, n_in] (+ prefix.bias [n_out] when `bias`), or its quantized tensors when
   // quantization_config says this layer is quantized (formats/quant.h layouts).
-  Result<ops::Weight> linear(const std::string& prefix, int64_t n_out, int64_t n_in, bool bias);
+  // `part` (rows = outputs, cols = inputs) keeps a block of it, a quantized one cut
+  // along its scale blocks (an error names the weight when a cut would split a block);
+  // the bias follows the rows, and is loaded only where `bias_here` (a row-parallel
+  // layer adds its bias on one rank).
+  Result<ops::Weight> linear(const std::string& prefix, int64_t n_out, int64_t n_in, bool bias,
+                             const Part& part = {}, bool bias_here = true);
   // A matrix that is never quantized (MoE routers, lm_head): prefix.weight (+ bias).
-  Result<ops::Weight> dense_linear(const std::string& prefix, int64_t n_out, int64_t n_in, bool bias);
+  Result<ops::Weight> dense_linear(const std::string& prefix, int64_t n_out, int64_t n_in, bool bias,
+                                   const Part& part = {}, bool bias_here = true);
   // gpt-oss MXFP4 experts: NAME_blocks u8 [n_experts, n_out, n_in/32, 16] and
-  // NAME_scales e8m0 [n_experts, n_out, n_in/32], one QuantizedTensor per expert.
+  // NAME_scales e8m0 [n_experts, n_out, n_in/32], one QuantizedTensor per expert of
+  // [first, first + count), each cut to `part` (rows, cols of one expert's matrix).
   Result<std::vector<formats::QuantizedTensor>> mxfp4_experts(const std::string& name, int64_t n_experts,
-                                                               int64_t n_out, int64_t n_in);
+                                                               int64_t n_out, int64_t n_in, int64_t first,
+                                                               int64_t count, const Part& part = {});
 
-  // Checkpoint tensors no block asked for (e.g. an MTP layer kiln skips).
+  // Checkpoint tensors no block asked for (e.g. an MTP layer kiln skips), other than
+  // those under a skipped prefix (another rank's part of the model).
   std::vector<std::string> unused() const;
+  void skip_prefix(const std::string& prefix) { skipped_.push_back(prefix); }
 
   // Called after each tensor is uploaded: checkpoint bytes bound so far, and the
   // checkpoint's total (a progress bar; the total includes tensors a family skips).
@@ -61,17 +112,24 @@ class WeightLoader {
   Result<Tensor> host_typed(const std::string& name, std::initializer_list<DType> dtypes, const Shape& shape);
   // A quantized weight's host tensors made the backend's (Backend::upload_quantized).
   Result<formats::QuantizedTensor> uploaded(const formats::QuantizedTensor& q);
-  Result<formats::QuantizedTensor> quantized(const std::string& prefix, int64_t n_out, int64_t n_in);
+  // A quantized linear's host tensors, checked, whole.
+  Result<formats::QuantizedTensor> quantized_host(const std::string& prefix, int64_t n_out, int64_t n_in);
+  // ... cut to `part` and uploaded.
+  Result<formats::QuantizedTensor> quantized(const std::string& prefix, int64_t n_out, int64_t n_in, const Part& part);
+  Status linear_bias(const std::string& prefix, int64_t n_out, bool bias, const Part& part, bool bias_here,
+                     ops::Weight& w);
 
   WeightLoader(ops::Backend& backend, uint64_t seed) : ckpt_(nullptr), backend_(backend), dummy_seed_(seed) {}
-  // A dummy tensor (see dummy()).
-  Tensor generated(const std::string& name, const Shape& shape);
+  // A dummy tensor (see dummy()) of the full `shape` cut to `part`.
+  Tensor generated(const std::string& name, const Shape& shape, const Part& part = {});
 
   const formats::Checkpoint* ckpt_;  // null in dummy mode
   ops::Backend& backend_;
   uint64_t dummy_seed_ = 0;
   formats::QuantConfig quant_;
+  Shard shard_;
   std::set<std::string> used_;
+  std::vector<std::string> skipped_;
   std::function<void(uint64_t, uint64_t)> progress_;
   uint64_t bytes_done_ = 0;
   Tensor uploaded(const Tensor& t);

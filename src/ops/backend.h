@@ -31,24 +31,37 @@ enum class BatchIds { kNone, kTokens, kLogitRows };
 
 // out[t, :] = table[ids[t], :]. Also the row gather of activations (table = a
 // [rows, d] activation tensor, ids = the rows to keep).
+// Vocab-parallel tables (tensor parallelism): the table holds rows [id_begin,
+// id_begin + table.dim(0)) of a vocab_size-row embedding; ids outside that range give
+// zero rows (another rank holds them; the ranks' outputs are summed).
 struct EmbeddingArgs {
-  Tensor table;  // [vocab, d_model] stored dtype, or an activation tensor
+  Tensor table;  // [vocab or this rank's slice, d_model] stored dtype, or an activation tensor
   Tensor ids;    // [n_tokens] i32 (host), when from_batch is kNone
   Tensor out;    // [n_tokens, d_model]
   BatchIds from_batch = BatchIds::kNone;  // else ids = batch->token_ids or batch->logit_rows
   const BatchMeta* batch = nullptr;
+  int64_t id_begin = 0;
+  int64_t vocab_size = 0;  // ids must be in [0, vocab_size); 0: table.dim(0)
 };
 
 // The ids of an embedding call, on the host (either source).
 std::span<const int32_t> embedding_ids(const EmbeddingArgs& a);
 
-// dst[r, :] = src[r, col_begin : col_begin + dst.dim(1)] (splits fused projections,
-// e.g. MLA's per-head [nope | rope] query and [latent | rope] kv).
+// dst[r, dst_col_begin + j] = src[r, col_begin + j] for j < n_cols (n_cols 0: dst.dim(1)
+// - dst_col_begin); other columns of dst are left as they are. Splits fused projections
+// (MLA's per-head [nope | rope] query and [latent | rope] kv) and assembles the
+// vocab-parallel logits of tensor parallelism.
 struct SliceColumnsArgs {
   Tensor src;            // [rows, n_src]
   int64_t col_begin = 0;
-  Tensor dst;            // [rows, n_dst], col_begin + n_dst <= n_src
+  Tensor dst;            // [rows, n_dst]
+  int64_t dst_col_begin = 0;
+  int64_t n_cols = 0;    // col_begin + n_cols <= n_src, dst_col_begin + n_cols <= n_dst
 };
+// The columns a SliceColumnsArgs copies.
+inline int64_t slice_width(const SliceColumnsArgs& a) {
+  return a.n_cols > 0 ? a.n_cols : a.dst.dim(1) - a.dst_col_begin;
+}
 
 // If `residual` is defined: residual += x (in place), then out = norm(residual).
 // Else out = norm(x). norm(v) = v / sqrt(mean(v^2) + eps) * weight, over the last dim.
@@ -197,17 +210,27 @@ struct FillRandomArgs {
 
 // Expert weights of one MoE layer. Either fused gate_up (n_out = 2 * d_ff, halves
 // concatenated or interleaved gate/up/gate/up...) or separate gate and up.
+// Expert parallelism: the vectors hold experts [first_expert, first_expert + n_local)
+// of routing.n_experts only; tokens routed to other experts get nothing from them here
+// (another rank computes those, and the ranks' outputs are summed).
 struct MoeExperts {
-  std::vector<Weight> gate_up;  // [n_experts], each [2*d_ff, d_model]; or empty
+  std::vector<Weight> gate_up;  // [n_local], each [2*d_ff, d_model]; or empty
   bool gate_up_interleaved = false;
-  std::vector<Weight> gate, up; // [n_experts], each [d_ff, d_model]; or empty
-  std::vector<Weight> down;     // [n_experts], each [d_model, d_ff]
+  std::vector<Weight> gate, up; // [n_local], each [d_ff, d_model]; or empty
+  std::vector<Weight> down;     // [n_local], each [d_model, d_ff]
   int64_t d_ff = 0;
+  int32_t first_expert = 0;
+
+  int32_t n_local() const { return int32_t(down.size()); }
+  // The index into the vectors of global expert e, or -1 when this rank lacks it.
+  int32_t local(int32_t e) const {
+    return e >= first_expert && e < first_expert + n_local() ? e - first_expert : -1;
+  }
 };
 
 // A whole routed-MoE layer (shared experts are separate dense MLPs in the model):
 //   logits = x router^T (+ router bias), fp32
-//   y[t] = sum_{e in topk} w[t,e] * down_e(glu(gate_e(x[t]), up_e(x[t])))
+//   y[t] = sum_{e in topk, e held here} w[t,e] * down_e(glu(gate_e(x[t]), up_e(x[t])))
 struct MoeArgs {
   Tensor x;                       // [n_tokens, d_model]
   const Weight* router = nullptr; // [n_experts, d_model] (+ bias [n_experts])
@@ -331,6 +354,9 @@ class Backend {
   // Copy host fp32 values into a backend tensor of activation dtype.
   virtual void from_host_f32(const float* src, Tensor& t) = 0;
   virtual void synchronize() {}
+  // Called on a thread before it uses this backend (a rank's thread with several GPUs in
+  // one process: a GPU backend makes its device current there).
+  virtual void bind_thread() {}
   // Device memory (std::nullopt on a host backend), and the peak's reset.
   virtual std::optional<MemoryInfo> memory_info() { return std::nullopt; }
   virtual void reset_peak_memory() {}

@@ -57,6 +57,7 @@ Result<std::shared_ptr<RequestStream>> AsyncEngine::submit(Request request) {
   std::shared_ptr<RequestStream> stream;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (!failure_.empty()) return internal_error("the engine failed: " + failure_);
     if (stopping_) return internal_error("the server is shutting down");
     const int32_t queued = int32_t(inbox_.size()) + engine_waiting_.load();
     if (queued >= options_.max_queued_requests) {
@@ -87,6 +88,11 @@ void AsyncEngine::stop() {
   }
   wake_.notify_one();
   if (thread_.joinable()) thread_.join();
+}
+
+std::string AsyncEngine::failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failure_;
 }
 
 void AsyncEngine::end_stream(RequestStream& s, FinishReason reason, int32_t sample) {
@@ -207,7 +213,20 @@ void AsyncEngine::loop() {
       publish_stats();
       return;
     }
-    std::vector<StepOutput> outs = engine_->step();
+    std::vector<StepOutput> outs;
+    try {
+      outs = engine_->step();
+    } catch (const EngineFailure& e) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        failure_ = e.what();
+        stopping_ = true;
+      }
+      for (auto& [id, stream] : streams_) end_stream(*stream, FinishReason::kCancelled);
+      streams_.clear();
+      publish_stats();
+      return;
+    }
     dispatch(outs);
     engine_waiting_ = engine_->stats().waiting_requests;
     publish_stats();

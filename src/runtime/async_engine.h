@@ -108,6 +108,10 @@ class AsyncEngine {
   Result<std::shared_ptr<RequestStream>> submit(Request request);
   // Ends the loop: cancels what is in flight (readers get kCancelled) and joins the thread.
   void stop();
+  // Why the engine stopped by itself (a step failed on some rank: EngineFailure), or
+  // empty while it runs. Requests in flight then were ended as cancelled, new ones are
+  // refused; the server stops on it.
+  std::string failure() const;
 
   // Read-only after load: safe from any thread.
   const Engine& engine() const { return *engine_; }
@@ -130,11 +134,12 @@ class AsyncEngine {
   std::shared_ptr<EngineLink> link_ = std::make_shared<EngineLink>();
   ServingMetrics metrics_;
 
-  std::mutex mu_;  // guards inbox_, cancels_, stopping_, streams_ membership
+  mutable std::mutex mu_;  // guards inbox_, cancels_, stopping_, streams_ membership
   std::condition_variable wake_;
   std::deque<std::pair<std::shared_ptr<RequestStream>, std::shared_ptr<const Request>>> inbox_;
   std::vector<std::pair<uint64_t, int32_t>> cancels_;  // (request, sample or -1 for all)
   bool stopping_ = false;
+  std::string failure_;  // guarded by mu_
   uint64_t next_id_ = 1;
   std::atomic<int32_t> engine_waiting_{0};
 

@@ -36,9 +36,18 @@ const char* finish_reason_name(FinishReason r) {
 Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_dir,
                                              std::unique_ptr<ops::Backend> backend,
                                              const EngineOptions& options) {
+  std::vector<std::unique_ptr<ops::Backend>> one;
+  one.push_back(std::move(backend));
+  return load(model_dir, std::move(one), options);
+}
+
+Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_dir,
+                                             std::vector<std::unique_ptr<ops::Backend>> backends,
+                                             const EngineOptions& options) {
   std::unique_ptr<Engine> e(new Engine());
   e->options_ = options;
-  e->backend_ = std::move(backend);
+  KILN_ASSIGN_OR_RETURN(e->runner_, ModelRunner::create(std::move(backends), options.parallel, options.comms));
+  e->backend_ = &e->runner_->backend(0);
   KILN_RETURN_IF_ERROR(e->load_weights(model_dir, options).with_context("loading " + model_dir));
   for (const auto* ids : {&e->config_.eos_token_ids, &e->config_.generation_eos_token_ids})
     for (int64_t id : *ids)
@@ -62,22 +71,31 @@ Status Engine::load_weights(const std::string& model_dir, const EngineOptions& o
     config_.n_layers = options.num_layers;
     if (config_.layer_types.size() > size_t(options.num_layers)) config_.layer_types.resize(size_t(options.num_layers));
   }
-  if (dummy) {
-    if (config_.raw.contains("quantization_config")) {
-      KILN_LOG(kWarn, "dummy weights are bf16: the config's quantization_config is not used");
-    }
-    model::WeightLoader loader = model::WeightLoader::dummy(*backend_, /*seed=*/20261123);
-    KILN_ASSIGN_OR_RETURN(model_, models::build_model(config_, loader));
-    return model::check_backend_support(model_, *backend_);
+  if (dummy && config_.raw.contains("quantization_config")) {
+    KILN_LOG(kWarn, "dummy weights are bf16: the config's quantization_config is not used");
   }
-  KILN_ASSIGN_OR_RETURN(formats::Checkpoint ckpt, formats::Checkpoint::open(model_dir));
-  KILN_ASSIGN_OR_RETURN(formats::QuantConfig quant, formats::load_quant_config(model_dir));
-  model::WeightLoader loader(ckpt, *backend_, quant);
-  if (options.on_load_progress) loader.set_progress(options.on_load_progress);
-  KILN_ASSIGN_OR_RETURN(model_, models::build_model(config_, loader));
-  KILN_RETURN_IF_ERROR(model::check_backend_support(model_, *backend_));
-  for (const std::string& name : loader.unused()) {
-    KILN_LOG(kInfo, "checkpoint tensor not used by " << config_.architecture << ": " << name);
+  std::optional<formats::Checkpoint> ckpt;
+  formats::QuantConfig quant;
+  if (!dummy) {
+    KILN_ASSIGN_OR_RETURN(ckpt, formats::Checkpoint::open(model_dir));
+    KILN_ASSIGN_OR_RETURN(quant, formats::load_quant_config(model_dir));
+  }
+  std::vector<std::string> unused;
+  KILN_RETURN_IF_ERROR(runner_->build(config_.n_layers, [&](int rank, const model::Shard& shard) -> Result<model::CausalLM> {
+    ops::Backend& be = runner_->backend(rank);
+    model::WeightLoader loader = dummy ? model::WeightLoader::dummy(be, /*seed=*/20261123)
+                                       : model::WeightLoader(*ckpt, be, quant);
+    loader.set_shard(shard);
+    if (rank == 0 && options.on_load_progress) loader.set_progress(options.on_load_progress);
+    KILN_ASSIGN_OR_RETURN(model::CausalLM lm, models::build_model(config_, loader));
+    KILN_RETURN_IF_ERROR(model::check_backend_support(lm, be));
+    if (rank == 0) unused = loader.unused();
+    return lm;
+  }));
+  if (runner_->world() == 1) {  // with several ranks each one skips the others' tensors
+    for (const std::string& name : unused) {
+      KILN_LOG(kInfo, "checkpoint tensor not used by " << config_.architecture << ": " << name);
+    }
   }
   return Status::Ok();
 }
@@ -102,16 +120,21 @@ Status Engine::size_kv_cache(const EngineOptions& o) {
   scheduler_ = std::make_unique<Scheduler>(SchedulerConfig{
       .max_num_seqs = o.max_num_seqs, .max_num_batched_tokens = max_batched, .max_prefill_chunk = o.prefill_chunk});
 
-  const std::vector<model::KvLayout> layouts = model_.kv_layouts();
   const bool fp8 = o.kv_cache_dtype == KvCacheDtype::kFp8;
-  KILN_RETURN_IF_ERROR(backend_->supports_kv_cache(fp8 ? DType::kF8E4M3 : backend_->activation_dtype())
-                           .with_context(std::string("--kv-cache-dtype ") + kv_cache_dtype_name(o.kv_cache_dtype)));
-  const int64_t bytes_token = KvCache::bytes_per_token(layouts, backend_->activation_dtype(), o.kv_cache_dtype);
+  for (int r = 0; r < runner_->world(); ++r) {
+    ops::Backend& be = runner_->backend(r);
+    KILN_RETURN_IF_ERROR(be.supports_kv_cache(fp8 ? DType::kF8E4M3 : be.activation_dtype())
+                             .with_context(std::string("--kv-cache-dtype ") + kv_cache_dtype_name(o.kv_cache_dtype)));
+  }
+  // Every rank holds the same blocks (of its own layers and heads): sized by the rank
+  // that needs the most bytes per token and has the least memory.
+  const int64_t bytes_token = runner_->kv_bytes_per_token(o.kv_cache_dtype);
   int64_t kv_bytes = o.kv_cache_bytes;
   if (kv_bytes <= 0) {
     if (backend_->memory_info()) {
       const int64_t peak = measure_activation_peak();
-      const ops::MemoryInfo mem = *backend_->memory_info();
+      ops::MemoryInfo mem = *backend_->memory_info();
+      for (int r = 1; r < runner_->world(); ++r) mem.available = std::min(mem.available, runner_->backend(r).memory_info()->available);
       const int64_t free_bytes = mem.available - peak;
       if (free_bytes <= 0) {
         return Status(StatusCode::kResourceExhausted,
@@ -144,10 +167,10 @@ Status Engine::size_kv_cache(const EngineOptions& o) {
     KILN_LOG(kWarn, "maximum model length " << len << " lowered to " << capacity << ", what the KV cache holds");
     max_model_len_ = capacity;
   }
-  kv_ = KvCache::create(*backend_, layouts, int32_t(n_blocks), bs, o.kv_cache_dtype);
+  kv_ = runner_->make_kv(int32_t(n_blocks), bs, o.kv_cache_dtype);
   kv_bytes_ = n_blocks * bs * bytes_token;
   blocks_ = std::make_unique<BlockManager>(int32_t(n_blocks), bs, o.enable_prefix_caching);
-  KILN_LOG(kInfo, "KV cache: " << dtype_name(kv_.storage) << (fp8 ? " with fp32 scales per row" : "") << ", "
+  KILN_LOG(kInfo, "KV cache: " << dtype_name(kv_[0].storage) << (fp8 ? " with fp32 scales per row" : "") << ", "
                                << n_blocks << " blocks of " << bs
                                << " tokens = " << capacity << " tokens (" << mib(kv_bytes_) << ", " << bytes_token
                                << " bytes per token), max model len " << max_model_len_ << ", prefix caching "
@@ -163,14 +186,17 @@ int64_t Engine::measure_activation_peak() {
   const int32_t n_seqs = std::max(1, std::min(sc.max_num_seqs, sc.max_num_batched_tokens));
   const int32_t per_seq = int32_t(std::min<int64_t>(max_model_len_, (sc.max_num_batched_tokens + n_seqs - 1) / n_seqs));
   const int32_t blocks_per_seq = (per_seq + bs - 1) / bs;
-  backend_->synchronize();
-  backend_->reset_peak_memory();
-  const int64_t base = backend_->memory_info()->in_use;
-  int64_t temp_kv = 0;
+  const int world = runner_->world();
+  std::vector<int64_t> base(static_cast<size_t>(world)), temp_kv(static_cast<size_t>(world));
+  const auto in_use = [&](int r) { return runner_->backend(r).memory_info()->in_use; };
+  for (int r = 0; r < world; ++r) {
+    runner_->backend(r).synchronize();
+    runner_->backend(r).reset_peak_memory();
+    base[size_t(r)] = in_use(r);
+  }
   {
-    KvCache temp = KvCache::create(*backend_, model_.kv_layouts(), n_seqs * blocks_per_seq, bs,
-                                   options_.kv_cache_dtype);
-    temp_kv = backend_->memory_info()->in_use - base;
+    std::vector<KvCache> temp = runner_->make_kv(n_seqs * blocks_per_seq, bs, options_.kv_cache_dtype);
+    for (int r = 0; r < world; ++r) temp_kv[size_t(r)] = in_use(r) - base[size_t(r)];
     ops::BatchMeta b;
     b.block_size = bs;
     b.max_blocks_per_seq = blocks_per_seq;
@@ -187,7 +213,7 @@ int64_t Engine::measure_activation_peak() {
     }
     b.q_start.push_back(b.n_tokens());
     step_batch_ = std::move(b);
-    const Tensor logits = model_.forward(*backend_, step_batch_, temp.layers);
+    const Tensor logits = run_forward(temp);
     std::vector<ops::SamplingParams> params(static_cast<size_t>(n_seqs), {.temperature = 1.0f});
     std::vector<float> uniform(static_cast<size_t>(n_seqs), 0.5f);
     const int32_t n_top = int32_t(std::min<int64_t>(ops::kMaxTopLogprobs, config_.vocab_size));
@@ -196,9 +222,12 @@ int64_t Engine::measure_activation_peak() {
     std::vector<float> logprobs(rows), top_logprobs(rows * static_cast<size_t>(n_top));
     backend_->sample({.logits = logits, .params = params, .uniform = uniform, .n_top = n_top, .tokens = tokens,
                       .logprobs = logprobs, .top_ids = top_ids, .top_logprobs = top_logprobs});
-    backend_->synchronize();
+    for (int r = 0; r < world; ++r) runner_->backend(r).synchronize();
   }
-  const int64_t peak = backend_->memory_info()->peak_in_use - base - temp_kv;
+  int64_t peak = 0;
+  for (int r = 0; r < world; ++r) {
+    peak = std::max(peak, runner_->backend(r).memory_info()->peak_in_use - base[size_t(r)] - temp_kv[size_t(r)]);
+  }
   KILN_LOG(kInfo, "activation peak " << mib(peak) << " for a step of " << step_batch_.n_tokens() << " tokens in "
                                      << n_seqs << " sequences");
   step_batch_ = {};
@@ -224,7 +253,16 @@ Status Engine::check_prompt(const std::vector<int32_t>& prompt, int64_t extra_to
 
 Tensor Engine::forward(ops::BatchMeta&& batch) {
   step_batch_ = std::move(batch);  // run_step needs the batch alive until the step's last op
-  return model_.forward(*backend_, step_batch_, kv_.layers);
+  return run_forward(kv_);
+}
+
+Tensor Engine::run_forward(std::vector<KvCache>& kv) {
+  Result<Tensor> logits = runner_->forward(step_batch_, kv);
+  if (!logits.ok()) {  // a rank failed: the ranks' state is lost, nothing can go on
+    KILN_LOG(kError, "model step failed: " << logits.status().to_string());
+    throw EngineFailure(logits.status().to_string());
+  }
+  return std::move(logits).value();
 }
 
 Result<std::vector<std::vector<float>>> Engine::logits(const std::vector<int32_t>& prompt) {
@@ -240,7 +278,7 @@ Result<std::vector<std::vector<float>>> Engine::logits(const std::vector<int32_t
   for (int32_t begin = 0; begin < n; begin += chunk) {
     const int32_t end = std::min(n, begin + chunk);
     ops::BatchMeta b;
-    b.block_size = kv_.block_size;
+    b.block_size = kv_[0].block_size;
     b.block_table = table.blocks;
     b.max_blocks_per_seq = int32_t(table.blocks.size());
     b.q_start = {0, end - begin};
@@ -332,7 +370,7 @@ Status Engine::add_request(uint64_t id, std::shared_ptr<const Request> r) {
   st.request = r;
   st.n_unfinished = r->n;
   // Samples after the first wait for its prompt blocks when there are full ones to share.
-  const bool share = r->n > 1 && blocks_->prefix_caching() && int32_t(r->prompt.size()) > kv_.block_size;
+  const bool share = r->n > 1 && blocks_->prefix_caching() && int32_t(r->prompt.size()) > kv_[0].block_size;
   for (int32_t i = 0; i < r->n; ++i) {
     SamplingParams params = r->sampling;
     params.seed = r->sampling.seed + uint64_t(i);
@@ -376,7 +414,7 @@ void Engine::drop_request(std::unordered_map<uint64_t, RequestState>::iterator i
 std::vector<StepOutput> Engine::step() {
   const Schedule schedule = scheduler_->schedule(*blocks_);
   if (schedule.empty()) return {};
-  StepBatch batch = build_step_batch(schedule, kv_.block_size);
+  StepBatch batch = build_step_batch(schedule, kv_[0].block_size);
   const std::vector<Sequence*> sampled = std::move(batch.sampled);
   const Tensor logits = forward(std::move(batch.meta));
   for (const ScheduledSeq& s : schedule.seqs) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <functional>
+#include <stdexcept>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -20,6 +21,7 @@
 #include "runtime/batch_builder.h"
 #include "runtime/block_manager.h"
 #include "runtime/kv_cache.h"
+#include "runtime/model_runner.h"
 #include "runtime/sampler.h"
 #include "runtime/scheduler.h"
 #include "runtime/sequence.h"
@@ -51,6 +53,10 @@ struct EngineOptions {
   std::function<void(uint64_t done, uint64_t total)> on_load_progress;
   LoadFormat load_format = LoadFormat::kAuto;
   int64_t num_layers = 0;           // > 0: only the first N decoder layers (quick runs)
+  // Several ranks (model_runner.h): one backend each, given to load() in rank order;
+  // `comms` makes their communicators (empty: in-process groups, host backends only).
+  ParallelConfig parallel;
+  CommFactory comms;
 };
 constexpr int64_t kDefaultCpuKvBytes = int64_t(256) << 20;
 
@@ -84,12 +90,22 @@ struct EngineStats {
   int32_t kv_blocks_used = 0, kv_blocks_total = 0;
 };
 
+// A step that failed on some rank (a dead GPU, a failed collective): the engine cannot
+// go on. Thrown by step(), logits() and generate*(); the server stops on it.
+struct EngineFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 class Engine {
  public:
   // model_dir: a checkpoint directory; with LoadFormat::kDummy, a directory holding
   // config.json or the path of a config .json file.
   static Result<std::unique_ptr<Engine>> load(const std::string& model_dir,
                                               std::unique_ptr<ops::Backend> backend,
+                                              const EngineOptions& options);
+  // One backend per rank of options.parallel (world rank order).
+  static Result<std::unique_ptr<Engine>> load(const std::string& model_dir,
+                                              std::vector<std::unique_ptr<ops::Backend>> backends,
                                               const EngineOptions& options);
 
   // ---- one call, one answer (CLI, tests); not while requests are in flight
@@ -123,13 +139,14 @@ class Engine {
 
   const formats::ModelConfig& config() const { return config_; }
   int64_t max_model_len() const { return max_model_len_; }
-  int64_t kv_capacity_tokens() const { return kv_.capacity_tokens(); }
-  int64_t kv_cache_bytes() const { return kv_bytes_; }
-  KvCacheDtype kv_cache_dtype() const { return kv_.dtype; }
-  DType kv_cache_storage() const { return kv_.storage; }  // bf16 / f32 (CPU) / f8e4m3
+  int64_t kv_capacity_tokens() const { return kv_[0].capacity_tokens(); }
+  int64_t kv_cache_bytes() const { return kv_bytes_; }  // per rank at most
+  KvCacheDtype kv_cache_dtype() const { return kv_[0].dtype; }
+  DType kv_cache_storage() const { return kv_[0].storage; }  // bf16 / f32 (CPU) / f8e4m3
   const SchedulerConfig& scheduler_config() const { return scheduler_->config(); }
   bool prefix_caching() const { return blocks_->prefix_caching(); }
-  ops::Backend& backend() { return *backend_; }
+  ops::Backend& backend() { return *backend_; }  // rank 0's (sampling)
+  const ParallelConfig& parallel() const { return runner_->parallel(); }
   // End-of-sequence ids: config.json's, generation_config.json's and the tokenizer's.
   const std::vector<int32_t>& eos_token_ids() const { return eos_ids_; }
 
@@ -141,6 +158,7 @@ class Engine {
   // The activation memory of the largest step the scheduler can make (GPU sizing).
   int64_t measure_activation_peak();
   Tensor forward(ops::BatchMeta&& batch);
+  Tensor run_forward(std::vector<KvCache>& kv);  // step_batch_ over every rank; throws EngineFailure
   void finish(Sequence& seq, FinishReason reason);
   void force(SampledToken& t, int32_t id, const Tensor& logits, size_t row, bool logprob);
 
@@ -153,9 +171,9 @@ class Engine {
   void drop_request(std::unordered_map<uint64_t, RequestState>::iterator it);
 
   formats::ModelConfig config_;
-  std::unique_ptr<ops::Backend> backend_;
-  model::CausalLM model_;
-  KvCache kv_;
+  std::unique_ptr<ModelRunner> runner_;  // the ranks: backends, model parts
+  ops::Backend* backend_ = nullptr;      // rank 0's
+  std::vector<KvCache> kv_;              // per rank
   int64_t kv_bytes_ = 0;
   std::unique_ptr<BlockManager> blocks_;
   std::unique_ptr<Scheduler> scheduler_;

@@ -151,13 +151,16 @@ void CpuBackend::from_host_f32(const float* src, Tensor& t) {
 
 // ---- embedding ----------------------------------------------------------------
 
-// out[t, :] = table[ids[t], :]
+// out[t, :] = table[ids[t] - id_begin, :] (zero for ids outside the table's slice)
 void CpuBackend::embedding(const ops::EmbeddingArgs& a) {
   KILN_CHECK_EQ(a.table.rank(), 2) << "embedding: table " << a.table.shape;
   check_float_dtype(a.table, "embedding table");
   const std::span<const int32_t> id_span = ops::embedding_ids(a);
   check_activation(a.out, "embedding out", 2);
-  const int64_t n_tokens = int64_t(id_span.size()), vocab = a.table.dim(0), d_model = a.table.dim(1);
+  const int64_t n_tokens = int64_t(id_span.size()), rows = a.table.dim(0), d_model = a.table.dim(1);
+  const int64_t vocab = a.vocab_size > 0 ? a.vocab_size : rows;
+  KILN_CHECK(a.id_begin >= 0 && a.id_begin + rows <= vocab)
+      << "embedding: table rows [" << a.id_begin << ", " << a.id_begin + rows << ") of vocab " << vocab;
   KILN_CHECK_EQ(a.out.dim(0), n_tokens) << "embedding: out.dim(0) vs the number of ids";
   KILN_CHECK_EQ(a.out.dim(1), d_model) << "embedding: out.dim(1) vs table.dim(1)";
   const int32_t* ids = id_span.data();
@@ -165,8 +168,9 @@ void CpuBackend::embedding(const ops::EmbeddingArgs& a) {
   for (int64_t t = 0; t < n_tokens; ++t) {
     KILN_CHECK(ids[t] >= 0 && ids[t] < vocab)
         << "embedding: token id " << ids[t] << " at row " << t << " outside vocab " << vocab;
+    const int64_t row = int64_t(ids[t]) - a.id_begin;
     for (int64_t i = 0; i < d_model; ++i)
-      out[t * d_model + i] = load_f32(a.table, int64_t(ids[t]) * d_model + i);
+      out[t * d_model + i] = row >= 0 && row < rows ? load_f32(a.table, row * d_model + i) : 0.0f;
   }
   round_output(a.out);
 }
@@ -321,13 +325,15 @@ void CpuBackend::slice_columns(const ops::SliceColumnsArgs& a) {
   check_activation(a.src, "slice_columns src", 2);
   check_activation(a.dst, "slice_columns dst", 2);
   KILN_CHECK_EQ(a.dst.dim(0), a.src.dim(0)) << "slice_columns: dst rows vs src rows";
-  const int64_t rows = a.src.dim(0), n_src = a.src.dim(1), n_dst = a.dst.dim(1);
-  KILN_CHECK(a.col_begin >= 0 && a.col_begin + n_dst <= n_src)
-      << "slice_columns: columns [" << a.col_begin << ", " << a.col_begin + n_dst << ") of " << n_src;
+  const int64_t rows = a.src.dim(0), n_src = a.src.dim(1), n_dst = a.dst.dim(1), n = ops::slice_width(a);
+  KILN_CHECK(a.col_begin >= 0 && n > 0 && a.col_begin + n <= n_src)
+      << "slice_columns: columns [" << a.col_begin << ", " << a.col_begin + n << ") of " << n_src;
+  KILN_CHECK(a.dst_col_begin >= 0 && a.dst_col_begin + n <= n_dst)
+      << "slice_columns: dst columns [" << a.dst_col_begin << ", " << a.dst_col_begin + n << ") of " << n_dst;
   const float* src = a.src.as<float>();
   float* dst = a.dst.as<float>();
   for (int64_t r = 0; r < rows; ++r)
-    std::memcpy(dst + r * n_dst, src + r * n_src + a.col_begin, size_t(n_dst) * sizeof(float));
+    std::memcpy(dst + r * n_dst + a.dst_col_begin, src + r * n_src + a.col_begin, size_t(n) * sizeof(float));
 }
 
 std::unique_ptr<ops::Backend> make_cpu_backend(int n_threads) {

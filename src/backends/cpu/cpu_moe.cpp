@@ -133,20 +133,22 @@ void CpuBackend::moe(const ops::MoeArgs& a) {
   KILN_CHECK_GT(d_ff, 0) << "moe: experts.d_ff";
 
   const bool fused = !ex.gate_up.empty();
-  KILN_CHECK_EQ(ex.down.size(), size_t(n_experts)) << "moe: experts.down.size() vs n_experts";
+  const int32_t n_local = ex.n_local();
+  KILN_CHECK(ex.first_expert >= 0 && n_local > 0 && ex.first_expert + n_local <= n_experts)
+      << "moe: experts [" << ex.first_expert << ", " << ex.first_expert + n_local << ") of " << n_experts;
   if (fused) {
-    KILN_CHECK_EQ(ex.gate_up.size(), size_t(n_experts)) << "moe: experts.gate_up.size()";
+    KILN_CHECK_EQ(ex.gate_up.size(), size_t(n_local)) << "moe: experts.gate_up.size() vs experts.down.size()";
     KILN_CHECK(ex.gate.empty() && ex.up.empty()) << "moe: both fused gate_up and gate/up given";
   } else {
-    KILN_CHECK_EQ(ex.gate.size(), size_t(n_experts)) << "moe: experts.gate.size() vs n_experts";
-    KILN_CHECK_EQ(ex.up.size(), size_t(n_experts)) << "moe: experts.up.size() vs n_experts";
+    KILN_CHECK_EQ(ex.gate.size(), size_t(n_local)) << "moe: experts.gate.size() vs experts.down.size()";
+    KILN_CHECK_EQ(ex.up.size(), size_t(n_local)) << "moe: experts.up.size() vs experts.down.size()";
   }
-  for (int32_t e = 0; e < n_experts; ++e) {
+  for (int32_t e = 0; e < n_local; ++e) {
     const auto check_in_out = [&](const ops::Weight& w, const char* what, int64_t n_out,
                                   int64_t n_in) {
       check_weight(w, what);
-      KILN_CHECK_EQ(w.n_out(), n_out) << "moe: " << what << ".n_out() of expert " << e;
-      KILN_CHECK_EQ(w.n_in(), n_in) << "moe: " << what << ".n_in() of expert " << e;
+      KILN_CHECK_EQ(w.n_out(), n_out) << "moe: " << what << ".n_out() of local expert " << e;
+      KILN_CHECK_EQ(w.n_in(), n_in) << "moe: " << what << ".n_in() of local expert " << e;
     };
     if (fused) {
       check_in_out(ex.gate_up[e], "gate_up", 2 * d_ff, d_model);
@@ -182,7 +184,9 @@ void CpuBackend::moe(const ops::MoeArgs& a) {
       std::sort(picks.begin(), picks.end());
 
       std::fill(acc.begin(), acc.end(), 0.0f);
-      for (const auto& [e, weight] : picks) {
+      for (const auto& [global_e, weight] : picks) {
+        const int32_t e = ex.local(global_e);
+        if (e < 0) continue;  // held by another rank
         if (fused) {
           matvec(ex.gate_up[e], x, gate_up.data(), 0, 2 * d_ff, bf16_activations_);
           for (int64_t i = 0; i < d_ff; ++i) {

@@ -1,0 +1,249 @@
+#include "runtime/model_runner.h"
+
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "comm/local_group.h"
+
+namespace kiln::runtime {
+
+// Ranks 1..n-1's threads: each waits for a job, runs it with its rank, reports done.
+struct ModelRunner::Threads {
+  std::mutex m;
+  std::condition_variable job_ready, job_done;
+  uint64_t generation = 0;
+  int pending = 0;
+  bool stop = false;
+  const std::function<void(int)>* job = nullptr;
+  std::vector<std::thread> threads;
+
+  explicit Threads(int world) {
+    for (int r = 1; r < world; ++r) threads.emplace_back([this, r] { loop(r); });
+  }
+  ~Threads() {
+    {
+      std::lock_guard<std::mutex> lock(m);
+      stop = true;
+    }
+    job_ready.notify_all();
+    for (std::thread& t : threads) t.join();
+  }
+  void loop(int rank) {
+    uint64_t seen = 0;
+    for (;;) {
+      const std::function<void(int)>* j = nullptr;
+      {
+        std::unique_lock<std::mutex> lock(m);
+        job_ready.wait(lock, [&] { return stop || generation != seen; });
+        if (stop) return;
+        seen = generation;
+        j = job;
+      }
+      (*j)(rank);
+      std::lock_guard<std::mutex> lock(m);
+      if (--pending == 0) job_done.notify_all();
+    }
+  }
+  // fn(0) here, fn(r) on thread r, all at once; returns when every rank has finished.
+  void run_all(const std::function<void(int)>& fn) {
+    {
+      std::lock_guard<std::mutex> lock(m);
+      job = &fn;
+      pending = int(threads.size());
+      ++generation;
+    }
+    job_ready.notify_all();
+    fn(0);
+    std::unique_lock<std::mutex> lock(m);
+    job_done.wait(lock, [&] { return pending == 0; });
+  }
+};
+
+Result<CommWorld> local_comm_world(const std::vector<ops::Backend*>& backends, const ParallelConfig& parallel) {
+  const int world = parallel.world(), tp = parallel.tensor_parallel;
+  for (ops::Backend* b : backends) {
+    if (b->alloc(DType::kF32, {1}).device != Device::kHost) {
+      return unsupported("the " + b->name() + " backend's tensors are not in host memory: several ranks on it "
+                         "need NCCL (the in-process communicator moves host memory only)");
+    }
+  }
+  struct Groups {
+    std::unique_ptr<comm::LocalGroup> world;
+    std::vector<std::unique_ptr<comm::LocalGroup>> tp;
+  };
+  auto g = std::make_shared<Groups>();
+  g->world = std::make_unique<comm::LocalGroup>(world);
+  for (int s = 0; s < parallel.pipeline_parallel; ++s)
+    g->tp.push_back(std::make_unique<comm::LocalGroup>(tp, g->world->fail_state()));
+  CommWorld c;
+  for (int r = 0; r < world; ++r) {
+    c.world.push_back(&g->world->rank(r));
+    c.tp.push_back(&g->tp[size_t(r / tp)]->rank(r % tp));
+  }
+  comm::Communicator* any = c.world[0];
+  c.abort = [any](const std::string& reason) { any->abort(reason); };  // the groups share one failure state
+  c.owner = g;
+  return c;
+}
+
+Result<std::unique_ptr<ModelRunner>> ModelRunner::create(std::vector<std::unique_ptr<ops::Backend>> backends,
+                                                         const ParallelConfig& parallel, const CommFactory& comms) {
+  if (parallel.tensor_parallel < 1 || parallel.pipeline_parallel < 1) {
+    return invalid_argument("tensor- and pipeline-parallel sizes must be at least 1");
+  }
+  if (int(backends.size()) != parallel.world()) {
+    return invalid_argument(std::to_string(backends.size()) + " backends for " + std::to_string(parallel.world()) +
+                            " ranks (tensor-parallel " + std::to_string(parallel.tensor_parallel) + " x pipeline " +
+                            std::to_string(parallel.pipeline_parallel) + ")");
+  }
+  std::unique_ptr<ModelRunner> r(new ModelRunner());
+  r->parallel_ = parallel;
+  std::vector<ops::Backend*> raw;
+  for (auto& b : backends) {
+    raw.push_back(b.get());
+    r->ranks_.push_back({.backend = std::move(b), .model = {}});
+  }
+  if (parallel.world() > 1) {
+    KILN_ASSIGN_OR_RETURN(r->comms_, comms ? comms(raw, parallel) : local_comm_world(raw, parallel));
+  }
+  r->threads_ = std::make_unique<Threads>(parallel.world());
+  return r;
+}
+
+ModelRunner::~ModelRunner() = default;
+
+model::Shard ModelRunner::shard(int rank, int64_t n_layers) const {
+  const int tp = parallel_.tensor_parallel, pp = parallel_.pipeline_parallel, stage = rank / tp;
+  return {.tp_rank = rank % tp,
+          .tp_size = tp,
+          .expert_parallel = parallel_.expert_parallel && tp > 1,
+          .layer_begin = n_layers * stage / pp,
+          .layer_end = n_layers * (stage + 1) / pp,
+          .first_stage = stage == 0,
+          .last_stage = stage == pp - 1};
+}
+
+Status ModelRunner::run(const std::function<void(int rank)>& fn) {
+  std::vector<std::string> failed(ranks_.size());
+  std::vector<char> aborted(ranks_.size(), 0);
+  const std::function<void(int)> guarded = [&](int r) {
+    try {
+      backend(r).bind_thread();
+      fn(r);
+    } catch (const comm::CommAborted& e) {
+      failed[size_t(r)] = e.what();
+      aborted[size_t(r)] = 1;
+    } catch (const std::exception& e) {
+      failed[size_t(r)] = "rank " + std::to_string(r) + " failed: " + e.what();
+      if (comms_.abort) comms_.abort(failed[size_t(r)]);
+    }
+  };
+  threads_->run_all(guarded);
+  for (int pass = 0; pass < 2; ++pass)  // a rank's own failure before the aborts it caused
+    for (size_t r = 0; r < failed.size(); ++r)
+      if (!failed[r].empty() && aborted[r] == pass) return internal_error(failed[r]);
+  return Status::Ok();
+}
+
+Status ModelRunner::build(int64_t n_layers,
+                          const std::function<Result<model::CausalLM>(int rank, const model::Shard&)>& build) {
+  const int tp = parallel_.tensor_parallel, pp = parallel_.pipeline_parallel;
+  if (pp > n_layers) {
+    return invalid_argument("pipeline-parallel size " + std::to_string(pp) + " exceeds the " +
+                            std::to_string(n_layers) + " layers");
+  }
+  std::vector<Status> status(ranks_.size());
+  KILN_RETURN_IF_ERROR(run([&](int r) {
+    auto m = build(r, shard(r, n_layers));
+    if (!m.ok()) {
+      status[size_t(r)] = world() > 1 ? m.status().with_context("rank " + std::to_string(r)) : m.status();
+      return;
+    }
+    model::CausalLM& lm = ranks_[size_t(r)].model = std::move(m).value();
+    if (tp > 1) lm.tp = comms_.tp[size_t(r)];
+    if (pp > 1) {
+      lm.pp = comms_.world[size_t(r)];
+      lm.prev_stage = r - tp;
+      lm.next_stage = r + tp;
+    }
+  }));
+  for (const Status& s : status) KILN_RETURN_IF_ERROR(s);
+  return Status::Ok();
+}
+
+std::vector<KvCache> ModelRunner::make_kv(int32_t n_blocks, int32_t block_size, KvCacheDtype dtype) {
+  std::vector<KvCache> kv;
+  for (Rank& r : ranks_) kv.push_back(KvCache::create(*r.backend, r.model.kv_layouts(), n_blocks, block_size, dtype));
+  return kv;
+}
+
+int64_t ModelRunner::kv_bytes_per_token(KvCacheDtype dtype) const {
+  int64_t most = 0;
+  for (const Rank& r : ranks_)
+    most = std::max(most, KvCache::bytes_per_token(r.model.kv_layouts(), r.backend->activation_dtype(), dtype));
+  return most;
+}
+
+ops::BatchMeta batch_slice(const ops::BatchMeta& b, int32_t begin, int32_t end) {
+  ops::BatchMeta out;
+  out.block_size = b.block_size;
+  out.max_blocks_per_seq = b.max_blocks_per_seq;
+  const int32_t t0 = b.q_start[size_t(begin)], t1 = b.q_start[size_t(end)];
+  out.token_ids.assign(b.token_ids.begin() + t0, b.token_ids.begin() + t1);
+  out.positions.assign(b.positions.begin() + t0, b.positions.begin() + t1);
+  out.slot_mapping.assign(b.slot_mapping.begin() + t0, b.slot_mapping.begin() + t1);
+  for (int32_t s = begin; s <= end; ++s) out.q_start.push_back(b.q_start[size_t(s)] - t0);
+  out.context_len.assign(b.context_len.begin() + begin, b.context_len.begin() + end);
+  const size_t w = size_t(b.max_blocks_per_seq);
+  out.block_table.assign(b.block_table.begin() + long(size_t(begin) * w), b.block_table.begin() + long(size_t(end) * w));
+  for (int32_t row : b.logit_rows)
+    if (row >= t0 && row < t1) out.logit_rows.push_back(row - t0);
+  return out;
+}
+
+Result<Tensor> ModelRunner::forward(const ops::BatchMeta& batch, std::vector<KvCache>& kv) {
+  KILN_CHECK_EQ(kv.size(), ranks_.size()) << "forward: KV caches per rank";
+  if (world() == 1) return ranks_[0].model.forward(backend(0), batch, kv[0].layers);
+  const int tp = parallel_.tensor_parallel, pp = parallel_.pipeline_parallel;
+  // A pipeline's micro-batches: the sequences in up to pp parts, their logit rows in
+  // the batch's order (each sequence's rows after the previous sequence's).
+  std::vector<const ops::BatchMeta*> parts = {&batch};
+  micro_.clear();
+  const int32_t n_seqs = batch.n_seqs();
+  const int32_t n_micro = pp > 1 ? std::min(pp, n_seqs) : 1;
+  if (n_micro > 1) {
+    for (size_t i = 1; i < batch.logit_rows.size(); ++i)
+      KILN_CHECK_LT(batch.logit_rows[i - 1], batch.logit_rows[i]) << "forward: logit rows out of order";
+    parts.clear();
+    for (int32_t m = 0; m < n_micro; ++m)
+      micro_.push_back(batch_slice(batch, n_seqs * m / n_micro, n_seqs * (m + 1) / n_micro));
+    for (const ops::BatchMeta& m : micro_) parts.push_back(&m);
+  }
+  const int64_t n_rows = int64_t(batch.logit_rows.size()), vocab = ranks_[0].model.vocab_size;
+  const int last = (pp - 1) * tp;  // the last stage's first rank: it holds the whole logits
+  const bool hand_over = pp > 1 && n_rows > 0;
+  if (hand_over) logits_ = backend(0).alloc(backend(0).activation_dtype(), {n_rows, vocab});
+  Tensor result;
+  KILN_RETURN_IF_ERROR(run([&](int r) {
+    ops::Backend& be = backend(r);
+    Tensor gathered;  // the last stage's logits of every micro-batch
+    if (hand_over && r == last) gathered = be.alloc(be.activation_dtype(), {n_rows, vocab});
+    int64_t row = 0;
+    for (const ops::BatchMeta* part : parts) {
+      const Tensor out = ranks_[size_t(r)].model.forward(be, *part, kv[size_t(r)].layers);
+      const int64_t n = int64_t(part->logit_rows.size());
+      if (pp == 1 && r == 0) result = out;
+      // Copied at once: the next micro-batch's step may reuse the memory.
+      if (gathered.defined() && n > 0) be.slice_columns({.src = out, .dst = gathered.slice0(row, row + n)});
+      row += n;
+    }
+    // Sent after the last micro-batch, so no stage waits on rank 0 mid-pipeline.
+    if (gathered.defined()) comms_.world[size_t(r)]->send(gathered, 0);
+    if (hand_over && r == 0) comms_.world[0]->recv(logits_, last);
+  }));
+  if (pp == 1) return result;
+  return hand_over ? logits_ : backend(0).alloc(backend(0).activation_dtype(), {0, vocab});
+}
+
+}  // namespace kiln::runtime

@@ -1,0 +1,99 @@
+// ModelRunner: the ranks that run the model (one, or many with tensor, expert and
+// pipeline parallelism), each with its backend, its part of the model and its KV cache,
+// and the step that runs them together.
+//
+// One process, one thread per rank: rank 0 is the caller's thread (the engine thread,
+// which also samples on rank 0's backend); ranks 1..n-1 are threads of this runner that
+// wait for a job. The scheduler exists once, on rank 0: every rank runs the same step
+// batch (in-process, so "broadcasting" it is handing over a pointer). World rank
+// r = stage * tp + tp_rank; stage s holds layers [s * L / pp, (s + 1) * L / pp).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/status.h"
+#include "model/blocks.h"
+#include "model/loader.h"
+#include "ops/backend.h"
+#include "runtime/kv_cache.h"
+
+namespace kiln::runtime {
+
+struct ParallelConfig {
+  int tensor_parallel = 1;    // --tensor-parallel-size
+  int pipeline_parallel = 1;  // --pipeline-parallel-size
+  bool expert_parallel = false;  // --enable-expert-parallel: experts split whole over the tensor-parallel group
+  int world() const { return tensor_parallel * pipeline_parallel; }
+};
+
+// The communicators of a world of ranks: rank r's world communicator (pipeline hand-offs,
+// logits to rank 0) and its tensor-parallel group's (ranks of its stage), and a way to
+// fail all of them (a rank that dies).
+struct CommWorld {
+  std::vector<comm::Communicator*> world, tp;
+  std::shared_ptr<void> owner;
+  std::function<void(const std::string& reason)> abort;
+};
+// Makes the communicators for the ranks' backends (NCCL for GPUs: the CLI supplies it).
+using CommFactory = std::function<Result<CommWorld>(const std::vector<ops::Backend*>& backends,
+                                                    const ParallelConfig& parallel)>;
+// In-process groups over host memory (comm/local_group.h): the CPU backend's.
+Result<CommWorld> local_comm_world(const std::vector<ops::Backend*>& backends, const ParallelConfig& parallel);
+
+class ModelRunner {
+ public:
+  // backends[r] is world rank r's; their number is parallel.world(). `comms` may be
+  // empty for one rank (or for host backends: local_comm_world).
+  static Result<std::unique_ptr<ModelRunner>> create(std::vector<std::unique_ptr<ops::Backend>> backends,
+                                                     const ParallelConfig& parallel, const CommFactory& comms);
+  ~ModelRunner();
+
+  int world() const { return int(ranks_.size()); }
+  const ParallelConfig& parallel() const { return parallel_; }
+  ops::Backend& backend(int rank = 0) { return *ranks_[size_t(rank)].backend; }
+  const model::CausalLM& model(int rank = 0) const { return ranks_[size_t(rank)].model; }
+  // Rank r's part of the model: its tensor-parallel slice and pipeline stage's layers of n_layers.
+  model::Shard shard(int rank, int64_t n_layers) const;
+
+  // Builds every rank's part at once, each on its rank's thread: build(rank, shard).
+  Status build(int64_t n_layers, const std::function<Result<model::CausalLM>(int rank, const model::Shard&)>& build);
+
+  // KV caches of n_blocks blocks, one per rank (each with its layers and heads).
+  std::vector<KvCache> make_kv(int32_t n_blocks, int32_t block_size, KvCacheDtype dtype);
+  // The most bytes one token slot takes on any rank.
+  int64_t kv_bytes_per_token(KvCacheDtype dtype) const;
+
+  // One step over `batch` (alive and unchanged until it returns): logits
+  // [batch.logit_rows.size(), vocab] on rank 0's backend, valid until the next step.
+  // A pipeline splits the batch's sequences into micro-batches, so the stages overlap.
+  // A rank's failure fails the step on every rank: the error names the rank.
+  Result<Tensor> forward(const ops::BatchMeta& batch, std::vector<KvCache>& kv);
+
+  // Runs fn(rank) on every rank's thread at once (rank 0 on this one); the first
+  // failure, after every rank has stopped (the others are aborted out of collectives).
+  Status run(const std::function<void(int rank)>& fn);
+
+ private:
+  struct Rank {
+    std::unique_ptr<ops::Backend> backend;
+    model::CausalLM model;
+  };
+  struct Threads;
+  ModelRunner() = default;
+
+  ParallelConfig parallel_;
+  std::vector<Rank> ranks_;
+  CommWorld comms_;
+  std::unique_ptr<Threads> threads_;
+  std::vector<ops::BatchMeta> micro_;  // the current step's micro-batches
+  Tensor logits_;                      // a pipeline's gathered logits (rank 0)
+};
+
+// The sequences [begin, end) of `b` as a batch of their own (their tokens, block
+// tables and logit rows, rebased).
+ops::BatchMeta batch_slice(const ops::BatchMeta& b, int32_t begin, int32_t end);
+
+}  // namespace kiln::runtime
