@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 
 #include "core/log.h"
@@ -81,12 +82,24 @@ Status Engine::load_weights(const std::string& model_dir, const EngineOptions& o
     KILN_ASSIGN_OR_RETURN(quant, formats::load_quant_config(model_dir));
   }
   std::vector<std::string> unused;
+  // Progress over every rank's loader (each reads its part): their bytes summed.
+  std::mutex progress_mu;
+  std::vector<uint64_t> rank_done(size_t(runner_->world()), 0);
+  const auto report = [&](int rank, uint64_t done, uint64_t total) {
+    std::lock_guard<std::mutex> lock(progress_mu);
+    rank_done[size_t(rank)] = done;
+    uint64_t sum = 0;
+    for (uint64_t d : rank_done) sum += d;
+    options.on_load_progress(std::min(sum, total), total);
+  };
   KILN_RETURN_IF_ERROR(runner_->build(config_.n_layers, [&](int rank, const model::Shard& shard) -> Result<model::CausalLM> {
     ops::Backend& be = runner_->backend(rank);
     model::WeightLoader loader = dummy ? model::WeightLoader::dummy(be, /*seed=*/20261123)
                                        : model::WeightLoader(*ckpt, be, quant);
     loader.set_shard(shard);
-    if (rank == 0 && options.on_load_progress) loader.set_progress(options.on_load_progress);
+    if (options.on_load_progress) {
+      loader.set_progress([&report, rank](uint64_t done, uint64_t total) { report(rank, done, total); });
+    }
     KILN_ASSIGN_OR_RETURN(model::CausalLM lm, models::build_model(config_, loader));
     KILN_RETURN_IF_ERROR(model::check_backend_support(lm, be));
     if (rank == 0) unused = loader.unused();

@@ -21,8 +21,12 @@ process.on("exit", () => {
   for (const p of running) p.kill("SIGKILL");
 });
 
+// KILN_TEST_SERVER_ARGS: more arguments for every server a test starts (CMake runs the
+// API tests again with "--tensor-parallel-size 2").
+const extraArgs = (process.env.KILN_TEST_SERVER_ARGS ?? "").split(/\s+/).filter(Boolean);
+
 export async function startServer(args = [], { timeoutMs = 120000 } = {}) {
-  const proc = spawn(binary, ["serve", "--port", "0", "--threads", "2", ...args], {
+  const proc = spawn(binary, ["serve", "--port", "0", "--threads", "2", ...args, ...extraArgs], {
     env: process.env,
     stdio: ["ignore", "pipe", "pipe"],
   });
