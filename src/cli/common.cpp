@@ -9,6 +9,9 @@
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/selftest.h"
 #endif
+#ifdef KILN_HAVE_NCCL
+#include "comm/nccl/nccl_communicator.h"
+#endif
 #include "core/check.h"
 
 namespace kiln::cli {
@@ -94,6 +97,41 @@ Result<std::vector<std::unique_ptr<ops::Backend>>> make_backends(const CommonOpt
   }
   return out;
 }
+
+#ifdef KILN_HAVE_NCCL
+namespace {
+
+// NCCL communicators for CUDA ranks: the world (pipeline hand-offs, logits to rank 0)
+// on each backend's device and stream, split into one tensor-parallel group per stage.
+Result<runtime::CommWorld> cuda_comm_world(const std::vector<ops::Backend*>& backends,
+                                           const runtime::ParallelConfig& parallel) {
+  std::vector<comm::NcclRank> ranks;
+  for (ops::Backend* b : backends) ranks.push_back({.device = cuda::device_of(*b), .stream = cuda::stream_of(*b)});
+  struct Groups {
+    std::vector<std::unique_ptr<comm::NcclCommunicator>> world, tp;
+  };
+  auto g = std::make_shared<Groups>();
+  KILN_ASSIGN_OR_RETURN(g->world, comm::NcclCommunicator::create_group(ranks));
+  std::vector<comm::NcclCommunicator*> world;
+  std::vector<int> stage;
+  for (size_t r = 0; r < g->world.size(); ++r) {
+    world.push_back(g->world[r].get());
+    stage.push_back(int(r) / parallel.tensor_parallel);
+  }
+  KILN_ASSIGN_OR_RETURN(g->tp, comm::NcclCommunicator::split_group(world, stage));
+  runtime::CommWorld c;
+  for (size_t r = 0; r < world.size(); ++r) {
+    c.world.push_back(g->world[r].get());
+    c.tp.push_back(g->tp[r].get());
+  }
+  comm::Communicator* any = c.world[0];
+  c.abort = [any](const std::string& reason) { any->abort(reason); };  // the splits share the world's failure
+  c.owner = g;
+  return c;
+}
+
+}  // namespace
+#endif
 
 Result<std::unique_ptr<runtime::Engine>> load_engine(const std::string& dir, const CommonOptions& o,
                                                      const runtime::EngineOptions& options) {

@@ -8,8 +8,8 @@
 // so every rank gets the same bits.
 //
 // Implementations: LocalGroup (local_group.h: ranks are threads of one process, tensors
-// in host memory; the CPU backend and the tests) and NCCL (nccl_communicator.h: one
-// thread per GPU in one process, built when NCCL is found).
+// in host memory; the CPU backend and the tests) and NCCL (nccl/nccl_communicator.h:
+// one thread per GPU in one process, built when NCCL is found).
 //
 // Failure: a rank that fails calls abort(reason); every rank blocked in a collective
 // of the group, or entering one later, gets a CommAborted exception naming the reason,

@@ -35,6 +35,17 @@ Result<std::unique_ptr<ops::Backend>> make_cuda_backend(const CudaOptions& optio
   return std::unique_ptr<ops::Backend>(std::move(backend));
 }
 
+namespace {
+CudaBackend& cuda_backend(ops::Backend& backend) {
+  auto* b = dynamic_cast<CudaBackend*>(&backend);
+  KILN_CHECK(b != nullptr) << "a CUDA backend was expected, got \"" << backend.name() << "\"";
+  return *b;
+}
+}  // namespace
+
+cudaStream_t stream_of(ops::Backend& backend) { return cuda_backend(backend).stream(); }
+int device_of(ops::Backend& backend) { return cuda_backend(backend).info().index; }
+
 CudaBackend::CudaBackend(const DeviceInfo& info, int smem_cap, bool graphs)
     : info_(info), smem_cap_(smem_cap), graphs_enabled_(graphs) {
   KILN_CUDA_CHECK(cudaSetDevice(info.index));

@@ -7,6 +7,8 @@
 
 #include <memory>
 
+#include <cuda_runtime_api.h>
+
 #include "backends/cuda/device.h"
 #include "core/status.h"
 #include "ops/backend.h"
@@ -20,5 +22,11 @@ struct CudaOptions {
 };
 
 Result<std::unique_ptr<ops::Backend>> make_cuda_backend(const CudaOptions& options);
+
+// The stream a CUDA backend queues every op on, and its device: where the communicator
+// of that backend's rank enqueues its collectives (comm/nccl), ordered with the ops.
+// `backend` must come from make_cuda_backend.
+cudaStream_t stream_of(ops::Backend& backend);
+int device_of(ops::Backend& backend);
 
 }  // namespace kiln::cuda

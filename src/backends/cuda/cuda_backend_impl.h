@@ -32,6 +32,7 @@ class CudaBackend final : public ops::Backend {
   void to_host_f32(const Tensor& t, float* out) override;
   void from_host_f32(const float* src, Tensor& t) override;
   void synchronize() override { KILN_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void bind_thread() override { KILN_CUDA_CHECK(cudaSetDevice(info().index)); }
   std::optional<ops::MemoryInfo> memory_info() override;
   void reset_peak_memory() override { allocator_->reset_peak(); }
   void begin_step(const ops::BatchMeta& batch) override;
@@ -57,6 +58,7 @@ class CudaBackend final : public ops::Backend {
   void fill_random(const ops::FillRandomArgs& a) override;
 
   const DeviceInfo& info() const { return info_; }
+  cudaStream_t stream() const { return stream_; }
   int smem_cap() const { return smem_cap_; }
 
   // Attention path control (the self-test): force one path, or keep a path that
@@ -89,8 +91,8 @@ class CudaBackend final : public ops::Backend {
   const DeviceBatch& batch_for(const ops::BatchMeta* b) const;
   const float* rope_table(const ops::RopeTable& t);
   // The device table of an expert list: ExpertWeights (bf16) or QuantExpert (packed
-  // quantized experts), made on first use.
-  const void* expert_table(const ops::MoeExperts& ex);
+  // quantized experts) per local expert, made (and its shapes checked) on first use.
+  const void* expert_table(const ops::MoeExperts& ex, int64_t d_model);
   // The path heuristic for quantized weights (a tuner's place): the streaming GEMV
   // (quant_gemv.cu) while a weight meets at most quant_gemv_max_rows activation rows,
   // else the mma.sync tiles (quant_gemm.cu). A MoE layer takes the GEMV at up to

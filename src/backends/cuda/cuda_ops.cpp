@@ -35,6 +35,41 @@ bool check_cache(const Tensor& cache, const Tensor& scale, int64_t n_scales, con
   return true;
 }
 
+// The local experts' shapes against d_model and d_ff (a d_ff slice under tensor
+// parallelism), one storage kind and quantized format for all, bias sizes.
+void check_experts(const ops::MoeExperts& ex, int64_t d_model) {
+  const int64_t d_ff = ex.d_ff;
+  const bool fused = !ex.gate_up.empty(), quant = ex.down[0].quantized();
+  const auto check = [&](const ops::Weight& w, const char* what, int64_t e, int64_t n_out, int64_t n_in) {
+    KILN_CHECK(w.defined() && w.quantized() == quant)
+        << "moe: " << what << " of local expert " << e << (quant ? " not quantized" : " quantized")
+        << " unlike down of local expert 0";
+    KILN_CHECK(w.n_out() == n_out && w.n_in() == n_in)
+        << "moe: " << what << " of local expert " << e << " is [" << w.n_out() << ", " << w.n_in() << "], expected ["
+        << n_out << ", " << n_in << "] (d_model " << d_model << ", d_ff " << d_ff << ")";
+    KILN_CHECK(!w.bias.defined() || w.bias.numel() == n_out)
+        << "moe: " << what << " bias of local expert " << e << " has " << w.bias.numel() << " values, expected "
+        << n_out;
+    if (quant) {
+      const QuantFormat f = quant_format(w.quant), f0 = quant_format(ex.down[0].quant);
+      KILN_CHECK(f.value == f0.value && f.scale_kind == f0.scale_kind && f.group == f0.group)
+          << "moe: " << what << " of local expert " << e << " in another quantized format than down of expert 0";
+    } else {
+      KILN_CHECK(w.data.dtype == DType::kBF16 && w.transposed == ex.down[0].transposed)
+          << "moe: " << what << " of local expert " << e << " must be bf16, stored like down of expert 0";
+    }
+  };
+  for (int64_t e = 0; e < int64_t(ex.down.size()); ++e) {
+    if (fused) {
+      check(ex.gate_up[size_t(e)], "gate_up", e, 2 * d_ff, d_model);
+    } else {
+      check(ex.gate[size_t(e)], "gate", e, d_ff, d_model);
+      check(ex.up[size_t(e)], "up", e, d_ff, d_model);
+    }
+    check(ex.down[size_t(e)], "down", e, d_model, d_ff);
+  }
+}
+
 }  // namespace
 
 Status CudaBackend::supports_kv_cache(DType dtype) const {
@@ -46,11 +81,14 @@ void CudaBackend::embedding(const ops::EmbeddingArgs& a) {
   check_act(a.table, "embedding table");
   check_act(a.out, "embedding out");
   KILN_CHECK_EQ(a.out.dim(1), a.table.dim(1)) << "embedding: out.dim(1) vs table.dim(1)";
+  const int64_t rows = a.table.dim(0), vocab = a.vocab_size > 0 ? a.vocab_size : rows;
+  KILN_CHECK(a.id_begin >= 0 && a.id_begin + rows <= vocab)
+      << "embedding: table rows [" << a.id_begin << ", " << a.id_begin + rows << ") of vocab " << vocab;
   const std::span<const int32_t> host = ops::embedding_ids(a);
   KILN_CHECK_EQ(a.out.dim(0), int64_t(host.size())) << "embedding: out.dim(0) vs the number of ids";
   for (size_t i = 0; i < host.size(); ++i)
-    KILN_CHECK(host[i] >= 0 && host[i] < a.table.dim(0))
-        << "embedding: id " << host[i] << " at row " << i << " outside [0, " << a.table.dim(0) << ")";
+    KILN_CHECK(host[i] >= 0 && host[i] < vocab)
+        << "embedding: id " << host[i] << " at row " << i << " outside [0, " << vocab << ")";
   const int32_t* ids = nullptr;
   if (a.from_batch == ops::BatchIds::kNone) {
     ids = device_ids(a.ids, op_scratch_);
@@ -58,7 +96,8 @@ void CudaBackend::embedding(const ops::EmbeddingArgs& a) {
     KILN_CHECK(a.batch == host_batch_) << "embedding: ids from a batch other than the step's";
     ids = a.from_batch == ops::BatchIds::kTokens ? batch_.token_ids : batch_.logit_rows;
   }
-  launch_embedding(a.table.as<bf16>(), ids, int64_t(host.size()), a.table.dim(1), a.out.as<bf16>(), stream_);
+  launch_embedding(a.table.as<bf16>(), ids, int64_t(host.size()), a.table.dim(1), a.id_begin, rows,
+                   a.out.as<bf16>(), stream_);
 }
 
 void CudaBackend::rms_norm(const ops::RmsNormArgs& a) {
@@ -225,18 +264,25 @@ void CudaBackend::add(const ops::AddArgs& a) {
 void CudaBackend::slice_columns(const ops::SliceColumnsArgs& a) {
   check_act(a.src, "slice_columns src");
   check_act(a.dst, "slice_columns dst");
-  KILN_CHECK(a.col_begin >= 0 && a.col_begin + a.dst.dim(1) <= a.src.dim(1)) << "slice_columns: range";
-  launch_slice_columns(a.src.as<bf16>(), a.src.dim(1), a.col_begin, a.dst.as<bf16>(), a.dst.dim(1), a.src.dim(0),
-                       stream_);
+  KILN_CHECK(a.src.rank() == 2 && a.dst.rank() == 2 && a.dst.dim(0) == a.src.dim(0))
+      << "slice_columns: src " << a.src.shape << ", dst " << a.dst.shape;
+  const int64_t n_src = a.src.dim(1), n_dst = a.dst.dim(1), n = ops::slice_width(a);
+  KILN_CHECK(a.col_begin >= 0 && n > 0 && a.col_begin + n <= n_src)
+      << "slice_columns: columns [" << a.col_begin << ", " << a.col_begin + n << ") of " << n_src;
+  KILN_CHECK(a.dst_col_begin >= 0 && a.dst_col_begin + n <= n_dst)
+      << "slice_columns: dst columns [" << a.dst_col_begin << ", " << a.dst_col_begin + n << ") of " << n_dst;
+  launch_slice_columns(a.src.as<bf16>(), n_src, a.col_begin, a.dst.as<bf16>(), n_dst, a.dst_col_begin, n,
+                       a.src.dim(0), stream_);
 }
 
-const void* CudaBackend::expert_table(const ops::MoeExperts& ex) {
+const void* CudaBackend::expert_table(const ops::MoeExperts& ex, int64_t d_model) {
   // Identity of the experts as the caller holds them: every weight and bias pointer.
   std::vector<const void*> sources;
   for (const auto* list : {&ex.gate_up, &ex.gate, &ex.up, &ex.down})
     for (const ops::Weight& w : *list) sources.insert(sources.end(), {w.data.data, w.quant.data.data, w.bias.data});
   auto it = expert_tables_.find(&ex);
   if (it != expert_tables_.end() && it->second.sources == sources) return it->second.keep.front().get();
+  check_experts(ex, d_model);  // once per expert list: the table is built from these shapes
   ExpertTable table;
   table.sources = std::move(sources);
   table.keep.emplace_back();  // slot 0: the device table itself
@@ -294,15 +340,36 @@ const void* CudaBackend::expert_table(const ops::MoeExperts& ex) {
   return device;
 }
 
+// Expert parallelism: the expert lists hold experts [first_expert, first_expert +
+// n_local) only. Routing runs over all n_experts (the router is whole); launch_route
+// writes local expert indices and marks the pairs of other ranks' experts -1 (weight 0),
+// and from there on everything works over the n_local-entry expert table: the tile
+// tables and GEMV work lists get no row for a -1 pair, so none of its weights is read,
+// and the combine skips it. With every expert local (n_local == n_experts) this is the
+// same launches as before. The grouped paths' tile-shape heuristic (moe_grouped_bm)
+// sees n_pairs / n_local rows per expert, more than the n_pairs / n_experts a rank
+// expects under expert parallelism: a tuner's place, as for every shape choice.
 void CudaBackend::moe(const ops::MoeArgs& a) {
   check_act(a.x, "moe x");
   check_act(a.out, "moe out");
   const int64_t n_tokens = a.x.dim(0), d_model = a.x.dim(1);
   const ops::MoeExperts& ex = *a.experts;
-  const int n_experts = a.routing.n_experts, top_k = a.routing.top_k;
-  KILN_CHECK_EQ(int64_t(ex.down.size()), int64_t(n_experts)) << "moe: experts vs routing.n_experts";
-  KILN_CHECK(!a.router->transposed && a.router->data.dtype == DType::kBF16) << "moe: router must be bf16 row-major";
-  const bool transposed = !ex.down.empty() && ex.down[0].transposed;
+  const int n_experts = a.routing.n_experts, top_k = a.routing.top_k, n_local = ex.n_local();
+  KILN_CHECK(ex.first_expert >= 0 && n_local > 0 && ex.first_expert + n_local <= n_experts)
+      << "moe: experts [" << ex.first_expert << ", " << ex.first_expert + n_local << ") of " << n_experts;
+  if (!ex.gate_up.empty()) {
+    KILN_CHECK(ex.gate_up.size() == size_t(n_local) && ex.gate.empty() && ex.up.empty())
+        << "moe: " << ex.gate_up.size() << " gate_up for " << n_local << " local experts (and no gate / up)";
+  } else {
+    KILN_CHECK(ex.gate.size() == size_t(n_local) && ex.up.size() == size_t(n_local))
+        << "moe: " << ex.gate.size() << " gate, " << ex.up.size() << " up for " << n_local << " local experts";
+  }
+  KILN_CHECK_GT(ex.d_ff, 0) << "moe: experts.d_ff";
+  KILN_CHECK(!a.router->transposed && a.router->data.dtype == DType::kBF16 && a.router->n_out() == n_experts &&
+             a.router->n_in() == d_model)
+      << "moe: router must be bf16 row-major [" << n_experts << ", " << d_model << "]";
+  KILN_CHECK(a.out.shape == a.x.shape) << "moe: out " << a.out.shape << " vs x " << a.x.shape;
+  const bool transposed = ex.down[0].transposed;
   float* logits = scratch<float>(n_tokens * n_experts, op_scratch_);
   int32_t* chosen = scratch<int32_t>(n_tokens * top_k, op_scratch_);
   float* weights = scratch<float>(n_tokens * top_k, op_scratch_);
@@ -311,7 +378,8 @@ void CudaBackend::moe(const ops::MoeArgs& a) {
   const MoeRouting r{.kind = int(a.routing.kind), .n_experts = n_experts, .top_k = top_k,
                      .n_group = a.routing.n_group, .topk_group = a.routing.topk_group,
                      .norm_topk_prob = a.routing.norm_topk_prob,
-                     .routed_scaling_factor = a.routing.routed_scaling_factor};
+                     .routed_scaling_factor = a.routing.routed_scaling_factor,
+                     .first_local = ex.first_expert, .n_local = n_local};
   launch_route(logits, vec_or_null(a.correction_bias, "correction bias"), r, n_tokens, chosen, weights, stream_);
   const MoeShape s{.d_model = d_model, .d_ff = ex.d_ff, .interleaved = ex.gate_up_interleaved,
                    .transposed = transposed, .glu_kind = a.glu.kind == ops::GluKind::kSilu ? 0 : 1,
@@ -319,27 +387,27 @@ void CudaBackend::moe(const ops::MoeArgs& a) {
   const int64_t n_pairs = n_tokens * top_k;
   float* y = scratch<float>(n_pairs * d_model, op_scratch_);
   const auto grouped_scratch = [&] {
-    const int slots = moe_tile_slots(n_pairs, n_experts, moe_grouped_bm(n_pairs, n_experts));
+    const int slots = moe_tile_slots(n_pairs, n_local, moe_grouped_bm(n_pairs, n_local));
     return MoeGroupedScratch{.perm = scratch<int32_t>(n_pairs, op_scratch_),
                              .tiles = scratch<int4>(slots, op_scratch_),
                              .act = scratch<bf16>(n_pairs * ex.d_ff, op_scratch_),
                              .y = y};
   };
   if (ex.down[0].quantized()) {  // packed experts: the quantized grouped GEMMs
-    KILN_CHECK(moe_grouped_supported(s, !ex.gate_up.empty(), n_experts))
+    KILN_CHECK(moe_grouped_supported(s, !ex.gate_up.empty(), n_local))
         << "moe: quantized experts need d_model and d_ff multiples of 8 (" << d_model << ", " << ex.d_ff << ")";
     KILN_CHECK_LE(quant_gemm_smem_bytes(), smem_cap_) << "moe: the quantized GEMMs' shared memory vs --smem-cap";
-    const auto* table = static_cast<const QuantExpert*>(expert_table(ex));
+    const auto* table = static_cast<const QuantExpert*>(expert_table(ex, d_model));
     const QuantFormat f = quant_format(ex.down[0].quant);
     // Decode: a few rows per expert (a token meets an expert once), weights streamed
     // into registers (quant_gemv.cu).
     const int gemv_rows = int(std::min<int64_t>(n_tokens, quant_gemv_max_rows(std::max(d_model, ex.d_ff))));
     if (n_tokens <= kQuantGemvMoeTokens && gemv_rows >= 1) {
-      const int slots = moe_tile_slots(n_pairs, n_experts, gemv_rows);
+      const int slots = moe_tile_slots(n_pairs, n_local, gemv_rows);
       int32_t* perm = scratch<int32_t>(n_pairs, op_scratch_);
       int4* tiles = scratch<int4>(slots, op_scratch_);
       bf16* act = scratch<bf16>(n_pairs * ex.d_ff, op_scratch_);
-      launch_moe_align(chosen, n_pairs, n_experts, gemv_rows, perm, tiles, slots, stream_);
+      launch_moe_align(chosen, n_pairs, n_local, gemv_rows, perm, tiles, slots, stream_);
       launch_moe_gemv_quant(a.x.as<bf16>(), table, f, s, top_k, gemv_rows, n_pairs, perm, tiles, slots, act, y,
                             stream_);
     } else {
@@ -347,28 +415,28 @@ void CudaBackend::moe(const ops::MoeArgs& a) {
       // Prefill-shaped MXFP4 / NVFP4 layers on SM 12.x: the block-scaled tensor cores,
       // once the self-test has proved them here (enable_native_quant_moe).
       const int act_format = quant_native_act_format(f);
-      if (act_format >= 0 && native_quant_moe_[act_format] && moe_native_quant_prefill(n_pairs, n_experts) &&
+      if (act_format >= 0 && native_quant_moe_[act_format] && moe_native_quant_prefill(n_pairs, n_local) &&
           quant_native_smem_bytes() <= smem_cap_) {
         void* act_q = scratch<uint8_t>(int64_t(moe_native_quant_scratch_bytes(act_format, s, n_pairs, top_k)),
                                        op_scratch_);
-        launch_moe_grouped_quant_sm120(a.x.as<bf16>(), table, f, chosen, s, n_pairs, n_experts, top_k, sc, act_q,
+        launch_moe_grouped_quant_sm120(a.x.as<bf16>(), table, f, chosen, s, n_pairs, n_local, top_k, sc, act_q,
                                        stream_);
       } else {
-        launch_moe_grouped_quant(a.x.as<bf16>(), table, f, chosen, s, n_pairs, n_experts, top_k, sc, stream_);
+        launch_moe_grouped_quant(a.x.as<bf16>(), table, f, chosen, s, n_pairs, n_local, top_k, sc, stream_);
       }
     }
     launch_moe_combine(y, chosen, weights, n_tokens, top_k, d_model, a.out.as<bf16>(), stream_);
     return;
   }
-  const bool grouped_ok = moe_grouped_supported(s, !ex.gate_up.empty(), n_experts) &&
+  const bool grouped_ok = moe_grouped_supported(s, !ex.gate_up.empty(), n_local) &&
                           moe_grouped_smem_bytes() <= smem_cap_;
   MoePath path = forced_moe_path_;
   if (path == MoePath::kAuto) path = grouped_ok && !grouped_moe_disabled_ ? MoePath::kGrouped : MoePath::kGemv;
   KILN_CHECK(path != MoePath::kGrouped || grouped_ok) << "moe: the grouped path does not take this layout";
-  const auto* table = static_cast<const ExpertWeights*>(expert_table(ex));
+  const auto* table = static_cast<const ExpertWeights*>(expert_table(ex, d_model));
   if (path == MoePath::kGrouped) {
     MoeGroupedScratch sc = grouped_scratch();
-    launch_moe_grouped(a.x.as<bf16>(), table, chosen, s, n_pairs, n_experts, top_k, sc, stream_);
+    launch_moe_grouped(a.x.as<bf16>(), table, chosen, s, n_pairs, n_local, top_k, sc, stream_);
   } else {
     launch_moe_gemv(a.x.as<bf16>(), table, chosen, s, n_tokens, top_k, y, smem_cap_, stream_);
   }

@@ -89,6 +89,33 @@ Result<PackedQuant> pack_quantized(const formats::QuantizedTensor& q) {
     }
     case QuantKind::kNone: return internal_error("pack_quantized of a dense weight");
   }
+  // The checkpoint tensors' sizes (formats/quant.h), so a weight sliced off its scale
+  // groups (a tensor-parallel d_ff slice that is not a whole number of groups) is an
+  // error here rather than scales read from the wrong place.
+  const auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  int64_t want_scales = 1;
+  switch (q.kind) {
+    case QuantKind::kMxfp4:
+      KILN_RETURN_IF_ERROR(need(n_in % 32 == 0, q, "an input size not a multiple of its 32-input scale groups"));
+      want_scales = n_out * (n_in / 32);
+      break;
+    case QuantKind::kNvfp4:
+      KILN_RETURN_IF_ERROR(need(n_in % 16 == 0, q, "an input size not a multiple of its 16-input scale groups"));
+      want_scales = n_out * (n_in / 16);
+      break;
+    case QuantKind::kInt4Group: want_scales = n_out * ceil_div(n_in, q.block_k); break;
+    case QuantKind::kFp8Block:
+      KILN_RETURN_IF_ERROR(need(q.block_n > 0, q, "no block size along the output"));
+      want_scales = ceil_div(n_out, q.block_n) * ceil_div(n_in, q.block_k);
+      break;
+    case QuantKind::kFp8Channel: want_scales = n_out; break;
+    default: break;
+  }
+  KILN_RETURN_IF_ERROR(need(q.scale.numel() == want_scales, q,
+                            std::to_string(q.scale.numel()) + " scales (expected " + std::to_string(want_scales) + ")"));
+  KILN_RETURN_IF_ERROR(need(int64_t(q.data.nbytes()) == n_out * n_in * p.bits / 8, q,
+                            std::to_string(q.data.nbytes()) + " bytes of codes (expected " +
+                                std::to_string(n_out * n_in * p.bits / 8) + ")"));
   KILN_RETURN_IF_ERROR(need(p.tile_scale_bytes() <= kQuantMaxTileScaleBytes, q,
                             std::to_string(p.tile_scale_bytes()) + " bytes of scales per row per " +
                                 std::to_string(kQuantKTile) + " inputs (at most " +
@@ -116,7 +143,7 @@ Result<PackedQuant> pack_quantized(const formats::QuantizedTensor& q) {
         case QuantKind::kMxfp4: dst[0] = q.scale.as<uint8_t>()[o * (n_in / 32) + k / 32]; break;
         case QuantKind::kNvfp4: dst[0] = q.scale.as<uint8_t>()[o * (n_in / 16) + k / 16]; break;
         case QuantKind::kInt4Group: {
-          const int64_t i = o * (n_in / q.block_k) + k / q.block_k;
+          const int64_t i = o * ((n_in + q.block_k - 1) / q.block_k) + k / q.block_k;  // a partial last group
           std::memcpy(dst, static_cast<const uint8_t*>(q.scale.data) + i * sb, size_t(sb));
           break;
         }

@@ -12,9 +12,14 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void embedding_kernel(const bf16* table, const int32_t* ids, int64_t d, bf16* out) {
-  const int64_t row = blockIdx.x;
-  const bf16* src = table + int64_t(ids[row]) * d;
+__global__ void embedding_kernel(const bf16* table, const int32_t* ids, int64_t d, int64_t id_begin,
+                                 int64_t table_rows, bf16* out) {
+  const int64_t row = blockIdx.x, src_row = int64_t(ids[row]) - id_begin;
+  if (src_row < 0 || src_row >= table_rows) {  // another rank's slice of the vocabulary
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) out[row * d + i] = __float2bfloat16(0.0f);
+    return;
+  }
+  const bf16* src = table + src_row * d;
   for (int64_t i = threadIdx.x; i < d; i += blockDim.x) out[row * d + i] = src[i];
 }
 
@@ -43,9 +48,11 @@ __global__ void bias_round_kernel(const float* y, const float* bias, bf16* out, 
   if (i < rows * cols) out[i] = __float2bfloat16(y[i] + bias[i % cols]);
 }
 
-__global__ void slice_columns_kernel(const bf16* src, int64_t n_src, int64_t col_begin, bf16* dst, int64_t n_dst) {
+__global__ void slice_columns_kernel(const bf16* src, int64_t n_src, int64_t col_begin, bf16* dst, int64_t n_dst,
+                                     int64_t dst_col_begin, int64_t n_cols) {
   const int64_t r = blockIdx.x;
-  for (int64_t c = threadIdx.x; c < n_dst; c += blockDim.x) dst[r * n_dst + c] = src[r * n_src + col_begin + c];
+  for (int64_t c = threadIdx.x; c < n_cols; c += blockDim.x)
+    dst[r * n_dst + dst_col_begin + c] = src[r * n_src + col_begin + c];
 }
 
 __global__ void glu_kernel(const bf16* gate, const bf16* up, bf16* out, int64_t n, int kind, float alpha,
@@ -74,10 +81,10 @@ cudaError_t probe_kernel_image() {
   return e;
 }
 
-void launch_embedding(const bf16* table, const int32_t* ids, int64_t n_rows, int64_t d, bf16* out,
-                      cudaStream_t stream) {
+void launch_embedding(const bf16* table, const int32_t* ids, int64_t n_rows, int64_t d, int64_t id_begin,
+                      int64_t table_rows, bf16* out, cudaStream_t stream) {
   if (n_rows == 0) return;
-  embedding_kernel<<<unsigned(n_rows), kThreads, 0, stream>>>(table, ids, d, out);
+  embedding_kernel<<<unsigned(n_rows), kThreads, 0, stream>>>(table, ids, d, id_begin, table_rows, out);
   KILN_CUDA_LAUNCH_CHECK();
 }
 
@@ -100,9 +107,10 @@ void launch_bias_round(const float* y, const float* bias, bf16* out, int64_t row
 }
 
 void launch_slice_columns(const bf16* src, int64_t n_src, int64_t col_begin, bf16* dst, int64_t n_dst,
-                          int64_t rows, cudaStream_t stream) {
-  if (rows == 0) return;
-  slice_columns_kernel<<<unsigned(rows), kThreads, 0, stream>>>(src, n_src, col_begin, dst, n_dst);
+                          int64_t dst_col_begin, int64_t n_cols, int64_t rows, cudaStream_t stream) {
+  if (rows == 0 || n_cols == 0) return;
+  slice_columns_kernel<<<unsigned(rows), kThreads, 0, stream>>>(src, n_src, col_begin, dst, n_dst, dst_col_begin,
+                                                                n_cols);
   KILN_CUDA_LAUNCH_CHECK();
 }
 

@@ -30,14 +30,17 @@ struct DeviceBatch {
 // Whether this build has a kernel image the current device can run (cudaSuccess),
 // e.g. cudaErrorNoKernelImageForDevice when its architecture was not compiled.
 cudaError_t probe_kernel_image();
-void launch_embedding(const bf16* table, const int32_t* ids, int64_t n_rows, int64_t d, bf16* out,
-                      cudaStream_t stream);
+// out[r] = table[ids[r] - id_begin] for ids in [id_begin, id_begin + table_rows), else a
+// zero row (vocab-parallel tables: another rank holds that id). ids: device memory.
+void launch_embedding(const bf16* table, const int32_t* ids, int64_t n_rows, int64_t d, int64_t id_begin,
+                      int64_t table_rows, bf16* out, cudaStream_t stream);
 void launch_add(const bf16* a, const bf16* b, bf16* out, int64_t n, cudaStream_t stream);
 void launch_add_bias(bf16* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream);
 // out = bf16(y + bias): one rounding, as a fused GEMM epilogue would.
 void launch_bias_round(const float* y, const float* bias, bf16* out, int64_t rows, int64_t cols, cudaStream_t stream);
+// dst[r, dst_col_begin + j] = src[r, col_begin + j] for j < n_cols (rows of n_src / n_dst).
 void launch_slice_columns(const bf16* src, int64_t n_src, int64_t col_begin, bf16* dst, int64_t n_dst,
-                          int64_t rows, cudaStream_t stream);
+                          int64_t dst_col_begin, int64_t n_cols, int64_t rows, cudaStream_t stream);
 // kind 0: silu(gate) * up; kind 1: gpt-oss clamped SwiGLU.
 void launch_glu(const bf16* gate, const bf16* up, bf16* out, int64_t n, int kind, float alpha, float limit,
                 cudaStream_t stream);
@@ -157,8 +160,14 @@ struct MoeRouting {
   int n_experts = 0, top_k = 0, n_group = 1, topk_group = 1;
   bool norm_topk_prob = false;
   float routed_scaling_factor = 1.0f;
+  // Expert parallelism (ops::MoeExperts::first_expert): this rank holds experts
+  // [first_local, first_local + n_local); n_local 0: all n_experts.
+  int first_local = 0, n_local = 0;
 };
-// logits [n_tokens, n_experts] fp32 -> experts / weights [n_tokens, top_k].
+// logits [n_tokens, n_experts] fp32 -> experts / weights [n_tokens, top_k]. Routing runs
+// over all n_experts; the experts written are local indices (global - first_local), and
+// a pair whose expert this rank does not hold is written as expert -1, weight 0: every
+// kernel below skips it (the MoE kernels read no weight for it, the combine adds nothing).
 void launch_route(const float* logits, const float* correction_bias, const MoeRouting& r, int64_t n_tokens,
                   int32_t* experts, float* weights, cudaStream_t stream);
 // logits[t, e] = x[t] . router[e] (+ bias[e]), fp32.
@@ -181,6 +190,8 @@ struct MoeShape {
   int glu_kind = 0;
   float alpha = 1.702f, limit = 7.0f;
 };
+// The expert lists below hold local indices into the expert table (n_experts: its
+// length), or -1 for a pair another rank computes (launch_route).
 // Two ways to compute the experts (see moe_gemm.cu for the grouped GEMMs):
 //   kGemv:    one block per (token, chosen expert), matrix-vector products: the
 //             reference path, every layout, needs (d_model + d_ff) * 4 bytes of smem;
@@ -210,12 +221,14 @@ void launch_moe_grouped(const bf16* x, const ExpertWeights* expert_table, const 
 // The GEMV path's y[pair] (scratch: n_tokens * top_k * d_model floats).
 void launch_moe_gemv(const bf16* x, const ExpertWeights* expert_table, const int32_t* experts, const MoeShape& s,
                      int64_t n_tokens, int top_k, float* y, int smem_cap, cudaStream_t stream);
-// out[t] = sum over t's pairs in ascending expert id of weight * y[pair].
+// out[t] = sum over t's pairs in ascending expert id of weight * y[pair] (pairs of expert
+// -1 skipped; a token with none gets zeros).
 void launch_moe_combine(const float* y, const int32_t* experts, const float* weights, int64_t n_tokens, int top_k,
                         int64_t d_model, bf16* out, cudaStream_t stream);
 
 // Sorts the (token, slot) pairs by expert into perm and cuts each expert's rows into
 // tiles of bm rows (n_slots entries, unused ones expert -1): moe_gemm.cu's tile table.
+// Pairs of expert -1 get no row.
 void launch_moe_align(const int32_t* experts, int64_t n_pairs, int n_experts, int bm, int32_t* perm, int4* tiles,
                       int n_slots, cudaStream_t stream);
 

@@ -178,9 +178,12 @@ __global__ void route_kernel(const float* logits, const float* correction, MoeRo
   if (r.kind == 2)
     for (int k = 0; k < K; ++k) w[k] *= r.routed_scaling_factor;
   if (lane == 0) {
+    // Local indices; experts another rank holds become -1 with weight 0 (launch_route).
+    const int lo = r.first_local, hi = r.n_local > 0 ? lo + r.n_local : E;
     for (int k = 0; k < K; ++k) {
-      experts[t * K + k] = chosen[k];
-      weights[t * K + k] = w[k];
+      const bool here = chosen[k] >= lo && chosen[k] < hi;
+      experts[t * K + k] = here ? chosen[k] - lo : -1;
+      weights[t * K + k] = here ? w[k] : 0.0f;
     }
   }
 }
@@ -207,6 +210,7 @@ __global__ void expert_mlp_kernel(const bf16* x, const ExpertWeights* table, con
   float* xs = smem;             // [d_model]
   float* act = smem + s.d_model;  // [d_ff]
   const int64_t ts = blockIdx.x, t = ts / top_k;
+  if (experts[ts] < 0) return;  // another rank's expert
   const ExpertWeights ew = table[experts[ts]];
   for (int64_t i = threadIdx.x; i < s.d_model; i += blockDim.x) xs[i] = to_f(x[t * s.d_model + i]);
   __syncthreads();
@@ -234,7 +238,8 @@ __global__ void expert_mlp_kernel(const bf16* x, const ExpertWeights* table, con
   }
 }
 
-// out[t] = sum over slots in ascending expert id of w * y (fixed order).
+// out[t] = sum over slots in ascending expert id of w * y (fixed order); slots of
+// expert -1 (another rank's) are never visited.
 __global__ void combine_kernel(const float* scratch, const int32_t* experts, const float* weights, int top_k,
                                int64_t d_model, bf16* out) {
   const int64_t t = blockIdx.x;
@@ -247,6 +252,7 @@ __global__ void combine_kernel(const float* scratch, const int32_t* experts, con
         const int e = experts[t * top_k + k];
         if (e > last && (next < 0 || e < experts[t * top_k + next])) next = k;
       }
+      if (next < 0) break;  // the rest are other ranks' experts
       last = experts[t * top_k + next];
       acc += weights[t * top_k + next] * scratch[(t * top_k + next) * d_model + i];
     }

@@ -5,7 +5,9 @@
 // the pair indices expert by expert (ascending expert id; within an expert in
 // atomic arrival order, which changes no value since every row is computed on
 // its own), and a tile table cuts each expert's rows into tiles of kBM rows (an
-// expert that receives no token has no tile). Two GEMMs run over the table, one
+// expert that receives no token has no tile; a pair routed to an expert another rank
+// holds, -1 after launch_route, gets no row, so no weight is read for it and its y is
+// never written). Two GEMMs run over the table, one
 // CTA per (tile, column block):
 //   up:   act[row]     = glu(x[token(row)] . gate_up_e^T)  bf16, in perm order
 //   down: y[pair(row)] = act[row] . down_e^T (+ bias)      fp32, per pair
@@ -231,14 +233,16 @@ __global__ void __launch_bounds__(kAlignThreads)
   const int tid = int(threadIdx.x);
   for (int e = tid; e < n_experts; e += kAlignThreads) count[e] = 0;
   __syncthreads();
-  for (int i = tid; i < n_pairs; i += kAlignThreads) atomicAdd(&count[experts[i]], 1);
+  for (int i = tid; i < n_pairs; i += kAlignThreads)
+    if (experts[i] >= 0) atomicAdd(&count[experts[i]], 1);  // -1: another rank's expert
   __syncthreads();
   const int n = tid < n_experts ? count[tid] : 0, n_tiles = (n + bm - 1) / bm;
   int2 total;
   const int2 off = block_exclusive_scan(make_int2(n, n_tiles), &total);
   if (tid < n_experts) cursor[tid] = off.x;
   __syncthreads();
-  for (int i = tid; i < n_pairs; i += kAlignThreads) perm[atomicAdd(&cursor[experts[i]], 1)] = i;
+  for (int i = tid; i < n_pairs; i += kAlignThreads)
+    if (experts[i] >= 0) perm[atomicAdd(&cursor[experts[i]], 1)] = i;
   for (int j = 0; j < n_tiles; ++j) tiles[off.y + j] = make_int4(tid, off.x + j * bm, min(bm, n - j * bm), 0);
   for (int x = total.y + tid; x < n_slots; x += kAlignThreads) tiles[x] = make_int4(-1, 0, 0, 0);
 }

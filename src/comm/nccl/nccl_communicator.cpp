@@ -1,0 +1,282 @@
+#include "comm/nccl/nccl_communicator.h"
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include "core/log.h"
+
+namespace kiln::comm {
+
+// The failure state of a world and every group split from it, and their members (so
+// that an abort reaches them all).
+struct NcclWorld {
+  std::mutex m;
+  std::atomic<bool> failed{false};
+  std::string reason;                       // the first abort's
+  std::vector<NcclCommunicator*> members;   // live communicators of the world and its splits
+};
+
+namespace {
+
+std::string nccl_error(ncclResult_t r, ncclComm_t comm) {
+  std::string s = ncclGetErrorString(r);
+  const char* last = ncclGetLastError(comm);
+  if (last != nullptr && *last != '\0') s += std::string(" (") + last + ")";
+  return s;
+}
+
+// Reductions run in the tensor's dtype (see the header).
+ncclDataType_t sum_type(const Tensor& t, const char* what) {
+  KILN_CHECK(t.dtype == DType::kF32 || t.dtype == DType::kBF16)
+      << what << ": sums take f32 or bf16 tensors, not " << dtype_name(t.dtype);
+  return t.dtype == DType::kF32 ? ncclFloat32 : ncclBfloat16;
+}
+
+void register_member(NcclWorld& w, NcclCommunicator* c) {
+  std::lock_guard<std::mutex> lock(w.m);
+  w.members.push_back(c);
+}
+
+}  // namespace
+
+NcclCommunicator::NcclCommunicator(ncclComm* comm, int rank, int size, NcclRank where,
+                                   std::shared_ptr<NcclWorld> world)
+    : comm_(comm), rank_(rank), size_(size), where_(where), world_(std::move(world)) {
+  register_member(*world_, this);
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  {
+    std::lock_guard<std::mutex> lock(world_->m);
+    auto& m = world_->members;
+    m.erase(std::remove(m.begin(), m.end(), this), m.end());
+  }
+  std::lock_guard<std::timed_mutex> lock(call_mu_);
+  if (comm_ == nullptr) return;
+  // A healthy communicator finishes its queued work; a failed world's may wait on a
+  // dead peer forever, so it is aborted instead.
+  const ncclResult_t r = world_->failed.load() ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
+  if (r != ncclSuccess) KILN_LOG(kWarn, "nccl: destroying rank " << rank_ << ": " << ncclGetErrorString(r));
+  comm_ = nullptr;
+}
+
+Result<std::vector<std::unique_ptr<NcclCommunicator>>> NcclCommunicator::create_group(
+    const std::vector<NcclRank>& ranks) {
+  const int n = int(ranks.size());
+  if (n == 0) return invalid_argument("nccl: a group of no ranks");
+  std::vector<int> devices;
+  for (const NcclRank& r : ranks) {
+    if (std::find(devices.begin(), devices.end(), r.device) != devices.end()) {
+      return invalid_argument("nccl: device " + std::to_string(r.device) + " given to two ranks");
+    }
+    devices.push_back(r.device);
+  }
+  int previous = 0;
+  if (cudaGetDevice(&previous) != cudaSuccess) previous = 0;
+  std::vector<ncclComm_t> comms(size_t(n), nullptr);
+  const ncclResult_t r = ncclCommInitAll(comms.data(), n, devices.data());
+  cudaSetDevice(previous);  // ncclCommInitAll leaves the last rank's device current
+  if (r != ncclSuccess) {
+    return internal_error("nccl: creating a group of " + std::to_string(n) + " GPUs: " + nccl_error(r, nullptr));
+  }
+  auto world = std::make_shared<NcclWorld>();
+  std::vector<std::unique_ptr<NcclCommunicator>> out;
+  for (int i = 0; i < n; ++i) {
+    out.push_back(std::unique_ptr<NcclCommunicator>(new NcclCommunicator(comms[size_t(i)], i, n, ranks[size_t(i)],
+                                                                         world)));
+  }
+  KILN_LOG(kInfo, "nccl: group of " << n << " GPUs (NCCL " << NCCL_MAJOR << "." << NCCL_MINOR << "." << NCCL_PATCH
+                                     << ")");
+  return out;
+}
+
+Result<std::vector<std::unique_ptr<NcclCommunicator>>> NcclCommunicator::split_group(
+    const std::vector<NcclCommunicator*>& world, const std::vector<int>& colors) {
+  const size_t n = world.size();
+  if (n == 0 || colors.size() != n) {
+    return invalid_argument("nccl: split of " + std::to_string(n) + " ranks with " + std::to_string(colors.size()) +
+                            " colors");
+  }
+  for (size_t i = 0; i < n; ++i) {
+    KILN_CHECK(world[i] != nullptr && world[i]->rank() == int(i) && world[i]->size() == int(n) &&
+               world[i]->world_ == world[0]->world_)
+        << "nccl split: entry " << i << " is not rank " << i << " of one group of " << n;
+  }
+  if (world[0]->world_->failed.load()) return internal_error("nccl: split of an aborted group");
+  // ncclCommSplit is collective and blocks until every rank has called it: one thread
+  // per rank.
+  std::vector<ncclComm_t> comms(n, nullptr);
+  std::vector<ncclResult_t> results(n, ncclSuccess);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      NcclCommunicator& c = *world[i];
+      std::lock_guard<std::timed_mutex> lock(c.call_mu_);
+      if (c.comm_ == nullptr) {
+        results[i] = ncclInvalidUsage;
+        return;
+      }
+      cudaSetDevice(c.device());
+      const int color = colors[i] < 0 ? NCCL_SPLIT_NOCOLOR : colors[i];
+      results[i] = ncclCommSplit(c.comm_, color, int(i), &comms[i], nullptr);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  std::string error;
+  for (size_t i = 0; i < n; ++i) {
+    if (results[i] != ncclSuccess && error.empty()) {
+      error = "nccl: splitting rank " + std::to_string(i) + ": " + nccl_error(results[i], world[i]->comm_);
+    }
+  }
+  if (!error.empty()) {
+    for (ncclComm_t c : comms)
+      if (c != nullptr) ncclCommAbort(c);
+    return internal_error(error);
+  }
+  std::vector<std::unique_ptr<NcclCommunicator>> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (comms[i] == nullptr) continue;  // no color
+    int rank = 0, size = 0;
+    ncclCommUserRank(comms[i], &rank);
+    ncclCommCount(comms[i], &size);
+    out[i] = std::unique_ptr<NcclCommunicator>(
+        new NcclCommunicator(comms[i], rank, size, world[i]->where_, world[i]->world_));
+  }
+  return out;
+}
+
+void NcclCommunicator::abort_locked() {
+  if (comm_ == nullptr) return;
+  const ncclResult_t r = ncclCommAbort(comm_);
+  if (r != ncclSuccess) KILN_LOG(kWarn, "nccl: aborting rank " << rank_ << ": " << ncclGetErrorString(r));
+  comm_ = nullptr;
+}
+
+void NcclCommunicator::abort(const std::string& reason) {
+  // Lock order: the world, then a member's call_mu_ (run() never takes the world's
+  // lock while holding its own).
+  std::lock_guard<std::mutex> lock(world_->m);
+  if (!world_->failed.load()) {
+    world_->reason = reason;
+    world_->failed.store(true);
+    KILN_LOG(kWarn, "nccl: rank " << rank_ << " of " << size_ << " aborts its group: " << reason);
+  }
+  for (NcclCommunicator* c : world_->members) {
+    std::unique_lock<std::timed_mutex> member(c->call_mu_, std::defer_lock);
+    if (member.try_lock_for(kAbortWait)) {
+      c->abort_locked();
+    } else {
+      KILN_LOG(kWarn, "nccl: rank " << c->rank_ << " is inside an NCCL call; it aborts when the call returns");
+    }
+  }
+}
+
+void NcclCommunicator::raise_aborted() const {
+  std::lock_guard<std::mutex> lock(world_->m);
+  throw CommAborted("communicator group aborted: " + world_->reason);
+}
+
+template <typename F>
+void NcclCommunicator::run(const char* what, F&& call) {
+  std::string error;
+  {
+    std::lock_guard<std::timed_mutex> lock(call_mu_);
+    if (world_->failed.load() || comm_ == nullptr) {
+      abort_locked();
+    } else {
+      ncclResult_t async = ncclSuccess;
+      ncclResult_t r = ncclCommGetAsyncError(comm_, &async);
+      if (r == ncclSuccess && async != ncclSuccess && async != ncclInProgress) r = async;
+      if (r == ncclSuccess) r = call(comm_);
+      if (r == ncclSuccess) {
+        if (!world_->failed.load()) return;
+        abort_locked();  // aborted while this call ran: its work may never complete
+      } else {
+        error = std::string(what) + " on rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": " +
+                nccl_error(r, comm_);
+      }
+    }
+  }
+  if (!error.empty()) abort(error);
+  raise_aborted();
+}
+
+void NcclCommunicator::check(const Tensor& t, const char* what) const {
+  KILN_CHECK(t.defined() && t.device == Device::kCuda && t.device_index == where_.device)
+      << what << ": NCCL rank " << rank_ << " takes tensors on its device " << where_.device;
+}
+
+void NcclCommunicator::all_reduce(Tensor& t) {
+  check(t, "all_reduce");
+  const ncclDataType_t type = sum_type(t, "all_reduce");
+  const size_t n = size_t(t.numel());
+  run("all_reduce", [&](ncclComm_t c) { return ncclAllReduce(t.data, t.data, n, type, ncclSum, c, where_.stream); });
+}
+
+void NcclCommunicator::all_gather(const Tensor& in, Tensor& out) {
+  check(in, "all_gather in");
+  check(out, "all_gather out");
+  KILN_CHECK(in.dtype == out.dtype && out.numel() == in.numel() * size_)
+      << "all_gather: out " << out.shape << " vs " << size_ << " x in " << in.shape;
+  const size_t bytes = in.nbytes();
+  run("all_gather", [&](ncclComm_t c) { return ncclAllGather(in.data, out.data, bytes, ncclUint8, c, where_.stream); });
+}
+
+void NcclCommunicator::reduce_scatter(const Tensor& in, Tensor& out) {
+  check(in, "reduce_scatter in");
+  check(out, "reduce_scatter out");
+  KILN_CHECK(in.dtype == out.dtype && in.numel() == out.numel() * size_)
+      << "reduce_scatter: in " << in.shape << " vs " << size_ << " x out " << out.shape;
+  const ncclDataType_t type = sum_type(in, "reduce_scatter");
+  const size_t n = size_t(out.numel());
+  run("reduce_scatter",
+      [&](ncclComm_t c) { return ncclReduceScatter(in.data, out.data, n, type, ncclSum, c, where_.stream); });
+}
+
+void NcclCommunicator::all_to_all(const Tensor& in, Tensor& out) {
+  check(in, "all_to_all in");
+  check(out, "all_to_all out");
+  KILN_CHECK(in.dtype == out.dtype && in.numel() == out.numel() && in.numel() % size_ == 0)
+      << "all_to_all: in " << in.shape << " out " << out.shape << " over " << size_ << " ranks";
+  const size_t chunk = in.nbytes() / size_t(size_);
+  const auto* src = static_cast<const uint8_t*>(in.data);
+  auto* dst = static_cast<uint8_t*>(out.data);
+  run("all_to_all", [&](ncclComm_t c) {
+    // One group: every send and recv of the exchange, this rank's own chunk included.
+    ncclResult_t r = ncclGroupStart();
+    for (int j = 0; j < size_ && r == ncclSuccess; ++j) {
+      r = ncclSend(src + size_t(j) * chunk, chunk, ncclUint8, j, c, where_.stream);
+      if (r == ncclSuccess) r = ncclRecv(dst + size_t(j) * chunk, chunk, ncclUint8, j, c, where_.stream);
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    return r != ncclSuccess ? r : end;
+  });
+}
+
+void NcclCommunicator::broadcast(Tensor& t, int root) {
+  check(t, "broadcast");
+  KILN_CHECK(root >= 0 && root < size_) << "broadcast: root " << root << " of " << size_;
+  const size_t bytes = t.nbytes();
+  run("broadcast",
+      [&](ncclComm_t c) { return ncclBroadcast(t.data, t.data, bytes, ncclUint8, root, c, where_.stream); });
+}
+
+void NcclCommunicator::send(const Tensor& t, int peer) {
+  check(t, "send");
+  KILN_CHECK(peer >= 0 && peer < size_ && peer != rank_) << "send: peer " << peer << " from rank " << rank_;
+  const size_t bytes = t.nbytes();
+  run("send", [&](ncclComm_t c) { return ncclSend(t.data, bytes, ncclUint8, peer, c, where_.stream); });
+}
+
+void NcclCommunicator::recv(Tensor& t, int peer) {
+  check(t, "recv");
+  KILN_CHECK(peer >= 0 && peer < size_ && peer != rank_) << "recv: peer " << peer << " at rank " << rank_;
+  const size_t bytes = t.nbytes();
+  run("recv", [&](ncclComm_t c) { return ncclRecv(t.data, bytes, ncclUint8, peer, c, where_.stream); });
+}
+
+}  // namespace kiln::comm

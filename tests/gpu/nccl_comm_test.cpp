@@ -1,0 +1,329 @@
+// The NCCL communicator (comm/nccl) against the obvious host computation, on groups of
+// GPUs of this machine, one CUDA backend per GPU whose stream the communicator uses
+// (cuda::stream_of), one thread per rank. Every collective of the Communicator
+// interface, recorded into a CUDA graph and replayed, split into sub-groups, and
+// aborted. A group of all visible GPUs always runs (one GPU still takes every NCCL call
+// path); groups of 2 and 4 run when that many GPUs are visible and skip, saying so,
+// otherwise. Values are small integers, so bf16 sums are exact whatever order NCCL adds
+// in and results compare exactly.
+#include <gtest/gtest.h>
+
+#ifdef KILN_HAVE_NCCL
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "backends/cuda/cuda_backend.h"
+#include "comm/nccl/nccl_communicator.h"
+
+namespace kiln {
+namespace {
+
+using comm::CommAborted;
+using comm::NcclCommunicator;
+using comm::NcclRank;
+
+#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+
+// Element i of rank r's input: a small integer.
+float value(int r, int64_t i) { return float(int((i * 7 + r * 13) % 17) - 8); }
+
+struct Group {
+  std::vector<std::unique_ptr<ops::Backend>> backends;  // one per rank (GPU r)
+  std::vector<std::unique_ptr<NcclCommunicator>> comms;
+  int size() const { return int(comms.size()); }
+};
+
+// n ranks on GPUs 0..n-1, each with its own CUDA backend.
+void make_group(int n, Group* g) {
+  std::vector<NcclRank> ranks;
+  for (int r = 0; r < n; ++r) {
+    auto b = cuda::make_cuda_backend({.device = r});
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    g->backends.push_back(std::move(b).value());
+    ranks.push_back({.device = cuda::device_of(*g->backends.back()), .stream = cuda::stream_of(*g->backends.back())});
+  }
+  auto comms = NcclCommunicator::create_group(ranks);
+  ASSERT_TRUE(comms.ok()) << comms.status().to_string();
+  g->comms = std::move(comms).value();
+}
+
+// fn(rank) on one thread per rank, its GPU current; exceptions come back to the caller.
+void on_ranks(int n, const std::function<void(int)>& fn) {
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        cudaSetDevice(r);
+        fn(r);
+      } catch (...) {
+        errors[size_t(r)] = std::current_exception();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+// A device tensor of rank r's backend holding `v` (f32, bf16 or i32 values).
+Tensor device_tensor(ops::Backend& b, DType dtype, const std::vector<float>& v) {
+  Tensor t = b.alloc(dtype, {int64_t(v.size())});
+  std::vector<uint8_t> host(t.nbytes());
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (dtype == DType::kF32) std::memcpy(&host[i * 4], &v[i], 4);
+    else if (dtype == DType::kI32) { const int32_t x = int32_t(v[i]); std::memcpy(&host[i * 4], &x, 4); }
+    else { const uint16_t x = f32_to_bf16(v[i]); std::memcpy(&host[i * 2], &x, 2); }
+  }
+  b.synchronize();
+  KILN_CHECK(cudaMemcpy(t.data, host.data(), host.size(), cudaMemcpyHostToDevice) == cudaSuccess);
+  return t;
+}
+
+std::vector<float> host_values(ops::Backend& b, const Tensor& t) {
+  b.synchronize();  // the collectives ran on the backend's stream
+  std::vector<uint8_t> host(t.nbytes());
+  KILN_CHECK(cudaMemcpy(host.data(), t.data, host.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+  std::vector<float> v(size_t(t.numel()));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (t.dtype == DType::kF32) std::memcpy(&v[i], &host[i * 4], 4);
+    else if (t.dtype == DType::kI32) { int32_t x; std::memcpy(&x, &host[i * 4], 4); v[i] = float(x); }
+    else { uint16_t x; std::memcpy(&x, &host[i * 2], 2); v[i] = bf16_to_f32(x); }
+  }
+  return v;
+}
+
+// Element-wise equality, reporting the first mismatches (never returning early: a rank
+// that stopped would leave the others waiting in their next collective).
+void expect_same(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  EXPECT_EQ(got.size(), want.size()) << what;
+  int64_t bad = 0;
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i)
+    if (got[i] != want[i] && bad++ < 3) ADD_FAILURE() << what << " [" << i << "]: " << got[i] << " vs " << want[i];
+  EXPECT_EQ(bad, 0) << what;
+}
+
+std::vector<float> rank_input(int r, int64_t n, int64_t offset = 0) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = value(r, i + offset);
+  return v;
+}
+
+// Every collective of a group of n ranks against the host computation.
+void check_collectives(int n) {
+  Group g;
+  make_group(n, &g);
+  if (::testing::Test::HasFatalFailure()) return;
+  const int64_t m = 4099;  // elements per rank (odd: no alignment luck)
+  on_ranks(n, [&](int r) {
+    ops::Backend& b = *g.backends[size_t(r)];
+    NcclCommunicator& c = *g.comms[size_t(r)];
+    EXPECT_EQ(c.rank(), r);
+    EXPECT_EQ(c.size(), n);
+    EXPECT_EQ(c.name(), "nccl");
+    // all_reduce, bf16 and f32 (and a large f32 message: other NCCL algorithms).
+    for (auto [dtype, count] : {std::pair{DType::kBF16, m}, {DType::kF32, m}, {DType::kF32, int64_t(1) << 22}}) {
+      Tensor t = device_tensor(b, dtype, rank_input(r, count));
+      c.all_reduce(t);
+      std::vector<float> want(static_cast<size_t>(count), 0.0f);
+      for (int q = 0; q < n; ++q)
+        for (int64_t i = 0; i < count; ++i) want[size_t(i)] += value(q, i);
+      expect_same(host_values(b, t), want, "all_reduce " + std::string(dtype_name(dtype)) + " rank " + std::to_string(r));
+    }
+    {  // all_gather: out[q m + i] = rank q's in[i]
+      Tensor in = device_tensor(b, DType::kBF16, rank_input(r, m));
+      Tensor out = device_tensor(b, DType::kBF16, std::vector<float>(size_t(n * m), -1.0f));
+      c.all_gather(in, out);
+      std::vector<float> want;
+      for (int q = 0; q < n; ++q)
+        for (float v : rank_input(q, m)) want.push_back(v);
+      expect_same(host_values(b, out), want, "all_gather rank " + std::to_string(r));
+    }
+    {  // reduce_scatter: out[i] = sum over q of rank q's in[r m + i]
+      Tensor in = device_tensor(b, DType::kF32, rank_input(r, n * m));
+      Tensor out = device_tensor(b, DType::kF32, std::vector<float>(size_t(m), -1.0f));
+      c.reduce_scatter(in, out);
+      std::vector<float> want(static_cast<size_t>(m), 0.0f);
+      for (int q = 0; q < n; ++q)
+        for (int64_t i = 0; i < m; ++i) want[size_t(i)] += value(q, r * m + i);
+      expect_same(host_values(b, out), want, "reduce_scatter rank " + std::to_string(r));
+    }
+    {  // all_to_all: out[q m + i] = rank q's in[r m + i]
+      Tensor in = device_tensor(b, DType::kI32, rank_input(r, n * m));
+      Tensor out = device_tensor(b, DType::kI32, std::vector<float>(size_t(n * m), -100.0f));
+      c.all_to_all(in, out);
+      std::vector<float> want;
+      for (int q = 0; q < n; ++q)
+        for (float v : rank_input(q, m, r * m)) want.push_back(v);
+      expect_same(host_values(b, out), want, "all_to_all rank " + std::to_string(r));
+    }
+    {  // broadcast from the last rank
+      Tensor t = device_tensor(b, DType::kBF16, rank_input(r, m));
+      c.broadcast(t, n - 1);
+      expect_same(host_values(b, t), rank_input(n - 1, m), "broadcast rank " + std::to_string(r));
+    }
+    if (n >= 2) {  // a ring of send / recv: even ranks send first, odd ranks receive first
+      Tensor mine = device_tensor(b, DType::kF32, rank_input(r, m));
+      Tensor got = device_tensor(b, DType::kF32, std::vector<float>(size_t(m), -1.0f));
+      const int next = (r + 1) % n, prev = (r + n - 1) % n;
+      if (r % 2 == 0) c.send(mine, next), c.recv(got, prev);
+      else c.recv(got, prev), c.send(mine, next);
+      expect_same(host_values(b, got), rank_input(prev, m), "recv at rank " + std::to_string(r));
+    }
+  });
+}
+
+int visible_gpus() { return cuda::device_count(); }
+
+TEST(NcclComm, EveryCollectiveMatchesTheHostOnAllVisibleGpus) {
+  const int n = visible_gpus();
+  if (n == 0) GTEST_SKIP() << "no GPU visible";
+  std::printf("nccl: a group of all %d visible GPU%s%s\n", n, n == 1 ? "" : "s",
+              n == 1 ? " (send / recv need 2 ranks: not run)" : "");
+  check_collectives(n);
+}
+
+TEST(NcclComm, EveryCollectiveMatchesTheHostOnTwoGpus) {
+  if (visible_gpus() < 2) GTEST_SKIP() << "a group of 2 needs 2 GPUs; " << visible_gpus() << " visible: not run";
+  check_collectives(2);
+}
+
+TEST(NcclComm, EveryCollectiveMatchesTheHostOnFourGpus) {
+  if (visible_gpus() < 4) GTEST_SKIP() << "a group of 4 needs 4 GPUs; " << visible_gpus() << " visible: not run";
+  check_collectives(4);
+}
+
+// The collectives enqueue on the stream only: recorded once into a CUDA graph per rank,
+// each replay recomputes from the inputs' new contents.
+TEST(NcclComm, CollectivesRecordedInACudaGraphReplay) {
+  const int n = visible_gpus();
+  if (n == 0) GTEST_SKIP() << "no GPU visible";
+  Group g;
+  make_group(n, &g);
+  if (HasFatalFailure()) return;
+  const int64_t m = 1000;
+  on_ranks(n, [&](int r) {
+    ops::Backend& b = *g.backends[size_t(r)];
+    NcclCommunicator& c = *g.comms[size_t(r)];
+    const cudaStream_t s = cuda::stream_of(b);
+    Tensor sum = device_tensor(b, DType::kBF16, rank_input(r, m));
+    Tensor part = device_tensor(b, DType::kF32, rank_input(r, m));
+    Tensor gathered = device_tensor(b, DType::kF32, std::vector<float>(size_t(n * m), 0.0f));
+    c.all_reduce(sum);  // eagerly first: NCCL connects peers on first use
+    c.all_gather(part, gathered);
+    b.synchronize();
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+    c.all_reduce(sum);
+    c.all_gather(part, gathered);
+    CUDA_OK(cudaStreamEndCapture(s, &graph));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 1; replay <= 2; ++replay) {
+      // New inputs, written before the replay: rank r's values + replay.
+      std::vector<float> in = rank_input(r, m);
+      for (float& v : in) v += float(replay);
+      Tensor fresh_sum = device_tensor(b, DType::kBF16, in), fresh_part = device_tensor(b, DType::kF32, in);
+      CUDA_OK(cudaMemcpy(sum.data, fresh_sum.data, sum.nbytes(), cudaMemcpyDeviceToDevice));
+      CUDA_OK(cudaMemcpy(part.data, fresh_part.data, part.nbytes(), cudaMemcpyDeviceToDevice));
+      CUDA_OK(cudaGraphLaunch(exec, s));
+      std::vector<float> want_sum(static_cast<size_t>(m), 0.0f), want_gathered;
+      for (int q = 0; q < n; ++q)
+        for (int64_t i = 0; i < m; ++i) {
+          want_sum[size_t(i)] += value(q, i) + float(replay);
+          want_gathered.push_back(value(q, i) + float(replay));
+        }
+      const std::string what = "replay " + std::to_string(replay) + " rank " + std::to_string(r);
+      expect_same(host_values(b, sum), want_sum, what + " all_reduce");
+      expect_same(host_values(b, gathered), want_gathered, what + " all_gather");
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  });
+}
+
+// Sub-groups (tensor-parallel groups of a world): ranks by color, ordered by world rank;
+// color -1 joins none.
+TEST(NcclComm, SplitMakesSubGroupsThatReduceAmongThemselves) {
+  const int n = visible_gpus();
+  if (n == 0) GTEST_SKIP() << "no GPU visible";
+  Group g;
+  make_group(n, &g);
+  if (HasFatalFailure()) return;
+  std::vector<NcclCommunicator*> world;
+  for (auto& c : g.comms) world.push_back(c.get());
+  // Pairs (r / 2) when there are several GPUs; with one, a group of one.
+  std::vector<int> colors;
+  for (int r = 0; r < n; ++r) colors.push_back(r / 2);
+  auto sub = NcclCommunicator::split_group(world, colors);
+  ASSERT_TRUE(sub.ok()) << sub.status().to_string();
+  on_ranks(n, [&](int r) {
+    NcclCommunicator& c = *(*sub)[size_t(r)];
+    const int members = std::min(2, n - (r / 2) * 2);
+    EXPECT_EQ(c.size(), members);
+    EXPECT_EQ(c.rank(), r % 2);
+    ops::Backend& b = *g.backends[size_t(r)];
+    Tensor t = device_tensor(b, DType::kF32, rank_input(r, 513));
+    c.all_reduce(t);
+    std::vector<float> want(513, 0.0f);
+    for (int q = (r / 2) * 2; q < (r / 2) * 2 + members; ++q)
+      for (int64_t i = 0; i < 513; ++i) want[size_t(i)] += value(q, i);
+    expect_same(host_values(b, t), want, "sub-group all_reduce, world rank " + std::to_string(r));
+  });
+  // Color -1: no sub-group for that rank.
+  std::vector<int> none(size_t(n), 0);
+  none[0] = -1;
+  auto partial = NcclCommunicator::split_group(world, none);
+  ASSERT_TRUE(partial.ok()) << partial.status().to_string();
+  EXPECT_EQ((*partial)[0], nullptr);
+  for (int r = 1; r < n; ++r) EXPECT_EQ((*partial)[size_t(r)]->size(), n - 1);
+}
+
+// abort on one rank fails every later collective of every rank of the world and of the
+// groups split from it, naming the reason; a second abort is harmless.
+TEST(NcclComm, AbortFailsEveryLaterCollectiveWithTheReason) {
+  const int n = visible_gpus();
+  if (n == 0) GTEST_SKIP() << "no GPU visible";
+  Group g;
+  make_group(n, &g);
+  if (HasFatalFailure()) return;
+  std::vector<NcclCommunicator*> world;
+  for (auto& c : g.comms) world.push_back(c.get());
+  auto sub = NcclCommunicator::split_group(world, std::vector<int>(size_t(n), 0));
+  ASSERT_TRUE(sub.ok()) << sub.status().to_string();
+  on_ranks(n, [&](int r) {  // the group works before
+    Tensor t = device_tensor(*g.backends[size_t(r)], DType::kF32, rank_input(r, 64));
+    g.comms[size_t(r)]->all_reduce(t);
+    g.backends[size_t(r)]->synchronize();
+  });
+  (*sub)[0]->abort("rank 0 failed: test");
+  (*sub)[0]->abort("again");
+  on_ranks(n, [&](int r) {
+    Tensor t = device_tensor(*g.backends[size_t(r)], DType::kF32, rank_input(r, 64));
+    for (NcclCommunicator* c : {g.comms[size_t(r)].get(), (*sub)[size_t(r)].get()}) {
+      try {
+        c->all_reduce(t);
+        ADD_FAILURE() << "rank " << r << ": all_reduce after abort did not throw";
+      } catch (const CommAborted& e) {
+        EXPECT_NE(std::string(e.what()).find("rank 0 failed: test"), std::string::npos) << e.what();
+      }
+    }
+  });
+}
+
+}  // namespace
+}  // namespace kiln
+
+#else
+
+TEST(NcclComm, NeedsNccl) { GTEST_SKIP() << "built without NCCL (KILN_HAVE_NCCL): no NCCL communicator to test"; }
+
+#endif
