@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "backends/cpu/cpu_backend.h"
+#include "cli/common.h"
 #include "cli/subcommand.h"
 #include "formats/quant_config.h"
 #include "model/inspect.h"
@@ -33,7 +34,7 @@ std::string human_count(double n) {
   return buf;
 }
 
-int run_inspect(const std::string& dir) {
+int run_inspect(const std::string& dir, const CommonOptions& o) {
   auto fail = [](const Status& s) {
     std::fprintf(stderr, "kiln: error: %s\n", s.to_string().c_str());
     return 1;
@@ -81,16 +82,34 @@ int run_inspect(const std::string& dir) {
               human_bytes(double(kv_token)).c_str(), human_bytes(double(kv_token) * double(max_len)).c_str(),
               (long long)max_len);
   std::printf("memory         weights %s + KV cache for the tokens served\n", human_bytes(double(bytes)).c_str());
+
+  // Which kernels each layer's weights meet on the chosen backend (its self-test passed:
+  // make_backend refuses otherwise; kiln doctor lists every path's result).
+  auto be = o.backend == "cpu" ? std::move(cpu) : nullptr;
+  if (!be) {
+    auto made = make_backend(o);
+    if (!made.ok()) return fail(made.status());
+    be = std::move(made).value();
+  }
+  std::printf("\nkernel paths on %s\n%-8s %-16s %-12s %s\n", be->name().c_str(), "layers", "group", "format", "path");
+  for (const model::PathRecord& r : model::path_records(*lm, *be)) {
+    std::printf("%-8s %-16s %-12s %s\n", r.layers.c_str(), r.group.c_str(), r.format.c_str(), r.path.c_str());
+  }
   return 0;
 }
 
 }  // namespace
 
 void add_inspect_command(CLI::App& app, Subcommands& commands) {
-  auto dir = std::make_shared<std::string>();
-  CLI::App* cmd = app.add_subcommand("inspect", "print a checkpoint's architecture, formats, size and memory needs");
-  cmd->add_option("--model", *dir, "checkpoint directory")->required();
-  commands.emplace_back(cmd, [dir] { return run_inspect(*dir); });
+  auto o = std::make_shared<CommonOptions>();
+  CLI::App* cmd = app.add_subcommand("inspect", "print a checkpoint's architecture, formats, size, memory needs and "
+                                                "the kernel paths its layers take on a backend");
+  cmd->add_option("--model", o->model, "checkpoint directory")->required();
+  cmd->add_option("--backend", o->backend, "the backend whose kernel paths to list: cpu or cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--device", o->device, "CUDA device index");
+  cmd->add_option("--smem-cap", o->smem_cap, "shared memory per block every CUDA kernel must fit (bytes)");
+  commands.emplace_back(cmd, [o] { return run_inspect(o->model, *o); });
 }
 
 }  // namespace kiln::cli

@@ -83,6 +83,60 @@ std::vector<GroupSummary> summarize(const CausalLM& lm) {
   return s.take();
 }
 
+std::vector<PathRecord> path_records(const CausalLM& lm, const ops::Backend& be) {
+  struct Entry {
+    int64_t first, last;
+    PathRecord r;
+  };
+  std::vector<Entry> runs;
+  const auto add = [&](int64_t layer, const std::string& group, const ops::Weight& w, bool expert) {
+    if (!w.defined()) return;
+    PathRecord r{.group = group,
+                 .format = w.quantized() ? std::string(formats::quant_kind_name(w.quant.kind))
+                                         : std::string(dtype_name(w.data.dtype)),
+                 .path = be.weight_path(w, expert)};
+    for (auto it = runs.rbegin(); it != runs.rend(); ++it) {  // extend this group's run
+      if (it->r.group != group || it->r.format != r.format || it->r.path != r.path) continue;
+      if (it->last == layer || it->last + 1 == layer) {
+        it->last = layer;
+        return;
+      }
+      break;
+    }
+    runs.push_back({layer, layer, std::move(r)});
+  };
+  const auto mlp = [&](int64_t i, const std::string& group, const Mlp& m) {
+    for (const ops::Weight* w : {&m.gate, &m.up, &m.down}) add(i, group, *w, false);
+  };
+  for (size_t l = 0; l < lm.layers.size(); ++l) {
+    const int64_t i = lm.first_layer + int64_t(l);
+    const DecoderLayer& layer = lm.layers[l];
+    if (const auto* a = std::get_if<Attention>(&layer.attn)) {
+      for (const ops::Weight* w : {&a->q, &a->k, &a->v, &a->o}) add(i, "attention", *w, false);
+    } else {
+      const Mla& m = std::get<Mla>(layer.attn);
+      for (const ops::Weight* w : {&m.q, &m.q_a, &m.q_b, &m.kv_a, &m.kv_b, &m.o}) add(i, "attention (MLA)", *w, false);
+    }
+    if (const auto* m = std::get_if<Mlp>(&layer.ffn)) {
+      mlp(i, "dense MLP", *m);
+    } else {
+      const Moe& moe = std::get<Moe>(layer.ffn);
+      add(i, "router", moe.router, false);
+      for (const auto* list : {&moe.experts.gate_up, &moe.experts.gate, &moe.experts.up, &moe.experts.down})
+        for (const ops::Weight& w : *list) add(i, "routed experts", w, true);
+      if (moe.shared) mlp(i, "shared experts", *moe.shared);
+    }
+  }
+  std::vector<PathRecord> out;
+  for (Entry& e : runs) {
+    e.r.layers = e.first == e.last ? std::to_string(e.first) : std::to_string(e.first) + "-" + std::to_string(e.last);
+    out.push_back(std::move(e.r));
+  }
+  if (lm.lm_head.defined()) out.push_back({.group = "lm_head", .format = std::string(dtype_name(lm.lm_head.data.dtype)),
+                                           .path = be.weight_path(lm.lm_head, false)});
+  return out;
+}
+
 Status check_backend_support(const CausalLM& lm, const ops::Backend& be) {
   Status first;
   visit_weights(

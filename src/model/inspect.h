@@ -26,6 +26,16 @@ void visit_weights(const CausalLM& lm,
                    const std::function<void(const std::string& group, const ops::Weight&)>& on_weight,
                    const std::function<void(const std::string& group, const Tensor&)>& on_tensor);
 
+// Which kernels serve each weight group of each layer on `be` (Backend::weight_path):
+// one record per run of consecutive layers with the same group, format and path.
+struct PathRecord {
+  std::string layers;  // "0-35", "3", or "" (embedding, lm_head)
+  std::string group;   // "attention", "routed experts", ...
+  std::string format;  // "bf16", "mxfp4", ...
+  std::string path;
+};
+std::vector<PathRecord> path_records(const CausalLM& lm, const ops::Backend& be);
+
 // The first weight `be` cannot compute with, as an error naming its group and format.
 Status check_backend_support(const CausalLM& lm, const ops::Backend& be);
 

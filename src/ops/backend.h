@@ -394,6 +394,13 @@ class Backend {
     return unsupported("the " + name() + " backend has no KV cache in " + std::string(dtype_name(dtype)));
   }
 
+  // The kernels that compute with `w` here, in words (`expert`: one of a MoE layer's
+  // routed experts): the path records kiln inspect prints and the engine logs at load.
+  virtual std::string weight_path(const Weight& w, bool expert) const {
+    return w.quantized() ? "fp32 loops over rows dequantized from " + std::string(formats::quant_kind_name(w.quant.kind))
+                         : "fp32 loops";
+  }
+
   virtual void embedding(const EmbeddingArgs& a) = 0;
   virtual void rms_norm(const RmsNormArgs& a) = 0;
   virtual void linear(const LinearArgs& a) = 0;

@@ -32,6 +32,7 @@ class CudaBackend final : public ops::Backend {
   void to_host_f32(const Tensor& t, float* out) override;
   void from_host_f32(const float* src, Tensor& t) override;
   void synchronize() override { KILN_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  std::string weight_path(const ops::Weight& w, bool expert) const override;
   void bind_thread() override { KILN_CUDA_CHECK(cudaSetDevice(info().index)); }
   std::optional<ops::MemoryInfo> memory_info() override;
   void reset_peak_memory() override { allocator_->reset_peak(); }

@@ -443,4 +443,23 @@ void CudaBackend::moe(const ops::MoeArgs& a) {
   launch_moe_combine(y, chosen, weights, n_tokens, top_k, d_model, a.out.as<bf16>(), stream_);
 }
 
+std::string CudaBackend::weight_path(const ops::Weight& w, bool expert) const {
+  if (!w.quantized()) {
+    if (!expert) return "cuBLASLt bf16 GEMM";
+    if (forced_moe_path_ == MoePath::kGemv || grouped_moe_disabled_) return "per-pair bf16 GEMV (grouped GEMMs off)";
+    return "grouped bf16 mma.sync GEMMs over expert-sorted tiles (per-pair GEMV where the layout does not fit)";
+  }
+  const std::string kind(formats::quant_kind_name(w.quant.kind));
+  const std::string gemv = kind + " GEMV (codes decoded into bf16 mma.sync fragments in registers)";
+  const std::string tiles = kind + " mma.sync tiles (64 inputs dequantized to bf16 in shared memory)";
+  if (!expert) {
+    return "<= " + std::to_string(quant_gemv_max_rows(w.n_in())) + " rows: " + gemv + "; more: " + tiles;
+  }
+  const int act = w.quant.kind == formats::QuantKind::kMxfp4 ? 0 : w.quant.kind == formats::QuantKind::kNvfp4 ? 1 : -1;
+  std::string path = "<= " + std::to_string(kQuantGemvMoeTokens) + " tokens: " + gemv +
+                     " over expert-sorted tiles; more: grouped " + tiles;
+  if (act >= 0 && native_quant_moe_[act]) path += "; 64-row tiles: native sm_120a block-scaled mma (self-tested)";
+  return path;
+}
+
 }  // namespace kiln::cuda
