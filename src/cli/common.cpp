@@ -28,8 +28,8 @@ void add_common(CLI::App* cmd, CommonOptions& o, bool model_option) {
   cmd->add_option("--prefill-chunk", o.prefill_chunk, "prefill at most N tokens of a sequence per step (0: no cap)");
   cmd->add_option("--max-model-len", o.max_model_len, "maximum sequence length (0: from config)");
   cmd->add_option("--load-format", o.load_format,
-                  "auto: the checkpoint's weights; dummy: random bf16 weights made on the device from config.json "
-                  "alone (MODEL may then be a config .json file), for benchmarks")
+                  "auto: the checkpoint's weights; dummy: random weights from config.json alone, in the format its "
+                  "quantization_config names (else bf16; MODEL may then be a config .json file), for benchmarks")
       ->check(CLI::IsMember({"auto", "dummy"}));
   cmd->add_option("--num-layers", o.num_layers, "use only the first N decoder layers (quick runs; 0: all)")
       ->check(CLI::NonNegativeNumber);

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <numeric>
 
+#include "core/thread_pool.h"
+#include "model/dummy_quant.h"
 #include "ops/random.h"
 
 namespace kiln::model {
@@ -48,63 +50,46 @@ struct QuantGrid {
   int64_t in_per_elem = 1, scale_in = 0, scale_out = 0;
 };
 
-QuantGrid quant_grid(const formats::QuantizedTensor& q) {
+QuantGrid quant_grid(formats::QuantKind kind, int64_t block_n, int64_t block_k) {
   using formats::QuantKind;
-  switch (q.kind) {
-    case QuantKind::kFp8Block: return {1, q.block_k, q.block_n};
+  switch (kind) {
+    case QuantKind::kFp8Block: return {1, block_k, block_n};
     case QuantKind::kFp8Channel: return {1, 0, 1};
     case QuantKind::kFp8Tensor: return {1, 0, 0};
     case QuantKind::kNvfp4: return {2, 16, 1};
     case QuantKind::kMxfp4: return {2, 32, 1};
-    case QuantKind::kInt4Group: return {8, q.block_k, 1};
+    case QuantKind::kInt4Group: return {8, block_k, 1};
     case QuantKind::kNone: break;
   }
   return {};
 }
 
-// The rows and columns `part` keeps of a quantized [n_out, n_in] matrix, cut along its
-// scale blocks; an error names `name` when the cut would split one.
-Result<formats::QuantizedTensor> cut_quantized(const formats::QuantizedTensor& q, const Part& part,
-                                               const std::string& name) {
-  if (part.whole()) return q;
-  auto ranges = part_ranges(Shape{q.n_out, q.n_in}, part);
-  if (!ranges.ok()) return ranges.status().with_context(name);
-  const auto& r = *ranges;
+// The scale blocks of the cut `r` (rows, cols) of q (only its kind, shape and blocks are
+// read). FP8 block and INT4 scale grids are free: a cut through a block refines the grid
+// (the same scale repeated over smaller blocks), so every tensor-parallel split works;
+// other formats must be cut on their blocks' edges, else an error names `name`.
+struct CutGrid {
+  int64_t block_n = 0, block_k = 0;
+};
+
+Result<CutGrid> cut_grid(const formats::QuantizedTensor& q, const std::vector<std::pair<int64_t, int64_t>>& r,
+                         const std::string& name) {
   const auto [row0, rows] = r[0];
   const auto [col0, cols] = r[1];
-  // FP8 block and INT4 scale grids are free: a cut through a block refines the grid
-  // (the same scale repeated over smaller blocks), so every tensor-parallel split works.
+  CutGrid grid{q.block_n, q.block_k};
   if (q.kind == formats::QuantKind::kFp8Block || q.kind == formats::QuantKind::kInt4Group) {
     const auto refine = [](int64_t block, int64_t begin, int64_t count, int64_t n) {
       int64_t b = std::gcd(block, begin);
       return begin + count == n ? b : std::gcd(b, count);
     };
-    const int64_t bn = q.kind == formats::QuantKind::kFp8Block ? refine(q.block_n, row0, rows, q.n_out) : 1;
-    const int64_t bk = refine(q.block_k, col0, cols, q.n_in);
-    if ((bn != q.block_n && q.kind == formats::QuantKind::kFp8Block) || bk != q.block_k) {
-      if (q.kind == formats::QuantKind::kInt4Group && bk % 8 != 0) {
-        return unsupported("cannot split " + name + " (int4-group) at inputs [" + std::to_string(col0) + ", " +
-                           std::to_string(col0 + cols) + "): eight inputs share a packed word");
-      }
-      formats::QuantizedTensor fine = q;
-      fine.block_n = int32_t(q.kind == formats::QuantKind::kFp8Block ? bn : q.block_n);
-      fine.block_k = int32_t(bk);
-      const int64_t old_cols = ceil_div(q.n_in, q.block_k);
-      const int64_t new_rows = q.kind == formats::QuantKind::kFp8Block ? ceil_div(q.n_out, bn) : q.n_out;
-      const int64_t new_cols = ceil_div(q.n_in, bk);
-      fine.scale = host_tensor(q.scale.dtype, {new_rows, new_cols});
-      const size_t elem = dtype_bits(q.scale.dtype) / 8;
-      for (int64_t i = 0; i < new_rows; ++i)
-        for (int64_t j = 0; j < new_cols; ++j) {
-          const int64_t old_row = q.kind == formats::QuantKind::kFp8Block ? i * bn / q.block_n : i;
-          std::memcpy(static_cast<uint8_t*>(fine.scale.data) + size_t(i * new_cols + j) * elem,
-                      static_cast<const uint8_t*>(q.scale.data) + size_t(old_row * old_cols + j * bk / q.block_k) * elem,
-                      elem);
-        }
-      return cut_quantized(fine, part, name);
+    if (q.kind == formats::QuantKind::kFp8Block) grid.block_n = refine(q.block_n, row0, rows, q.n_out);
+    grid.block_k = refine(q.block_k, col0, cols, q.n_in);
+    if (q.kind == formats::QuantKind::kInt4Group && grid.block_k != q.block_k && grid.block_k % 8 != 0) {
+      return unsupported("cannot split " + name + " (int4-group) at inputs [" + std::to_string(col0) + ", " +
+                         std::to_string(col0 + cols) + "): eight inputs share a packed word");
     }
   }
-  const QuantGrid g = quant_grid(q);
+  const QuantGrid g = quant_grid(q.kind, grid.block_n, grid.block_k);
   const auto aligned = [&](int64_t begin, int64_t count, int64_t n, int64_t unit, const char* what) -> Status {
     if (unit <= 1 || (begin % unit == 0 && (count % unit == 0 || begin + count == n))) return Status::Ok();
     return unsupported("cannot split " + name + " (" + std::string(formats::quant_kind_name(q.kind)) + ") at " +
@@ -113,6 +98,40 @@ Result<formats::QuantizedTensor> cut_quantized(const formats::QuantizedTensor& q
   };
   KILN_RETURN_IF_ERROR(aligned(col0, cols, q.n_in, std::max(g.in_per_elem, g.scale_in), "inputs"));
   KILN_RETURN_IF_ERROR(aligned(row0, rows, q.n_out, g.scale_out, "outputs"));
+  return grid;
+}
+
+// The rows and columns `part` keeps of a quantized [n_out, n_in] matrix, cut along its
+// scale blocks (cut_grid); an error names `name` when the cut would split one.
+Result<formats::QuantizedTensor> cut_quantized(const formats::QuantizedTensor& q, const Part& part,
+                                               const std::string& name) {
+  if (part.whole()) return q;
+  auto ranges = part_ranges(Shape{q.n_out, q.n_in}, part);
+  if (!ranges.ok()) return ranges.status().with_context(name);
+  const auto& r = *ranges;
+  const auto [row0, rows] = r[0];
+  const auto [col0, cols] = r[1];
+  KILN_ASSIGN_OR_RETURN(const CutGrid grid, cut_grid(q, r, name));
+  if (grid.block_n != q.block_n || grid.block_k != q.block_k) {  // the scales over the finer grid, then the cut
+    const int64_t bn = grid.block_n, bk = grid.block_k;
+    formats::QuantizedTensor fine = q;
+    fine.block_n = int32_t(bn);
+    fine.block_k = int32_t(bk);
+    const int64_t old_cols = ceil_div(q.n_in, q.block_k);
+    const int64_t new_rows = q.kind == formats::QuantKind::kFp8Block ? ceil_div(q.n_out, bn) : q.n_out;
+    const int64_t new_cols = ceil_div(q.n_in, bk);
+    fine.scale = host_tensor(q.scale.dtype, {new_rows, new_cols});
+    const size_t elem = dtype_bits(q.scale.dtype) / 8;
+    for (int64_t i = 0; i < new_rows; ++i)
+      for (int64_t j = 0; j < new_cols; ++j) {
+        const int64_t old_row = q.kind == formats::QuantKind::kFp8Block ? i * bn / q.block_n : i;
+        std::memcpy(static_cast<uint8_t*>(fine.scale.data) + size_t(i * new_cols + j) * elem,
+                    static_cast<const uint8_t*>(q.scale.data) + size_t(old_row * old_cols + j * bk / q.block_k) * elem,
+                    elem);
+      }
+    return cut_quantized(fine, part, name);
+  }
+  const QuantGrid g = quant_grid(q.kind, q.block_n, q.block_k);
   formats::QuantizedTensor out = q;
   out.n_out = rows;
   out.n_in = cols;
@@ -176,8 +195,17 @@ Result<Tensor> slice_part(const Tensor& t, const Part& part) {
 Tensor WeightLoader::uploaded(const Tensor& t) {
   Tensor out = backend_.upload(t);
   bytes_done_ += uint64_t(t.nbytes());
-  if (progress_) progress_(bytes_done_, ckpt_->total_bytes());
+  if (progress_ && ckpt_) progress_(bytes_done_, ckpt_->total_bytes());
   return out;
+}
+
+uint64_t WeightLoader::dummy_seed(const std::string& name, uint64_t salt,
+                                  const std::vector<std::pair<int64_t, int64_t>>& ranges) const {
+  uint64_t seed = dummy_seed_;
+  for (unsigned char c : name) seed = ops::splitmix64(seed ^ c);
+  if (salt != 0) seed = ops::splitmix64(seed ^ salt);
+  for (const auto& [begin, count] : ranges) seed = ops::splitmix64(seed ^ uint64_t(begin));  // a shard's own values
+  return seed;
 }
 
 Tensor WeightLoader::generated(const std::string& name, const Shape& full, const Part& part) {
@@ -195,12 +223,42 @@ Tensor WeightLoader::generated(const std::string& name, const Shape& full, const
   } else if (!vector) {
     stddev = float(1.0 / std::sqrt(double(full.dims[1])));  // [n_out, n_in] or [experts, n_in, n_out]
   }
-  uint64_t seed = dummy_seed_;
-  for (unsigned char c : name) seed = ops::splitmix64(seed ^ c);
-  for (const auto& [begin, count] : *ranges) seed = ops::splitmix64(seed ^ uint64_t(begin));  // a shard's own values
-  backend_.fill_random({.out = t, .seed = seed, .mean = mean, .stddev = stddev});
+  backend_.fill_random({.out = t, .seed = dummy_seed(name, 0, *ranges), .mean = mean, .stddev = stddev});
   used_.insert(name);
   return t;
+}
+
+Result<formats::QuantizedTensor> WeightLoader::generated_quantized(const std::string& name, formats::QuantKind kind,
+                                                                   int64_t n_out, int64_t n_in, const Part& part,
+                                                                   uint64_t salt) {
+  using formats::QuantKind;
+  // The checks quantized_host makes of a checkpoint's tensors.
+  const int64_t group = kind == QuantKind::kNvfp4 ? 16 : kind == QuantKind::kMxfp4 ? 32
+                        : kind == QuantKind::kInt4Group ? quant_.group_size : 1;
+  if (group <= 0 || n_in % group != 0) {
+    return corrupt(std::string(formats::quant_kind_name(kind)) + " group size " + std::to_string(group) +
+                   " does not divide the input size " + std::to_string(n_in) + " of " + name);
+  }
+  formats::QuantizedTensor whole;  // the checkpoint tensor's shape and blocks, no data
+  whole.kind = kind;
+  whole.n_out = n_out;
+  whole.n_in = n_in;
+  whole.block_n = kind == QuantKind::kFp8Block ? quant_.block_n : 0;
+  whole.block_k = kind == QuantKind::kFp8Block ? quant_.block_k : kind == QuantKind::kInt4Group ? int32_t(group) : 0;
+  auto ranges = part_ranges(Shape{n_out, n_in}, part);
+  if (!ranges.ok()) return ranges.status().with_context(name);
+  KILN_ASSIGN_OR_RETURN(const CutGrid grid, cut_grid(whole, *ranges, name));
+  const int64_t rows = (*ranges)[0].second, cols = (*ranges)[1].second;
+  // Tensors of a few MiB and more (a full-size model's) are made on every core.
+  if (!pool_ && rows * cols >= (int64_t(4) << 20)) pool_ = std::make_shared<ThreadPool>(0);
+  return random_quantized({.kind = kind,
+                           .n_out = rows,
+                           .n_in = cols,
+                           .block_n = int32_t(grid.block_n),
+                           .block_k = int32_t(grid.block_k),
+                           .stddev = float(1.0 / std::sqrt(double(n_in))),  // the whole matrix's fan-in
+                           .seed = dummy_seed(name, salt, *ranges)},
+                          rows * cols >= (int64_t(1) << 20) ? pool_.get() : nullptr);
 }
 
 Result<Tensor> WeightLoader::typed(const std::string& name, std::initializer_list<DType> dtypes,
@@ -211,7 +269,7 @@ Result<Tensor> WeightLoader::typed(const std::string& name, std::initializer_lis
 
 Result<Tensor> WeightLoader::host_typed(const std::string& name, std::initializer_list<DType> dtypes,
                                         const Shape& shape) {
-  if (ckpt_ == nullptr) return unsupported("dummy weights are bf16; " + name + " would be quantized");
+  KILN_CHECK(ckpt_ != nullptr) << name << ": dummy weights are generated, never read";
   KILN_ASSIGN_OR_RETURN(Tensor t, ckpt_->get(name, shape));
   bool ok = false;
   for (DType d : dtypes) ok = ok || t.dtype == d;
@@ -226,7 +284,7 @@ Result<Tensor> WeightLoader::host_typed(const std::string& name, std::initialize
 Result<formats::QuantizedTensor> WeightLoader::uploaded(const formats::QuantizedTensor& q) {
   KILN_ASSIGN_OR_RETURN(formats::QuantizedTensor out, backend_.upload_quantized(q));
   bytes_done_ += uint64_t(q.nbytes());
-  if (progress_) progress_(bytes_done_, ckpt_->total_bytes());
+  if (progress_ && ckpt_) progress_(bytes_done_, ckpt_->total_bytes());
   return out;
 }
 
@@ -294,6 +352,10 @@ Result<ops::Weight> WeightLoader::linear(const std::string& prefix, int64_t n_ou
 
 Result<formats::QuantizedTensor> WeightLoader::quantized(const std::string& p, int64_t n_out, int64_t n_in,
                                                          const Part& part) {
+  if (ckpt_ == nullptr) {  // dummy: made at the cut's shape
+    KILN_ASSIGN_OR_RETURN(formats::QuantizedTensor q, generated_quantized(p + ".weight", quant_.kind, n_out, n_in, part));
+    return uploaded(q);
+  }
   KILN_ASSIGN_OR_RETURN(formats::QuantizedTensor q, quantized_host(p, n_out, n_in));
   KILN_ASSIGN_OR_RETURN(q, cut_quantized(q, part, p + ".weight"));
   return uploaded(q);
@@ -381,6 +443,18 @@ Result<std::vector<formats::QuantizedTensor>> WeightLoader::mxfp4_experts(const 
                                                                            const Part& part) {
   if (n_in % 32 != 0) {
     return corrupt("MXFP4 group size 32 does not divide the input size " + std::to_string(n_in) + " of " + name);
+  }
+  if (ckpt_ == nullptr) {  // dummy: each expert made at the cut's shape
+    std::vector<formats::QuantizedTensor> out;
+    for (int64_t e = first; e < first + count; ++e) {
+      KILN_ASSIGN_OR_RETURN(formats::QuantizedTensor q,
+                            generated_quantized(name + "_blocks", formats::QuantKind::kMxfp4, n_out, n_in, part,
+                                                /*salt=*/uint64_t(e) + 1));
+      auto u = uploaded(q);
+      if (!u.ok()) return u.status().with_context(name + " (MXFP4 experts)");
+      out.push_back(std::move(u).value());
+    }
+    return out;
   }
   KILN_ASSIGN_OR_RETURN(Tensor blocks, host_typed(name + "_blocks", {DType::kU8}, {n_experts, n_out, n_in / 32, 16}));
   KILN_ASSIGN_OR_RETURN(Tensor scales,

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -13,6 +14,10 @@
 #include "formats/quant_config.h"
 #include "formats/safetensors.h"
 #include "ops/backend.h"
+
+namespace kiln {
+class ThreadPool;
+}
 
 namespace kiln::model {
 
@@ -60,12 +65,17 @@ class WeightLoader {
                formats::QuantConfig quant = {})
       : ckpt_(&ckpt), backend_(backend), quant_(std::move(quant)) {}
 
-  // --load-format dummy: no checkpoint; every tensor a block asks for is made on the
-  // backend (Backend::fill_random) at the shape the config implies, in bf16 (vectors in
-  // f32), seeded by its name: norms near 1, biases near 0, matrices with a standard
-  // deviation of 1/sqrt(fan-in) so activations and routing behave like a trained model's.
-  // Optional tensors (has()) are absent.
-  static WeightLoader dummy(ops::Backend& backend, uint64_t seed) { return WeightLoader(backend, seed); }
+  // --load-format dummy: no checkpoint; every tensor a block asks for is made at the
+  // shape the config implies (cut to the shard's part), seeded by its name: norms near 1,
+  // biases near 0, matrices with a standard deviation of 1/sqrt(fan-in) so activations and
+  // routing behave like a trained model's. Dense tensors are made on the backend
+  // (Backend::fill_random) in bf16 (vectors in f32); a linear that `quant` marks quantized
+  // is made on the host in its checkpoint layout (model/dummy_quant.h, rows in parallel)
+  // and goes through Backend::upload_quantized like a real checkpoint's. Optional tensors
+  // (has()) are absent.
+  static WeightLoader dummy(ops::Backend& backend, uint64_t seed, formats::QuantConfig quant = {}) {
+    return WeightLoader(backend, seed, std::move(quant));
+  }
 
   const formats::QuantConfig& quant() const { return quant_; }
   const Shard& shard() const { return shard_; }
@@ -119,9 +129,18 @@ class WeightLoader {
   Status linear_bias(const std::string& prefix, int64_t n_out, bool bias, const Part& part, bool bias_here,
                      ops::Weight& w);
 
-  WeightLoader(ops::Backend& backend, uint64_t seed) : ckpt_(nullptr), backend_(backend), dummy_seed_(seed) {}
+  WeightLoader(ops::Backend& backend, uint64_t seed, formats::QuantConfig quant)
+      : ckpt_(nullptr), backend_(backend), dummy_seed_(seed), quant_(std::move(quant)) {}
   // A dummy tensor (see dummy()) of the full `shape` cut to `part`.
   Tensor generated(const std::string& name, const Shape& shape, const Part& part = {});
+  // A dummy quantized [n_out, n_in] matrix of `kind` (host tensors) cut to `part` with the
+  // scale grid a checkpoint's cut would have; `salt` tells apart experts of one name.
+  Result<formats::QuantizedTensor> generated_quantized(const std::string& name, formats::QuantKind kind,
+                                                       int64_t n_out, int64_t n_in, const Part& part,
+                                                       uint64_t salt = 0);
+  // The seed of a dummy tensor: dummy_seed_, its name, `salt`, then the part's begins.
+  uint64_t dummy_seed(const std::string& name, uint64_t salt,
+                      const std::vector<std::pair<int64_t, int64_t>>& ranges) const;
 
   const formats::Checkpoint* ckpt_;  // null in dummy mode
   ops::Backend& backend_;
@@ -132,6 +151,7 @@ class WeightLoader {
   std::vector<std::string> skipped_;
   std::function<void(uint64_t, uint64_t)> progress_;
   uint64_t bytes_done_ = 0;
+  std::shared_ptr<ThreadPool> pool_;  // dummy quantized weights' generation, made when first needed
   Tensor uploaded(const Tensor& t);
 };
 

@@ -72,15 +72,14 @@ Status Engine::load_weights(const std::string& model_dir, const EngineOptions& o
     config_.n_layers = options.num_layers;
     if (config_.layer_types.size() > size_t(options.num_layers)) config_.layer_types.resize(size_t(options.num_layers));
   }
-  if (dummy && config_.raw.contains("quantization_config")) {
-    KILN_LOG(kWarn, "dummy weights are bf16: the config's quantization_config is not used");
-  }
   std::optional<formats::Checkpoint> ckpt;
   formats::QuantConfig quant;
   if (!dummy) {
     KILN_ASSIGN_OR_RETURN(ckpt, formats::Checkpoint::open(model_dir));
-    KILN_ASSIGN_OR_RETURN(quant, formats::load_quant_config(model_dir));
   }
+  KILN_ASSIGN_OR_RETURN(quant, std::filesystem::is_regular_file(model_dir)  // dummy: a config .json
+                                   ? formats::parse_quant_config(config_.raw.dump(), "", model_dir)
+                                   : formats::load_quant_config(model_dir));
   std::vector<std::string> unused;
   // Progress over every rank's loader (each reads its part): their bytes summed.
   std::mutex progress_mu;
@@ -94,7 +93,7 @@ Status Engine::load_weights(const std::string& model_dir, const EngineOptions& o
   };
   KILN_RETURN_IF_ERROR(runner_->build(config_.n_layers, [&](int rank, const model::Shard& shard) -> Result<model::CausalLM> {
     ops::Backend& be = runner_->backend(rank);
-    model::WeightLoader loader = dummy ? model::WeightLoader::dummy(be, /*seed=*/20261123)
+    model::WeightLoader loader = dummy ? model::WeightLoader::dummy(be, /*seed=*/20261123, quant)
                                        : model::WeightLoader(*ckpt, be, quant);
     loader.set_shard(shard);
     if (options.on_load_progress) {
@@ -105,6 +104,10 @@ Status Engine::load_weights(const std::string& model_dir, const EngineOptions& o
     if (rank == 0) unused = loader.unused();
     return lm;
   }));
+  for (const model::PathRecord& r : model::path_records(runner_->model(0), runner_->backend(0))) {
+    KILN_LOG(kInfo, "path: layers " << (r.layers.empty() ? "-" : r.layers) << " " << r.group << " (" << r.format
+                                    << "): " << r.path);
+  }
   if (runner_->world() == 1) {  // with several ranks each one skips the others' tensors
     for (const std::string& name : unused) {
       KILN_LOG(kInfo, "checkpoint tensor not used by " << config_.architecture << ": " << name);

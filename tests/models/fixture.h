@@ -65,12 +65,12 @@ inline double relative_error(const std::vector<std::vector<float>>& got,
 
 inline const std::vector<std::string>& all_fixtures() {
   // gpt_oss_d64 .. deepseek_v3_mla use the target models' real head sizes (64; 128; MLA
-  // 128 + 64 / 128 / 512 + 64); gpt_oss_e16 is the yardstick shape of the quantized-GPU issue
-  // (16 experts top-4, head 64, window 16); kiln_demo is the trained built-in demo model.
+  // 128 + 64 / 128 / 512 + 64); kiln_demo is the trained built-in demo model. gpt_oss_e16
+  // (16 experts top-4: many near-tied expert choices) serves the GPU yardstick test only.
   static const std::vector<std::string> kNames = {
       "llama",       "qwen3",       "qwen3_moe",      "glm4_moe",      "deepseek_v3",
       "kimi_k2",     "gpt_oss",     "gpt_oss_d64",    "qwen3_moe_d128", "glm4_moe_d128",
-      "deepseek_v3_mla", "gpt_oss_e16", "kiln_demo"};
+      "deepseek_v3_mla", "kiln_demo"};
   return kNames;
 }
 
