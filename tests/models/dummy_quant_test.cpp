@@ -13,6 +13,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/thread_pool.h"
+#include "delegating_backend.h"
 #include "fixture.h"
 #include "formats/hf_config.h"
 #include "formats/quant_config.h"
@@ -162,31 +163,14 @@ struct Routing {
   int n_quantized_uploads = 0;
 };
 
-class RoutingProbe final : public ops::Backend {
+class RoutingProbe final : public testing::DelegatingBackend {
  public:
-  explicit RoutingProbe(Routing& r) : inner_(cpu::make_cpu_backend(2)), r_(r) {}
+  explicit RoutingProbe(Routing& r) : DelegatingBackend(cpu::make_cpu_backend(2)), r_(r) {}
   std::string name() const override { return "routing-probe-cpu"; }
-  DType activation_dtype() const override { return inner_->activation_dtype(); }
-  Tensor alloc(DType d, Shape s) override { return inner_->alloc(d, s); }
-  Tensor upload(const Tensor& t) override { return inner_->upload(t); }
-  void to_host_f32(const Tensor& t, float* out) override { inner_->to_host_f32(t, out); }
-  void from_host_f32(const float* src, Tensor& t) override { inner_->from_host_f32(src, t); }
   Result<formats::QuantizedTensor> upload_quantized(const formats::QuantizedTensor& q) override {
     ++r_.n_quantized_uploads;
     return inner_->upload_quantized(q);
   }
-  Status supports_kv_cache(DType d) const override { return inner_->supports_kv_cache(d); }
-  void embedding(const ops::EmbeddingArgs& a) override { inner_->embedding(a); }
-  void rms_norm(const ops::RmsNormArgs& a) override { inner_->rms_norm(a); }
-  void linear(const ops::LinearArgs& a) override { inner_->linear(a); }
-  void rope(const ops::RopeArgs& a) override { inner_->rope(a); }
-  void kv_store(const ops::KvStoreArgs& a) override { inner_->kv_store(a); }
-  void attention(const ops::AttentionArgs& a) override { inner_->attention(a); }
-  void mla_store(const ops::MlaStoreArgs& a) override { inner_->mla_store(a); }
-  void mla_attention(const ops::MlaArgs& a) override { inner_->mla_attention(a); }
-  void glu(const ops::GluArgs& a) override { inner_->glu(a); }
-  void add(const ops::AddArgs& a) override { inner_->add(a); }
-  void slice_columns(const ops::SliceColumnsArgs& a) override { inner_->slice_columns(a); }
   void moe(const ops::MoeArgs& a) override {
     const int64_t n_tokens = a.x.dim(0), d = a.out.dim(1);
     std::vector<float> y(size_t(n_tokens * d));
@@ -209,11 +193,8 @@ class RoutingProbe final : public ops::Backend {
     }
     inner_->moe(a);
   }
-  void sample(const ops::SampleArgs& a) override { inner_->sample(a); }
-  void fill_random(const ops::FillRandomArgs& a) override { inner_->fill_random(a); }
 
  private:
-  std::unique_ptr<ops::Backend> inner_;
   Routing& r_;
 };
 

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <thread>
 
+#include "delegating_backend.h"
 #include "engine_test_util.h"
 #include "runtime/async_engine.h"
 
@@ -15,39 +16,15 @@ namespace {
 using namespace std::chrono_literals;
 
 // The CPU reference, except that moe() throws once `fail` is set.
-class FailingBackend final : public ops::Backend {
+class FailingBackend final : public testing::DelegatingBackend {
  public:
-  explicit FailingBackend(std::atomic<bool>& fail) : inner_(cpu::make_cpu_backend(1)), fail_(fail) {}
-  std::string name() const override { return "failing-cpu"; }
-  DType activation_dtype() const override { return inner_->activation_dtype(); }
-  Tensor alloc(DType d, Shape s) override { return inner_->alloc(d, s); }
-  Tensor upload(const Tensor& t) override { return inner_->upload(t); }
-  void to_host_f32(const Tensor& t, float* out) override { inner_->to_host_f32(t, out); }
-  void from_host_f32(const float* src, Tensor& t) override { inner_->from_host_f32(src, t); }
-  Result<formats::QuantizedTensor> upload_quantized(const formats::QuantizedTensor& q) override {
-    return inner_->upload_quantized(q);
-  }
-  Status supports_kv_cache(DType d) const override { return inner_->supports_kv_cache(d); }
-  void embedding(const ops::EmbeddingArgs& a) override { inner_->embedding(a); }
-  void rms_norm(const ops::RmsNormArgs& a) override { inner_->rms_norm(a); }
-  void linear(const ops::LinearArgs& a) override { inner_->linear(a); }
-  void rope(const ops::RopeArgs& a) override { inner_->rope(a); }
-  void kv_store(const ops::KvStoreArgs& a) override { inner_->kv_store(a); }
-  void attention(const ops::AttentionArgs& a) override { inner_->attention(a); }
-  void mla_store(const ops::MlaStoreArgs& a) override { inner_->mla_store(a); }
-  void mla_attention(const ops::MlaArgs& a) override { inner_->mla_attention(a); }
-  void glu(const ops::GluArgs& a) override { inner_->glu(a); }
-  void add(const ops::AddArgs& a) override { inner_->add(a); }
-  void slice_columns(const ops::SliceColumnsArgs& a) override { inner_->slice_columns(a); }
+  explicit FailingBackend(std::atomic<bool>& fail) : DelegatingBackend(cpu::make_cpu_backend(1)), fail_(fail) {}
   void moe(const ops::MoeArgs& a) override {
     if (fail_.load()) throw std::runtime_error("injected device fault");
     inner_->moe(a);
   }
-  void sample(const ops::SampleArgs& a) override { inner_->sample(a); }
-  void fill_random(const ops::FillRandomArgs& a) override { inner_->fill_random(a); }
 
  private:
-  std::unique_ptr<ops::Backend> inner_;
   std::atomic<bool>& fail_;
 };
 
