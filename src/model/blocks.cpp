@@ -179,6 +179,7 @@ Tensor CausalLM::logits(ops::Backend& be, const Tensor& picked) const {
   if (rows_here != vocab_part) be.slice_columns({.src = mine, .dst = part, .n_cols = rows_here});
   Tensor parts = act(be, {int64_t(tp->size()), n_rows, vocab_part});
   tp->all_gather(part, parts);
+  if (tp->rank() != 0) return parts;  // only the group's first rank hands logits on (ModelRunner)
   Tensor out = act(be, {n_rows, vocab_size});
   for (int r = 0; r < tp->size(); ++r) {
     const int64_t begin = vocab_part * r, n = std::min(vocab_part, vocab_size - begin);

@@ -121,7 +121,8 @@ struct CausalLM {
   // Runs one step over the flattened batch (batch.token_ids) through
   // Backend::run_step and returns the logits [batch.logit_rows.size(), vocab]
   // (activation dtype) of the requested rows, valid until the next step; a stage
-  // before the last returns an undefined tensor.
+  // before the last returns an undefined tensor, and a tensor-parallel rank other than
+  // the group's first the gathered vocabulary parts (only the first assembles the logits).
   Tensor forward(ops::Backend& be, const ops::BatchMeta& batch, std::vector<LayerKv>& kv) const;
 
  private:

@@ -143,6 +143,14 @@ void for_rows(int64_t n_rows, int64_t row_bytes, ThreadPool* pool, const std::fu
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// One row of n_in e2m1 codes, two per byte (MXFP4 and NVFP4 alike), from stream s.
+void fill_e2m1_row(uint8_t* row, int64_t n_in, uint64_t s, const CodeTable& codes) {
+  for (int64_t w = 0; w < n_in / 8; ++w) {
+    const uint32_t v = nibbles8(word(s, uint64_t(w)), codes);
+    for (int b = 0; b < 4; ++b) row[4 * w + b] = uint8_t(v >> (8 * b));
+  }
+}
+
 }  // namespace
 
 double random_code_rms(QuantKind kind) { return code_table(kind).rms; }
@@ -191,12 +199,7 @@ formats::QuantizedTensor random_quantized(const RandomQuantArgs& a, ThreadPool* 
       uint8_t* data = q.data.as<uint8_t>();
       uint8_t* scale = q.scale.as<uint8_t>();
       for_rows(n_out, n_in / 2, pool, [&](int64_t o) {
-        const uint64_t s = row_stream(a.seed, kCodes, o);
-        uint8_t* row = data + o * (n_in / 2);
-        for (int64_t w = 0; w < n_in / 8; ++w) {
-          const uint32_t v = nibbles8(word(s, uint64_t(w)), codes);
-          for (int b = 0; b < 4; ++b) row[4 * w + b] = uint8_t(v >> (8 * b));
-        }
+        fill_e2m1_row(data + o * (n_in / 2), n_in, row_stream(a.seed, kCodes, o), codes);
         const uint64_t ss = row_stream(a.seed, kScales, o);
         for (int64_t g = 0; g < n_in / 32; ++g)
           scale[o * (n_in / 32) + g] = uint8_t(e_lo + ((word(ss, uint64_t(g)) & 0xffff) < p_hi ? 1 : 0));
@@ -213,12 +216,7 @@ formats::QuantizedTensor random_quantized(const RandomQuantArgs& a, ThreadPool* 
       uint8_t* data = q.data.as<uint8_t>();
       uint8_t* scale = q.scale.as<uint8_t>();
       for_rows(n_out, n_in / 2, pool, [&](int64_t o) {
-        const uint64_t s = row_stream(a.seed, kCodes, o);
-        uint8_t* row = data + o * (n_in / 2);
-        for (int64_t w = 0; w < n_in / 8; ++w) {
-          const uint32_t v = nibbles8(word(s, uint64_t(w)), codes);
-          for (int b = 0; b < 4; ++b) row[4 * w + b] = uint8_t(v >> (8 * b));
-        }
+        fill_e2m1_row(data + o * (n_in / 2), n_in, row_stream(a.seed, kCodes, o), codes);
         const uint64_t ss = row_stream(a.seed, kScales, o);
         for (int64_t g = 0; g < n_in / 16; ++g) scale[o * (n_in / 16) + g] = block.code[word(ss, uint64_t(g)) & 0xff];
       });
