@@ -1,5 +1,8 @@
 #include "formats/quant.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "core/check.h"
 
 namespace kiln::formats {
@@ -85,6 +88,34 @@ void dequantize_row(const QuantizedTensor& q, int64_t o, float* out) {
     case QuantKind::kNone: break;
   }
   KILN_CHECK(false) << "dequantize_row of a dense weight";
+}
+
+float quantize_fp8_act_block(const float* x, int n, uint8_t* codes) {
+  KILN_CHECK(n >= 0 && n <= kFp8ActBlock) << "fp8 activation block of " << n;
+  float amax = 0.0f;
+  for (int i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  float s = amax / 448.0f;
+  if (!(s > 0.0f)) s = 1.0f;
+  for (int i = 0; i < n; ++i) codes[i] = f32_to_fp8_e4m3(x[i] / s);
+  return s;
+}
+
+void fake_quantize_fp8_act(const float* x, int64_t n, float* out) {
+  uint8_t codes[kFp8ActBlock];
+  for (int64_t b = 0; b < n; b += kFp8ActBlock) {
+    const int len = int(std::min<int64_t>(kFp8ActBlock, n - b));
+    const float s = quantize_fp8_act_block(x + b, len, codes);
+    for (int i = 0; i < len; ++i) out[b + i] = fp8_e4m3_to_f32(codes[i]) * s;
+  }
+}
+
+bool fp8_w8a8_eligible(const QuantizedTensor& q) {
+  switch (q.kind) {
+    case QuantKind::kFp8Block: return q.block_k > 0 && q.block_k % kFp8ActBlock == 0;
+    case QuantKind::kFp8Channel:
+    case QuantKind::kFp8Tensor: return true;
+    default: return false;
+  }
 }
 
 }  // namespace kiln::formats

@@ -47,6 +47,19 @@ struct QuantizedTensor {
 // Writes the n_in fp32 values of logical row `o` (the reference dequantization).
 void dequantize_row(const QuantizedTensor& q, int64_t o, float* out);
 
+// FP8 activations of the W8A8 GEMMs (DeepSeek-V3's act_quant, 1 x 128 blocks): each
+// block of kFp8ActBlock consecutive inputs of a row becomes e4m3 codes (round to nearest
+// even, saturating) with one fp32 scale s = amax / 448 (1 for an all-zero block), so
+// x ~ e4m3(x / s) * s. quantize_fp8_act_block writes n <= kFp8ActBlock codes and returns
+// s; fake_quantize_fp8_act replaces a row of n inputs by those values (what a W8A8 GEMM
+// multiplies), the CPU reference's emulation of the GPU's quantized activations.
+inline constexpr int kFp8ActBlock = 128;
+float quantize_fp8_act_block(const float* x, int n, uint8_t* codes);
+void fake_quantize_fp8_act(const float* x, int64_t n, float* out);
+// Whether W8A8 applies to a weight: FP8 whose scale is one number over each block of 128
+// inputs of a row (block FP8 with block_k a multiple of 128, per channel, per tensor).
+bool fp8_w8a8_eligible(const QuantizedTensor& q);
+
 // Element scalars used by dequantize_row, exposed for tests.
 // INT4 nibble k of a row of packed int32 words, as the signed value (nibble - 8).
 inline int int4_at(const int32_t* row, int64_t k) {

@@ -12,6 +12,8 @@
 #include <gtest/gtest.h>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/quant_random.h"
+#include "formats/quant.h"
 #include "test_util.h"
 
 namespace kiln::cpu {
@@ -130,6 +132,38 @@ TEST(CpuLinear, OneAndFourThreadsGiveBitIdenticalResults) {
     be1->linear({.x = x_t, .w = &tw.w, .out = out1});
     be4->linear({.x = x_t, .w = &tw.w, .out = out4});
     EXPECT_EQ(std::memcmp(out1.data, out4.data, out1.nbytes()), 0) << "transposed " << transposed;
+  }
+}
+
+// CpuOptions::fp8_activations (the W8A8 reference): an FP8 weight with a scale per 128
+// inputs multiplies x quantized per 128-input block (formats::fake_quantize_fp8_act),
+// exactly; other quantized weights, and FP8 with 64-input blocks, read x as it is.
+TEST(CpuLinear, Fp8ActivationsQuantizeTheInputsOfW8a8WeightsOnly) {
+  std::mt19937 rng(11);
+  auto plain = make_cpu_backend(1);
+  auto fp8 = make_cpu_backend({.n_threads = 1, .fp8_activations = true});
+  const int64_t n_tokens = 3, n_in = 296, n_out = 40;
+  std::vector<float> x = random_values(rng, n_tokens * n_in), xq(x.size());
+  for (int64_t t = 0; t < n_tokens; ++t) formats::fake_quantize_fp8_act(&x[t * n_in], n_in, &xq[t * n_in]);
+  ASSERT_NE(x, xq);
+  const Tensor x_t = make_tensor(DType::kF32, {n_tokens, n_in}, x), xq_t = make_tensor(DType::kF32, {n_tokens, n_in}, xq);
+  using formats::QuantKind;
+  for (const cuda::QuantCase& c : {cuda::QuantCase{QuantKind::kFp8Block, 128, 128, DType::kF32},
+                                   cuda::QuantCase{QuantKind::kFp8Channel, 0, 0, DType::kF32},
+                                   cuda::QuantCase{QuantKind::kFp8Block, 64, 64, DType::kF32},
+                                   cuda::QuantCase{QuantKind::kMxfp4}}) {
+    SCOPED_TRACE(c.name());
+    ops::Weight w;
+    w.quant = cuda::random_quantized(c, n_out, c.kind == QuantKind::kMxfp4 ? 288 : n_in, rng);
+    const int64_t k = w.n_in();
+    std::vector<float> xs_v(x.begin(), x.begin() + n_tokens * k);  // MXFP4: 288 inputs (a multiple of 32)
+    const Tensor xs = make_tensor(DType::kF32, {n_tokens, k}, xs_v);
+    Tensor got = fp8->alloc(DType::kF32, {n_tokens, n_out}), want = plain->alloc(DType::kF32, {n_tokens, n_out});
+    const bool w8a8 = formats::fp8_w8a8_eligible(w.quant);
+    EXPECT_EQ(w8a8, c.kind != QuantKind::kMxfp4 && c.group != 64);
+    fp8->linear({.x = k == n_in ? x_t : xs, .w = &w, .out = got});
+    plain->linear({.x = w8a8 ? xq_t : (k == n_in ? x_t : xs), .w = &w, .out = want});
+    EXPECT_EQ(std::memcmp(got.data, want.data, got.nbytes()), 0);
   }
 }
 

@@ -2,6 +2,7 @@
 // and quantization_config parsing.
 #include "formats/quant.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -122,6 +123,46 @@ Result<QuantConfig> parse(const std::string& qc, const std::string& hf_quant = "
   char buf[4096];
   std::snprintf(buf, sizeof buf, kCfg, qc.c_str());
   return parse_quant_config(buf, hf_quant, "config.json");
+}
+
+// The W8A8 activation rule: scale amax / 448 per block of 128, the block maximum on 448
+// (0x7e), round to nearest even in between, an all-zero block with scale 1, a partial
+// last block on its own, and which weights take it.
+TEST(Fp8Activations, BlocksOf128WithScaleAmaxOver448) {
+  float x[300];
+  for (int i = 0; i < 300; ++i) x[i] = std::sin(0.37f * float(i)) * (i < 128 ? 3.0f : 0.01f);
+  x[5] = -7.0f;  // block 0's maximum magnitude
+  uint8_t codes[128];
+  const float s = quantize_fp8_act_block(x, 128, codes);
+  EXPECT_EQ(s, 7.0f / 448.0f);
+  EXPECT_EQ(codes[5], 0xfe);  // -448
+  for (int i = 0; i < 128; ++i) EXPECT_EQ(codes[i], f32_to_fp8_e4m3(x[i] / s)) << i;
+  float zeros[7] = {}, out[300];
+  EXPECT_EQ(quantize_fp8_act_block(zeros, 7, codes), 1.0f);
+  for (int i = 0; i < 7; ++i) EXPECT_EQ(codes[i], 0);
+  fake_quantize_fp8_act(x, 300, out);
+  EXPECT_EQ(out[5], -7.0f);
+  for (int b = 0; b < 3; ++b) {  // blocks [0, 128), [128, 256), [256, 300)
+    const int lo = 128 * b, n = std::min(128, 300 - lo);
+    const float sb = quantize_fp8_act_block(x + lo, n, codes);
+    float amax = 0.0f;
+    for (int i = lo; i < lo + n; ++i) amax = std::max(amax, std::fabs(x[i]));
+    EXPECT_EQ(sb, amax / 448.0f);
+    for (int i = 0; i < n; ++i) {
+      EXPECT_EQ(out[lo + i], fp8_e4m3_to_f32(codes[i]) * sb);
+      // e4m3: 3 mantissa bits, so at most half a step (2^-4 relative) from x in the normal
+      // range, and a subnormal step (2^-9 of the scale) below it.
+      EXPECT_LE(std::fabs(out[lo + i] - x[lo + i]), std::max(std::ldexp(std::fabs(x[lo + i]), -4), std::ldexp(sb, -10)))
+          << lo + i;
+    }
+  }
+  EXPECT_TRUE(fp8_w8a8_eligible({.kind = QuantKind::kFp8Block, .block_n = 128, .block_k = 128}));
+  EXPECT_TRUE(fp8_w8a8_eligible({.kind = QuantKind::kFp8Block, .block_n = 128, .block_k = 256}));
+  EXPECT_FALSE(fp8_w8a8_eligible({.kind = QuantKind::kFp8Block, .block_n = 64, .block_k = 64}));
+  EXPECT_TRUE(fp8_w8a8_eligible({.kind = QuantKind::kFp8Channel}));
+  EXPECT_TRUE(fp8_w8a8_eligible({.kind = QuantKind::kFp8Tensor}));
+  EXPECT_FALSE(fp8_w8a8_eligible({.kind = QuantKind::kMxfp4}));
+  EXPECT_FALSE(fp8_w8a8_eligible({.kind = QuantKind::kInt4Group, .block_k = 128}));
 }
 
 TEST(QuantConfig, CompressedTensorsIgnoreUsesPythonReMatch) {

@@ -242,6 +242,49 @@ TEST_P(CudaFamily, BatchedDecodeWithGraphsEqualsEager) {
   EXPECT_GT(cg->graph_replays(), 30) << "batched decode steps did not replay recorded graphs";
 }
 
+// The FP8 checkpoints at a prefill of 64 tokens (the long prompt repeated): every FP8
+// linear meets >= 32 rows and each of the 4 experts 32 pairs on average, so the GPU runs
+// the W8A8 GEMMs (activations quantized to e4m3 per 128 inputs) throughout. Quantizing
+// activations is a discontinuous rounding (a value one bf16 step from an e4m3 midpoint
+// moves 2^-4), so on these random fixtures two correct W8A8 implementations part by more
+// than kTol: the bound is a yardstick, as for bf16 (cuda_yardstick_test.cpp). The same-
+// precision baseline is the CPU emulating W8A8 exactly (bf16 activations, fp8_activations:
+// the same blocks by the same rule), and the GPU's error against the exact model (the
+// fp32 CPU, W8A16) must be at most twice the baseline's. A broken kernel is caught tightly
+// per op (cuda_quant_test.cpp); the distance to the emulation is reported.
+class CudaW8a8 : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaW8a8, PrefillErrorIsWithinTwiceTheEmulatedW8a8) {
+  auto gpu = cuda_backend("warp");
+  if (!gpu.ok()) GTEST_SKIP() << gpu.status().to_string();
+  const auto* be = dynamic_cast<const cuda::CudaBackend*>(gpu->get());
+  ASSERT_NE(be, nullptr);
+  if (!be->w8a8_enabled() || !cuda::quant_w8a8_supported({.value = 2, .scale_kind = 4, .scale_bytes = 4, .group = 128}))
+    GTEST_SKIP() << "no W8A8 GEMMs on this device";
+  const std::string dir = testing::fixture_dir(GetParam());
+  const runtime::EngineOptions opt{
+      .block_size = 16, .max_model_len = 256, .max_num_seqs = 8, .kv_cache_bytes = int64_t(64) << 20};
+  auto g = runtime::Engine::load(dir, std::move(gpu).value(), opt);
+  auto e = runtime::Engine::load(dir, cpu::make_cpu_backend({.bf16_activations = true, .fp8_activations = true}), opt);
+  auto f = runtime::Engine::load(dir, cpu::make_cpu_backend(0), opt);
+  ASSERT_TRUE(g.ok() && e.ok() && f.ok());
+  const auto once = testing::read_json(dir + "/golden.json")["prompt_long"].get<std::vector<int32_t>>();
+  std::vector<int32_t> prompt;
+  while (prompt.size() < 64) prompt.push_back(once[prompt.size() % once.size()]);
+  auto lg = (*g)->logits(prompt), le = (*e)->logits(prompt), lf = (*f)->logits(prompt);
+  ASSERT_TRUE(lg.ok() && le.ok() && lf.ok());
+  const double err = testing::relative_error(*lg, *lf), base = testing::relative_error(*le, *lf);
+  std::printf("%s: %zu-token prefill, max |a-b| / max|ref| against the fp32 model: cuda W8A8 %.4g, the emulated "
+              "W8A8 %.4g (cuda vs the emulation: %.4g)\n",
+              GetParam().c_str(), prompt.size(), err, base, testing::relative_error(*lg, *le));
+  EXPECT_LE(err, 2 * base);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fp8, CudaW8a8,
+                         ::testing::Values("llama_fp8_block", "llama_fp8_channel", "deepseek_v3_fp8_block",
+                                           "glm4_moe_fp8_channel"),
+                         [](const auto& info) { return info.param; });
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFamily, ::testing::ValuesIn(testing::all_fixtures()),
                          [](const auto& info) { return info.param; });
 // The quantized checkpoints (FP8 block / channel, NVFP4, INT4, MXFP4) on the packed

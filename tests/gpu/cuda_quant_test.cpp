@@ -7,11 +7,17 @@
 // dequantized; the GPU rounds each dequantized weight to bf16 (exact for MXFP4 and
 // NVFP4, 2^-9 relative for INT4 and FP8 scales), accumulates in fp32 and rounds the
 // output to bf16. So |gpu - cpu| <= 2^-8 |ref| + 2^-9 sum_k |x_k W_ok| (+ fp32 noise).
+// Where the GPU runs W8A8 (FP8 weights with a scale per 128 inputs at >= 32 rows or
+// 64-row MoE tiles: activations quantized to e4m3 per 128 inputs) the reference is the
+// CPU backend with fp8_activations (and bf16 activations: the act between a MoE layer's
+// GEMMs is quantized from bf16 on both), which quantizes the same blocks by the same
+// rule; the bounds are unchanged (W8A8 rounds no weight, so they are looser than needed).
 #include <cmath>
 #include <tuple>
 
 #include <gtest/gtest.h>
 
+#include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend_impl.h"
 #include "backends/cuda/quant_random.h"
 #include "gpu/gpu_test_util.h"
@@ -24,6 +30,17 @@ using cuda::QuantCase;
 
 class CudaQuant : public gpu_testing::GpuTest {
  protected:
+  void SetUp() override {
+    GpuTest::SetUp();
+    // bf16 activations: the act between a MoE layer's GEMMs is quantized from bf16, as on the GPU.
+    cpu_fp8_ = cpu::make_cpu_backend({.bf16_activations = true, .fp8_activations = true});
+  }
+  // Whether the GPU multiplies weight wg by e4m3 activations at this many rows per weight.
+  bool w8a8(const ops::Weight& wg, int64_t rows_per_weight) const {
+    const auto* be = dynamic_cast<const cuda::CudaBackend*>(gpu_.get());
+    return be->w8a8_enabled() && cuda::quant_w8a8_supported(cuda::quant_format(wg.quant)) &&
+           !cuda::quant_gemm_decode_rows(rows_per_weight);
+  }
   // The host weight as the CPU reference reads it, and its packed GPU twin.
   void make_weight(const QuantCase& c, int64_t n_out, int64_t n_in, bool bias, ops::Weight& wc, ops::Weight& wg) {
     wc = ops::Weight{};
@@ -35,6 +52,8 @@ class CudaQuant : public gpu_testing::GpuTest {
     wg.quant = std::move(packed).value();
     if (bias) wg.bias = gpu_->upload(wc.bias);
   }
+
+  std::unique_ptr<ops::Backend> cpu_fp8_;  // the reference of the W8A8 GEMMs
 };
 
 TEST_F(CudaQuant, LinearMatchesCpuForEveryFormatAndShape) {
@@ -52,7 +71,9 @@ TEST_F(CudaQuant, LinearMatchesCpuForEveryFormatAndShape) {
         make_weight(c, n_out, n_in, rows % 2 == 1, wc, wg);
         Tensor x = random({rows, n_in});
         Tensor ref = host_tensor(DType::kF32, {rows, n_out});
-        cpu_->linear({.x = x, .w = &wc, .out = ref});
+        const bool fp8_act = w8a8(wg, rows);
+        if (fp8_act) std::printf("%s %lldx%lld rows %d: W8A8\n", c.name().c_str(), (long long)n_out, (long long)n_in, rows);
+        (fp8_act ? cpu_fp8_ : cpu_)->linear({.x = x, .w = &wc, .out = ref});
         Tensor out = poisoned({rows, n_out});
         gpu_->linear({.x = to_gpu(x), .w = &wg, .out = out});
         const std::vector<float> got = from_gpu(out);
@@ -115,7 +136,9 @@ TEST_F(CudaQuant, MoeMatchesCpuForEveryFormat) {
       SCOPED_TRACE(::testing::Message() << tokens << " tokens");
       Tensor x = random({tokens, d_model});
       Tensor ref = host_tensor(DType::kF32, {tokens, d_model});
-      cpu_->moe({.x = x, .router = &rc, .experts = &ec, .routing = rp, .glu = glu, .out = ref});
+      // 160 x 4 / 16 = 40 pairs per expert on average: the 64-row tiles.
+      const bool fp8_act = tokens == 160 && w8a8(eg.down[0], 40);
+      (fp8_act ? cpu_fp8_ : cpu_)->moe({.x = x, .router = &rc, .experts = &ec, .routing = rp, .glu = glu, .out = ref});
       Tensor out = poisoned(ref.shape);
       gpu_->moe({.x = to_gpu(x), .router = &rg, .experts = &eg, .routing = rp, .glu = glu, .out = out});
       // The act between the GEMMs is bf16 on the GPU (as on the bf16 path), plus the
@@ -128,8 +151,44 @@ TEST_F(CudaQuant, MoeMatchesCpuForEveryFormat) {
         max_err = std::max(max_err, std::abs(double(got[size_t(i)]) - ref.as<float>()[i]));
       }
       EXPECT_LE(max_err, 3 * kBf16Tol * max_ref) << "max error " << max_err << " vs max |ref| " << max_ref;
-      std::printf("%s moe %d tokens: max error / max|ref| %.3g\n", c.name().c_str(), tokens, max_err / max_ref);
+      std::printf("%s moe %d tokens%s: max error / max|ref| %.3g\n", c.name().c_str(), tokens,
+                  fp8_act ? " (W8A8)" : "", max_err / max_ref);
     }
+  }
+}
+
+// The W8A8 GEMMs at prefill shapes of DeepSeek-V3 / Kimi K2 (q_a, o, a shared expert's
+// up and down) and GLM-4.5-Air, with the bound of the header against the emulating
+// reference; and against the W8A16 reference their error is what quantizing the
+// activations costs (about 2^-5 of a typical output), several times the W8A8 bound: so a
+// kernel that ignored the activation scales or skipped the quantization would fail one.
+TEST_F(CudaQuant, W8a8LinearMatchesTheEmulatingReferenceAtPrefillShapes) {
+  const QuantCase block{formats::QuantKind::kFp8Block, 128, 128, DType::kF32};
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1536, 7168}, {7168, 2048}, {4096, 4096}, {1408, 2048}};
+  for (auto [n_out, n_in] : shapes) {
+    SCOPED_TRACE(::testing::Message() << n_out << "x" << n_in);
+    ops::Weight wc, wg;
+    make_weight(block, n_out, n_in, true, wc, wg);
+    const int rows = 64 + 33;  // a full 64-row tile and a partial one
+    if (!w8a8(wg, rows)) GTEST_SKIP() << "no W8A8 on this device";
+    Tensor x = random({rows, n_in});
+    Tensor ref = host_tensor(DType::kF32, {rows, n_out}), ref16 = host_tensor(DType::kF32, {rows, n_out});
+    cpu_fp8_->linear({.x = x, .w = &wc, .out = ref});
+    cpu_->linear({.x = x, .w = &wc, .out = ref16});
+    Tensor out = poisoned({rows, n_out});
+    gpu_->linear({.x = to_gpu(x), .w = &wg, .out = out});
+    const std::vector<float> got = from_gpu(out);
+    double max_ref = 0.0, err = 0.0, err16 = 0.0;
+    for (int64_t i = 0; i < ref.numel(); ++i) {
+      ASSERT_FALSE(std::isnan(got[size_t(i)])) << "element " << i << " not written (or NaN)";
+      max_ref = std::max(max_ref, double(std::abs(ref.as<float>()[i])));
+      err = std::max(err, std::abs(double(got[size_t(i)]) - ref.as<float>()[i]));
+      err16 = std::max(err16, std::abs(double(got[size_t(i)]) - ref16.as<float>()[i]));
+    }
+    std::printf("w8a8 %lldx%lld: max error / max|ref| %.3g vs the emulating reference, %.3g vs W8A16\n",
+                (long long)n_out, (long long)n_in, err / max_ref, err16 / max_ref);
+    EXPECT_LE(err, kBf16Tol * max_ref);
+    EXPECT_GT(err16, 2 * err) << "the output does not show the activations' e4m3 rounding";
   }
 }
 

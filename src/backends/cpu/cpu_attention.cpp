@@ -322,7 +322,7 @@ void CpuBackend::mla_attention(const ops::MlaArgs& a) {
         for (int64_t c = 0; c < d_latent; ++c) o_lat[c] += scores[j] * cj[c];
       }
       float* o = a.out.as<float>() + (t * n_heads + h) * d_v;
-      matvec(kv_b, o_lat.data(), o, uv_row, uv_row + d_v, bf16_activations_);
+      matvec(kv_b, o_lat.data(), o, uv_row, uv_row + d_v, {.bf16_tiles = bf16_activations_});  // bf16 on the GPU
     }
   });
   round_output(a.out);

@@ -95,13 +95,20 @@ void weight_row(const ops::Weight& w, int64_t o, float* out, bool bf16_tiles) {
   for (int64_t i = 0; i < n_in; ++i) out[i] = load_f32(w.data, w.transposed ? i * n_out + o : o * n_in + i);
 }
 
-void matvec(const ops::Weight& w, const float* x, float* y, int64_t o_begin, int64_t o_end, bool bf16_tiles) {
+void matvec(const ops::Weight& w, const float* x, float* y, int64_t o_begin, int64_t o_end, MatvecMode mode) {
   if (w.quantized()) {
     // Dequantize one row at a time (block by block of the format), then the same
     // ascending-i fp32 dot product as the dense path.
-    std::vector<float> row(size_t(w.n_in()));
+    std::vector<float> row(size_t(w.n_in())), xq;
+    if (mode.fp8_act && formats::fp8_w8a8_eligible(w.quant)) {
+      // W8A8 multiplies e4m3 codes by codes and scales the sums: the weight exactly.
+      xq.resize(size_t(w.n_in()));
+      formats::fake_quantize_fp8_act(x, w.n_in(), xq.data());
+      x = xq.data();
+      mode.bf16_tiles = false;
+    }
     for (int64_t o = o_begin; o < o_end; ++o) {
-      dequantize_row_as(w.quant, o, row.data(), bf16_tiles);
+      dequantize_row_as(w.quant, o, row.data(), mode.bf16_tiles);
       float acc = 0.0f;
       for (int64_t i = 0; i < w.n_in(); ++i) acc += x[i] * row[size_t(i)];
       y[o - o_begin] = acc;
@@ -233,7 +240,7 @@ void CpuBackend::linear(const ops::LinearArgs& a) {
   const float* x = a.x.as<float>();
   float* out = a.out.as<float>();
   pool_.parallel_for(n_out, [&](int64_t o0, int64_t o1) {
-    for (int64_t t = 0; t < n_tokens; ++t) matvec(*a.w, x + t * n_in, out + t * n_out + o0, o0, o1, bf16_activations_);
+    for (int64_t t = 0; t < n_tokens; ++t) matvec(*a.w, x + t * n_in, out + t * n_out + o0, o0, o1, weights_);
   }, 16);
   round_output(a.out);
 }

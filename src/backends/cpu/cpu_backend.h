@@ -20,6 +20,10 @@ struct CpuOptions {
   // as such a backend's tiles hold them (weight_row in cpu_internal.h: INT4 and FP8
   // values rounded to bf16).
   bool bf16_activations = false;
+  // FP8 weights with one scale per 128 inputs (formats::fp8_w8a8_eligible) multiply
+  // activations quantized to e4m3 per row and 128 inputs, as the CUDA backend's W8A8
+  // GEMMs do for prefill-shaped calls: the reference those are tested against.
+  bool fp8_activations = false;
 };
 
 // n_threads <= 0: all hardware threads.

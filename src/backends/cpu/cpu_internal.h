@@ -47,8 +47,15 @@ void weight_row(const ops::Weight& w, int64_t o, float* out, bool bf16_tiles = f
 // y[o] = sum_i x[i] W[o, i] (+ bias[o]) for o in [o_begin, o_end); y is indexed
 // by o (y[o_begin] is the first written). Each y[o] is an fp32 sum in ascending
 // i, so the result is the same for every storage order and every o range.
-// bf16_tiles: quantized rows as weight_row gives them.
-void matvec(const ops::Weight& w, const float* x, float* y, int64_t o_begin, int64_t o_end, bool bf16_tiles = false);
+// How matvec reads its operands. bf16_tiles: quantized rows as weight_row gives them.
+// fp8_act: a weight that formats::fp8_w8a8_eligible takes multiplies x quantized to e4m3
+// per 128 inputs (formats::fake_quantize_fp8_act), as the CUDA W8A8 GEMMs do, and is
+// read exactly (no bf16 tiles: those GEMMs scale exact code products).
+struct MatvecMode {
+  bool bf16_tiles = false;
+  bool fp8_act = false;
+};
+void matvec(const ops::Weight& w, const float* x, float* y, int64_t o_begin, int64_t o_end, MatvecMode mode = {});
 
 // Activation tensors of the reference are fp32 on the host.
 void check_activation(const Tensor& t, const char* what, int rank);
@@ -66,9 +73,14 @@ void route(const float* logits, const float* correction_bias, const ops::RouterP
 
 class CpuBackend final : public ops::Backend {
  public:
-  explicit CpuBackend(const CpuOptions& o) : pool_(o.n_threads), bf16_activations_(o.bf16_activations) {}
+  explicit CpuBackend(const CpuOptions& o)
+      : pool_(o.n_threads), bf16_activations_(o.bf16_activations),
+        weights_{.bf16_tiles = o.bf16_activations, .fp8_act = o.fp8_activations} {}
 
-  std::string name() const override { return bf16_activations_ ? "cpu (bf16 activations)" : "cpu"; }
+  std::string name() const override {
+    return std::string("cpu") + (bf16_activations_ ? " (bf16 activations)" : "") +
+           (weights_.fp8_act ? " (fp8 activations)" : "");
+  }
   DType activation_dtype() const override { return DType::kF32; }
 
   Tensor alloc(DType dtype, Shape shape) override;
@@ -105,6 +117,7 @@ class CpuBackend final : public ops::Backend {
 
   ThreadPool pool_;
   bool bf16_activations_ = false;
+  MatvecMode weights_;  // how linear and moe read their weights (CpuOptions)
 };
 
 // act = glu(gate, up) for one element (shared by glu and moe).

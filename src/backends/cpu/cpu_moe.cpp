@@ -188,7 +188,7 @@ void CpuBackend::moe(const ops::MoeArgs& a) {
         const int32_t e = ex.local(global_e);
         if (e < 0) continue;  // held by another rank
         if (fused) {
-          matvec(ex.gate_up[e], x, gate_up.data(), 0, 2 * d_ff, bf16_activations_);
+          matvec(ex.gate_up[e], x, gate_up.data(), 0, 2 * d_ff, weights_);
           for (int64_t i = 0; i < d_ff; ++i) {
             // interleaved (gpt-oss): gate = even columns, up = odd ones;
             // else gate = first d_ff columns, up = last d_ff.
@@ -197,14 +197,14 @@ void CpuBackend::moe(const ops::MoeArgs& a) {
                 ex.gate_up_interleaved ? gate_up[2 * i + 1] : gate_up[d_ff + i];
           }
         } else {
-          matvec(ex.gate[e], x, gate.data(), 0, d_ff, bf16_activations_);
-          matvec(ex.up[e], x, up.data(), 0, d_ff, bf16_activations_);
+          matvec(ex.gate[e], x, gate.data(), 0, d_ff, weights_);
+          matvec(ex.up[e], x, up.data(), 0, d_ff, weights_);
         }
         for (int64_t i = 0; i < d_ff; ++i) act[i] = glu_one(gate[i], up[i], a.glu);
         // A bf16 pipeline feeds the activation to the down projection as bf16.
         if (bf16_activations_)
           for (float& v : act) v = bf16_to_f32(f32_to_bf16(v));
-        matvec(ex.down[e], act.data(), y.data(), 0, d_model, bf16_activations_);
+        matvec(ex.down[e], act.data(), y.data(), 0, d_model, weights_);
         for (int64_t d = 0; d < d_model; ++d) acc[d] += weight * y[d];
       }
       std::copy(acc.begin(), acc.end(), out_all + t * d_model);

@@ -75,6 +75,10 @@ class CudaBackend final : public ops::Backend {
   // The native SM120 MoE GEMMs (quant_gemm_sm120.cu), per activation format: off until
   // the self-test has proved them on this device (it runs them on SM 12.x only).
   void enable_native_quant_moe(int act_format) { native_quant_moe_[act_format] = true; }
+  // The W8A8 FP8 GEMMs (quant_gemm.cu) for prefill-shaped calls: on unless the self-test
+  // failed them or KILN_FP8_W8A8=0 (then FP8 weights stay W8A16 at every shape).
+  void disable_w8a8() { w8a8_ = false; }
+  bool w8a8_enabled() const { return w8a8_; }
   // Decode steps replayed from a recorded CUDA graph so far (tests, doctor).
   int64_t graph_replays() const { return graph_replays_; }
   // MLA attend path control, likewise (the warp kernel remains).
@@ -100,6 +104,11 @@ class CudaBackend final : public ops::Backend {
   // kQuantGemvMoeTokens tokens (then nearly every expert has one or two rows; busier
   // experts get several tiles).
   static constexpr int64_t kQuantGemvMoeTokens = 16;
+  // Whether weights of format f take the W8A8 GEMMs where a call is prefill-shaped
+  // (a linear's rows or a MoE layer's pairs per expert at least 32: the 64-row tiles).
+  bool use_w8a8(const QuantFormat& f) const {
+    return w8a8_ && quant_w8a8_supported(f) && quant_w8a8_smem_bytes() <= smem_cap_;
+  }
   // A quantized weight as bf16 [n_out, n_in] (MLA's kv_b), made on first use.
   const bf16* dequantized(const ops::Weight& w);
   // y [rows, n_out] = x [rows, n_in] W^T through cuBLASLt (bf16 in, fp32 accumulate).
@@ -164,6 +173,7 @@ class CudaBackend final : public ops::Backend {
   bool mla_mma_disabled_ = false;
   std::string quantized_disabled_;  // non-empty: the self-test failure that disabled them
   bool native_quant_moe_[2] = {false, false};  // by quant_native_act_format
+  bool w8a8_ = true;
 };
 
 }  // namespace kiln::cuda

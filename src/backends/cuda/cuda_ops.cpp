@@ -127,6 +127,11 @@ void CudaBackend::linear(const ops::LinearArgs& a) {
       launch_quant_gemv_linear(a.x.as<bf16>(), quant_mat(w.quant), quant_format(w.quant),
                                vec_or_null(w.bias, "linear bias"), rows, w.n_out(), w.n_in(), a.out.as<bf16>(),
                                stream_);
+    } else if (!quant_gemm_decode_rows(rows) && use_w8a8(quant_format(w.quant))) {
+      void* act_q = scratch<uint8_t>(int64_t(quant_w8a8_act_bytes(rows, w.n_in())), op_scratch_);
+      launch_quant_linear_w8a8(a.x.as<bf16>(), quant_mat(w.quant), quant_format(w.quant),
+                               vec_or_null(w.bias, "linear bias"), rows, w.n_out(), w.n_in(), a.out.as<bf16>(), act_q,
+                               stream_);
     } else {
       launch_quant_linear(a.x.as<bf16>(), quant_mat(w.quant), quant_format(w.quant), vec_or_null(w.bias, "linear bias"),
                           rows, w.n_out(), w.n_in(), a.out.as<bf16>(), stream_);
@@ -421,6 +426,10 @@ void CudaBackend::moe(const ops::MoeArgs& a) {
                                        op_scratch_);
         launch_moe_grouped_quant_sm120(a.x.as<bf16>(), table, f, chosen, s, n_pairs, n_local, top_k, sc, act_q,
                                        stream_);
+      } else if (use_w8a8(f) && moe_native_quant_prefill(n_pairs, n_local)) {
+        void* act_q = scratch<uint8_t>(int64_t(moe_w8a8_act_bytes(s, n_pairs, top_k)), op_scratch_);
+        launch_moe_grouped_quant_w8a8(a.x.as<bf16>(), table, f, chosen, s, n_pairs, n_local, top_k, sc, act_q,
+                                      stream_);
       } else {
         launch_moe_grouped_quant(a.x.as<bf16>(), table, f, chosen, s, n_pairs, n_local, top_k, sc, stream_);
       }
@@ -452,13 +461,17 @@ std::string CudaBackend::weight_path(const ops::Weight& w, bool expert) const {
   const std::string kind(formats::quant_kind_name(w.quant.kind));
   const std::string gemv = kind + " GEMV (codes decoded into bf16 mma.sync fragments in registers)";
   const std::string tiles = kind + " mma.sync tiles (64 inputs dequantized to bf16 in shared memory)";
+  const bool w8a8 = use_w8a8(quant_format(w.quant));
+  const std::string w8a8_path = "W8A8 e4m3 mma.sync (activations quantized to e4m3 per 128 inputs)";
   if (!expert) {
-    return "<= " + std::to_string(quant_gemv_max_rows(w.n_in())) + " rows: " + gemv + "; more: " + tiles;
+    return "<= " + std::to_string(quant_gemv_max_rows(w.n_in())) + " rows: " + gemv + "; more: " + tiles +
+           (w8a8 ? "; >= 32 rows: " + w8a8_path : "");
   }
   const int act = w.quant.kind == formats::QuantKind::kMxfp4 ? 0 : w.quant.kind == formats::QuantKind::kNvfp4 ? 1 : -1;
   std::string path = "<= " + std::to_string(kQuantGemvMoeTokens) + " tokens: " + gemv +
                      " over expert-sorted tiles; more: grouped " + tiles;
   if (act >= 0 && native_quant_moe_[act]) path += "; 64-row tiles: native sm_120a block-scaled mma (self-tested)";
+  if (w8a8) path += "; 64-row tiles: " + w8a8_path;
   return path;
 }
 

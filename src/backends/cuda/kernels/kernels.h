@@ -266,6 +266,21 @@ void launch_quant_linear(const bf16* x, const QuantMat& w, const QuantFormat& f,
 void launch_moe_grouped_quant(const bf16* x, const QuantExpert* table, const QuantFormat& f, const int32_t* experts,
                               const MoeShape& s, int64_t n_pairs, int n_experts, int top_k, MoeGroupedScratch& scratch,
                               cudaStream_t stream);
+// W8A8 (FP8 weights with an fp32 scale per 128 inputs, e4m3 activations quantized per row
+// and 128 inputs by a pre-pass into act_scratch, e4m3 mma.sync): the prefill-shaped
+// GEMMs for such weights on SM 8.9+ (quant_w8a8_supported says whether f and the device
+// qualify). act_scratch: quant_w8a8_act_bytes(rows, n_in) (dense) or
+// moe_w8a8_act_bytes(s, n_pairs, top_k) device bytes.
+bool quant_w8a8_supported(const QuantFormat& f);
+int quant_w8a8_smem_bytes();
+size_t quant_w8a8_act_bytes(int64_t rows, int64_t n_in);
+size_t moe_w8a8_act_bytes(const MoeShape& s, int64_t n_pairs, int top_k);
+void launch_quant_linear_w8a8(const bf16* x, const QuantMat& w, const QuantFormat& f, const float* bias, int64_t rows,
+                              int64_t n_out, int64_t n_in, bf16* out, void* act_scratch, cudaStream_t stream);
+// launch_moe_grouped_quant for prefill-shaped calls (moe_grouped_bm == 64).
+void launch_moe_grouped_quant_w8a8(const bf16* x, const QuantExpert* table, const QuantFormat& f,
+                                   const int32_t* experts, const MoeShape& s, int64_t n_pairs, int n_experts,
+                                   int top_k, MoeGroupedScratch& scratch, void* act_scratch, cudaStream_t stream);
 // ---- quant_gemm_sm120.cu: launch_moe_grouped_quant on SM 12.x's block-scaled tensor
 // cores (sm_120a / sm_121a code only), activations quantized on the fly in the layout of
 // kernels/quant_mma_sm120.h (act_format: its ActFormat, 0 e4m3 for MXFP4 weights, 1
@@ -317,6 +332,15 @@ void launch_moe_gemv_quant(const bf16* x, const QuantExpert* table, const QuantF
 // out [n_out, n_in] = bf16(W) (MLA's kv_b, whose attention kernels read bf16).
 void launch_dequantize(const QuantMat& w, const QuantFormat& f, int64_t n_out, int64_t n_in, bf16* out,
                        cudaStream_t stream);
+
+// ---- mma_peak.cu: the tensor cores' mma.sync rate on this device (the ceiling of
+// prefill-shaped GEMMs): bf16 m16n8k16 and e4m3 m16n8k32, fp32 accumulation.
+enum class MmaKind { kBf16, kE4m3 };
+// Whether the current device has the instruction (e4m3: SM 8.9 and later).
+bool mma_peak_supported(MmaKind kind);
+// Dense TFLOP/s of back-to-back mma.sync over all SMs (best of 3 timed runs of about
+// 10-50 ms each); 0 when !mma_peak_supported(kind). Synchronizes `stream`.
+double measure_mma_peak_tflops(MmaKind kind, cudaStream_t stream);
 
 // ---- sampling.cu
 constexpr int kSampleMaxTop = 20;  // ops::kMaxTopLogprobs

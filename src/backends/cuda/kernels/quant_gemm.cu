@@ -82,6 +82,12 @@ struct QGemmParams {
   bf16* act;                    // up output [n_pairs, d_ff]
   float* y;                     // down output [n_pairs, d_model]
   bf16* out;                    // dense output [rows, NF]
+  // W8A8 (quant_gemm_w8a8_kernel): the activations quantized by quantize_fp8_act_kernel,
+  // e4m3 codes [.., a_code_row] and fp32 scales [.., a_scale_row] per 128 inputs, rows
+  // as `a`'s.
+  const uint8_t* a_codes;
+  const float* a_scales;
+  int64_t a_code_row, a_scale_row;
 };
 
 // Where fused column f's weight row lives (codes and scales at k = 0).
@@ -91,6 +97,46 @@ __device__ __forceinline__ void b_row(const QGemmParams& p, const QuantExpert* e
   const QuantRowRef w = quant_row(p.dense, ew, kUp, p.s.interleaved, p.d_ff, f);
   codes = w.m.codes + int64_t(w.row) * p.code_row;
   scales = w.m.scales + int64_t(w.row) * p.scale_row;
+}
+
+// The epilogue of both GEMM kernels (one warp's tile of m16 x n8 accumulators; the
+// thread holds rows lane / 4 (+ 8) and fused columns (2q, 2q + 1), q = lane % 4, of each):
+// the GLU into act (up), the bf16 output with its bias (dense), or the pair's fp32 y
+// (down). r0 and f0: the warp's first tile row and fused column.
+template <bool kUp, int kMT, int kNT>
+__device__ __forceinline__ void store_tile(const QGemmParams& p, const QuantExpert* ew, int row0, int rows, int f0,
+                                           int r0, int lane, const float (&acc)[kMT][kNT][4]) {
+  // Global scales (NVFP4) of the thread's even and odd columns: gate and up, or one matrix.
+  float g2 = 1.0f, u2 = 1.0f;
+  if (const float* s2 = quant_row(p.dense, ew, kUp, p.s.interleaved, p.d_ff, 0).m.scale2) g2 = *s2;
+  if (const float* s2 = quant_row(p.dense, ew, kUp, p.s.interleaved, p.d_ff, 1).m.scale2) u2 = *s2;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = r0 + mt * 16 + lane / 4 + half * 8;
+      if (r >= rows) continue;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        const int f = f0 + nt * 8 + 2 * (lane % 4);
+        if (f >= p.NF) continue;
+        float v0 = acc[mt][nt][2 * half] * g2, v1 = acc[mt][nt][2 * half + 1] * u2;
+        if constexpr (kUp) {
+          const int i = f / 2;
+          p.act[int64_t(row0 + r) * p.d_ff + i] = __float2bfloat16(
+              glu_output(v0, v1, ew->gate_up_bias, p.s.interleaved, i, p.d_ff, p.s.glu_kind, p.s.alpha, p.s.limit));
+        } else if (ew == nullptr) {
+          bf16* o = p.out + int64_t(row0 + r) * p.NF + f;
+          o[0] = __float2bfloat16(v0 + (p.dense_bias ? p.dense_bias[f] : 0.0f));
+          if (f + 1 < p.NF) o[1] = __float2bfloat16(v1 + (p.dense_bias ? p.dense_bias[f + 1] : 0.0f));
+        } else {
+          if (ew->down_bias != nullptr) v0 += ew->down_bias[f], v1 += ew->down_bias[f + 1];
+          const int64_t pair = p.perm[row0 + r];
+          *reinterpret_cast<float2*>(p.y + pair * p.NF + f) = make_float2(v0, v1);
+        }
+      }
+    }
+  }
 }
 
 template <typename C, bool kUp>
@@ -214,38 +260,7 @@ __global__ void __launch_bounds__(C::kThreads) quant_gemm_kernel(const QGemmPara
   }
   cp_async_wait<0>();
 
-  // Epilogue: thread holds rows lane / 4 (+ 8) and fused columns (2q, 2q + 1), q = lane % 4.
-  // Global scales (NVFP4) of the thread's even and odd columns: gate and up, or one matrix.
-  float g2 = 1.0f, u2 = 1.0f;
-  if (const float* s2 = quant_row(p.dense, ew, kUp, p.s.interleaved, p.d_ff, 0).m.scale2) g2 = *s2;
-  if (const float* s2 = quant_row(p.dense, ew, kUp, p.s.interleaved, p.d_ff, 1).m.scale2) u2 = *s2;
-#pragma unroll
-  for (int mt = 0; mt < C::kMT; ++mt) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = (wm * C::kMT + mt) * 16 + lane / 4 + half * 8;
-      if (r >= rows) continue;
-#pragma unroll
-      for (int nt = 0; nt < C::kNT; ++nt) {
-        const int f = n0 + wn * C::kNT * 8 + nt * 8 + 2 * (lane % 4);
-        if (f >= p.NF) continue;
-        float v0 = acc[mt][nt][2 * half] * g2, v1 = acc[mt][nt][2 * half + 1] * u2;
-        if constexpr (kUp) {
-          const int i = f / 2;
-          p.act[int64_t(row0 + r) * p.d_ff + i] = __float2bfloat16(
-              glu_output(v0, v1, ew->gate_up_bias, p.s.interleaved, i, p.d_ff, p.s.glu_kind, p.s.alpha, p.s.limit));
-        } else if (ew == nullptr) {
-          bf16* o = p.out + int64_t(row0 + r) * p.NF + f;
-          o[0] = __float2bfloat16(v0 + (p.dense_bias ? p.dense_bias[f] : 0.0f));
-          if (f + 1 < p.NF) o[1] = __float2bfloat16(v1 + (p.dense_bias ? p.dense_bias[f + 1] : 0.0f));
-        } else {
-          if (ew->down_bias != nullptr) v0 += ew->down_bias[f], v1 += ew->down_bias[f + 1];
-          const int64_t pair = p.perm[row0 + r];
-          *reinterpret_cast<float2*>(p.y + pair * p.NF + f) = make_float2(v0, v1);
-        }
-      }
-    }
-  }
+  store_tile<kUp>(p, ew, row0, rows, n0 + wn * C::kNT * 8, (wm * C::kMT) * 16, lane, acc);
 }
 
 template <typename C, bool kUp>
@@ -290,6 +305,216 @@ __global__ void dequantize_kernel(QuantMat w, QuantFormat f, int64_t n_out, int6
   v *= scale_value(f.scale_kind, w.scales + o * scale_row + (k / f.group) * f.scale_bytes);
   if (w.scale2) v *= *w.scale2;
   out[i] = __float2bfloat16(v);
+}
+
+
+// ---- W8A8: FP8 weights times FP8 activations on the e4m3 tensor cores (SM 8.9+) ----
+//
+// For FP8 weights with one scale per 128 inputs of a row (block-128, per channel, per
+// tensor) at prefill shapes. A pre-pass (quantize_fp8_act_kernel) quantizes the
+// activations per row and 128 inputs, formats::quantize_fp8_act_block's rule: e4m3
+// codes [rows, Kp] and an fp32 scale per block. The GEMM multiplies codes by codes with
+// mma.sync m16n8k32 e4m3 into fp32 partial sums over one 128-input k tile, then adds
+// them to the accumulators times the row's activation scale and the column's weight
+// scale (DeepSeek-V3's per-block promotion): nothing is dequantized, and a stage is the
+// raw bytes of both operands, ldmatrix'd from 128-byte XOR-swizzled rows (16 codes per
+// chunk: an 8x8 b16 matrix is 8 rows x 16 codes, exactly an m16n8k32 fragment's quarter),
+// plus the tile's scales.
+//
+// Tile: 64 rows (moe_grouped_bm's prefill tiles) x 128 fused columns, 2 x 2 warps of
+// 32 x 64, 3 stages of 24 KiB codes + 768 B scales: 76,032 B.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define KILN_FP8_MMA 1
+#else
+#define KILN_FP8_MMA 0
+#endif
+
+constexpr int kF8BM = 64, kF8BN = 128, kF8WarpsN = 2, kF8Threads = 128, kF8Stages = 3;
+constexpr int kF8MT = 2, kF8NT = 8;  // m16 and n8 tiles per warp (32 x 64)
+constexpr int kF8ABytes = kF8BM * kKTile, kF8BBytes = kF8BN * kKTile;
+constexpr int kF8StageBytes = kF8ABytes + kF8BBytes + (kF8BM + kF8BN) * 4;
+constexpr int kF8SmemBytes = kF8Stages * kF8StageBytes;
+static_assert(kF8SmemBytes <= 101376, "must fit the SM120 per-block shared memory");
+static_assert(kF8BN == kF8Threads && kF8BM <= kF8Threads, "one thread per tile row copies its scales");
+
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if KILN_FP8_MMA
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();  // never launched: quant_w8a8_supported refuses devices below SM 8.9
+#endif
+}
+
+template <bool kUp>
+__global__ void __launch_bounds__(kF8Threads) quant_gemm_w8a8_kernel(const QGemmParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  int row0, rows;
+  const QuantExpert* ew = nullptr;
+  if (p.tiles != nullptr) {
+    const int4 tile = p.tiles[blockIdx.x];
+    if (tile.x < 0) return;
+    row0 = tile.y, rows = tile.z;
+    ew = p.experts + tile.x;
+  } else {
+    row0 = int(blockIdx.x) * kF8BM;
+    rows = min(kF8BM, p.dense_rows - row0);
+  }
+  const int n0 = int(blockIdx.y) * kF8BN;
+  const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
+  const int wm = warp / kF8WarpsN, wn = warp % kF8WarpsN;
+  const uint32_t s0 = smem_u32(smem);
+  // The activation row of tile row r: a token (dense, or up: the pair's token) or a sorted pair.
+  const auto a_row = [&](int r) -> int64_t {
+    return p.tiles == nullptr ? row0 + r : kUp ? p.perm[row0 + r] / p.top_k : row0 + r;
+  };
+  // Chunks this thread copies: tile rows tid / 8 + 16 i, chunk tid % 8 (A: 4, B: 8).
+  const int ch = tid % 8;
+  const uint8_t* a_src[kF8BM / 16];
+#pragma unroll
+  for (int i = 0; i < kF8BM / 16; ++i) {
+    const int r = tid / 8 + 16 * i;
+    a_src[i] = r < rows ? p.a_codes + a_row(r) * p.a_code_row + ch * 16 : nullptr;
+  }
+  const uint8_t* b_src[kF8BN / 16];
+#pragma unroll
+  for (int i = 0; i < kF8BN / 16; ++i) {
+    const int f = n0 + tid / 8 + 16 * i;
+    const uint8_t* sc;
+    b_src[i] = nullptr;
+    if (f < p.NF) {
+      b_row<kUp>(p, ew, f, b_src[i], sc);
+      b_src[i] += ch * 16;
+    }
+  }
+  // Scales this thread copies: tile row tid's activation scale, fused column n0 + tid's
+  // weight scale (f32, one per 128 inputs).
+  const float* as_src = tid < rows ? p.a_scales + a_row(tid) * p.a_scale_row : nullptr;
+  const float* ws_src = nullptr;
+  if (n0 + tid < p.NF) {
+    const uint8_t *codes, *scales;
+    b_row<kUp>(p, ew, n0 + tid, codes, scales);
+    ws_src = reinterpret_cast<const float*>(scales);
+  }
+  const auto load_stage = [&](int stage, int kt) {
+    const uint32_t sa = s0 + stage * kF8StageBytes, sb = sa + kF8ABytes, ss = sb + kF8BBytes;
+#pragma unroll
+    for (int i = 0; i < kF8BM / 16; ++i)
+      cp_async_16(sa + swz<64>(tid / 8 + 16 * i, ch), a_src[i] ? a_src[i] + int64_t(kt) * kKTile : p.a_codes,
+                  a_src[i] != nullptr);
+#pragma unroll
+    for (int i = 0; i < kF8BN / 16; ++i)
+      cp_async_16(sb + swz<64>(tid / 8 + 16 * i, ch), b_src[i] ? b_src[i] + int64_t(kt) * kKTile : p.a_codes,
+                  b_src[i] != nullptr);
+    if (tid < kF8BM) attn::cp_async_small<4>(ss + 4 * tid, as_src ? as_src + kt : p.a_scales, as_src != nullptr);
+    attn::cp_async_small<4>(ss + 4 * (kF8BM + tid), ws_src ? ws_src + kt : p.a_scales, ws_src != nullptr);
+  };
+
+  float acc[kF8MT][kF8NT][4] = {};
+  const int n_k = int(p.a_code_row / kKTile);
+#pragma unroll
+  for (int st = 0; st < kF8Stages - 1; ++st) {
+    if (st < n_k) load_stage(st, st);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < n_k; ++kt) {
+    cp_async_wait<kF8Stages - 2>();
+    __syncthreads();  // stage kt landed; every warp is done with stage kt - 1
+    const int next = kt + kF8Stages - 1;
+    if (next < n_k) load_stage(next % kF8Stages, next);
+    cp_async_commit();
+    const int stage = kt % kF8Stages;
+    const uint32_t sa = s0 + stage * kF8StageBytes, sb = sa + kF8ABytes;
+    const float* scales = reinterpret_cast<const float*>(smem + stage * kF8StageBytes + kF8ABytes + kF8BBytes);
+    float part[kF8MT][kF8NT][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < kKTile / 32; ++kk) {
+      uint32_t af[kF8MT][4];
+#pragma unroll
+      for (int mt = 0; mt < kF8MT; ++mt)
+        attn::ldmatrix_x4(sa + swz<64>((wm * kF8MT + mt) * 16 + lane % 8 + ((lane / 8) % 2) * 8, kk * 2 + lane / 16),
+                          af[mt]);
+#pragma unroll
+      for (int nn = 0; nn < kF8NT / 2; ++nn) {
+        uint32_t b[4];
+        attn::ldmatrix_x4(sb + swz<64>(wn * kF8NT * 8 + nn * 16 + lane % 8 + (lane / 16) * 8, kk * 2 + (lane / 8) % 2),
+                          b);
+#pragma unroll
+        for (int mt = 0; mt < kF8MT; ++mt) {
+          mma_e4m3(part[mt][2 * nn], af[mt], b[0], b[1]);
+          mma_e4m3(part[mt][2 * nn + 1], af[mt], b[2], b[3]);
+        }
+      }
+    }
+    // The k tile's partial sums, scaled by row x column and added up in fp32.
+#pragma unroll
+    for (int mt = 0; mt < kF8MT; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const float sa_r = scales[(wm * kF8MT + mt) * 16 + lane / 4 + half * 8];
+#pragma unroll
+        for (int nt = 0; nt < kF8NT; ++nt) {
+          const float* sw = scales + kF8BM + wn * kF8NT * 8 + nt * 8 + 2 * (lane % 4);
+          acc[mt][nt][2 * half] += part[mt][nt][2 * half] * (sa_r * sw[0]);
+          acc[mt][nt][2 * half + 1] += part[mt][nt][2 * half + 1] * (sa_r * sw[1]);
+        }
+      }
+  }
+  cp_async_wait<0>();
+  store_tile<kUp>(p, ew, row0, rows, n0 + wn * kF8NT * 8, wm * kF8MT * 16, lane, acc);
+}
+
+// One warp per (row, 128-input block), 4 inputs per lane: codes [rows, Kp] (zero past K)
+// and scales [rows, Kp / 128], by formats::quantize_fp8_act_block's rule.
+__global__ void quantize_fp8_act_kernel(const bf16* x, int64_t rows, int K, int Kp, uint8_t* codes, float* scales) {
+  const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = int(threadIdx.x % 32), n_blocks = Kp / kKTile;
+  if (w >= rows * n_blocks) return;
+  const int64_t r = w / n_blocks;
+  const int k = int(w % n_blocks) * kKTile + 4 * lane;
+  float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (k < K) {  // K % 8 == 0: a lane's 4 inputs are all in or all out
+    const uint2 raw = *reinterpret_cast<const uint2*>(x + r * K + k);
+    const bf16* h = reinterpret_cast<const bf16*>(&raw);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] = __bfloat162float(h[j]);
+  }
+  float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  float s = amax / 448.0f;
+  if (!(s > 0.0f)) s = 1.0f;
+  uint32_t packed = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    packed |= uint32_t(__nv_cvt_float_to_fp8(v[j] / s, __NV_SATFINITE, __NV_E4M3)) << (8 * j);
+  *reinterpret_cast<uint32_t*>(codes + r * Kp + k) = packed;
+  if (lane == 0) scales[w] = s;
+}
+
+// Quantizes rows x k activations into buf (codes, then scales) and points p at them.
+void quantize_act(QGemmParams& p, const bf16* x, int64_t rows, int64_t k, uint8_t* buf, cudaStream_t stream) {
+  const int64_t kp = (k + kKTile - 1) / kKTile * kKTile;
+  p.a_codes = buf;
+  p.a_scales = reinterpret_cast<const float*>(buf + rows * kp);
+  p.a_code_row = kp;
+  p.a_scale_row = kp / kKTile;
+  const int64_t threads = rows * (kp / kKTile) * 32;
+  if (threads == 0) return;
+  quantize_fp8_act_kernel<<<unsigned((threads + 255) / 256), 256, 0, stream>>>(
+      x, rows, int(k), int(kp), buf, reinterpret_cast<float*>(buf + rows * kp));
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+template <bool kUp>
+void launch_w8a8(const QGemmParams& p, int grid_x, cudaStream_t stream) {
+  const auto kernel = quant_gemm_w8a8_kernel<kUp>;
+  KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kF8SmemBytes));
+  const dim3 grid(unsigned(grid_x), unsigned((p.NF + kF8BN - 1) / kF8BN));
+  kernel<<<grid, kF8Threads, kF8SmemBytes, stream>>>(p);
+  KILN_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace
@@ -344,6 +569,74 @@ void launch_moe_grouped_quant(const bf16* x, const QuantExpert* table, const Qua
   p.NF = int(s.d_model);
   set_rows(p, f, s.d_ff);
   dispatch<false>(decode, p, n_slots, stream);
+}
+
+bool quant_w8a8_supported(const QuantFormat& f) {
+  if (f.value != 2 || f.scale_kind != 4 || f.group != kKTile) return false;
+  static const int cc = [] {
+    int device = 0, major = 0, minor = 0;
+    KILN_CUDA_CHECK(cudaGetDevice(&device));
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    return major * 10 + minor;
+  }();
+  return cc >= 89;
+}
+
+int quant_w8a8_smem_bytes() { return kF8SmemBytes; }
+
+size_t quant_w8a8_act_bytes(int64_t rows, int64_t k) {
+  const int64_t kp = (k + kKTile - 1) / kKTile * kKTile;
+  return size_t(rows * kp + rows * (kp / kKTile) * 4);
+}
+
+void launch_quant_linear_w8a8(const bf16* x, const QuantMat& w, const QuantFormat& f, const float* bias, int64_t rows,
+                              int64_t n_out, int64_t n_in, bf16* out, void* act_scratch, cudaStream_t stream) {
+  if (rows == 0) return;
+  KILN_CHECK(quant_w8a8_supported(f)) << "w8a8 gemm: weights of value kind " << f.value << ", group " << f.group;
+  QGemmParams p{};
+  p.dense = w;
+  p.dense_bias = bias;
+  p.dense_rows = int(rows);
+  p.NF = int(n_out);
+  p.f = f;
+  p.out = out;
+  set_rows(p, f, n_in);
+  quantize_act(p, x, rows, n_in, static_cast<uint8_t*>(act_scratch), stream);
+  launch_w8a8<false>(p, int((rows + kF8BM - 1) / kF8BM), stream);
+}
+
+void launch_moe_grouped_quant_w8a8(const bf16* x, const QuantExpert* table, const QuantFormat& f,
+                                   const int32_t* experts, const MoeShape& s, int64_t n_pairs, int n_experts,
+                                   int top_k, MoeGroupedScratch& sc, void* act_scratch, cudaStream_t stream) {
+  if (n_pairs == 0) return;
+  KILN_CHECK(quant_w8a8_supported(f)) << "w8a8 moe: weights of value kind " << f.value << ", group " << f.group;
+  KILN_CHECK_EQ(moe_grouped_bm(n_pairs, n_experts), kF8BM) << "w8a8 moe: decode-shaped call";
+  const int n_slots = moe_tile_slots(n_pairs, n_experts, kF8BM);
+  launch_moe_align(experts, n_pairs, n_experts, kF8BM, sc.perm, sc.tiles, n_slots, stream);
+  QGemmParams p{};
+  p.tiles = sc.tiles;
+  p.perm = sc.perm;
+  p.experts = table;
+  p.top_k = top_k;
+  p.d_ff = int(s.d_ff);
+  p.s = s;
+  p.f = f;
+  p.act = sc.act;
+  p.y = sc.y;
+  p.NF = int(2 * s.d_ff);
+  set_rows(p, f, s.d_model);
+  // x per token for the up GEMM, then (the same buffer, stream-ordered) act per pair.
+  quantize_act(p, x, n_pairs / top_k, s.d_model, static_cast<uint8_t*>(act_scratch), stream);
+  launch_w8a8<true>(p, n_slots, stream);
+  p.NF = int(s.d_model);
+  set_rows(p, f, s.d_ff);
+  quantize_act(p, sc.act, n_pairs, s.d_ff, static_cast<uint8_t*>(act_scratch), stream);
+  launch_w8a8<false>(p, n_slots, stream);
+}
+
+size_t moe_w8a8_act_bytes(const MoeShape& s, int64_t n_pairs, int top_k) {
+  return std::max(quant_w8a8_act_bytes(n_pairs / top_k, s.d_model), quant_w8a8_act_bytes(n_pairs, s.d_ff));
 }
 
 void launch_dequantize(const QuantMat& w, const QuantFormat& f, int64_t n_out, int64_t n_in, bf16* out,
