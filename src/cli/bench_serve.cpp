@@ -636,7 +636,8 @@ int run_bench(BenchOptions o) {
 
 void add_bench_command(CLI::App& app, Subcommands& commands) {
   CLI::App* bench = app.add_subcommand(
-      "bench", "benchmarks (bench serve: load-test an OpenAI-compatible server; bench report: its HTML page)");
+      "bench", "benchmarks (bench serve: load-test an OpenAI-compatible server; bench report: its HTML page; "
+               "bench op: CUDA ops against this GPU's roofline)");
   bench->require_subcommand(1);
   auto o = std::make_shared<BenchOptions>();
   CLI::App* cmd = bench->add_subcommand(
@@ -675,6 +676,8 @@ void add_bench_command(CLI::App& app, Subcommands& commands) {
     if (Status s = bench_report_from_file(paths->first, paths->second); !s.ok()) return fail(s);
     return 0;
   });
+
+  add_bench_op_command(*bench, commands);
 }
 
 }  // namespace kiln::cli

@@ -146,7 +146,7 @@ int run_cli(int argc, char** argv, const ServeHooks& hooks) {
 
   Subcommands more;
   add_serve_command(app, more, hooks);
-  add_bench_command(app, more);  // bench serve
+  add_bench_command(app, more);  // bench serve, bench report, bench op
   add_inspect_command(app, more);
   add_doctor_command(app, more);
   add_tokenize_commands(app, more);  // tokenize, detokenize

@@ -16,6 +16,8 @@ void add_inspect_command(CLI::App& app, Subcommands& commands);  // inspect_comm
 void add_doctor_command(CLI::App& app, Subcommands& commands);   // doctor_command.cpp
 struct ServeHooks;
 void add_serve_command(CLI::App& app, Subcommands& commands, const ServeHooks& hooks);  // serve_command.cpp
-void add_bench_command(CLI::App& app, Subcommands& commands);  // bench_serve.cpp: bench serve, bench report
+// bench_serve.cpp: `bench` with serve and report, and op (add_bench_op_command, bench_op.cpp).
+void add_bench_command(CLI::App& app, Subcommands& commands);
+void add_bench_op_command(CLI::App& bench, Subcommands& commands);
 
 }  // namespace kiln::cli

@@ -33,7 +33,7 @@ Result<std::unique_ptr<ops::Backend>> make_cuda_backend(const CudaOptions& optio
     KILN_LOG(kWarn, "cuda: attention path forced to " << v << " (KILN_ATTENTION_PATH)");
   }
   if (const char* w = std::getenv("KILN_FP8_W8A8"); w && std::string(w) == "0") {
-    backend->disable_w8a8();
+    backend->set_w8a8(false);
     KILN_LOG(kWarn, "cuda: FP8 weights multiply bf16 activations at every shape (KILN_FP8_W8A8=0)");
   }
   return std::unique_ptr<ops::Backend>(std::move(backend));

@@ -75,9 +75,9 @@ class CudaBackend final : public ops::Backend {
   // The native SM120 MoE GEMMs (quant_gemm_sm120.cu), per activation format: off until
   // the self-test has proved them on this device (it runs them on SM 12.x only).
   void enable_native_quant_moe(int act_format) { native_quant_moe_[act_format] = true; }
-  // The W8A8 FP8 GEMMs (quant_gemm.cu) for prefill-shaped calls: on unless the self-test
-  // failed them or KILN_FP8_W8A8=0 (then FP8 weights stay W8A16 at every shape).
-  void disable_w8a8() { w8a8_ = false; }
+  // The W8A8 FP8 GEMMs (quant_gemm.cu) for prefill-shaped calls: on unless turned off
+  // (KILN_FP8_W8A8=0, or kiln bench op's W8A16 rows): then FP8 weights stay W8A16.
+  void set_w8a8(bool on) { w8a8_ = on; }
   bool w8a8_enabled() const { return w8a8_; }
   // Decode steps replayed from a recorded CUDA graph so far (tests, doctor).
   int64_t graph_replays() const { return graph_replays_; }

@@ -461,7 +461,10 @@ std::string CudaBackend::weight_path(const ops::Weight& w, bool expert) const {
   const std::string kind(formats::quant_kind_name(w.quant.kind));
   const std::string gemv = kind + " GEMV (codes decoded into bf16 mma.sync fragments in registers)";
   const std::string tiles = kind + " mma.sync tiles (64 inputs dequantized to bf16 in shared memory)";
-  const bool w8a8 = use_w8a8(quant_format(w.quant));
+  // A packed weight, or (kiln inspect) the checkpoint's, whose packing gives 128-input groups.
+  const bool w8a8 = w.quant.packed_group > 0 ? use_w8a8(quant_format(w.quant))
+                                             : formats::fp8_w8a8_eligible(w.quant) &&
+                                                   use_w8a8({.value = 2, .scale_kind = 4, .scale_bytes = 4, .group = 128});
   const std::string w8a8_path = "W8A8 e4m3 mma.sync (activations quantized to e4m3 per 128 inputs)";
   if (!expert) {
     return "<= " + std::to_string(quant_gemv_max_rows(w.n_in())) + " rows: " + gemv + "; more: " + tiles +

@@ -22,7 +22,9 @@ constexpr double kTolerance = 2.0 / 256.0;
 
 class Harness {
  public:
-  explicit Harness(ops::Backend& gpu) : gpu_(gpu), cpu_(cpu::make_cpu_backend({.bf16_activations = true})) {}
+  explicit Harness(ops::Backend& gpu)
+      : gpu_(gpu), cpu_(cpu::make_cpu_backend({.bf16_activations = true})),
+        cpu_fp8_(cpu::make_cpu_backend({.bf16_activations = true, .fp8_activations = true})) {}
 
   Tensor random(Shape s, float scale = 1.0f) {
     Tensor t = host_tensor(DType::kF32, s);
@@ -48,6 +50,7 @@ class Harness {
   }
   Tensor cpu_out(Shape s) { return host_tensor(DType::kF32, s); }
   ops::Backend& cpu() { return *cpu_; }
+  ops::Backend& cpu_fp8() { return *cpu_fp8_; }  // the W8A8 GEMMs' reference
   ops::Backend& gpu_backend() { return gpu_; }
 
   PathResult compare(const std::string& path, const Tensor& got_gpu, const Tensor& ref) {
@@ -72,7 +75,7 @@ class Harness {
 
  private:
   ops::Backend& gpu_;
-  std::unique_ptr<ops::Backend> cpu_;
+  std::unique_ptr<ops::Backend> cpu_, cpu_fp8_;
   std::mt19937 rng_{20261122};
 };
 
@@ -338,19 +341,23 @@ PathResult test_sampling(Harness& h) {
 
 // A quantized linear of each value kind, on the GEMV (2 rows) and on the mma.sync
 // decode (20) and prefill (40) tiles. The reference reads the weights as the GPU's bf16
-// tiles hold them (the CPU's bf16 mode).
+// tiles hold them (the CPU's bf16 mode); where the GPU runs the W8A8 GEMMs (FP8 at 40
+// rows) it also quantizes the activations as they do (fp8_activations).
 PathResult test_quant_linear(Harness& h, const QuantCase& c, int rows) {
   static std::mt19937 rng(20261123);
   const int64_t n_out = 192, n_in = 384;
   ops::Weight wc{.quant = random_quantized(c, n_out, n_in, rng)};
   auto packed = h.gpu_backend().upload_quantized(wc.quant);
+  const auto* cuda = dynamic_cast<const CudaBackend*>(&h.gpu_backend());
+  const bool w8a8 = cuda && cuda->w8a8_enabled() && !quant_gemm_decode_rows(rows) &&
+                    packed.ok() && quant_w8a8_supported(quant_format(*packed));
   const std::string path = "quantized linear (" + c.name() + ", " + std::to_string(rows) + " rows, " +
-                           (rows <= kGemvRows ? "GEMV" : "mma.sync") + ")";
+                           (rows <= kGemvRows ? "GEMV" : w8a8 ? "W8A8 e4m3 mma.sync" : "mma.sync") + ")";
   if (!packed.ok()) return PathResult{.path = path, .detail = packed.status().to_string()};
   ops::Weight wg{.quant = std::move(packed).value()};
   Tensor x = h.random({rows, n_in});
   Tensor ref = h.cpu_out({rows, n_out}), out = h.poisoned({rows, n_out});
-  h.cpu().linear({.x = x, .w = &wc, .out = ref});
+  (w8a8 ? h.cpu_fp8() : h.cpu()).linear({.x = x, .w = &wc, .out = ref});
   h.gpu_backend().linear({.x = h.gpu(x), .w = &wg, .out = out});
   return h.compare(path, out, ref);
 }
@@ -632,6 +639,14 @@ std::vector<PathResult> run_self_test(ops::Backend& gpu) {
     for (int rows : {2, 20, 40}) {
       PathResult t = test_quant_linear(h, c, rows);
       t.required = false;
+      if (!t.passed && cuda && t.path.find("W8A8") != std::string::npos) {
+        // W8A8 has a fallback: the W8A16 tiles, tested next in its place.
+        cuda->set_w8a8(false);
+        KILN_LOG(kWarn, "CUDA self-test: FP8 weights stay W8A16: " << t.path << ": " << t.detail);
+        r.push_back(t);
+        t = test_quant_linear(h, c, rows);
+        t.required = false;
+      }
       if (!t.passed && cuda) {
         cuda->disable_quantized(t.path + ": " + t.detail);
         KILN_LOG(kWarn, "CUDA self-test: quantized weights disabled: " << t.path << ": " << t.detail);

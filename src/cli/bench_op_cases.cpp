@@ -1,358 +1,30 @@
-// Every CUDA op other than paged attention (bench/attention_bench.cpp), driven through
-// the public ops::Backend interface on real model shapes, as a fraction of the
-// machine's roofline: bytes moved / time against the measured device-to-device copy
-// bandwidth for decode-shaped work (and for every elementwise op), FLOPs / time
-// against the mma.sync bf16 peak for prefill-shaped GEMM-like work. What is timed is
-// what kiln runs: argument checks, cuBLASLt plans, the caching allocator's scratch,
-// host id copies, routing.
-//
-//   build-gpu/bin/ops_bench [--smem-cap 101376] [--iters 20] [--only SUBSTRING]
-//
-// --only keeps the cases whose label ("<op> <shape> rows <n>", as in the table)
-// contains SUBSTRING; model weights are only built for the cases kept.
-//
-// Timing. CudaBackend queues all work on its own stream, created with
-// cudaStreamNonBlocking and not reachable through ops::Backend, so cudaEvents on the
-// legacy stream would not bracket it. Each call is therefore timed on the host:
-//   begin_step(batch); memset 256 MiB (flushes the 50 MB L2); cudaDeviceSynchronize();
-//   t0; op(); backend->synchronize(); t1
-// and the table reports the median of --iters such calls (after one warm-up call,
-// which also builds cuBLASLt plans and device tables). Nothing is subtracted: each
-// time includes the host launch path and the stream-synchronize wake-up, so it is an
-// upper bound on the GPU time; "timing floor" in the header (an 8-element add timed
-// the same way: 11.2 us on the H100 VM, 2026-11-22) says how much of a decode op that
-// is. The flush also makes activations come from DRAM, which in a real step are
-// usually still in L2 from the op before: elementwise decode numbers are pessimistic.
-// begin_step runs before every call, untimed, as in a forward step: it returns the
-// previous call's op scratch to the allocator. Cases whose warm-up call is slow run
-// fewer iterations, about kCaseBudgetUs each (the notes column says so). The whole run
-// took 6 s on the H100 at --iters 20.
-//
-// Ceilings. The copy bandwidth is measured here at start-up (cudaMemcpyAsync of 1 GiB,
-// device to device, bytes read + written / time, median of 10, cudaEvents on a stream
-// of the bench's own). The mma.sync bf16 peak is the constant measured on the H100 in
-// docs/PERF.md (642 TFLOP/s), not re-measured. cuBLASLt on sm_90 may pick wgmma kernels,
-// whose peak is higher (989 TFLOP/s dense bf16 on H100 SXM, datasheet), so the GEMMs
-// report both fractions.
-//
-// Work counted per op (bf16 = 2 bytes, fp32 vectors = 4):
-//   linear        rows 1, 8: weight + bias + x + out bytes; rows 2048: 2 rows n_in n_out FLOPs
-//   rms_norm      x + out (+ residual read and written) + weight
-//   rope          x read and written (in place) + positions
-//   glu, add      two inputs + output
-//   embedding     the gathered rows read + written + ids (copied from the host inside the op)
-//   slice_columns the kept columns read + written
-//   moe           rows 1, 8: distinct experts the rows route to x expert bytes + router + x + out;
-//                 the distinct count comes from the reference routing rule (backends/cpu) run
-//                 on the host over fp32 logits of the same bf16 x and router (a near-tie may
-//                 differ from the GPU's choice; the bound min(n_experts, rows top_k) is noted);
-//                 rows 2048: 2 rows top_k 3 d_model d_ff FLOPs (router left out)
-//   mla_attention decode: latent cache read + kv_b + q + out bytes; prefill: the absorbed
-//                 form's FLOPs (q absorb, causal scores over d_latent + d_rope and the
-//                 weighted latent sum, up-projection to d_v)
-//   sample        the logits read (the op returns its outputs in host memory, so the
-//                 device-to-host copy and its synchronize are inside the time)
-//
-// Weights and activations are random bf16 (never zero): two 64 MiB pools are generated
-// on the host once, and each tensor (from Backend::alloc) is filled by device copies from
-// a pool at a random offset, so a 22.5 GB expert set takes milliseconds instead of a
-// minute of host conversion in Backend::upload. fp32 vectors (norm weights, biases,
-// routing biases) go through Backend::upload. Each model's weights live in a backend of
-// their own, destroyed (memory returned to the driver) before the next model's.
+// The cases of `kiln bench op`, in the table's order: linear, norms and elementwise ops,
+// sample, moe (bf16 and quantized experts), mla_attention, each at real model shapes.
+// The method and the work counted per op are at the top of bench_op.cpp; the timer
+// and the random data are bench_op_harness.h. CUDA builds only: without the CUDA
+// backend this file compiles to nothing (run_bench_op says why).
+#ifdef KILN_HAVE_CUDA
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <functional>
-#include <initializer_list>
-#include <memory>
-#include <numeric>
 #include <random>
 #include <set>
-#include <span>
 #include <string>
 #include <vector>
 
 #include <cuda_runtime.h>
 
 #include "backends/cpu/cpu_internal.h"  // cpu::route: the reference routing rule
-#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/cuda_backend_impl.h"  // set_w8a8: the FP8 cases' W8A16 rows
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels/kernels.h"
+#include "cli/bench_op_harness.h"
 #include "ops/backend.h"
 
+namespace kiln::cli::op_bench {
 namespace {
-
-using kiln::DType;
-using kiln::Shape;
-using kiln::Tensor;
-namespace ops = kiln::ops;
-
-constexpr double kMmaPeakTflops = 642.0;    // H100 mma.sync bf16, fp32 accumulate: measured (docs/PERF.md)
-constexpr double kWgmmaPeakTflops = 989.0;  // H100 SXM dense bf16 (datasheet; cuBLASLt's wgmma kernels)
-constexpr size_t kFlushBytes = size_t(256) << 20;  // > the H100's 50 MB L2
-constexpr double kCaseBudgetUs = 2e6;       // a slow case runs about this long (at least one timed call)
-constexpr int kPrefillRows = 2048;
-
-struct Options {
-  int smem_cap = 101376;
-  int iters = 20;
-  std::string only;
-};
-
-// One table row: what ran and the work it had to do. Exactly one of bytes (a
-// fraction of the copy bandwidth) and flops (a fraction of the mma peak) is set.
-struct Case {
-  std::string op, shape;
-  int64_t rows = 0;
-  double bytes = 0.0;
-  double flops = 0.0;
-  bool gemm = false;  // cuBLASLt: also against the wgmma peak
-  std::string note;
-
-  std::string label() const { return op + " " + shape + " rows " + std::to_string(rows); }
-};
-
-struct Timing {
-  double us = 0.0;  // median
-  int iters = 0;
-};
-
-template <typename... Args>
-std::string fmt(const char* format, Args... args) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf, format, args...);
-  return buf;
-}
-
-// ---- random device data ---------------------------------------------------------
-
-// Random bf16 bits uniform in (-scale, scale), never exactly zero (splitmix64).
-std::vector<uint16_t> random_bf16(size_t n, float scale, uint64_t seed) {
-  std::vector<uint16_t> out(n);
-  uint64_t s = seed;
-  for (uint16_t& h : out) {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    const float u = (float(z >> 40) + 0.5f) / float(1 << 24);  // (0, 1), never 0.5
-    h = kiln::f32_to_bf16((2.0f * u - 1.0f) * scale);  // |2u - 1| >= 2^-24
-  }
-  return out;
-}
-
-// Fills backend tensors from two device pools of random bf16: activations in
-// (-1, 1), weights in (-1/32, 1/32) (about the spread of trained weights, so
-// outputs stay O(1)).
-class Filler {
- public:
-  static constexpr size_t kPoolElems = size_t(32) << 20;  // 64 MiB each
-
-  Filler() {
-    for (int i = 0; i < 2; ++i) {
-      const std::vector<uint16_t> host = random_bf16(kPoolElems, i == 0 ? 1.0f : 1.0f / 32, 1234 + i);
-      KILN_CUDA_CHECK(cudaMalloc(&pools_[i], kPoolElems * sizeof(uint16_t)));
-      KILN_CUDA_CHECK(cudaMemcpy(pools_[i], host.data(), kPoolElems * sizeof(uint16_t), cudaMemcpyHostToDevice));
-    }
-  }
-  ~Filler() {
-    for (uint16_t* p : pools_) cudaFree(p);
-  }
-  Filler(const Filler&) = delete;
-  Filler& operator=(const Filler&) = delete;
-
-  Tensor activation(ops::Backend& be, Shape s) { return fill(be, s, pools_[0]); }
-  Tensor weight(ops::Backend& be, Shape s) { return fill(be, s, pools_[1]); }
-
-  // An fp32 device vector through Backend::upload (its rule keeps rank-1 tensors fp32).
-  Tensor vector(ops::Backend& be, int64_t n, float lo, float hi, std::vector<float>* host_copy = nullptr) {
-    std::vector<float> v(static_cast<size_t>(n));
-    std::uniform_real_distribution<float> d(lo, hi);
-    for (float& x : v) x = d(rng_);
-    const Tensor t = be.upload(Tensor{.data = v.data(), .dtype = DType::kF32, .shape = {n}});
-    if (host_copy) *host_copy = std::move(v);
-    return t;
-  }
-
-  std::mt19937_64& rng() { return rng_; }
-
- private:
-  Tensor fill(ops::Backend& be, Shape s, const uint16_t* pool) {
-    be.synchronize();  // the allocator may hand back a block the stream just finished with
-    Tensor t = be.alloc(DType::kBF16, s);
-    auto* dst = t.as<uint16_t>();
-    const size_t n = size_t(t.numel());
-    size_t done = 0, at = size_t(rng_() % kPoolElems);
-    while (done < n) {
-      const size_t len = std::min(n - done, kPoolElems - at);
-      KILN_CUDA_CHECK(cudaMemcpyAsync(dst + done, pool + at, len * sizeof(uint16_t), cudaMemcpyDeviceToDevice,
-                                      nullptr));
-      done += len;
-      at = 0;
-    }
-    // The legacy stream does not order against the backend's non-blocking stream.
-    KILN_CUDA_CHECK(cudaDeviceSynchronize());
-    return t;
-  }
-
-  uint16_t* pools_[2] = {nullptr, nullptr};
-  std::mt19937_64 rng_{7};
-};
-
-// n_seqs sequences of `context` cached tokens, each with its newest n_query in the
-// step; the block table scatters blocks over the cache.
-ops::BatchMeta paged_batch(int n_seqs, int context, int n_query, int block_size, std::mt19937_64& rng) {
-  ops::BatchMeta b;
-  b.block_size = block_size;
-  b.max_blocks_per_seq = (context + block_size - 1) / block_size;
-  b.block_table.resize(size_t(n_seqs) * size_t(b.max_blocks_per_seq));
-  std::iota(b.block_table.begin(), b.block_table.end(), 0);
-  std::shuffle(b.block_table.begin(), b.block_table.end(), rng);
-  b.q_start.push_back(0);
-  for (int s = 0; s < n_seqs; ++s) {
-    for (int p = context - n_query; p < context; ++p) {
-      b.positions.push_back(p);
-      b.slot_mapping.push_back(int32_t(b.slot(s, p)));
-    }
-    b.q_start.push_back(int32_t(b.positions.size()));
-    b.context_len.push_back(context);
-  }
-  return b;
-}
-
-// ---- ceilings and timing ------------------------------------------------------------
-
-// Device-to-device copy of 1 GiB, bytes read + written / time, median of 10 (GB/s).
-double measure_copy_bandwidth_gbs() {
-  const size_t bytes = size_t(1) << 30;
-  void *src = nullptr, *dst = nullptr;
-  KILN_CUDA_CHECK(cudaMalloc(&src, bytes));
-  KILN_CUDA_CHECK(cudaMalloc(&dst, bytes));
-  KILN_CUDA_CHECK(cudaMemset(src, 1, bytes));
-  cudaStream_t stream;
-  cudaEvent_t start, stop;
-  KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  KILN_CUDA_CHECK(cudaEventCreate(&start));
-  KILN_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<float> ms;
-  for (int i = 0; i < 12; ++i) {  // the first two are warm-up
-    KILN_CUDA_CHECK(cudaEventRecord(start, stream));
-    KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
-    KILN_CUDA_CHECK(cudaEventRecord(stop, stream));
-    KILN_CUDA_CHECK(cudaEventSynchronize(stop));
-    float t = 0.0f;
-    KILN_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
-    if (i >= 2) ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  const double median_ms = 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
-  KILN_CUDA_CHECK(cudaEventDestroy(start));
-  KILN_CUDA_CHECK(cudaEventDestroy(stop));
-  KILN_CUDA_CHECK(cudaStreamDestroy(stream));
-  KILN_CUDA_CHECK(cudaFree(src));
-  KILN_CUDA_CHECK(cudaFree(dst));
-  return 2.0 * double(bytes) / (median_ms * 1e6);
-}
-
-class Bench {
- public:
-  Bench(const Options& o, double copy_gbs) : o_(o), copy_gbs_(copy_gbs) {
-    KILN_CUDA_CHECK(cudaMalloc(&flush_, kFlushBytes));
-  }
-  ~Bench() { cudaFree(flush_); }
-  Bench(const Bench&) = delete;
-  Bench& operator=(const Bench&) = delete;
-
-  Filler fill;
-
-  // A fresh backend: each model's weights live and die with one.
-  std::unique_ptr<ops::Backend> backend() const {
-    auto be = kiln::cuda::make_cuda_backend({.device = 0, .smem_cap = o_.smem_cap});
-    if (!be.ok()) {
-      std::fprintf(stderr, "ops_bench: %s\n", be.status().to_string().c_str());
-      std::exit(1);
-    }
-    return std::move(be).value();
-  }
-
-  int iters() const { return o_.iters; }
-  bool wanted(const Case& c) const { return o_.only.empty() || c.label().find(o_.only) != std::string::npos; }
-
-  // Median wall time of op() + synchronize(), L2 flushed before each call.
-  Timing time(ops::Backend& be, const ops::BatchMeta& batch, const std::function<void()>& op) {
-    const double warm_us = once(be, batch, op);
-    const int iters = std::clamp(int(kCaseBudgetUs / std::max(warm_us, 1.0)), 1, o_.iters);
-    std::vector<double> us(static_cast<size_t>(iters));
-    for (double& u : us) u = once(be, batch, op);
-    std::sort(us.begin(), us.end());
-    const size_t m = us.size() / 2;
-    return {.us = us.size() % 2 ? us[m] : 0.5 * (us[m - 1] + us[m]), .iters = iters};
-  }
-
-  // Times one case (if --only keeps it) and prints its table row.
-  void run(ops::Backend& be, const ops::BatchMeta& batch, const Case& c, const std::function<void()>& op) {
-    if (!wanted(c)) return;
-    std::fprintf(stderr, "ops_bench: %s\n", c.label().c_str());
-    report(c, time(be, batch, op));
-  }
-
-  // Prints the table row of a case timed as `t`.
-  void report(const Case& c, const Timing& t) {
-    std::string achieved, fraction;
-    if (c.flops > 0.0) {
-      const double tflops = c.flops / (t.us * 1e6);
-      achieved = fmt("%.1f TFLOP/s", tflops);
-      fraction = c.gemm ? fmt("%.1f%% of %.0f (mma.sync), %.1f%% of %.0f (wgmma)", 100.0 * tflops / kMmaPeakTflops,
-                              kMmaPeakTflops, 100.0 * tflops / kWgmmaPeakTflops, kWgmmaPeakTflops)
-                        : fmt("%.1f%% of %.0f TFLOP/s", 100.0 * tflops / kMmaPeakTflops, kMmaPeakTflops);
-    } else {
-      const double gbs = c.bytes / (t.us * 1e3);
-      achieved = fmt("%.0f GB/s", gbs);
-      fraction = fmt("%.1f%% of %.2f TB/s", 100.0 * gbs / copy_gbs_, copy_gbs_ / 1000.0);
-    }
-    std::string note = c.note;
-    if (t.iters < o_.iters) note += (note.empty() ? "" : "; ") + std::to_string(t.iters) + " iters (slow case)";
-    std::printf("| %s | %s | %lld | %.1f | %s | %s | %s |\n", c.op.c_str(), c.shape.c_str(), (long long)c.rows, t.us,
-                achieved.c_str(), fraction.c_str(), note.c_str());
-    std::fflush(stdout);
-  }
-
-  // One sequence whose newest `rows` tokens are in the step, of max(context, rows)
-  // (ops that read no batch get one anyway: begin_step precedes every call).
-  ops::BatchMeta rows_batch(int64_t rows, int context = 0) {
-    return paged_batch(1, std::max<int>(context, int(rows)), int(rows), 16, fill.rng());
-  }
-
- private:
-  double once(ops::Backend& be, const ops::BatchMeta& batch, const std::function<void()>& op) {
-    be.begin_step(batch);
-    KILN_CUDA_CHECK(cudaMemsetAsync(flush_, ++flush_value_ & 0xff, kFlushBytes, nullptr));
-    KILN_CUDA_CHECK(cudaDeviceSynchronize());
-    const auto t0 = std::chrono::steady_clock::now();
-    op();
-    be.synchronize();
-    const auto t1 = std::chrono::steady_clock::now();
-    KILN_CUDA_CHECK(cudaGetLastError());
-    return std::chrono::duration<double, std::micro>(t1 - t0).count();
-  }
-
-  Options o_;
-  double copy_gbs_;
-  void* flush_ = nullptr;
-  int flush_value_ = 0;
-};
-
-// Whether --only keeps any of op/shape's row counts (builds nothing otherwise).
-bool any_wanted(const Bench& b, const std::string& op, const std::string& shape, std::initializer_list<int> rows) {
-  for (int r : rows)
-    if (b.wanted(Case{.op = op, .shape = shape, .rows = r})) return true;
-  return false;
-}
-
-std::string str(int64_t v) { return std::to_string(v); }
 
 // ---- linear ---------------------------------------------------------------------------
 
@@ -573,7 +245,7 @@ int64_t distinct_experts(ops::Backend& be, const Tensor& x, const ops::Weight& r
       for (int64_t i = 0; i < d; ++i) acc += xs[size_t(t * d + i)] * ws[size_t(e * d + i)];
       logits[size_t(e)] = acc;
     }
-    kiln::cpu::route(logits.data(), correction.empty() ? nullptr : correction.data(), r, chosen.data(),
+    cpu::route(logits.data(), correction.empty() ? nullptr : correction.data(), r, chosen.data(),
                      weights.data());
     used.insert(chosen.begin(), chosen.end());
   }
@@ -585,7 +257,7 @@ void bench_moe_model(Bench& b, const MoeModel& m) {
                             ", d_model " + str(m.d_model) + ", d_ff " + str(m.d_ff);
   if (!any_wanted(b, "moe", shape, {1, 8, kPrefillRows})) return;
   const double expert_gb = 3.0 * 2.0 * double(m.n_experts * m.d_model * m.d_ff) / 1e9;
-  std::fprintf(stderr, "ops_bench: building %s experts (%.1f GB)\n", m.name, expert_gb);
+  std::fprintf(stderr, "kiln bench op: building %s experts (%.1f GB)\n", m.name, expert_gb);
   auto be = b.backend();  // the expert set is freed with it, before the next model's
   const int64_t E = m.n_experts, d = m.d_model, f = m.d_ff;
   ops::MoeExperts ex{.d_ff = f};
@@ -651,47 +323,88 @@ void bench_moe_model(Bench& b, const MoeModel& m) {
 
 struct QuantFormatCase {
   const char* name;
-  kiln::formats::QuantKind kind;
+  formats::QuantKind kind;
   int bits, group, scale_bytes;
   DType scale_dtype;
   uint8_t scale_byte;  // memset value of every scale
 };
 
 constexpr QuantFormatCase kQuantFormats[] = {
-    {"mxfp4", kiln::formats::QuantKind::kMxfp4, 4, 32, 1, DType::kE8M0, 0x7a},          // 2^-5
-    {"nvfp4", kiln::formats::QuantKind::kNvfp4, 4, 16, 1, DType::kF8E4M3, 0x38},        // 1.0 (x scale2)
-    {"int4 g32", kiln::formats::QuantKind::kInt4Group, 4, 32, 2, DType::kBF16, 0x3c},   // 0.0115
-    {"fp8 block", kiln::formats::QuantKind::kFp8Block, 8, 128, 4, DType::kF32, 0x3c},  // 0.0115
+    {"mxfp4", formats::QuantKind::kMxfp4, 4, 32, 1, DType::kE8M0, 0x7a},         // 2^-5
+    {"nvfp4", formats::QuantKind::kNvfp4, 4, 16, 1, DType::kF8E4M3, 0x38},       // 1.0 (x scale2)
+    {"int4 g32", formats::QuantKind::kInt4Group, 4, 32, 2, DType::kBF16, 0x3c},  // 0.0115
+    {"fp8 block", formats::QuantKind::kFp8Block, 8, 128, 4, DType::kF32, 0x3c},  // 0.0115
 };
 
 // n_experts packed [n_out, n_in] weights in one device allocation (views per expert),
 // as CudaBackend::upload_quantized lays them out (backends/cuda/quant_pack.h).
-std::vector<kiln::formats::QuantizedTensor> packed_experts(Bench& b, ops::Backend& be, const QuantFormatCase& f,
-                                                           int64_t n_experts, int64_t n_out, int64_t n_in,
-                                                           double* bytes_per_expert) {
-  const kiln::cuda::QuantFormat qf{.value = f.bits == 8 ? 2 : 0, .scale_bytes = f.scale_bytes, .group = f.group};
+std::vector<formats::QuantizedTensor> packed_experts(Bench& b, ops::Backend& be, const QuantFormatCase& f,
+                                                     int64_t n_experts, int64_t n_out, int64_t n_in,
+                                                     double* bytes_per_expert) {
+  const cuda::QuantFormat qf{.value = f.bits == 8 ? 2 : 0, .scale_bytes = f.scale_bytes, .group = f.group};
   const int64_t code_row = qf.code_row_bytes(n_in), scale_row = qf.scale_row_bytes(n_in);
   // Codes: random bytes from the weight pool (a bf16 tensor of the same bytes).
   Tensor codes = b.fill.weight(be, {n_experts, n_out, code_row / 2});
   Tensor scales = be.alloc(DType::kU8, {n_experts, n_out, scale_row});
   KILN_CUDA_CHECK(cudaMemset(scales.data, f.scale_byte, scales.nbytes()));
   Tensor scale2;
-  if (f.kind == kiln::formats::QuantKind::kNvfp4) scale2 = b.fill.vector(be, 1, 1.0f / 64, 1.0f / 64);
+  if (f.kind == formats::QuantKind::kNvfp4) scale2 = b.fill.vector(be, 1, 1.0f / 64, 1.0f / 64);
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<kiln::formats::QuantizedTensor> out;
+  std::vector<formats::QuantizedTensor> out;
   for (int64_t e = 0; e < n_experts; ++e) {
-    kiln::formats::QuantizedTensor q{.kind = f.kind, .n_out = n_out, .n_in = n_in, .block_n = 128, .block_k = f.group};
+    formats::QuantizedTensor q{.kind = f.kind, .n_out = n_out, .n_in = n_in, .block_n = 128, .block_k = f.group};
     q.packed_group = f.group;
     q.data = Tensor{.data = static_cast<char*>(codes.data) + e * n_out * code_row, .dtype = DType::kU8,
-                    .shape = {n_out, code_row}, .device = kiln::Device::kCuda, .owner = codes.owner};
+                    .shape = {n_out, code_row}, .device = Device::kCuda, .owner = codes.owner};
     q.scale = Tensor{.data = static_cast<char*>(scales.data) + e * n_out * scale_row, .dtype = f.scale_dtype,
-                     .shape = {n_out, scale_row / f.scale_bytes}, .device = kiln::Device::kCuda,
+                     .shape = {n_out, scale_row / f.scale_bytes}, .device = Device::kCuda,
                      .owner = scales.owner};
     q.scale2 = scale2;
     out.push_back(std::move(q));
   }
   *bytes_per_expert = double(n_out * (code_row + scale_row));
   return out;
+}
+
+// ---- FP8 linears at prefill (W8A8 against W8A16) --------------------------------------
+//
+// Block-128 FP8 weights (DeepSeek-V3's own format) at that model's shapes and 2048 /
+// 8192 rows: the W8A8 GEMMs (e4m3 activations quantized per 128 inputs by a pre-pass,
+// e4m3 mma.sync: against the e4m3 peak; the pre-pass is in the time) and, on the same
+// weights, W8A16 (the dequantizing bf16 tiles: against the bf16 peak).
+void bench_fp8_linear(Bench& b) {
+  constexpr LinearShape kShapes[] = {
+      {"Kimi-K2/DeepSeek-V3", "q_b", 1536, 24576, false},
+      {"Kimi-K2/DeepSeek-V3", "o", 16384, 7168, false},
+      {"DeepSeek-V3", "dense gate_up", 7168, 36864, false},  // layers 0-2: 2 x 18432
+      {"DeepSeek-V3", "dense down", 18432, 7168, false},
+  };
+  const QuantFormatCase& f = kQuantFormats[3];
+  static_assert(kQuantFormats[3].kind == formats::QuantKind::kFp8Block);
+  auto be = b.backend();
+  auto* cuda_be = dynamic_cast<cuda::CudaBackend*>(be.get());
+  KILN_CHECK(cuda_be != nullptr) << "kiln bench op: the FP8 cases need the CUDA backend";
+  const cuda::QuantFormat qf{.value = 2, .scale_kind = 4, .scale_bytes = 4, .group = 128};
+  for (const LinearShape& s : kShapes) {
+    const std::string shape = std::string(s.model) + " " + s.name + " " + str(s.n_in) + "->" + str(s.n_out);
+    for (const bool w8a8 : {true, false}) {
+      const std::string op = w8a8 ? "linear fp8 block W8A8" : "linear fp8 block W8A16";
+      if (w8a8 && !cuda::quant_w8a8_supported(qf)) continue;
+      if (!any_wanted(b, op, shape, {kPrefillRows, 4 * kPrefillRows})) continue;
+      double bytes = 0.0;
+      const ops::Weight w{.quant = packed_experts(b, *be, f, 1, s.n_out, s.n_in, &bytes)[0]};
+      cuda_be->set_w8a8(w8a8);
+      for (int64_t rows : {kPrefillRows, 4 * kPrefillRows}) {
+        Case c{.op = op, .shape = shape, .rows = rows, .flops = 2.0 * double(rows) * double(s.n_in) * double(s.n_out),
+               .e4m3 = w8a8};
+        if (!b.wanted(c)) continue;
+        Tensor x = b.fill.activation(*be, {rows, s.n_in});
+        Tensor out = be->alloc(DType::kBF16, {rows, s.n_out});
+        b.run(*be, b.rows_batch(rows), c, [&] { be->linear({.x = x, .w = &w, .out = out}); });
+      }
+      cuda_be->set_w8a8(true);
+    }
+  }
 }
 
 void bench_quant_moe(Bench& b, const MoeModel& m, const QuantFormatCase& f) {
@@ -705,7 +418,8 @@ void bench_quant_moe(Bench& b, const MoeModel& m, const QuantFormatCase& f) {
   // Layers: enough that one step's experts exceed 4 x a 50 MB L2 even at one row.
   const double one_row_bytes = per_param * 3.0 * double(d * ff) * double(m.top_k);
   const int layers = int(std::clamp(std::ceil(200e6 / one_row_bytes), 2.0, 16.0));
-  std::fprintf(stderr, "ops_bench: building %d layers of %s %s experts (%.1f GB each)\n", layers, m.name, f.name, set_gb);
+  std::fprintf(stderr, "kiln bench op: building %d layers of %s %s experts (%.1f GB each)\n", layers, m.name, f.name,
+               set_gb);
   std::vector<ops::MoeExperts> sets(static_cast<size_t>(layers));
   double gate_bytes = 0.0, down_bytes = 0.0;
   for (ops::MoeExperts& ex : sets) {
@@ -803,52 +517,9 @@ void bench_mla(Bench& b, const char* model, int64_t n_heads) {
   }
 }
 
-int usage(const char* argv0) {
-  std::fprintf(stderr, "usage: %s [--smem-cap BYTES] [--iters N] [--only SUBSTRING]\n", argv0);
-  return 2;
-}
-
 }  // namespace
 
-int main(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--smem-cap" && i + 1 < argc) o.smem_cap = std::atoi(argv[++i]);
-    else if (a == "--iters" && i + 1 < argc) o.iters = std::atoi(argv[++i]);
-    else if (a == "--only" && i + 1 < argc) o.only = argv[++i];
-    else return usage(argv[0]);
-  }
-  if (o.iters < 1 || o.smem_cap < 0) return usage(argv[0]);
-  const auto start = std::chrono::steady_clock::now();
-
-  cudaDeviceProp prop{};
-  KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::fprintf(stderr, "ops_bench: measuring the copy bandwidth\n");
-  const double copy_gbs = measure_copy_bandwidth_gbs();
-  Bench b(o, copy_gbs);
-
-  // The method's floor: the cheapest op, timed the same way.
-  double floor_us = 0.0;
-  {
-    auto be = b.backend();
-    Tensor x = b.fill.activation(*be, {1, 8});
-    Tensor out = be->alloc(DType::kBF16, {1, 8});
-    floor_us = b.time(*be, b.rows_batch(1), [&] { be->add({.a = x, .b = x, .out = out}); }).us;
-  }
-
-  std::printf("device: %s (%d SMs), --smem-cap %d, median of %d iterations, L2 flushed before each\n", prop.name,
-              prop.multiProcessorCount, o.smem_cap, o.iters);
-  std::printf("ceilings: copy %.0f GB/s (measured here: cudaMemcpyAsync device to device, 1 GiB, read + write); "
-              "mma.sync bf16 %.0f TFLOP/s (the constant measured on the H100 in docs/PERF.md, not re-measured); "
-              "wgmma bf16 %.0f TFLOP/s (H100 SXM datasheet, dense; not measured)\n",
-              copy_gbs, kMmaPeakTflops, kWgmmaPeakTflops);
-  std::printf("timing: host wall clock from the op's launch to Backend::synchronize() returning (the backend's "
-              "stream is private); timing floor %.1f us (an 8-element add, same method)\n\n", floor_us);
-  std::printf("| op | shape | rows | time (us) | achieved | fraction of roofline | notes |\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
-  std::fflush(stdout);
-
+void run_all_cases(Bench& b) {
   bench_linear(b);
   {
     auto be = b.backend();
@@ -863,10 +534,10 @@ int main(int argc, char** argv) {
   for (const MoeModel& m : kMoeModels) bench_moe_model(b, m);
   for (const MoeModel& m : kMoeModels)
     for (const QuantFormatCase& f : kQuantFormats) bench_quant_moe(b, m, f);
+  bench_fp8_linear(b);
   bench_mla(b, "DeepSeek-V3", 128);
   bench_mla(b, "Kimi-K2", 64);
-
-  const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::fprintf(stderr, "ops_bench: done in %.0f s\n", total_s);
-  return 0;
 }
+
+}  // namespace kiln::cli::op_bench
+#endif  // KILN_HAVE_CUDA
