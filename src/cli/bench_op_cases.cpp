@@ -389,7 +389,7 @@ void bench_fp8_linear(Bench& b) {
     const std::string shape = std::string(s.model) + " " + s.name + " " + str(s.n_in) + "->" + str(s.n_out);
     for (const bool w8a8 : {true, false}) {
       const std::string op = w8a8 ? "linear fp8 block W8A8" : "linear fp8 block W8A16";
-      if (w8a8 && !cuda::quant_w8a8_supported(qf)) continue;
+      if (w8a8 && !cuda::quant_w8a8_supported(qf, cuda_be->info().cc())) continue;
       if (!any_wanted(b, op, shape, {kPrefillRows, 4 * kPrefillRows})) continue;
       double bytes = 0.0;
       const ops::Weight w{.quant = packed_experts(b, *be, f, 1, s.n_out, s.n_in, &bytes)[0]};

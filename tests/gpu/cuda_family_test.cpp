@@ -259,7 +259,7 @@ TEST_P(CudaW8a8, PrefillErrorIsWithinTwiceTheEmulatedW8a8) {
   if (!gpu.ok()) GTEST_SKIP() << gpu.status().to_string();
   const auto* be = dynamic_cast<const cuda::CudaBackend*>(gpu->get());
   ASSERT_NE(be, nullptr);
-  if (!be->w8a8_enabled() || !cuda::quant_w8a8_supported({.value = 2, .scale_kind = 4, .scale_bytes = 4, .group = 128}))
+  if (!be->use_w8a8({.value = 2, .scale_kind = 4, .scale_bytes = 4, .group = 128}))
     GTEST_SKIP() << "no W8A8 GEMMs on this device";
   const std::string dir = testing::fixture_dir(GetParam());
   const runtime::EngineOptions opt{

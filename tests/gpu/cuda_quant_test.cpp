@@ -38,7 +38,7 @@ class CudaQuant : public gpu_testing::GpuTest {
   // Whether the GPU multiplies weight wg by e4m3 activations at this many rows per weight.
   bool w8a8(const ops::Weight& wg, int64_t rows_per_weight) const {
     const auto* be = dynamic_cast<const cuda::CudaBackend*>(gpu_.get());
-    return be->w8a8_enabled() && cuda::quant_w8a8_supported(cuda::quant_format(wg.quant)) &&
+    return be->use_w8a8(cuda::quant_format(wg.quant)) &&
            !cuda::quant_gemm_decode_rows(rows_per_weight);
   }
   // The host weight as the CPU reference reads it, and its packed GPU twin.

@@ -78,7 +78,11 @@ class CudaBackend final : public ops::Backend {
   // The W8A8 FP8 GEMMs (quant_gemm.cu) for prefill-shaped calls: on unless turned off
   // (KILN_FP8_W8A8=0, or kiln bench op's W8A16 rows): then FP8 weights stay W8A16.
   void set_w8a8(bool on) { w8a8_ = on; }
-  bool w8a8_enabled() const { return w8a8_; }
+  // Whether weights of format f take the W8A8 GEMMs where a call is prefill-shaped
+  // (a linear's rows or a MoE layer's pairs per expert at least 32: the 64-row tiles).
+  bool use_w8a8(const QuantFormat& f) const {
+    return w8a8_ && quant_w8a8_supported(f, info_.cc()) && quant_w8a8_smem_bytes() <= smem_cap_;
+  }
   // Decode steps replayed from a recorded CUDA graph so far (tests, doctor).
   int64_t graph_replays() const { return graph_replays_; }
   // MLA attend path control, likewise (the warp kernel remains).
@@ -104,11 +108,6 @@ class CudaBackend final : public ops::Backend {
   // kQuantGemvMoeTokens tokens (then nearly every expert has one or two rows; busier
   // experts get several tiles).
   static constexpr int64_t kQuantGemvMoeTokens = 16;
-  // Whether weights of format f take the W8A8 GEMMs where a call is prefill-shaped
-  // (a linear's rows or a MoE layer's pairs per expert at least 32: the 64-row tiles).
-  bool use_w8a8(const QuantFormat& f) const {
-    return w8a8_ && quant_w8a8_supported(f) && quant_w8a8_smem_bytes() <= smem_cap_;
-  }
   // A quantized weight as bf16 [n_out, n_in] (MLA's kv_b), made on first use.
   const bf16* dequantized(const ops::Weight& w);
   // y [rows, n_out] = x [rows, n_in] W^T through cuBLASLt (bf16 in, fp32 accumulate).

@@ -349,8 +349,7 @@ PathResult test_quant_linear(Harness& h, const QuantCase& c, int rows) {
   ops::Weight wc{.quant = random_quantized(c, n_out, n_in, rng)};
   auto packed = h.gpu_backend().upload_quantized(wc.quant);
   const auto* cuda = dynamic_cast<const CudaBackend*>(&h.gpu_backend());
-  const bool w8a8 = cuda && cuda->w8a8_enabled() && !quant_gemm_decode_rows(rows) &&
-                    packed.ok() && quant_w8a8_supported(quant_format(*packed));
+  const bool w8a8 = cuda && !quant_gemm_decode_rows(rows) && packed.ok() && cuda->use_w8a8(quant_format(*packed));
   const std::string path = "quantized linear (" + c.name() + ", " + std::to_string(rows) + " rows, " +
                            (rows <= kGemvRows ? "GEMV" : w8a8 ? "W8A8 e4m3 mma.sync" : "mma.sync") + ")";
   if (!packed.ok()) return PathResult{.path = path, .detail = packed.status().to_string()};

@@ -268,10 +268,10 @@ void launch_moe_grouped_quant(const bf16* x, const QuantExpert* table, const Qua
                               cudaStream_t stream);
 // W8A8 (FP8 weights with an fp32 scale per 128 inputs, e4m3 activations quantized per row
 // and 128 inputs by a pre-pass into act_scratch, e4m3 mma.sync): the prefill-shaped
-// GEMMs for such weights on SM 8.9+ (quant_w8a8_supported says whether f and the device
-// qualify). act_scratch: quant_w8a8_act_bytes(rows, n_in) (dense) or
+// GEMMs for such weights on SM 8.9+ (quant_w8a8_supported says whether f and a device of
+// compute capability cc, e.g. 89, qualify). act_scratch: quant_w8a8_act_bytes(rows, n_in) (dense) or
 // moe_w8a8_act_bytes(s, n_pairs, top_k) device bytes.
-bool quant_w8a8_supported(const QuantFormat& f);
+bool quant_w8a8_supported(const QuantFormat& f, int cc);
 int quant_w8a8_smem_bytes();
 size_t quant_w8a8_act_bytes(int64_t rows, int64_t n_in);
 size_t moe_w8a8_act_bytes(const MoeShape& s, int64_t n_pairs, int top_k);

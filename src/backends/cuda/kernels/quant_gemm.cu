@@ -99,6 +99,22 @@ __device__ __forceinline__ void b_row(const QGemmParams& p, const QuantExpert* e
   scales = w.m.scales + int64_t(w.row) * p.scale_row;
 }
 
+// This CTA's rows: MoE tile blockIdx.x of the table (false: an unused slot) or the dense
+// rows [bm blockIdx.x, + bm); ew: the tile's expert, nullptr for a dense weight.
+__device__ __forceinline__ bool cta_tile(const QGemmParams& p, int bm, int& row0, int& rows, const QuantExpert*& ew) {
+  ew = nullptr;
+  if (p.tiles == nullptr) {
+    row0 = int(blockIdx.x) * bm;
+    rows = min(bm, p.dense_rows - row0);
+    return true;
+  }
+  const int4 tile = p.tiles[blockIdx.x];
+  if (tile.x < 0) return false;
+  row0 = tile.y, rows = tile.z;
+  ew = p.experts + tile.x;
+  return true;
+}
+
 // The epilogue of both GEMM kernels (one warp's tile of m16 x n8 accumulators; the
 // thread holds rows lane / 4 (+ 8) and fused columns (2q, 2q + 1), q = lane % 4, of each):
 // the GLU into act (up), the bf16 output with its bias (dense), or the pair's fp32 y
@@ -143,16 +159,8 @@ template <typename C, bool kUp>
 __global__ void __launch_bounds__(C::kThreads) quant_gemm_kernel(const QGemmParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   int row0, rows;
-  const QuantExpert* ew = nullptr;
-  if (p.tiles != nullptr) {
-    const int4 tile = p.tiles[blockIdx.x];
-    if (tile.x < 0) return;
-    row0 = tile.y, rows = tile.z;
-    ew = p.experts + tile.x;
-  } else {
-    row0 = int(blockIdx.x) * C::kBM;
-    rows = min(C::kBM, p.dense_rows - row0);
-  }
+  const QuantExpert* ew;
+  if (!cta_tile(p, C::kBM, row0, rows, ew)) return;
   const int n0 = int(blockIdx.y) * C::kBNF;
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int wm = warp / C::kWarpsN, wn = warp % C::kWarpsN;
@@ -289,6 +297,29 @@ void set_rows(QGemmParams& p, const QuantFormat& f, int64_t K) {
   p.K = int(K);
 }
 
+// The tile table of a MoE layer's bm-row tiles (launch_moe_align) and the up GEMM's
+// parameters over it; the down GEMM then takes act as `a`, NF = d_model, K = d_ff.
+QGemmParams moe_up_params(const bf16* x, const QuantExpert* table, const QuantFormat& f, const int32_t* experts,
+                          const MoeShape& s, int64_t n_pairs, int n_experts, int top_k, int bm,
+                          MoeGroupedScratch& sc, int* n_slots, cudaStream_t stream) {
+  *n_slots = moe_tile_slots(n_pairs, n_experts, bm);
+  launch_moe_align(experts, n_pairs, n_experts, bm, sc.perm, sc.tiles, *n_slots, stream);
+  QGemmParams p{};
+  p.tiles = sc.tiles;
+  p.perm = sc.perm;
+  p.experts = table;
+  p.top_k = top_k;
+  p.d_ff = int(s.d_ff);
+  p.s = s;
+  p.f = f;
+  p.act = sc.act;
+  p.y = sc.y;
+  p.a = x;
+  p.NF = int(2 * s.d_ff);
+  set_rows(p, f, s.d_model);
+  return p;
+}
+
 __global__ void dequantize_kernel(QuantMat w, QuantFormat f, int64_t n_out, int64_t n_in, int64_t code_row,
                                   int64_t scale_row, bf16* out) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -352,16 +383,8 @@ template <bool kUp>
 __global__ void __launch_bounds__(kF8Threads) quant_gemm_w8a8_kernel(const QGemmParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   int row0, rows;
-  const QuantExpert* ew = nullptr;
-  if (p.tiles != nullptr) {
-    const int4 tile = p.tiles[blockIdx.x];
-    if (tile.x < 0) return;
-    row0 = tile.y, rows = tile.z;
-    ew = p.experts + tile.x;
-  } else {
-    row0 = int(blockIdx.x) * kF8BM;
-    rows = min(kF8BM, p.dense_rows - row0);
-  }
+  const QuantExpert* ew;
+  if (!cta_tile(p, kF8BM, row0, rows, ew)) return;
   const int n0 = int(blockIdx.y) * kF8BN;
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int wm = warp / kF8WarpsN, wn = warp % kF8WarpsN;
@@ -549,21 +572,8 @@ void launch_moe_grouped_quant(const bf16* x, const QuantExpert* table, const Qua
   const int bm = moe_grouped_bm(n_pairs, n_experts);
   const bool decode = bm == DecodeQ<0>::kBM;
   static_assert(DecodeQ<0>::kBM == 16 && PrefillQ<0>::kBM == 64, "the tile rows of moe_grouped_bm");
-  const int n_slots = moe_tile_slots(n_pairs, n_experts, bm);
-  launch_moe_align(experts, n_pairs, n_experts, bm, sc.perm, sc.tiles, n_slots, stream);
-  QGemmParams p{};
-  p.tiles = sc.tiles;
-  p.perm = sc.perm;
-  p.experts = table;
-  p.top_k = top_k;
-  p.d_ff = int(s.d_ff);
-  p.s = s;
-  p.f = f;
-  p.act = sc.act;
-  p.y = sc.y;
-  p.a = x;
-  p.NF = int(2 * s.d_ff);
-  set_rows(p, f, s.d_model);
+  int n_slots = 0;
+  QGemmParams p = moe_up_params(x, table, f, experts, s, n_pairs, n_experts, top_k, bm, sc, &n_slots, stream);
   dispatch<true>(decode, p, n_slots, stream);
   p.a = sc.act;
   p.NF = int(s.d_model);
@@ -571,16 +581,8 @@ void launch_moe_grouped_quant(const bf16* x, const QuantExpert* table, const Qua
   dispatch<false>(decode, p, n_slots, stream);
 }
 
-bool quant_w8a8_supported(const QuantFormat& f) {
-  if (f.value != 2 || f.scale_kind != 4 || f.group != kKTile) return false;
-  static const int cc = [] {
-    int device = 0, major = 0, minor = 0;
-    KILN_CUDA_CHECK(cudaGetDevice(&device));
-    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-    return major * 10 + minor;
-  }();
-  return cc >= 89;
+bool quant_w8a8_supported(const QuantFormat& f, int cc) {
+  return f.value == 2 && f.scale_kind == 4 && f.group == kKTile && cc >= 89;
 }
 
 int quant_w8a8_smem_bytes() { return kF8SmemBytes; }
@@ -593,7 +595,7 @@ size_t quant_w8a8_act_bytes(int64_t rows, int64_t k) {
 void launch_quant_linear_w8a8(const bf16* x, const QuantMat& w, const QuantFormat& f, const float* bias, int64_t rows,
                               int64_t n_out, int64_t n_in, bf16* out, void* act_scratch, cudaStream_t stream) {
   if (rows == 0) return;
-  KILN_CHECK(quant_w8a8_supported(f)) << "w8a8 gemm: weights of value kind " << f.value << ", group " << f.group;
+  KILN_CHECK(f.value == 2 && f.group == kKTile) << "w8a8 gemm: weights of value kind " << f.value << ", group " << f.group;
   QGemmParams p{};
   p.dense = w;
   p.dense_bias = bias;
@@ -610,22 +612,10 @@ void launch_moe_grouped_quant_w8a8(const bf16* x, const QuantExpert* table, cons
                                    const int32_t* experts, const MoeShape& s, int64_t n_pairs, int n_experts,
                                    int top_k, MoeGroupedScratch& sc, void* act_scratch, cudaStream_t stream) {
   if (n_pairs == 0) return;
-  KILN_CHECK(quant_w8a8_supported(f)) << "w8a8 moe: weights of value kind " << f.value << ", group " << f.group;
+  KILN_CHECK(f.value == 2 && f.group == kKTile) << "w8a8 moe: weights of value kind " << f.value << ", group " << f.group;
   KILN_CHECK_EQ(moe_grouped_bm(n_pairs, n_experts), kF8BM) << "w8a8 moe: decode-shaped call";
-  const int n_slots = moe_tile_slots(n_pairs, n_experts, kF8BM);
-  launch_moe_align(experts, n_pairs, n_experts, kF8BM, sc.perm, sc.tiles, n_slots, stream);
-  QGemmParams p{};
-  p.tiles = sc.tiles;
-  p.perm = sc.perm;
-  p.experts = table;
-  p.top_k = top_k;
-  p.d_ff = int(s.d_ff);
-  p.s = s;
-  p.f = f;
-  p.act = sc.act;
-  p.y = sc.y;
-  p.NF = int(2 * s.d_ff);
-  set_rows(p, f, s.d_model);
+  int n_slots = 0;
+  QGemmParams p = moe_up_params(x, table, f, experts, s, n_pairs, n_experts, top_k, kF8BM, sc, &n_slots, stream);
   // x per token for the up GEMM, then (the same buffer, stream-ordered) act per pair.
   quantize_act(p, x, n_pairs / top_k, s.d_model, static_cast<uint8_t*>(act_scratch), stream);
   launch_w8a8<true>(p, n_slots, stream);
