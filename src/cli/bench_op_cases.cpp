@@ -218,6 +218,9 @@ const MoeModel kMoeModels[] = {
     {"gpt-oss-120b", 128, 4, 2880, 2880, true, true, false,
      {.kind = ops::RouterKind::kTopKSoftmax, .n_experts = 128, .top_k = 4},
      {.kind = ops::GluKind::kGptOssClamp}},
+    {"gpt-oss-20b", 32, 4, 2880, 2880, true, true, false,
+     {.kind = ops::RouterKind::kTopKSoftmax, .n_experts = 32, .top_k = 4},
+     {.kind = ops::GluKind::kGptOssClamp}},
     {"Qwen3-30B-A3B", 128, 8, 2048, 768, false, false, false,
      {.kind = ops::RouterKind::kSoftmaxTopK, .n_experts = 128, .top_k = 8, .norm_topk_prob = true},
      {.kind = ops::GluKind::kSilu}},
@@ -410,7 +413,7 @@ void bench_fp8_linear(Bench& b) {
 void bench_quant_moe(Bench& b, const MoeModel& m, const QuantFormatCase& f) {
   const std::string shape = std::string(m.name) + " " + f.name + ": " + str(m.n_experts) + " experts top-" +
                             str(m.top_k) + ", d_model " + str(m.d_model) + ", d_ff " + str(m.d_ff);
-  if (!any_wanted(b, "moe (quantized, graph)", shape, {1, 8})) return;
+  if (!any_wanted(b, "moe (quantized, graph)", shape, {1, 8, 32, 64, 128, 256})) return;
   auto be = b.backend();
   const int64_t E = m.n_experts, d = m.d_model, ff = m.d_ff;
   const double per_param = (f.bits + 8.0 * f.scale_bytes / f.group) / 8.0;
@@ -443,7 +446,7 @@ void bench_quant_moe(Bench& b, const MoeModel& m, const QuantFormatCase& f) {
   if (m.router_bias) router.bias = b.fill.vector(*be, E, -0.1f, 0.1f, &router_bias_host);
   const Tensor correction = m.correction_bias ? b.fill.vector(*be, E, -0.05f, 0.05f, &correction_host) : Tensor{};
   const double router_bytes = 2.0 * double(E * d);
-  for (int64_t rows : {1, 8}) {
+  for (int64_t rows : {1, 8, 32, 64, 128, 256}) {
     Case c{.op = "moe (quantized, graph)", .shape = shape, .rows = rows};
     if (!b.wanted(c)) continue;
     Tensor x = b.fill.activation(*be, {rows, d});

@@ -43,8 +43,11 @@ class CudaOps : public gpu_testing::GpuTest {
 };
 
 TEST_F(CudaOps, LinearMatchesCpuAtModelShapes) {
-  // (tokens, n_out, n_in): odd token counts, gpt-oss / Qwen3 / GLM projection shapes.
-  for (auto [t, n, k] : {std::tuple{1, 2880, 2880}, {3, 512, 2880}, {17, 4096, 2048}, {200, 640, 5120}}) {
+  // (tokens, n_out, n_in): odd token counts, gpt-oss / Qwen3 / GLM projection shapes; at
+  // 1-8 tokens the bf16 GEMV, also over a last 128-input block of 8 inputs and a last
+  // unit of 12 rows (8 x 300 x 1032).
+  for (auto [t, n, k] :
+       {std::tuple{1, 2880, 2880}, {3, 512, 2880}, {8, 300, 1032}, {17, 4096, 2048}, {200, 640, 5120}}) {
     SCOPED_TRACE(::testing::Message() << t << "x" << n << "x" << k);
     Tensor x = random({t, k}), w = random({n, k}, 0.05f), b = random({n}, 0.1f);
     ops::Weight wc{.data = as_bf16(w), .bias = as_bf16(b)};
@@ -58,8 +61,9 @@ TEST_F(CudaOps, LinearMatchesCpuAtModelShapes) {
 }
 
 TEST_F(CudaOps, RmsNormWithResidualMatchesCpu) {
-  for (int rows : {1, 17, 200}) {
-    const int dim = 2880;
+  // 2880: 16-byte loads; 1030: one element per load.
+  for (auto [rows, dim] : {std::pair{1, 2880}, {17, 2880}, {200, 2880}, {3, 1030}}) {
+    SCOPED_TRACE(::testing::Message() << rows << " rows of " << dim);
     Tensor x = random({rows, dim}), r = random({rows, dim}), w = random({dim});
     Tensor r_cpu = host_tensor(DType::kF32, {rows, dim});
     std::memcpy(r_cpu.data, r.data, r.nbytes());

@@ -36,6 +36,14 @@ Result<std::unique_ptr<ops::Backend>> make_cuda_backend(const CudaOptions& optio
     backend->set_w8a8(false);
     KILN_LOG(kWarn, "cuda: FP8 weights multiply bf16 activations at every shape (KILN_FP8_W8A8=0)");
   }
+  if (const char* g = std::getenv("KILN_BF16_GEMV"); g && std::string(g) == "0") {
+    backend->set_bf16_gemv(false);
+    KILN_LOG(kWarn, "cuda: bf16 linears take cuBLASLt at every batch size (KILN_BF16_GEMV=0)");
+  }
+  if (const char* t = std::getenv("KILN_QUANT_GEMV_MOE_TOKENS"); t && *t) {
+    backend->set_quant_gemv_moe_tokens(std::atoll(t));
+    KILN_LOG(kWarn, "cuda: quantized MoE layers take the GEMV up to " << t << " tokens (KILN_QUANT_GEMV_MOE_TOKENS)");
+  }
   return std::unique_ptr<ops::Backend>(std::move(backend));
 }
 

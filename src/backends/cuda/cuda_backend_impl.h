@@ -78,6 +78,13 @@ class CudaBackend final : public ops::Backend {
   // The W8A8 FP8 GEMMs (quant_gemm.cu) for prefill-shaped calls: on unless turned off
   // (KILN_FP8_W8A8=0, or kiln bench op's W8A16 rows): then FP8 weights stay W8A16.
   void set_w8a8(bool on) { w8a8_ = on; }
+  // The bf16 GEMV for dense linears at batch 1-8 (launch_bf16_gemv_linear): on unless
+  // turned off (KILN_BF16_GEMV=0: cuBLASLt at every shape).
+  void set_bf16_gemv(bool on) { bf16_gemv_ = on; }
+  bool bf16_gemv() const { return bf16_gemv_; }
+  // The most tokens a quantized MoE layer takes the GEMV for (tiles beyond), in place
+  // of the rule of quant_moe_gemv.
+  void set_quant_gemv_moe_tokens(int64_t n) { quant_gemv_moe_tokens_ = n; }
   // Whether weights of format f take the W8A8 GEMMs where a call is prefill-shaped
   // (a linear's rows or a MoE layer's pairs per expert at least 32: the 64-row tiles).
   bool use_w8a8(const QuantFormat& f) const {
@@ -104,10 +111,23 @@ class CudaBackend final : public ops::Backend {
   const void* expert_table(const ops::MoeExperts& ex, int64_t d_model);
   // The path heuristic for quantized weights (a tuner's place): the streaming GEMV
   // (quant_gemv.cu) while a weight meets at most quant_gemv_max_rows activation rows,
-  // else the mma.sync tiles (quant_gemm.cu). A MoE layer takes the GEMV at up to
-  // kQuantGemvMoeTokens tokens (then nearly every expert has one or two rows; busier
-  // experts get several tiles).
-  static constexpr int64_t kQuantGemvMoeTokens = 16;
+  // else the mma.sync tiles (quant_gemm.cu). A MoE layer takes the GEMV while its
+  // experts average at most kQuantGemvTilesPerExpert GEMV tiles (of up to
+  // quant_gemv_max_rows rows) each, and always at up to 16 tokens: each tile streams
+  // its expert's weights again, but the GEMV runs near 50% of copy bandwidth where the
+  // tiles, mostly empty rows at these sizes, reach 11-17% ("Quantized MoE decode" in
+  // docs/PERF.md: faster at every measured size up to 256 tokens).
+  // KILN_QUANT_GEMV_MOE_TOKENS replaces the rule by a token count (measurements).
+  static constexpr int64_t kQuantGemvTilesPerExpert = 4;
+  // Dense bf16 weights up to this many elements take the GEMV at batch 1-8 (bigger ones,
+  // an lm_head, stream at 85-90% of copy bandwidth through cuBLASLt already).
+  static constexpr int64_t kBf16GemvMaxWeights = int64_t(64) << 20;
+  int64_t quant_gemv_moe_tokens_ = -1;  // >= 0: the token count that replaces the rule
+  bool quant_moe_gemv(int64_t n_tokens, int64_t n_pairs, int n_local, int gemv_rows) const {
+    if (gemv_rows < 1) return false;
+    if (quant_gemv_moe_tokens_ >= 0) return n_tokens <= quant_gemv_moe_tokens_;
+    return n_tokens <= 16 || n_pairs <= kQuantGemvTilesPerExpert * gemv_rows * n_local;
+  }
   // A quantized weight as bf16 [n_out, n_in] (MLA's kv_b), made on first use.
   const bf16* dequantized(const ops::Weight& w);
   // y [rows, n_out] = x [rows, n_in] W^T through cuBLASLt (bf16 in, fp32 accumulate).
@@ -173,6 +193,7 @@ class CudaBackend final : public ops::Backend {
   std::string quantized_disabled_;  // non-empty: the self-test failure that disabled them
   bool native_quant_moe_[2] = {false, false};  // by quant_native_act_format
   bool w8a8_ = true;
+  bool bf16_gemv_ = true;
 };
 
 }  // namespace kiln::cuda

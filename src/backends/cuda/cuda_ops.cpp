@@ -138,6 +138,19 @@ void CudaBackend::linear(const ops::LinearArgs& a) {
     }
     return;
   }
+  // Batch 1-8 over a row-major bf16 weight: the streaming GEMV (quant_gemv.cu). The
+  // largest weights (an lm_head) stay on cuBLASLt, which streams those near bandwidth.
+  const int64_t rows = a.x.dim(0);
+  if (bf16_gemv_ && rows >= 1 && rows <= quant_gemv_max_rows(w.n_in()) && !w.transposed &&
+      w.data.dtype == DType::kBF16 && w.n_out() * w.n_in() <= kBf16GemvMaxWeights &&
+      reinterpret_cast<uintptr_t>(w.data.data) % 16 == 0 && (!w.bias.defined() || w.bias.dtype == DType::kF32)) {
+    KILN_CHECK(a.x.dim(1) == w.n_in() && a.out.dim(1) == w.n_out() && a.out.dim(0) == rows)
+        << "linear: x " << a.x.shape << ", out " << a.out.shape << " vs weight [" << w.n_out() << ", " << w.n_in()
+        << "]";
+    launch_bf16_gemv_linear(a.x.as<bf16>(), w.data.as<bf16>(), vec_or_null(w.bias, "linear bias"), rows, w.n_out(),
+                            w.n_in(), a.out.as<bf16>(), stream_);
+    return;
+  }
   Tensor out = a.out;
   gemm(a.x, w, out);
 }
@@ -407,7 +420,7 @@ void CudaBackend::moe(const ops::MoeArgs& a) {
     // Decode: a few rows per expert (a token meets an expert once), weights streamed
     // into registers (quant_gemv.cu).
     const int gemv_rows = int(std::min<int64_t>(n_tokens, quant_gemv_max_rows(std::max(d_model, ex.d_ff))));
-    if (n_tokens <= kQuantGemvMoeTokens && gemv_rows >= 1) {
+    if (quant_moe_gemv(n_tokens, n_pairs, n_local, gemv_rows)) {
       const int slots = moe_tile_slots(n_pairs, n_local, gemv_rows);
       int32_t* perm = scratch<int32_t>(n_pairs, op_scratch_);
       int4* tiles = scratch<int4>(slots, op_scratch_);
@@ -454,7 +467,13 @@ void CudaBackend::moe(const ops::MoeArgs& a) {
 
 std::string CudaBackend::weight_path(const ops::Weight& w, bool expert) const {
   if (!w.quantized()) {
-    if (!expert) return "cuBLASLt bf16 GEMM";
+    if (!expert) {
+      const bool gemv = bf16_gemv_ && !w.transposed && w.n_out() * w.n_in() <= kBf16GemvMaxWeights &&
+                        quant_gemv_max_rows(w.n_in()) > 0;
+      return gemv ? "<= " + std::to_string(quant_gemv_max_rows(w.n_in())) +
+                        " rows: bf16 GEMV (weights streamed as mma.sync fragments); more: cuBLASLt bf16 GEMM"
+                  : "cuBLASLt bf16 GEMM";
+    }
     if (forced_moe_path_ == MoePath::kGemv || grouped_moe_disabled_) return "per-pair bf16 GEMV (grouped GEMMs off)";
     return "grouped bf16 mma.sync GEMMs over expert-sorted tiles (per-pair GEMV where the layout does not fit)";
   }
@@ -471,8 +490,11 @@ std::string CudaBackend::weight_path(const ops::Weight& w, bool expert) const {
            (w8a8 ? "; >= 32 rows: " + w8a8_path : "");
   }
   const int act = w.quant.kind == formats::QuantKind::kMxfp4 ? 0 : w.quant.kind == formats::QuantKind::kNvfp4 ? 1 : -1;
-  std::string path = "<= " + std::to_string(kQuantGemvMoeTokens) + " tokens: " + gemv +
-                     " over expert-sorted tiles; more: grouped " + tiles;
+  const std::string rule = quant_gemv_moe_tokens_ >= 0
+                               ? "<= " + std::to_string(quant_gemv_moe_tokens_) + " tokens"
+                               : "<= 16 tokens or <= " + std::to_string(kQuantGemvTilesPerExpert) +
+                                     " GEMV tiles per expert on average";
+  std::string path = rule + ": " + gemv + " over expert-sorted tiles; more: grouped " + tiles;
   if (act >= 0 && native_quant_moe_[act]) path += "; 64-row tiles: native sm_120a block-scaled mma (self-tested)";
   if (w8a8) path += "; 64-row tiles: " + w8a8_path;
   return path;

@@ -323,6 +323,10 @@ int quant_gemv_max_rows(int64_t n_in);
 // launch_quant_linear for rows <= quant_gemv_max_rows(n_in).
 void launch_quant_gemv_linear(const bf16* x, const QuantMat& w, const QuantFormat& f, const float* bias, int64_t rows,
                               int64_t n_out, int64_t n_in, bf16* out, cudaStream_t stream);
+// The same kernel over a plain bf16 weight w [n_out, n_in] (row-major, n_in % 8 == 0):
+// out = bf16(x w^T + bias) for rows <= quant_gemv_max_rows(n_in).
+void launch_bf16_gemv_linear(const bf16* x, const bf16* w, const float* bias, int64_t rows, int64_t n_out,
+                             int64_t n_in, bf16* out, cudaStream_t stream);
 // Both MoE products over a tile table of rows_cap-row tiles (launch_moe_align with
 // bm = rows_cap <= quant_gemv_max_rows of d_model and d_ff): act (sorted rows) then y
 // (per pair), as launch_moe_grouped_quant.

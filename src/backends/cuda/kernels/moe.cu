@@ -239,24 +239,56 @@ __global__ void expert_mlp_kernel(const bf16* x, const ExpertWeights* table, con
 }
 
 // out[t] = sum over slots in ascending expert id of w * y (fixed order); slots of
-// expert -1 (another rank's) are never visited.
-__global__ void combine_kernel(const float* scratch, const int32_t* experts, const float* weights, int top_k,
-                               int64_t d_model, bf16* out) {
-  const int64_t t = blockIdx.x;
-  for (int64_t i = threadIdx.x; i < d_model; i += blockDim.x) {
-    float acc = 0.0f;
-    int last = -1;
-    for (int n = 0; n < top_k; ++n) {  // visit slots by increasing expert id
-      int next = -1;
+// expert -1 (another rank's) are never visited. A decode step has one to a few
+// tokens, so a token's row is cut over several blocks of kCombineThreads threads,
+// kVec consecutive elements each; the slot order is worked out once per block, and
+// every slot's values are requested before the first is added (the loads are
+// independent: no chain of dependent global reads per element).
+constexpr int kCombineThreads = 128;
+template <int kVec>
+__global__ void __launch_bounds__(kCombineThreads)
+    combine_kernel(const float* scratch, const int32_t* experts, const float* weights, int64_t n_tokens, int top_k,
+                   int64_t d_model, bf16* out) {
+  __shared__ int order[kMaxTopK];  // slots by increasing expert id, then -1 (other ranks' experts)
+  __shared__ float weight[kMaxTopK];
+  const int tid = int(threadIdx.x);
+  const int64_t i = (int64_t(blockIdx.x) * kCombineThreads + tid) * kVec;
+  for (int64_t t = blockIdx.y; t < n_tokens; t += gridDim.y) {
+    __syncthreads();  // the previous token's order is read
+    if (tid < kMaxTopK) order[tid] = -1;
+    __syncthreads();
+    if (tid < top_k) {
+      const int e = experts[t * top_k + tid];
+      int rank = 0;  // slots of a lower expert id (top-k picks distinct experts)
       for (int k = 0; k < top_k; ++k) {
-        const int e = experts[t * top_k + k];
-        if (e > last && (next < 0 || e < experts[t * top_k + next])) next = k;
+        const int o = experts[t * top_k + k];
+        rank += o >= 0 && o < e;
       }
-      if (next < 0) break;  // the rest are other ranks' experts
-      last = experts[t * top_k + next];
-      acc += weights[t * top_k + next] * scratch[(t * top_k + next) * d_model + i];
+      if (e >= 0) order[rank] = tid, weight[rank] = weights[t * top_k + tid];
     }
-    out[t * d_model + i] = __float2bfloat16(acc);
+    __syncthreads();
+    if (i >= d_model) continue;
+    float v[kMaxTopK][kVec];
+#pragma unroll
+    for (int n = 0; n < kMaxTopK; ++n) {
+      if (n >= top_k || order[n] < 0) break;
+      const float* y = scratch + (t * top_k + order[n]) * d_model + i;
+      if constexpr (kVec == 4) {
+        const float4 q = *reinterpret_cast<const float4*>(y);
+        v[n][0] = q.x, v[n][1] = q.y, v[n][2] = q.z, v[n][3] = q.w;
+      } else {
+        v[n][0] = *y;
+      }
+    }
+    float acc[kVec] = {};
+#pragma unroll
+    for (int n = 0; n < kMaxTopK; ++n) {
+      if (n >= top_k || order[n] < 0) break;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) acc[j] += weight[n] * v[n][j];
+    }
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) out[t * d_model + i + j] = __float2bfloat16(acc[j]);
   }
 }
 
@@ -318,7 +350,12 @@ void launch_moe_gemv(const bf16* x, const ExpertWeights* expert_table, const int
 void launch_moe_combine(const float* y, const int32_t* experts, const float* weights, int64_t n_tokens, int top_k,
                         int64_t d_model, bf16* out, cudaStream_t stream) {
   if (n_tokens == 0) return;
-  combine_kernel<<<unsigned(n_tokens), 256, 0, stream>>>(y, experts, weights, top_k, d_model, out);
+  KILN_CHECK(top_k <= kMaxTopK) << "moe combine: top " << top_k << " (at most " << kMaxTopK << ")";
+  const int vec = d_model % 4 == 0 ? 4 : 1;
+  const dim3 grid(unsigned(ceil_div(d_model, int64_t(kCombineThreads) * vec)),
+                  unsigned(std::min<int64_t>(n_tokens, 65535)));
+  const auto kernel = vec == 4 ? combine_kernel<4> : combine_kernel<1>;
+  kernel<<<grid, kCombineThreads, 0, stream>>>(y, experts, weights, n_tokens, top_k, d_model, out);
   KILN_CUDA_LAUNCH_CHECK();
 }
 

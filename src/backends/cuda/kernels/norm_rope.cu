@@ -13,40 +13,75 @@ namespace {
 constexpr int kNormThreads = 256;
 constexpr int kNormPer = 32;  // elements per thread held in registers: rows up to 8192
 
-// One block per row. Each thread loads all its elements (and residuals) first, so
-// the row's DRAM reads are in flight together rather than one dependent load per
-// loop trip (a decode step's norms are latency-bound). The residual sum is
-// rounded to bf16 before normalising, as the model's bf16 residual stream is
-// stored. out may alias x: every element is read and written by one thread.
+// One block per row. Each thread loads all its elements, residuals and weights first
+// (kVec consecutive ones per load: 16-byte loads when the row is a multiple of 8), so
+// the row's reads are in flight together rather than one dependent load per loop trip
+// or a weight load after the reduction (a decode step's norms are latency-bound). The
+// residual sum is rounded to bf16 before normalising, as the model's bf16 residual
+// stream is stored. out may alias x: every element is read and written by one thread.
+template <int kVec>
+__device__ __forceinline__ void load_bf16(const bf16* p, float (&v)[kVec]) {
+  if constexpr (kVec == 8) {
+    const uint4 q = *reinterpret_cast<const uint4*>(p);
+    const bf16* e = reinterpret_cast<const bf16*>(&q);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = to_f(e[j]);
+  } else {
+    v[0] = to_f(p[0]);
+  }
+}
+template <int kVec>
+__device__ __forceinline__ void store_bf16(bf16* p, const float (&v)[kVec]) {
+  if constexpr (kVec == 8) {
+    uint4 q;
+    bf16* e = reinterpret_cast<bf16*>(&q);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) e[j] = __float2bfloat16(v[j]);
+    *reinterpret_cast<uint4*>(p) = q;
+  } else {
+    p[0] = __float2bfloat16(v[0]);
+  }
+}
+
+template <int kVec>
 __global__ void __launch_bounds__(kNormThreads)
     rms_norm_kernel(const bf16* x, bf16* residual, const float* weight, bf16* out, int64_t dim, float eps) {
+  constexpr int kN = kNormPer / kVec;  // loads per thread
   const int64_t row = blockIdx.x;
   const bf16* xr = x + row * dim;
   bf16* rr = residual ? residual + row * dim : nullptr;
-  float v[kNormPer];
+  float v[kN][kVec] = {}, r[kN][kVec] = {}, w[kN][kVec] = {};
 #pragma unroll
-  for (int k = 0; k < kNormPer; ++k) {
-    const int64_t i = threadIdx.x + int64_t(k) * kNormThreads;
-    v[k] = i < dim ? to_f(xr[i]) : 0.0f;
+  for (int n = 0; n < kN; ++n) {
+    const int64_t i = (threadIdx.x + int64_t(n) * kNormThreads) * kVec;
+    if (i >= dim) continue;
+    load_bf16<kVec>(xr + i, v[n]);
+    if (rr) load_bf16<kVec>(rr + i, r[n]);
+    constexpr int kW = kVec == 8 ? 4 : 1;  // weights per load (fp32)
+#pragma unroll
+    for (int j = 0; j < kVec; j += kW) {
+      if constexpr (kW == 4) {
+        const float4 q = *reinterpret_cast<const float4*>(weight + i + j);
+        w[n][j] = q.x, w[n][j + 1] = q.y, w[n][j + 2] = q.z, w[n][j + 3] = q.w;
+      } else {
+        w[n][j] = weight[i + j];
+      }
+    }
   }
   if (rr) {
-    float r[kNormPer];
 #pragma unroll
-    for (int k = 0; k < kNormPer; ++k) {
-      const int64_t i = threadIdx.x + int64_t(k) * kNormThreads;
-      r[k] = i < dim ? to_f(rr[i]) : 0.0f;
-    }
+    for (int n = 0; n < kN; ++n) {
+      const int64_t i = (threadIdx.x + int64_t(n) * kNormThreads) * kVec;
 #pragma unroll
-    for (int k = 0; k < kNormPer; ++k) {
-      const int64_t i = threadIdx.x + int64_t(k) * kNormThreads;
-      const bf16 sum = __float2bfloat16(r[k] + v[k]);
-      v[k] = to_f(sum);
-      if (i < dim) rr[i] = sum;
+      for (int j = 0; j < kVec; ++j) v[n][j] = to_f(__float2bfloat16(r[n][j] + v[n][j]));
+      if (i < dim) store_bf16<kVec>(rr + i, v[n]);
     }
   }
   float ss = 0.0f;
 #pragma unroll
-  for (int k = 0; k < kNormPer; ++k) ss += v[k] * v[k];
+  for (int n = 0; n < kN; ++n)
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) ss += v[n][j] * v[n][j];
   __shared__ float partial[kNormThreads / 32];
   ss = warp_sum(ss);
   if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = ss;
@@ -59,9 +94,12 @@ __global__ void __launch_bounds__(kNormThreads)
   __syncthreads();
   const float inv = rsqrtf(partial[0] / float(dim) + eps);
 #pragma unroll
-  for (int k = 0; k < kNormPer; ++k) {
-    const int64_t i = threadIdx.x + int64_t(k) * kNormThreads;
-    if (i < dim) out[row * dim + i] = __float2bfloat16(v[k] * inv * weight[i]);
+  for (int n = 0; n < kN; ++n) {
+    const int64_t i = (threadIdx.x + int64_t(n) * kNormThreads) * kVec;
+    if (i >= dim) continue;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) v[n][j] = v[n][j] * inv * w[n][j];
+    store_bf16<kVec>(out + row * dim + i, v[n]);
   }
 }
 
@@ -123,7 +161,10 @@ void launch_rms_norm(const bf16* x, bf16* residual, const float* weight, bf16* o
   if (rows == 0) return;
   KILN_CHECK(dim <= int64_t(kNormPer) * kNormThreads) << "rms_norm: rows of " << dim << " (supported up to "
                                                      << kNormPer * kNormThreads << ")";
-  rms_norm_kernel<<<unsigned(rows), kNormThreads, 0, stream>>>(x, residual, weight, out, dim, eps);
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vec = dim % 8 == 0 && aligned(x) && aligned(out) && aligned(weight) && (!residual || aligned(residual));
+  const auto kernel = vec ? rms_norm_kernel<8> : rms_norm_kernel<1>;
+  kernel<<<unsigned(rows), kNormThreads, 0, stream>>>(x, residual, weight, out, dim, eps);
   KILN_CUDA_LAUNCH_CHECK();
 }
 

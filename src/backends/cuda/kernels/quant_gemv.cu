@@ -30,6 +30,11 @@
 // scales times 2-bit mantissas) and a single rounding for INT4 (as the reference's bf16
 // weights are). FP8 with 128-input groups (block FP8, per channel, per tensor) scales a
 // whole block's fp32 result instead.
+//
+// Plain bf16 weights (a dense linear at batch 1-8, where cuBLASLt's split-K GEMMs reach
+// 20-30% of copy bandwidth) take the same kernel as a format of their own (kBf16Value):
+// no decoding, no scales, the lane's 64 bytes of a row per block are the A fragments as
+// loaded, and rows are not padded (the last block's loads stop at K).
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -48,6 +53,7 @@ constexpr int kKTile = 128;    // codes are padded to whole 128-input blocks
 constexpr int kXPad = 4;       // bf16 after each staged activation row: conflict-free B loads (8-byte aligned rows)
 constexpr int kSmemBudget = 48 * 1024;  // staged activations per CTA (rows are capped to fit)
 constexpr int kStaticSmem = kWarps * 4 * 32 * 4;  // the split-k partial sums
+constexpr int kBf16Value = 3;  // a GemvParams format value of its own: plain bf16 weights
 static_assert(kGemvRows == 8, "token rows are the mma's n");
 
 struct GemvParams {
@@ -69,22 +75,25 @@ struct GemvParams {
   bf16* out;                   // dense: [rows, n_out]
 };
 
-// Format: how codes decode (kValue as QuantFormat::value), how scales are stored (kScale
-// as QuantFormat::scale_kind) and how many a lane's 32-input chunk has (kSpc: 32 / group,
-// at least 1).
+// Format: how codes decode (kValue as QuantFormat::value, or kBf16Value: plain bf16
+// weights, unscaled), how scales are stored (kScale as QuantFormat::scale_kind) and how
+// many a lane's 32-input chunk has (kSpc: 32 / group, at least 1).
 template <int kValue, int kScale, int kSpc>
 struct Fmt {
   static constexpr bool kFp8 = kValue == 2;
-  static constexpr int kChunkWords = kFp8 ? 8 : 4;  // 32-bit words of codes per lane per block and row
-  static constexpr int kRing = kFp8 ? 2 : 4;        // blocks of codes in flight per warp (registers)
+  static constexpr bool kBf16 = kValue == kBf16Value;
+  // 32-bit words of codes per lane per block and row, and blocks in the register ring.
+  static constexpr int kChunkWords = kFp8 ? 8 : kBf16 ? 16 : 4;
+  static constexpr int kRing = kFp8 || kBf16 ? 2 : 4;
   // Decoded pairs are bf16 whose value is the code's times 2^-kBias (e2m1: the 3 bits
   // placed under a bf16 exponent of bias 127 rather than 1; e4m3: bias 127 vs 7).
   static constexpr int kBias = kValue == 0 ? 126 : kValue == 2 ? 120 : 0;
   // Pre-mma scale factors carry 2^kPre so that bf16 holds them and the scaled weights
   // stay normal numbers; the fp32 result is multiplied by 2^(kBias - kPre).
-  static constexpr int kPre = kValue == 1 ? 0 : 100;
+  static constexpr int kPre = kValue == 1 || kBf16 ? 0 : 100;
   static constexpr float kUnbias = kValue == 0 ? 0x1p26f : kValue == 2 ? 0x1p20f : 1.0f;
   static_assert(kBias - kPre == (kValue == 0 ? 26 : kValue == 2 ? 20 : 0));
+  static constexpr int kCodeBytes = kFp8 ? kKTile : kBf16 ? 2 * kKTile : kKTile / 2;  // per row per block
 };
 
 __device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
@@ -111,11 +120,13 @@ __device__ __forceinline__ uint32_t decode_fp8_pair(uint32_t w, int j) {
 }
 
 // Eight activations (one 16-byte load) in the order the steps read them as B: 4-bit
-// codes pair inputs (i, i + 4) of 8, FP8 (i, i + 2) of 4, and a step's (b0, b1) is 4
-// consecutive staged values.
-template <bool kFp8>
+// codes pair inputs (i, i + 4) of 8, FP8 (i, i + 2) of 4, bf16 weights (i, i + 1), and
+// a step's (b0, b1) is 4 consecutive staged values.
+template <int kValue>
 __device__ __forceinline__ uint4 permute_x(uint4 v) {
-  if constexpr (kFp8) {  // x0 x2 x1 x3 | x4 x6 x5 x7
+  if constexpr (kValue == kBf16Value) {
+    return v;
+  } else if constexpr (kValue == 2) {  // x0 x2 x1 x3 | x4 x6 x5 x7
     return make_uint4(__byte_perm(v.x, v.y, 0x5410), __byte_perm(v.x, v.y, 0x7632), __byte_perm(v.z, v.w, 0x5410),
                       __byte_perm(v.z, v.w, 0x7632));
   } else {  // x0 x4 x1 x5 | x2 x6 x3 x7
@@ -147,7 +158,7 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
   using F = Fmt<kValue, kScale, kSpc>;
   using S = Slot<kValue, kScale, kSpc>;
   constexpr int R = F::kRing;
-  constexpr int kCodeBytes = F::kFp8 ? kKTile : kKTile / 2;  // per row per block
+  constexpr int kCodeBytes = F::kCodeBytes;  // per row per block
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float partial[kWarps][4][32];
   static_assert(sizeof(partial) == kStaticSmem);
@@ -186,17 +197,22 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
   const int group_shift = __ffs(p.f.group) - 1;
   const auto load = [&](int blk, S& st) {
     const int k0 = blk * kKTile + 32 * t;  // the chunk's first input
+    (void)k0;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
       for (int v = 0; v < F::kChunkWords / 4; ++v) {
-        const uint4 q = live[h] ? __ldg(reinterpret_cast<const uint4*>(codes[h] + int64_t(blk) * kCodeBytes) + v)
-                                : make_uint4(0, 0, 0, 0);
+        // bf16 rows are not padded: their last block stops at K (a multiple of 8).
+        const bool in = live[h] && (!F::kBf16 || k0 + 8 * v < p.K);
+        const uint4 q = in ? __ldg(reinterpret_cast<const uint4*>(codes[h] + int64_t(blk) * kCodeBytes) + v)
+                           : make_uint4(0, 0, 0, 0);
         st.w[h][4 * v] = q.x, st.w[h][4 * v + 1] = q.y, st.w[h][4 * v + 2] = q.z, st.w[h][4 * v + 3] = q.w;
       }
+      if constexpr (!F::kBf16) {
 #pragma unroll
-      for (int i = 0; i < kSpc; ++i)
-        st.s[h][i] = scale_bits(kScale, scales[h] + ((k0 + i * (32 / kSpc)) >> group_shift) * p.f.scale_bytes);
+        for (int i = 0; i < kSpc; ++i)
+          st.s[h][i] = scale_bits(kScale, scales[h] + ((k0 + i * (32 / kSpc)) >> group_shift) * p.f.scale_bytes);
+      }
     }
   };
   // A ring of R blocks of codes in registers: block b + R - 1 is requested before block
@@ -214,7 +230,7 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
     uint4 v = make_uint4(0, 0, 0, 0);
     if (k < p.K) {
       const int64_t src = p.tiles == nullptr ? r : kUp ? p.perm[row0 + r] / p.top_k : row0 + r;
-      v = permute_x<F::kFp8>(*reinterpret_cast<const uint4*>(p.a + src * p.K + k));
+      v = permute_x<kValue>(*reinterpret_cast<const uint4*>(p.a + src * p.K + k));
     }
     uint2* dst = reinterpret_cast<uint2*>(xs + r * x_stride + k);
     dst[0] = make_uint2(v.x, v.y), dst[1] = make_uint2(v.z, v.w);
@@ -224,17 +240,20 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
 
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   const auto compute = [&](const S& st, int blk) {
-    float sv[2][kSpc];
-    uint32_t sf[2][kSpc];
+    float sv[2][kSpc] = {};
+    uint32_t sf[2][kSpc] = {};
     // Pre-mma scale factors (bf16 pairs) per row and scale of the chunk: 2^kPre times the
     // scale, or 2^120 alone for block-scaled FP8 (which makes decoded e4m3 numbers exact).
+    if constexpr (!F::kBf16) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int i = 0; i < kSpc; ++i) {
-        sv[h][i] = scale_of(kScale, st.s[h][i]);
-        sf[h][i] = bf16x2_bits(__float2bfloat162_rn(block_scaled ? 0x1p120f : kValue == 1 ? sv[h][i] : sv[h][i] * 0x1p100f));
-      }
+        for (int i = 0; i < kSpc; ++i) {
+          sv[h][i] = scale_of(kScale, st.s[h][i]);
+          sf[h][i] = bf16x2_bits(
+              __float2bfloat162_rn(block_scaled ? 0x1p120f : kValue == 1 ? sv[h][i] : sv[h][i] * 0x1p100f));
+        }
+    }
     // Two accumulators: consecutive mmas do not wait on each other.
     float part[2][4] = {};
 #pragma unroll
@@ -242,13 +261,17 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
       uint32_t a[4];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        // A step covers 4 inputs: FP8 word `step`; 4-bit word step / 2, pairs 2r and 2r + 1.
-        const __nv_bfloat162 f = as_bf16x2(sf[h][step * kSpc / 8]);
-        const uint32_t w = st.w[h][F::kFp8 ? step : step / 2];
-        const uint32_t lo = F::kFp8 ? decode_fp8_pair(w, 0) : decode_pair<kValue>(w, 2 * (step % 2));
-        const uint32_t hi = F::kFp8 ? decode_fp8_pair(w, 1) : decode_pair<kValue>(w, 2 * (step % 2) + 1);
-        a[h] = bf16x2_bits(__hmul2(as_bf16x2(lo), f));
-        a[2 + h] = bf16x2_bits(__hmul2(as_bf16x2(hi), f));
+        if constexpr (F::kBf16) {  // words 2 step and 2 step + 1: inputs (4 step, +1), (+2, +3)
+          a[h] = st.w[h][2 * step], a[2 + h] = st.w[h][2 * step + 1];
+        } else {
+          // A step covers 4 inputs: FP8 word `step`; 4-bit word step / 2, pairs 2r and 2r + 1.
+          const __nv_bfloat162 f = as_bf16x2(sf[h][step * kSpc / 8]);
+          const uint32_t w = st.w[h][F::kFp8 ? step : step / 2];
+          const uint32_t lo = F::kFp8 ? decode_fp8_pair(w, 0) : decode_pair<kValue>(w, 2 * (step % 2));
+          const uint32_t hi = F::kFp8 ? decode_fp8_pair(w, 1) : decode_pair<kValue>(w, 2 * (step % 2) + 1);
+          a[h] = bf16x2_bits(__hmul2(as_bf16x2(lo), f));
+          a[2 + h] = bf16x2_bits(__hmul2(as_bf16x2(hi), f));
+        }
       }
       uint2 b = make_uint2(0, 0);
       if (xg != nullptr) b = *reinterpret_cast<const uint2*>(xg + blk * kKTile + 4 * step);
@@ -347,6 +370,7 @@ void launch_gemv(GemvParams p, int grid_x, int64_t tiles, cudaStream_t stream) {
   else if (v == 1 && s == 4 && spc == 4) go(quant_gemv_kernel<kUp, 1, 4, 4>);
   else if (v == 2 && s == 4 && spc == 1) go(quant_gemv_kernel<kUp, 2, 4, 1>);   // FP8
   else if (v == 2 && s == 4 && spc == 2) go(quant_gemv_kernel<kUp, 2, 4, 2>);
+  else if (v == kBf16Value) go(quant_gemv_kernel<kUp, kBf16Value, 0, 1>);  // plain bf16
   else KILN_CHECK(false) << "quant gemv: no kernel for value kind " << v << ", scale kind " << s << ", group " << p.f.group;
   KILN_CUDA_LAUNCH_CHECK();
 }
@@ -381,6 +405,24 @@ void launch_quant_gemv_linear(const bf16* x, const QuantMat& w, const QuantForma
   p.f = f;
   p.out = out;
   set_k(p, f, n_in);
+  launch_gemv<false>(p, 1, 1, stream);
+}
+
+void launch_bf16_gemv_linear(const bf16* x, const bf16* w, const float* bias, int64_t rows, int64_t n_out,
+                             int64_t n_in, bf16* out, cudaStream_t stream) {
+  KILN_CHECK(rows >= 1 && rows <= quant_gemv_max_rows(n_in)) << "bf16 gemv: " << rows << " rows of " << n_in;
+  GemvParams p{};
+  p.dense = QuantMat{.codes = reinterpret_cast<const uint8_t*>(w)};
+  p.dense_bias = bias;
+  p.dense_rows = p.rows_cap = int(rows);
+  p.a = x;
+  p.n_out = int(n_out);
+  p.units = int((n_out + 15) / 16);
+  p.f = QuantFormat{.value = kBf16Value, .scale_kind = 0, .scale_bytes = 0, .group = kKTile};
+  p.out = out;
+  set_k(p, p.f, n_in);
+  p.code_row = n_in * 2;  // unpadded bf16 rows
+  p.scale_row = 0;
   launch_gemv<false>(p, 1, 1, stream);
 }
 
