@@ -21,8 +21,48 @@ size_t CachingAllocator::size_class(size_t bytes) {
   return c;
 }
 
-std::shared_ptr<void> CachingAllocator::allocate(size_t bytes) {
-  const size_t cls = size_class(bytes == 0 ? 1 : bytes);
+void* CachingAllocator::device_malloc(size_t bytes) {
+  KILN_CUDA_CHECK(cudaSetDevice(device_));
+  void* p = nullptr;
+  cudaError_t e = cudaMalloc(&p, bytes);
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    release_cached();  // retry once with the cache emptied
+    e = cudaMalloc(&p, bytes);
+  }
+  KILN_CHECK(e == cudaSuccess) << "cudaMalloc of " << bytes << " bytes: " << cudaGetErrorString(e) << " (in use "
+                               << bytes_in_use() << " bytes)";
+  return p;
+}
+
+std::shared_ptr<void> CachingAllocator::slab_block(size_t bytes) {
+  std::unique_lock<std::mutex> lock(mu_);
+  std::shared_ptr<void> slab = slab_.lock();
+  if (slab == nullptr || slab_used_ + bytes > kSlabBytes) {
+    lock.unlock();  // device_malloc may empty the cache, which locks
+    std::shared_ptr<CachingAllocator> self = shared_from_this();
+    slab = std::shared_ptr<void>(device_malloc(kSlabBytes), [self](void* q) {
+      cudaFree(q);
+      std::lock_guard<std::mutex> l(self->mu_);
+      self->in_use_ -= kSlabBytes;
+    });
+    lock.lock();
+    slab_ = slab;
+    slab_used_ = 0;
+    in_use_ += kSlabBytes;
+    peak_ = std::max(peak_, in_use_);
+  }
+  // The block shares the slab's ownership (the aliasing constructor).
+  std::shared_ptr<void> block(slab, static_cast<char*>(slab.get()) + slab_used_);
+  slab_used_ += bytes;
+  if (record_ != nullptr) record_->push_back(block);
+  return block;
+}
+
+std::shared_ptr<void> CachingAllocator::allocate(size_t bytes, bool exact) {
+  const size_t exact_bytes = (std::max<size_t>(bytes, 1) + 511) / 512 * 512;
+  if (exact && exact_bytes <= kSlabBytes / 16) return slab_block(exact_bytes);
+  const size_t cls = exact ? exact_bytes : size_class(bytes == 0 ? 1 : bytes);
   void* p = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -35,17 +75,7 @@ std::shared_ptr<void> CachingAllocator::allocate(size_t bytes) {
     in_use_ += cls;
     peak_ = std::max(peak_, in_use_);
   }
-  if (p == nullptr) {
-    KILN_CUDA_CHECK(cudaSetDevice(device_));
-    cudaError_t e = cudaMalloc(&p, cls);
-    if (e == cudaErrorMemoryAllocation) {
-      cudaGetLastError();
-      release_cached();  // retry once with the cache emptied
-      e = cudaMalloc(&p, cls);
-    }
-    KILN_CHECK(e == cudaSuccess) << "cudaMalloc of " << cls << " bytes: " << cudaGetErrorString(e)
-                                 << " (in use " << bytes_in_use() << " bytes)";
-  }
+  if (p == nullptr) p = device_malloc(cls);
   std::shared_ptr<CachingAllocator> self = shared_from_this();
   std::shared_ptr<void> block(p, [self, cls](void* q) { self->give_back(q, cls); });
   std::lock_guard<std::mutex> lock(mu_);

@@ -84,13 +84,15 @@ CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamDestroy(stream_);
 }
 
-Tensor CudaBackend::alloc(DType dtype, Shape shape) {
+Tensor CudaBackend::alloc(DType dtype, Shape shape) { return alloc_tensor(dtype, shape, false); }
+
+Tensor CudaBackend::alloc_tensor(DType dtype, Shape shape, bool weight) {
   Tensor t;
   t.dtype = dtype;
   t.shape = shape;
   t.device = Device::kCuda;
   t.device_index = info_.index;
-  t.owner = allocator_->allocate(t.nbytes());
+  t.owner = allocator_->allocate(t.nbytes(), weight);
   t.data = t.owner.get();
   return t;
 }
@@ -110,7 +112,7 @@ Tensor CudaBackend::upload(const Tensor& host) {
   KILN_CHECK(host.device == Device::kHost) << "upload of a device tensor";
   const bool is_float = host.dtype == DType::kF32 || host.dtype == DType::kBF16 || host.dtype == DType::kF16;
   if (!is_float) {
-    Tensor t = alloc(host.dtype, host.shape);
+    Tensor t = alloc_tensor(host.dtype, host.shape, true);
     KILN_CUDA_CHECK(cudaMemcpyAsync(t.data, host.data, host.nbytes(), cudaMemcpyHostToDevice, stream_));
     return t;
   }
@@ -118,7 +120,7 @@ Tensor CudaBackend::upload(const Tensor& host) {
   const DType target = host.rank() >= 2 ? DType::kBF16 : DType::kF32;
   std::vector<float> f(size_t(host.numel()));
   to_f32(host, f.data());
-  Tensor t = alloc(target, host.shape);
+  Tensor t = alloc_tensor(target, host.shape, true);
   if (target == DType::kF32) {
     KILN_CUDA_CHECK(cudaMemcpyAsync(t.data, f.data(), f.size() * 4, cudaMemcpyHostToDevice, stream_));
   } else {

@@ -28,6 +28,9 @@ class CudaBackend final : public ops::Backend {
   std::string name() const override { return "cuda"; }
   DType activation_dtype() const override { return DType::kBF16; }
   Tensor alloc(DType dtype, Shape shape) override;
+  // alloc, or (weight) a block sized to the tensor, not to a size class: the weights
+  // upload and upload_quantized make.
+  Tensor alloc_tensor(DType dtype, Shape shape, bool weight);
   Tensor upload(const Tensor& host) override;
   void to_host_f32(const Tensor& t, float* out) override;
   void from_host_f32(const float* src, Tensor& t) override;

@@ -40,13 +40,13 @@ Result<formats::QuantizedTensor> CudaBackend::upload_quantized(const formats::Qu
   out.block_n = q.block_n;
   out.block_k = q.block_k;
   out.packed_group = p.group;
-  out.data = alloc(DType::kU8, {p.n_out, p.code_row_bytes()});
-  out.scale = alloc(p.scale_dtype, {p.n_out, p.k_padded / p.group});
+  out.data = alloc_tensor(DType::kU8, {p.n_out, p.code_row_bytes()}, true);
+  out.scale = alloc_tensor(p.scale_dtype, {p.n_out, p.k_padded / p.group}, true);
   KILN_CHECK_EQ(out.scale.nbytes(), p.scales.size());
   KILN_CUDA_CHECK(cudaMemcpyAsync(out.data.data, p.codes.data(), p.codes.size(), cudaMemcpyHostToDevice, stream_));
   KILN_CUDA_CHECK(cudaMemcpyAsync(out.scale.data, p.scales.data(), p.scales.size(), cudaMemcpyHostToDevice, stream_));
   if (p.has_scale2) {
-    out.scale2 = alloc(DType::kF32, {1});
+    out.scale2 = alloc_tensor(DType::kF32, {1}, true);
     KILN_CUDA_CHECK(cudaMemcpyAsync(out.scale2.data, &p.scale2, 4, cudaMemcpyHostToDevice, stream_));
   }
   synchronize();  // the host buffers die here
@@ -56,7 +56,7 @@ Result<formats::QuantizedTensor> CudaBackend::upload_quantized(const formats::Qu
 const bf16* CudaBackend::dequantized(const ops::Weight& w) {
   auto it = dequantized_.find(&w);
   if (it != dequantized_.end() && it->second.first == w.quant.data.data) return it->second.second.as<bf16>();
-  Tensor t = alloc(DType::kBF16, {w.n_out(), w.n_in()});
+  Tensor t = alloc_tensor(DType::kBF16, {w.n_out(), w.n_in()}, true);  // kept like a weight
   launch_dequantize(quant_mat(w.quant), quant_format(w.quant), w.n_out(), w.n_in(), t.as<bf16>(), stream_);
   dequantized_[&w] = {w.quant.data.data, t};
   return t.as<bf16>();
