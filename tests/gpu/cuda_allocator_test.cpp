@@ -1,0 +1,78 @@
+// The caching allocator's two kinds of block: activations in size classes (a freed block
+// is reused for the same class), weights (`exact`) carved from shared slabs at 512-byte
+// granularity, the slab returned to the driver when its last block dies.
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include "backends/cuda/allocator.h"
+#include "backends/cuda/device.h"
+
+namespace kiln {
+namespace {
+
+using cuda::CachingAllocator;
+
+uintptr_t addr(const std::shared_ptr<void>& p) { return reinterpret_cast<uintptr_t>(p.get()); }
+
+TEST(CudaAllocator, ExactBlocksShareASlabBackToBackAndFreeItWithTheLastBlock) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto a = CachingAllocator::create(0);
+  // An expert's code matrices (gpt-oss: 8,478,720 and 4,239,360 bytes) and a scale row
+  // block that is not a multiple of 512.
+  std::vector<std::shared_ptr<void>> blocks;
+  for (size_t bytes : {size_t(8478720), size_t(4239360), size_t(529921), size_t(8478720)})
+    blocks.push_back(a->allocate(bytes, true));
+  EXPECT_EQ(a->bytes_in_use(), CachingAllocator::kSlabBytes);  // one slab holds them all
+  EXPECT_EQ(addr(blocks[1]), addr(blocks[0]) + 8478720);
+  EXPECT_EQ(addr(blocks[2]), addr(blocks[1]) + 4239360);
+  EXPECT_EQ(addr(blocks[3]), addr(blocks[2]) + 530432);  // 529,921 rounded up to 512 bytes
+  for (const auto& b : blocks) EXPECT_EQ(addr(b) % 512, 0u);
+  // The blocks are usable device memory, distinct from each other.
+  for (size_t i = 0; i < blocks.size(); ++i)
+    ASSERT_EQ(cudaMemset(blocks[i].get(), int(i + 1), 512), cudaSuccess);
+  unsigned char first[4] = {};
+  for (size_t i = 0; i < blocks.size(); ++i)
+    ASSERT_EQ(cudaMemcpy(&first[i], blocks[i].get(), 1, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(first[0], 1);
+  EXPECT_EQ(first[3], 4);
+  blocks.resize(1);
+  EXPECT_EQ(a->bytes_in_use(), CachingAllocator::kSlabBytes);  // block 0 keeps the slab
+  blocks.clear();
+  EXPECT_EQ(a->bytes_in_use(), 0u);
+  EXPECT_EQ(a->bytes_cached(), 0u);  // a slab goes back to the driver, not to the cache
+}
+
+TEST(CudaAllocator, ExactBlocksOverflowIntoANewSlabAndBigOnesStandAlone) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto a = CachingAllocator::create(0);
+  const size_t piece = CachingAllocator::kSlabBytes / 16;  // the largest slab block
+  std::vector<std::shared_ptr<void>> blocks;
+  for (int i = 0; i < 17; ++i) blocks.push_back(a->allocate(piece, true));
+  EXPECT_EQ(a->bytes_in_use(), 2 * CachingAllocator::kSlabBytes);
+  // A block over kSlabBytes / 16 is its own allocation of exactly its 512-byte size.
+  auto big = a->allocate(piece + 1, true);
+  EXPECT_EQ(a->bytes_in_use(), 2 * CachingAllocator::kSlabBytes + piece + 512);
+  big.reset();
+  blocks.clear();
+  EXPECT_EQ(a->bytes_in_use(), 0u);
+}
+
+TEST(CudaAllocator, ActivationBlocksAreReusedWithinTheirSizeClass) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto a = CachingAllocator::create(0);
+  void* first = nullptr;
+  {
+    auto b = a->allocate(size_t(3) << 20);
+    first = b.get();
+  }
+  EXPECT_GT(a->bytes_cached(), 0u);
+  auto again = a->allocate((size_t(3) << 20) - 4096);  // same class: the cached block
+  EXPECT_EQ(again.get(), first);
+}
+
+}  // namespace
+}  // namespace kiln
