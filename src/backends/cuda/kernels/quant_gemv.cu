@@ -197,7 +197,6 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
   const int group_shift = __ffs(p.f.group) - 1;
   const auto load = [&](int blk, S& st) {
     const int k0 = blk * kKTile + 32 * t;  // the chunk's first input
-    (void)k0;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
