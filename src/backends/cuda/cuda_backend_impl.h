@@ -125,6 +125,8 @@ class CudaBackend final : public ops::Backend {
   // Dense bf16 weights up to this many elements take the GEMV at batch 1-8 (bigger ones,
   // an lm_head, stream at 85-90% of copy bandwidth through cuBLASLt already).
   static constexpr int64_t kBf16GemvMaxWeights = int64_t(64) << 20;
+  // Whether a dense bf16 weight takes the bf16 GEMV at batch 1-8 (linear, weight_path).
+  bool bf16_gemv_weight(const ops::Weight& w) const;
   int64_t quant_gemv_moe_tokens_ = -1;  // >= 0: the token count that replaces the rule
   bool quant_moe_gemv(int64_t n_tokens, int64_t n_pairs, int n_local, int gemv_rows) const {
     if (gemv_rows < 1) return false;

@@ -141,8 +141,7 @@ void CudaBackend::linear(const ops::LinearArgs& a) {
   // Batch 1-8 over a row-major bf16 weight: the streaming GEMV (quant_gemv.cu). The
   // largest weights (an lm_head) stay on cuBLASLt, which streams those near bandwidth.
   const int64_t rows = a.x.dim(0);
-  if (bf16_gemv_ && rows >= 1 && rows <= quant_gemv_max_rows(w.n_in()) && !w.transposed &&
-      w.data.dtype == DType::kBF16 && w.n_out() * w.n_in() <= kBf16GemvMaxWeights &&
+  if (bf16_gemv_weight(w) && rows >= 1 && rows <= quant_gemv_max_rows(w.n_in()) && w.data.dtype == DType::kBF16 &&
       reinterpret_cast<uintptr_t>(w.data.data) % 16 == 0 && (!w.bias.defined() || w.bias.dtype == DType::kF32)) {
     KILN_CHECK(a.x.dim(1) == w.n_in() && a.out.dim(1) == w.n_out() && a.out.dim(0) == rows)
         << "linear: x " << a.x.shape << ", out " << a.out.shape << " vs weight [" << w.n_out() << ", " << w.n_in()
@@ -465,14 +464,17 @@ void CudaBackend::moe(const ops::MoeArgs& a) {
   launch_moe_combine(y, chosen, weights, n_tokens, top_k, d_model, a.out.as<bf16>(), stream_);
 }
 
+bool CudaBackend::bf16_gemv_weight(const ops::Weight& w) const {
+  return bf16_gemv_ && !w.quantized() && !w.transposed && w.n_out() * w.n_in() <= kBf16GemvMaxWeights &&
+         quant_gemv_max_rows(w.n_in()) > 0;
+}
+
 std::string CudaBackend::weight_path(const ops::Weight& w, bool expert) const {
   if (!w.quantized()) {
     if (!expert) {
-      const bool gemv = bf16_gemv_ && !w.transposed && w.n_out() * w.n_in() <= kBf16GemvMaxWeights &&
-                        quant_gemv_max_rows(w.n_in()) > 0;
-      return gemv ? "<= " + std::to_string(quant_gemv_max_rows(w.n_in())) +
-                        " rows: bf16 GEMV (weights streamed as mma.sync fragments); more: cuBLASLt bf16 GEMM"
-                  : "cuBLASLt bf16 GEMM";
+      if (!bf16_gemv_weight(w)) return "cuBLASLt bf16 GEMM";
+      return "<= " + std::to_string(quant_gemv_max_rows(w.n_in())) +
+             " rows: bf16 GEMV (weights streamed as mma.sync fragments); more: cuBLASLt bf16 GEMM";
     }
     if (forced_moe_path_ == MoePath::kGemv || grouped_moe_disabled_) return "per-pair bf16 GEMV (grouped GEMMs off)";
     return "grouped bf16 mma.sync GEMMs over expert-sorted tiles (per-pair GEMV where the layout does not fit)";
