@@ -413,14 +413,17 @@ void bench_fp8_linear(Bench& b) {
 void bench_quant_moe(Bench& b, const MoeModel& m, const QuantFormatCase& f) {
   const std::string shape = std::string(m.name) + " " + f.name + ": " + str(m.n_experts) + " experts top-" +
                             str(m.top_k) + ", d_model " + str(m.d_model) + ", d_ff " + str(m.d_ff);
-  if (!any_wanted(b, "moe (quantized, graph)", shape, {1, 8, 32, 64, 128, 256})) return;
+  if (!any_wanted(b, "moe (quantized, graph)", shape, {1, 8, 32, 64, 128, 256}) &&
+      !any_wanted(b, "moe (quantized, prefill)", shape, {kPrefillRows, 4 * kPrefillRows}))
+    return;
   auto be = b.backend();
   const int64_t E = m.n_experts, d = m.d_model, ff = m.d_ff;
   const double per_param = (f.bits + 8.0 * f.scale_bytes / f.group) / 8.0;
   const double set_gb = per_param * 3.0 * double(E * d * ff) / 1e9;
   // Layers: enough that one step's experts exceed 4 x a 50 MB L2 even at one row.
   const double one_row_bytes = per_param * 3.0 * double(d * ff) * double(m.top_k);
-  const int layers = int(std::clamp(std::ceil(200e6 / one_row_bytes), 2.0, 16.0));
+  const bool decode_rows = any_wanted(b, "moe (quantized, graph)", shape, {1, 8, 32, 64, 128, 256});
+  const int layers = decode_rows ? int(std::clamp(std::ceil(200e6 / one_row_bytes), 2.0, 16.0)) : 1;
   std::fprintf(stderr, "kiln bench op: building %d layers of %s %s experts (%.1f GB each)\n", layers, m.name, f.name,
                set_gb);
   std::vector<ops::MoeExperts> sets(static_cast<size_t>(layers));
@@ -472,6 +475,21 @@ void bench_quant_moe(Bench& b, const MoeModel& m, const QuantFormatCase& f) {
     const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
                       double(replays * layers);
     b.report(c, Timing{.us = us, .iters = b.iters()});
+  }
+  // Prefill-shaped: one layer's grouped GEMMs (quant_gemm.cu's tiles; FP8 block: W8A8
+  // where the device has e4m3 mma) against the bf16 (e4m3) mma.sync peak; FLOPs of the
+  // experts' products only (router and combine are small).
+  for (int64_t rows : {kPrefillRows, 4 * kPrefillRows}) {
+    Case c{.op = "moe (quantized, prefill)", .shape = shape, .rows = rows,
+           .flops = 2.0 * double(rows * m.top_k) * 3.0 * double(d * ff),
+           .e4m3 = f.kind == formats::QuantKind::kFp8Block};
+    if (!b.wanted(c)) continue;
+    Tensor x = b.fill.activation(*be, {rows, d});
+    Tensor out = be->alloc(DType::kBF16, {rows, d});
+    b.run(*be, b.rows_batch(rows), c, [&] {
+      be->moe({.x = x, .router = &router, .correction_bias = correction, .experts = &sets[0], .routing = m.routing,
+               .glu = m.glu, .out = out});
+    });
   }
 }
 

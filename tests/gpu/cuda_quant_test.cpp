@@ -64,8 +64,8 @@ TEST_F(CudaQuant, LinearMatchesCpuForEveryFormatAndShape) {
   for (const QuantCase& c : cuda::quant_cases()) {
     for (auto [n_out, n_in] : shapes) {
       if (n_in % cuda::quant_k_unit(c) != 0) continue;
-      for (int rows : {1, 3, 8, 17, 100}) {  // GEMV (<= 8), decode tiles, prefill tiles
-        if (rows == 100 && n_out * n_in > 4'000'000) continue;  // keep the CPU reference quick
+      for (int rows : {1, 3, 8, 17, 100, 130}) {  // GEMV (<= 8), decode, prefill, wide tiles (4-bit)
+        if (rows >= 100 && n_out * n_in > 4'000'000) continue;  // keep the CPU reference quick
         SCOPED_TRACE(::testing::Message() << c.name() << " " << n_out << "x" << n_in << " rows " << rows);
         ops::Weight wc, wg;
         make_weight(c, n_out, n_in, rows % 2 == 1, wc, wg);
@@ -131,13 +131,16 @@ TEST_F(CudaQuant, MoeMatchesCpuForEveryFormat) {
                                .n_experts = n_experts, .top_k = top_k, .norm_topk_prob = true};
     const ops::GluParams glu{.kind = gpt_oss ? ops::GluKind::kGptOssClamp : ops::GluKind::kSilu};
     // 1 and 8 tokens: the GEMV (kGemvRows-row tiles); 24: decode tiles; 160 tokens x 4 / 16
-    // experts = 40 rows per expert: prefill tiles.
-    for (int tokens : {1, 8, 24, 160}) {
+    // experts = 40 rows per expert: prefill tiles; 520: 130 rows per expert, the wide tiles
+    // (two of the formats that have them: the CPU reference dequantizes every row it uses).
+    const bool wide = c.kind == formats::QuantKind::kNvfp4 ||
+                      (c.kind == formats::QuantKind::kInt4Group && c.scale_dtype == DType::kBF16);
+    for (int tokens : {1, 8, 24, 160, 520}) {
+      if (tokens == 520 && !wide) continue;
       SCOPED_TRACE(::testing::Message() << tokens << " tokens");
       Tensor x = random({tokens, d_model});
       Tensor ref = host_tensor(DType::kF32, {tokens, d_model});
-      // 160 x 4 / 16 = 40 pairs per expert on average: the 64-row tiles.
-      const bool fp8_act = tokens == 160 && w8a8(eg.down[0], 40);
+      const bool fp8_act = tokens >= 160 && w8a8(eg.down[0], tokens * top_k / n_experts);
       (fp8_act ? cpu_fp8_ : cpu_)->moe({.x = x, .router = &rc, .experts = &ec, .routing = rp, .glu = glu, .out = ref});
       Tensor out = poisoned(ref.shape);
       gpu_->moe({.x = to_gpu(x), .router = &rg, .experts = &eg, .routing = rp, .glu = glu, .out = out});

@@ -255,8 +255,16 @@ struct QuantExpert {
   const float* gate_up_bias = nullptr;  // [2*d_ff] or nullptr
   const float* down_bias = nullptr;     // [d_model] or nullptr
 };
-// The decode-shaped tiles (16 rows) below this many rows per weight (a dense linear's
-// rows, a MoE layer's pairs per expert); the prefill tiles (64 rows) from it.
+// The quantized GEMM's tile shapes (quant_gemm.cu): 16, 64 or 128 rows per tile.
+enum class QTile { kDecode, kPrefill, kWide };
+// The tile shape for a weight of format f multiplied by this many rows (a dense
+// linear's rows); quant_moe_tile: a MoE layer's n_pairs over
+// n_experts (never fewer rows per tile than moe_grouped_bm's, whose tile table the
+// scratch is sized for); rows of each shape's tiles. The heuristics a tuner replaces.
+QTile quant_gemm_tile(int64_t rows_per_weight, const QuantFormat& f);
+QTile quant_moe_tile(int64_t n_pairs, int n_experts, const QuantFormat& f);
+int quant_gemm_tile_rows(QTile t);
+// Whether rows_per_group rows per weight take the decode-shaped (16-row) tiles.
 bool quant_gemm_decode_rows(int64_t rows_per_group);
 int quant_gemm_smem_bytes();
 // out [rows, n_out] = bf16(x [rows, n_in] W^T * scale2 + bias); n_in % 8 == 0.

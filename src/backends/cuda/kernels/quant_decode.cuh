@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -21,6 +22,25 @@ __device__ __forceinline__ float e2m1_value(uint32_t c) {
 // One e4m3 (OCP fn) byte as a float.
 __device__ __forceinline__ float e4m3_value(uint32_t c) {
   return __half2float(__half(__nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(c), __NV_E4M3)));
+}
+
+__device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
+__device__ __forceinline__ __nv_bfloat162 as_bf16x2(uint32_t v) { return *reinterpret_cast<__nv_bfloat162*>(&v); }
+
+// Pair j (0..3) of an 8-code word of 4-bit codes c0..c7 (c0 in the low nibble), in
+// order: the bf16x2 (c_2j, c_2j+1), byte j of the word. e2m1 (kValue 0): each nibble
+// moved to the top of its half (sign at bit 15 / 31), its 3-bit magnitude shifted under
+// the bf16 exponent: the value times 2^-126 (a bias of 127 rather than 1). INT4 (1):
+// (code | 0x4300) as bf16 is 128 + code, minus 136: exactly code - 8.
+template <int kValue>
+__device__ __forceinline__ uint32_t decode_pair_natural(uint32_t w, int j) {
+  if constexpr (kValue == 0) {
+    const uint32_t u = __byte_perm(w << 4, w, (j << 4) | ((4 + j) << 12));  // c_2j at bits 12-15, c_2j+1 at 28-31
+    return (u & 0x80008000u) | ((u & 0x70007000u) >> 6);
+  } else {
+    const uint32_t u = (__byte_perm(w, w >> 4, j | ((4 + j) << 8)) & 0x000f000fu) | 0x43004300u;
+    return bf16x2_bits(__hsub2(as_bf16x2(u), __floats2bfloat162_rn(136.0f, 136.0f)));
+  }
 }
 
 // The bits of a scale of QuantFormat::scale_kind (0 e8m0, 1 e4m3, 2 bf16, 3 f16, 4 f32)

@@ -3,19 +3,22 @@
 // activations, bf16 mma.sync m16n8k16 with fp32 accumulation (W8A16 / W4A16).
 //
 // One kernel serves dense linears and both MoE GEMMs (moe_gemm.cu's tile table,
-// fused gate/up columns and GLU epilogue; see there). Per k step of 128 inputs a
-// multistage cp.async pipeline brings in the activation tile and the weight's raw
-// codes and scales; then, 64 inputs at a time, the CTA dequantizes its weight tile
-// into a bf16 tile in shared memory (value(code) * scale, exact in bf16 for MXFP4
-// and NVFP4; one bf16 rounding for INT4 and FP8, as transformers' bf16
-// dequantization has) and runs the same ldmatrix + mma loop as the bf16 kernel.
-// NVFP4's global scale multiplies the fp32 result. Weights move once, at their
-// packed size: this is what decode is bound by.
+// fused gate/up columns and GLU epilogue; see there). A multistage cp.async pipeline
+// brings in, per stage of 64 inputs, the activation tile and the weight's raw codes
+// (and the scales of their 128-input k tile); the CTA dequantizes stage s + 1's weight
+// tile into one of two bf16 tiles in shared memory (value(code) * scale, exact in bf16
+// for MXFP4 and NVFP4; one bf16 rounding for INT4 and FP8, as transformers' bf16
+// dequantization has) while its warps run the bf16 kernel's ldmatrix + mma loop over
+// stage s and the other tile: one barrier per stage. NVFP4's global scale multiplies
+// the fp32 result. Weights move once, at their packed size.
 //
-// Tile shapes (shared memory = stages x (A + codes + scales) + the bf16 B tile):
-//   decode:  kBM 16, kBNF 64, 4 warps in N, 4 stages: 48 KiB (4-bit), 64 KiB (FP8);
-//   prefill: kBM 64, kBNF 128, 2 x 2 warps, 2 stages: 72 KiB (4-bit), 88 KiB (FP8).
-// quant_gemm_decode_rows is the heuristic between them (the place for a tuner).
+// The dequantization is the CUDA cores' work and is shared by the tile's rows, so the
+// tile shape is chosen by rows per weight (QTile, quant_gemm_tile: the place for a
+// tuner). Shared memory = stages x (A + codes + a k tile's scales) + two B tiles:
+//   decode:  16 x 64, 4 warps in N, 6 stages: 52 KiB (4-bit), 64 KiB (FP8);
+//   prefill: 64 x 128 (FP8 64 x 64), 2 x 4 warps, 4 stages: 96 KiB (72 KiB FP8);
+//   wide:    128 x 128, 4 x 2 warps, 3 stages: 95 KiB; 4-bit formats whose k tile's
+//            scales of a row fit 8 bytes (MXFP4, NVFP4, INT4 with 16-bit scales, g >= 32).
 #include <algorithm>
 
 #include "backends/cuda/cuda_check.h"
@@ -32,38 +35,53 @@ using attn::cp_async_wait;
 using attn::smem_u32;
 using attn::swz;
 
-constexpr int kKTile = 128;      // inputs per pipeline stage (quant_pack.h kQuantKTile)
-constexpr int kSub = 64;         // inputs per dequantized bf16 tile (one 128-byte swizzled row)
-constexpr int kMaxScaleRow = 32; // scale bytes per row per stage (kQuantMaxTileScaleBytes)
+constexpr int kKTile = 128;      // the packed layout's k tile (quant_pack.h kQuantKTile): scales per tile
+constexpr int kKStage = 64;      // inputs per pipeline stage: one 128-byte swizzled bf16 row of A and of B
+constexpr int kMaxScaleRow = 32; // scale bytes per row per k tile (kQuantMaxTileScaleBytes)
 
 // value: 0 e2m1, 1 int4, 2 e4m3 (QuantValue).
-template <int kBM_, int kBNF_, int kWarpsM_, int kWarpsN_, int kStages_, int kValue_>
+// kScaleRow: scale bytes per row per k tile the stage holds (at most kMaxScaleRow; a
+// format with more takes another shape, quant_gemm_tile).
+template <int kBM_, int kBNF_, int kWarpsM_, int kWarpsN_, int kStages_, int kValue_, int kScaleRow_ = kMaxScaleRow>
 struct QConfig {
   static constexpr int kBM = kBM_, kBNF = kBNF_, kWarpsM = kWarpsM_, kWarpsN = kWarpsN_, kStages = kStages_;
+  static constexpr int kScaleRow = kScaleRow_;
   static constexpr int kValue = kValue_;
   static constexpr int kBits = kValue == 2 ? 8 : 4;
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
   static constexpr int kMT = kBM / (16 * kWarpsM);
   static constexpr int kNT = kBNF / (8 * kWarpsN);
-  static constexpr int kASubBytes = kBM * kSub * 2;         // one 64-input A sub-tile
-  static constexpr int kABytes = kBM * kKTile * 2;
-  static constexpr int kCodeRow = kKTile * kBits / 8;       // code bytes per row per stage
+  static constexpr int kABytes = kBM * kKStage * 2;
+  static constexpr int kCodeRow = kKStage * kBits / 8;      // code bytes per row per stage
   static constexpr int kCodeBytes = kBNF * kCodeRow;
-  static constexpr int kScaleBytes = kBNF * kMaxScaleRow;
+  static constexpr int kScaleBytes = kBNF * kScaleRow;      // the scales of the stage's k tile
   static constexpr int kStageBytes = kABytes + kCodeBytes + kScaleBytes;
-  static constexpr int kBTileBytes = kBNF * kSub * 2;
-  static constexpr int kSmemBytes = kStages * kStageBytes + kBTileBytes;
+  static constexpr int kBTileBytes = kBNF * kKStage * 2;    // one of the two dequantized B tiles
+  static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kBTileBytes;
   static constexpr int kAChunks = kABytes / 16 / kThreads;
-  static constexpr int kCodeChunks = kCodeBytes / 16 / kThreads;
-  static constexpr int kDeqChunks = kBNF * kSub / 8 / kThreads;  // 8-input chunks per sub-step
+  static constexpr int kCodeChunks = (kCodeBytes / 16 + kThreads - 1) / kThreads;
+  // Consecutive 8-input chunks of one B row each thread dequantizes per stage.
+  static constexpr int kDeqChunks = kBNF * kKStage / 8 / kThreads;
+  // The fp32 result's factor that undoes the bias of decoded e2m1 values (see dequantize_stage).
+  static constexpr float kUnbias = kValue == 0 ? 0x1p26f : 1.0f;
   static_assert(kMT >= 1 && kNT % 2 == 0, "warp tile: whole m16 tiles, pairs of n8 tiles");
-  static_assert(kAChunks >= 1 && kCodeChunks >= 1 && kDeqChunks >= 1, "every thread loads and dequantizes");
+  static_assert(kAChunks >= 1 && kDeqChunks >= 1 && (kKStage / 8) % kDeqChunks == 0,
+                "every thread loads A and dequantizes whole chunks of one row");
+  static_assert(kStages >= 3, "the main loop waits for stage s + 1 while stage s + 2 may be in flight");
   static_assert(kSmemBytes <= 101376, "must fit the SM120 per-block shared memory");
 };
+// Tile shapes, by rows per weight (QTile): decode 16 x 64 (4 warps in N); prefill 64 x 128
+// (2 x 4 warps of 32 x 32; FP8 64 x 64, its codes twice the bytes); wide 128 x 128 (4 x 2
+// warps of 32 x 64; 4-bit formats with at most 8 scale bytes per row and k tile: MXFP4,
+// NVFP4, INT4 with 16-bit scales from group 32): twice the rows over each dequantized B
+// tile and half the activation bytes per product of the prefill tile.
 template <int V>
-using DecodeQ = QConfig<16, 64, 1, 4, 4, V>;
+using DecodeQ = QConfig<16, 64, 1, 4, 6, V>;
 template <int V>
-using PrefillQ = QConfig<64, 128, 2, 2, 2, V>;
+using PrefillQ = QConfig<64, V == 2 ? 64 : 128, 2, 4, 4, V>;
+constexpr int kWideScaleRow = 8;
+template <int V>
+using WideQ = QConfig<128, 128, 4, 2, 3, V, kWideScaleRow>;
 
 struct QGemmParams {
   const int4* tiles;            // MoE: (expert, first sorted row, rows, 0); nullptr: dense
@@ -118,14 +136,15 @@ __device__ __forceinline__ bool cta_tile(const QGemmParams& p, int bm, int& row0
 // The epilogue of both GEMM kernels (one warp's tile of m16 x n8 accumulators; the
 // thread holds rows lane / 4 (+ 8) and fused columns (2q, 2q + 1), q = lane % 4, of each):
 // the GLU into act (up), the bf16 output with its bias (dense), or the pair's fp32 y
-// (down). r0 and f0: the warp's first tile row and fused column.
+// (down). r0 and f0: the warp's first tile row and fused column; unbias: a factor of
+// every accumulator (the decoded values' bias, QConfig::kUnbias).
 template <bool kUp, int kMT, int kNT>
 __device__ __forceinline__ void store_tile(const QGemmParams& p, const QuantExpert* ew, int row0, int rows, int f0,
-                                           int r0, int lane, const float (&acc)[kMT][kNT][4]) {
+                                           int r0, int lane, float unbias, const float (&acc)[kMT][kNT][4]) {
   // Global scales (NVFP4) of the thread's even and odd columns: gate and up, or one matrix.
-  float g2 = 1.0f, u2 = 1.0f;
-  if (const float* s2 = quant_row(p.dense, ew, kUp, p.s.interleaved, p.d_ff, 0).m.scale2) g2 = *s2;
-  if (const float* s2 = quant_row(p.dense, ew, kUp, p.s.interleaved, p.d_ff, 1).m.scale2) u2 = *s2;
+  float g2 = unbias, u2 = unbias;
+  if (const float* s2 = quant_row(p.dense, ew, kUp, p.s.interleaved, p.d_ff, 0).m.scale2) g2 *= *s2;
+  if (const float* s2 = quant_row(p.dense, ew, kUp, p.s.interleaved, p.d_ff, 1).m.scale2) u2 *= *s2;
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
@@ -165,14 +184,14 @@ __global__ void __launch_bounds__(C::kThreads) quant_gemm_kernel(const QGemmPara
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int wm = warp / C::kWarpsN, wn = warp % C::kWarpsN;
   const uint32_t s0 = smem_u32(smem);
-  const uint32_t sbt = s0 + C::kStages * C::kStageBytes;  // the bf16 B tile
+  const uint32_t sbt = s0 + C::kStages * C::kStageBytes;  // the two bf16 B tiles
   unsigned char* const bt_ptr = smem + C::kStages * C::kStageBytes;
 
-  // A rows this thread copies (16 chunks of 16 bytes per 128-input row).
+  // A rows this thread copies (8 chunks of 16 bytes per 64-input row).
   const bf16* a_src[C::kAChunks];
 #pragma unroll
   for (int i = 0; i < C::kAChunks; ++i) {
-    const int r = (tid + i * C::kThreads) / 16;
+    const int r = (tid + i * C::kThreads) / 8;
     a_src[i] = nullptr;
     if (r < rows) {
       const int64_t row = p.tiles == nullptr ? row0 + r : kUp ? p.perm[row0 + r] / p.top_k : row0 + r;
@@ -181,94 +200,127 @@ __global__ void __launch_bounds__(C::kThreads) quant_gemm_kernel(const QGemmPara
   }
   // Code rows this thread copies.
   constexpr int kCodeChunksPerRow = C::kCodeRow / 16;
+  constexpr int kCodeChunksTotal = C::kCodeBytes / 16;
   const uint8_t* c_src[C::kCodeChunks];
 #pragma unroll
   for (int i = 0; i < C::kCodeChunks; ++i) {
-    const int f = n0 + (tid + i * C::kThreads) / kCodeChunksPerRow;
+    const int c = tid + i * C::kThreads, f = n0 + c / kCodeChunksPerRow;
     const uint8_t* sc;
     c_src[i] = nullptr;
-    if (f < p.NF) b_row<kUp>(p, ew, f, c_src[i], sc);
+    if (c < kCodeChunksTotal && f < p.NF) b_row<kUp>(p, ew, f, c_src[i], sc);
   }
-  const int granules = p.tile_scale / 4;  // 4-byte scale pieces per row per stage
+  const int granules = p.tile_scale / 4;  // 4-byte scale pieces per row per k tile
 
-  const auto load_stage = [&](int stage, int kt) {
+  // Stage s: inputs [64 s, 64 s + 64) of A and codes, and every scale of their k tile.
+  const auto load_stage = [&](int stage, int s) {
     const uint32_t sa = s0 + stage * C::kStageBytes, sc = sa + C::kABytes, ss = sc + C::kCodeBytes;
-    const int k0 = kt * kKTile;
+    const int k0 = s * kKStage;
 #pragma unroll
     for (int i = 0; i < C::kAChunks; ++i) {
-      const int c = tid + i * C::kThreads, r = c / 16, ch = c % 16, k = k0 + ch * 8;
+      const int c = tid + i * C::kThreads, r = c / 8, ch = c % 8, k = k0 + ch * 8;
       const bool valid = a_src[i] != nullptr && k < p.K;
-      cp_async_16(sa + (ch / 8) * C::kASubBytes + swz<kSub>(r, ch % 8), valid ? a_src[i] + k : p.a, valid);
+      cp_async_16(sa + swz<kKStage>(r, ch), valid ? a_src[i] + k : p.a, valid);
     }
 #pragma unroll
     for (int i = 0; i < C::kCodeChunks; ++i) {
       const int c = tid + i * C::kThreads, r = c / kCodeChunksPerRow, ch = c % kCodeChunksPerRow;
+      if (kCodeChunksTotal % C::kThreads != 0 && c >= kCodeChunksTotal) continue;
       const bool valid = c_src[i] != nullptr;
       cp_async_16(sc + r * C::kCodeRow + ch * 16,
-                  valid ? static_cast<const void*>(c_src[i] + int64_t(kt) * C::kCodeRow + ch * 16) : p.a,
-                  valid);
+                  valid ? static_cast<const void*>(c_src[i] + int64_t(s) * C::kCodeRow + ch * 16) : p.a, valid);
     }
     for (int g = tid; g < C::kBNF * granules; g += C::kThreads) {
       const int r = g / granules, j = g % granules, f = n0 + r;
       if (f >= p.NF) continue;
       const uint8_t *codes, *scales;
       b_row<kUp>(p, ew, f, codes, scales);
-      const uint8_t* src = scales + int64_t(kt) * p.tile_scale + 4 * j;
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(ss + r * kMaxScaleRow + 4 * j), "l"(src));
+      attn::cp_async_small<4>(ss + r * C::kScaleRow + 4 * j, scales + int64_t(s / 2) * p.tile_scale + 4 * j, true);
     }
   };
 
-  float acc[C::kMT][C::kNT][4] = {};
-  const int n_k = (p.K + kKTile - 1) / kKTile;
-#pragma unroll
-  for (int s = 0; s < C::kStages - 1; ++s) {
-    if (s < n_k) load_stage(s, s);
-    cp_async_commit();
-  }
-  for (int kt = 0; kt < n_k; ++kt) {
-    cp_async_wait<C::kStages - 2>();
-    __syncthreads();  // stage kt landed; every warp is done with stage kt - 1 and the B tile
-    const int next = kt + C::kStages - 1;
-    if (next < n_k) load_stage(next % C::kStages, next);
-    cp_async_commit();
-    const uint32_t sa = s0 + (kt % C::kStages) * C::kStageBytes;
-    const unsigned char* codes = smem + (kt % C::kStages) * C::kStageBytes + C::kABytes;
+  // Dequantizes stage s (at `stage`) into B tile `buf`: this thread's kDeqChunks chunks of
+  // 8 inputs of one row, written as 16-byte swizzled chunks. 4-bit codes decode to bf16
+  // pairs in a few bit operations (quant_decode.cuh) times a bf16 pair of the scale
+  // (times 2^100 for e2m1, whose decoded values carry 2^-126: kUnbias restores the
+  // product's 2^26 in fp32), exact for MXFP4 / NVFP4 and one rounding for INT4, as the
+  // GEMV's; FP8 goes through fp32 (e4m3 value times the scale, one rounding).
+  const int group_shift = __ffs(p.f.group) - 1;
+  const auto dequantize_stage = [&](int stage, int s, int buf) {
+    const unsigned char* codes = smem + stage * C::kStageBytes + C::kABytes;
     const unsigned char* scales = codes + C::kCodeBytes;
+    unsigned char* bt = bt_ptr + buf * C::kBTileBytes;
+    const int c0 = tid * C::kDeqChunks, r = c0 / (kKStage / 8), ch0 = c0 % (kKStage / 8);
+    const int kt0 = (s % 2) * kKStage + ch0 * 8;  // the first input's place in its k tile
+    const unsigned char* srow = scales + r * C::kScaleRow;
+    if constexpr (C::kBits == 4) {
+      uint32_t w[C::kDeqChunks];
+      const unsigned char* src = codes + r * C::kCodeRow + ch0 * 4;
 #pragma unroll
-    for (int sub = 0; sub < kKTile / kSub; ++sub) {
-      if (sub > 0) __syncthreads();  // every warp is done with the previous B tile
-      // Dequantize kBNF rows x 64 inputs into the swizzled bf16 B tile, 8 inputs per chunk.
+      for (int i = 0; i < C::kDeqChunks; i += 2) {
+        const uint2 v = *reinterpret_cast<const uint2*>(src + 4 * i);
+        w[i] = v.x, w[i + 1] = v.y;
+      }
+      // A scale per group of chunks (NVFP4: 2 chunks; MXFP4, INT4 g32: 4): a power of two.
+      const int group_chunks_mask = max(p.f.group / 8, 1) - 1;
+      __nv_bfloat162 f2 = {};
 #pragma unroll
       for (int i = 0; i < C::kDeqChunks; ++i) {
-        const int c = tid + i * C::kThreads, r = c / 8, c8 = c % 8, k = sub * kSub + c8 * 8;
-        const float sc = scale_value(p.f.scale_kind, scales + r * kMaxScaleRow + (k / p.f.group) * p.f.scale_bytes);
-        float v[8];
-        if constexpr (C::kBits == 4) {
-          const uint32_t w = *reinterpret_cast<const uint32_t*>(codes + r * C::kCodeRow + k / 2);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            const uint32_t nib = (w >> (4 * e)) & 0xfu;
-            v[e] = (C::kValue == 0 ? e2m1_value(nib) : float(int(nib) - 8)) * sc;
-          }
-        } else {
-          const uint2 w = *reinterpret_cast<const uint2*>(codes + r * C::kCodeRow + k);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) v[e] = e4m3_value(((e < 4 ? w.x : w.y) >> (8 * (e % 4))) & 0xffu) * sc;
+        if ((i & group_chunks_mask) == 0) {
+          const float sv = scale_value(p.f.scale_kind, srow + ((kt0 + 8 * i) >> group_shift) * p.f.scale_bytes);
+          f2 = __float2bfloat162_rn(C::kValue == 1 ? sv : sv * 0x1p100f);
         }
-        uint4 packed;
-        packed.x = attn::pack_bf16(v[0], v[1]);
-        packed.y = attn::pack_bf16(v[2], v[3]);
-        packed.z = attn::pack_bf16(v[4], v[5]);
-        packed.w = attn::pack_bf16(v[6], v[7]);
-        *reinterpret_cast<uint4*>(bt_ptr + swz<kSub>(r, c8)) = packed;
+        uint4 out;
+        out.x = bf16x2_bits(__hmul2(as_bf16x2(decode_pair_natural<C::kValue>(w[i], 0)), f2));
+        out.y = bf16x2_bits(__hmul2(as_bf16x2(decode_pair_natural<C::kValue>(w[i], 1)), f2));
+        out.z = bf16x2_bits(__hmul2(as_bf16x2(decode_pair_natural<C::kValue>(w[i], 2)), f2));
+        out.w = bf16x2_bits(__hmul2(as_bf16x2(decode_pair_natural<C::kValue>(w[i], 3)), f2));
+        *reinterpret_cast<uint4*>(bt + swz<kKStage>(r, ch0 + i)) = out;
       }
-      __syncthreads();
-      attn::warp_tile_mma<C::kMT, C::kNT, kSub>(sa + sub * C::kASubBytes, sbt, wm, wn, lane, acc);
+    } else {
+#pragma unroll
+      for (int i = 0; i < C::kDeqChunks; ++i) {
+        const int k = kt0 + 8 * i;
+        const float sc = scale_value(p.f.scale_kind, srow + (k >> group_shift) * p.f.scale_bytes);
+        const uint2 w = *reinterpret_cast<const uint2*>(codes + r * C::kCodeRow + (ch0 + i) * 8);
+        float v[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = e4m3_value(((e < 4 ? w.x : w.y) >> (8 * (e % 4))) & 0xffu) * sc;
+        uint4 out;
+        out.x = attn::pack_bf16(v[0], v[1]);
+        out.y = attn::pack_bf16(v[2], v[3]);
+        out.z = attn::pack_bf16(v[4], v[5]);
+        out.w = attn::pack_bf16(v[6], v[7]);
+        *reinterpret_cast<uint4*>(bt + swz<kKStage>(r, ch0 + i)) = out;
+      }
     }
+  };
+
+  // The pipeline: stages s + 1 .. s + kStages - 2 in flight while the CTA dequantizes
+  // stage s + 1 into one B tile and multiplies stage s's A by the other: one barrier per
+  // stage, which also frees stage s - 1's buffers for the load it then issues.
+  float acc[C::kMT][C::kNT][4] = {};
+  const int n_s = int(p.code_row * 8 / C::kBits) / kKStage;  // padded to whole k tiles: even
+#pragma unroll
+  for (int s = 0; s < C::kStages - 1; ++s) {
+    if (s < n_s) load_stage(s, s);
+    cp_async_commit();
+  }
+  cp_async_wait<C::kStages - 2>();
+  __syncthreads();
+  dequantize_stage(0, 0, 0);
+  for (int s = 0; s < n_s; ++s) {
+    cp_async_wait<C::kStages - 3>();
+    __syncthreads();  // stage s + 1 landed, B tile s % 2 written; stage s - 1 and B tile (s + 1) % 2 free
+    const int next = s + C::kStages - 1;
+    if (next < n_s) load_stage(next % C::kStages, next);
+    cp_async_commit();
+    if (s + 1 < n_s) dequantize_stage((s + 1) % C::kStages, s + 1, (s + 1) % 2);
+    attn::warp_tile_mma<C::kMT, C::kNT, kKStage>(s0 + (s % C::kStages) * C::kStageBytes,
+                                                  sbt + (s % 2) * C::kBTileBytes, wm, wn, lane, acc);
   }
   cp_async_wait<0>();
 
-  store_tile<kUp>(p, ew, row0, rows, n0 + wn * C::kNT * 8, (wm * C::kMT) * 16, lane, acc);
+  store_tile<kUp>(p, ew, row0, rows, n0 + wn * C::kNT * 8, (wm * C::kMT) * 16, lane, C::kUnbias, acc);
 }
 
 template <typename C, bool kUp>
@@ -280,13 +332,21 @@ void launch_q(const QGemmParams& p, int grid_x, cudaStream_t stream) {
   KILN_CUDA_LAUNCH_CHECK();
 }
 
-// The instance for (tile shape, value kind, up or not).
+// The instance for (tile shape, value kind, up or not). FP8 has no wide tiles (qtile_for).
+template <bool kUp, int V>
+void dispatch_value(QTile t, const QGemmParams& p, int grid_x, cudaStream_t stream) {
+  if (t == QTile::kDecode) return launch_q<DecodeQ<V>, kUp>(p, grid_x, stream);
+  if constexpr (V != 2) {
+    if (t == QTile::kWide) return launch_q<WideQ<V>, kUp>(p, grid_x, stream);
+  }
+  launch_q<PrefillQ<V>, kUp>(p, grid_x, stream);
+}
 template <bool kUp>
-void dispatch(bool decode, const QGemmParams& p, int grid_x, cudaStream_t stream) {
+void dispatch(QTile t, const QGemmParams& p, int grid_x, cudaStream_t stream) {
   switch (p.f.value) {
-    case 0: decode ? launch_q<DecodeQ<0>, kUp>(p, grid_x, stream) : launch_q<PrefillQ<0>, kUp>(p, grid_x, stream); break;
-    case 1: decode ? launch_q<DecodeQ<1>, kUp>(p, grid_x, stream) : launch_q<PrefillQ<1>, kUp>(p, grid_x, stream); break;
-    default: decode ? launch_q<DecodeQ<2>, kUp>(p, grid_x, stream) : launch_q<PrefillQ<2>, kUp>(p, grid_x, stream);
+    case 0: dispatch_value<kUp, 0>(t, p, grid_x, stream); break;
+    case 1: dispatch_value<kUp, 1>(t, p, grid_x, stream); break;
+    default: dispatch_value<kUp, 2>(t, p, grid_x, stream);
   }
 }
 
@@ -486,7 +546,7 @@ __global__ void __launch_bounds__(kF8Threads) quant_gemm_w8a8_kernel(const QGemm
       }
   }
   cp_async_wait<0>();
-  store_tile<kUp>(p, ew, row0, rows, n0 + wn * kF8NT * 8, wm * kF8MT * 16, lane, acc);
+  store_tile<kUp>(p, ew, row0, rows, n0 + wn * kF8NT * 8, wm * kF8MT * 16, lane, 1.0f, acc);
 }
 
 // One warp per (row, 128-input block), 4 inputs per lane: codes [rows, Kp] (zero past K)
@@ -544,8 +604,28 @@ void launch_w8a8(const QGemmParams& p, int grid_x, cudaStream_t stream) {
 
 bool quant_gemm_decode_rows(int64_t rows_per_group) { return rows_per_group < 32; }
 
+// Whether format f has a wide instance: 4-bit codes, a k tile's scales of a row in its bytes.
+static bool wide_format(const QuantFormat& f) { return f.value != 2 && kKTile / f.group * f.scale_bytes <= kWideScaleRow; }
+
+QTile quant_gemm_tile(int64_t rows_per_weight, const QuantFormat& f) {
+  if (rows_per_weight < 32) return QTile::kDecode;
+  return rows_per_weight >= 128 && wide_format(f) ? QTile::kWide : QTile::kPrefill;
+}
+
+QTile quant_moe_tile(int64_t n_pairs, int n_experts, const QuantFormat& f) {
+  if (moe_grouped_bm(n_pairs, n_experts) < quant_gemm_tile_rows(QTile::kPrefill)) return QTile::kDecode;
+  return n_pairs >= int64_t(quant_gemm_tile_rows(QTile::kWide)) * n_experts && wide_format(f) ? QTile::kWide
+                                                                                               : QTile::kPrefill;
+}
+
+int quant_gemm_tile_rows(QTile t) {
+  static_assert(DecodeQ<0>::kBM == 16 && PrefillQ<0>::kBM == 64 && WideQ<0>::kBM == 128);
+  return t == QTile::kDecode ? 16 : t == QTile::kPrefill ? 64 : 128;
+}
+
 int quant_gemm_smem_bytes() {
-  return std::max({DecodeQ<0>::kSmemBytes, DecodeQ<2>::kSmemBytes, PrefillQ<0>::kSmemBytes, PrefillQ<2>::kSmemBytes});
+  return std::max({DecodeQ<0>::kSmemBytes, DecodeQ<2>::kSmemBytes, PrefillQ<0>::kSmemBytes, PrefillQ<2>::kSmemBytes,
+                   WideQ<0>::kSmemBytes});
 }
 
 void launch_quant_linear(const bf16* x, const QuantMat& w, const QuantFormat& f, const float* bias, int64_t rows,
@@ -560,25 +640,24 @@ void launch_quant_linear(const bf16* x, const QuantMat& w, const QuantFormat& f,
   p.f = f;
   p.out = out;
   set_rows(p, f, n_in);
-  const bool decode = quant_gemm_decode_rows(rows);
-  const int bm = decode ? DecodeQ<0>::kBM : PrefillQ<0>::kBM;
-  dispatch<false>(decode, p, int((rows + bm - 1) / bm), stream);
+  const QTile t = quant_gemm_tile(rows, f);
+  const int bm = quant_gemm_tile_rows(t);
+  dispatch<false>(t, p, int((rows + bm - 1) / bm), stream);
 }
 
 void launch_moe_grouped_quant(const bf16* x, const QuantExpert* table, const QuantFormat& f, const int32_t* experts,
                               const MoeShape& s, int64_t n_pairs, int n_experts, int top_k, MoeGroupedScratch& sc,
                               cudaStream_t stream) {
   if (n_pairs == 0) return;
-  const int bm = moe_grouped_bm(n_pairs, n_experts);
-  const bool decode = bm == DecodeQ<0>::kBM;
-  static_assert(DecodeQ<0>::kBM == 16 && PrefillQ<0>::kBM == 64, "the tile rows of moe_grouped_bm");
+    const QTile t = quant_moe_tile(n_pairs, n_experts, f);
+  const int bm = quant_gemm_tile_rows(t);
   int n_slots = 0;
   QGemmParams p = moe_up_params(x, table, f, experts, s, n_pairs, n_experts, top_k, bm, sc, &n_slots, stream);
-  dispatch<true>(decode, p, n_slots, stream);
+  dispatch<true>(t, p, n_slots, stream);
   p.a = sc.act;
   p.NF = int(s.d_model);
   set_rows(p, f, s.d_ff);
-  dispatch<false>(decode, p, n_slots, stream);
+  dispatch<false>(t, p, n_slots, stream);
 }
 
 bool quant_w8a8_supported(const QuantFormat& f, int cc) {

@@ -96,9 +96,6 @@ struct Fmt {
   static constexpr int kCodeBytes = kFp8 ? kKTile : kBf16 ? 2 * kKTile : kKTile / 2;  // per row per block
 };
 
-__device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
-__device__ __forceinline__ __nv_bfloat162 as_bf16x2(uint32_t v) { return *reinterpret_cast<__nv_bfloat162*>(&v); }
-
 // Pair i (0..3) of an 8-code word of 4-bit codes c0..c7 (c0 in the low nibble): the
 // bf16x2 (c_i, c_{i+4}). e2m1: nibble i moved to bits 12-15 (and i + 4 to 28-31), its
 // magnitude shifted under the bf16 exponent, the sign kept (Marlin's trick). INT4:
