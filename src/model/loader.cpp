@@ -212,7 +212,7 @@ Tensor WeightLoader::generated(const std::string& name, const Shape& full, const
   auto ranges = part_ranges(full, part);
   KILN_CHECK(ranges.ok()) << name << ": " << ranges.status().to_string();
   const Shape shape = part_shape(*ranges);
-  Tensor t = backend_.alloc(shape.rank >= 2 ? DType::kBF16 : DType::kF32, shape);
+  Tensor t = backend_.alloc_weight(shape.rank >= 2 ? DType::kBF16 : DType::kF32, shape);
   const bool norm = name.find("norm") != std::string::npos;
   const bool vector = shape.rank < 2;
   float mean = 0.0f, stddev = 0.02f;

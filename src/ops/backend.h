@@ -348,6 +348,9 @@ class Backend {
   // Memory. alloc: uninitialised device memory. upload: a checkpoint tensor made
   // usable by this backend's ops (the CPU backend returns it as is: zero copy).
   virtual Tensor alloc(DType dtype, Shape shape) = 0;
+  // alloc for a tensor that lives as long as the model (generated weights): a backend
+  // may place it with less slack than its activation cache (the CUDA backend's slabs).
+  virtual Tensor alloc_weight(DType dtype, Shape shape) { return alloc(dtype, shape); }
   virtual Tensor upload(const Tensor& host) = 0;
   // Copy a backend tensor into host fp32 (tests, logits).
   virtual void to_host_f32(const Tensor& t, float* out) = 0;

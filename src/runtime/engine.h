@@ -40,8 +40,8 @@ struct EngineOptions {
   int32_t max_num_seqs = 256;       // running sequences at most
   int32_t max_num_batched_tokens = 0;  // tokens per step at most (0: max(2048, max_num_seqs))
   bool enable_prefix_caching = true;
-  // KV cache size. 0: on a GPU, gpu_memory_utilization of what is free after the weights
-  // and a measured activation peak; on the CPU, enough for max_num_seqs full-length
+  // KV cache size. 0: on a GPU, gpu_memory_utilization of what is free after the weights,
+  // a measured activation peak and kDeviceReserveBytes; on the CPU, enough for max_num_seqs full-length
   // sequences, at most kDefaultCpuKvBytes. A default max_model_len longer than the cache
   // holds is lowered to it; an explicit one is an error.
   int64_t kv_cache_bytes = 0;
@@ -59,6 +59,8 @@ struct EngineOptions {
   CommFactory comms;
 };
 constexpr int64_t kDefaultCpuKvBytes = int64_t(256) << 20;
+// Device memory the KV cache leaves to the runtime (at least; 1/64 of the device if more).
+constexpr int64_t kDeviceReserveBytes = int64_t(512) << 20;
 
 struct GenerateResult {
   std::vector<int32_t> tokens;  // generated ids (the final eos included if one stopped it)

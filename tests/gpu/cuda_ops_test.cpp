@@ -252,8 +252,9 @@ TEST_F(CudaOps, MoeMatchesCpuForEveryRouterAndLayout) {
       Tensor ref = host_tensor(DType::kF32, {tokens, c.d_model});
       cpu_->moe({.x = x, .router = &rc, .correction_bias = corr, .experts = &ec, .routing = rp,
                  .glu = {.kind = c.glu}, .out = ref});
-      for (cuda::MoePath path : {cuda::MoePath::kGemv, cuda::MoePath::kGrouped}) {
-        if (path == cuda::MoePath::kGrouped && !cuda::moe_grouped_supported(shape, c.fused, c.n_experts)) continue;
+      for (cuda::MoePath path : {cuda::MoePath::kGemv, cuda::MoePath::kGrouped, cuda::MoePath::kStreamGemv}) {
+        if (path != cuda::MoePath::kGemv && !cuda::moe_grouped_supported(shape, c.fused, c.n_experts)) continue;
+        if (path == cuda::MoePath::kStreamGemv && c.transposed) continue;  // row-major experts only
         SCOPED_TRACE(cuda::moe_path_name(path));
         cuda->force_moe_path(path);
         Tensor out = poisoned(ref.shape);

@@ -28,6 +28,7 @@ class CudaBackend final : public ops::Backend {
   std::string name() const override { return "cuda"; }
   DType activation_dtype() const override { return DType::kBF16; }
   Tensor alloc(DType dtype, Shape shape) override;
+  Tensor alloc_weight(DType dtype, Shape shape) override { return alloc_tensor(dtype, shape, true); }
   // alloc, or (weight) a block sized to the tensor, not to a size class: the weights
   // upload and upload_quantized make.
   Tensor alloc_tensor(DType dtype, Shape shape, bool weight);
@@ -111,7 +112,14 @@ class CudaBackend final : public ops::Backend {
   const float* rope_table(const ops::RopeTable& t);
   // The device table of an expert list: ExpertWeights (bf16) or QuantExpert (packed
   // quantized experts) per local expert, made (and its shapes checked) on first use.
-  const void* expert_table(const ops::MoeExperts& ex, int64_t d_model);
+  // The device table of an expert list: QuantExpert (packed experts) or ExpertWeights
+  // (bf16); for bf16 experts not transposed also a QuantExpert view of them for the
+  // streaming GEMV (kBf16GemvFormat), else nullptr.
+  struct ExpertTables {
+    const void* table = nullptr;
+    const QuantExpert* bf16_gemv = nullptr;
+  };
+  ExpertTables expert_table(const ops::MoeExperts& ex, int64_t d_model);
   // The path heuristic for quantized weights (a tuner's place): the streaming GEMV
   // (quant_gemv.cu) while a weight meets at most quant_gemv_max_rows activation rows,
   // else the mma.sync tiles (quant_gemm.cu). A MoE layer takes the GEMV while its
@@ -174,6 +182,7 @@ class CudaBackend final : public ops::Backend {
   struct ExpertTable {
     std::vector<const void*> sources;           // host-visible identity: weight and bias data pointers
     std::vector<std::shared_ptr<void>> keep;    // the table and fp32 copies of bf16 biases
+    ExpertTables device;
   };
   std::map<const ops::MoeExperts*, ExpertTable> expert_tables_;
   std::map<const ops::Weight*, std::pair<const void*, Tensor>> dequantized_;  // by weight, checked by data

@@ -292,13 +292,13 @@ void CudaBackend::slice_columns(const ops::SliceColumnsArgs& a) {
                        a.src.dim(0), stream_);
 }
 
-const void* CudaBackend::expert_table(const ops::MoeExperts& ex, int64_t d_model) {
+CudaBackend::ExpertTables CudaBackend::expert_table(const ops::MoeExperts& ex, int64_t d_model) {
   // Identity of the experts as the caller holds them: every weight and bias pointer.
   std::vector<const void*> sources;
   for (const auto* list : {&ex.gate_up, &ex.gate, &ex.up, &ex.down})
     for (const ops::Weight& w : *list) sources.insert(sources.end(), {w.data.data, w.quant.data.data, w.bias.data});
   auto it = expert_tables_.find(&ex);
-  if (it != expert_tables_.end() && it->second.sources == sources) return it->second.keep.front().get();
+  if (it != expert_tables_.end() && it->second.sources == sources) return it->second.device;
   check_experts(ex, d_model);  // once per expert list: the table is built from these shapes
   ExpertTable table;
   table.sources = std::move(sources);
@@ -317,8 +317,11 @@ const void* CudaBackend::expert_table(const ops::MoeExperts& ex, int64_t d_model
   };
   const size_t n = ex.down.size();
   const bool quant = n > 0 && ex.down[0].quantized();
+  // bf16 experts stored row-major also get a QuantExpert view (codes = the bf16 rows).
+  const bool bf16_view = !quant && n > 0 && !ex.down[0].transposed;
   std::vector<ExpertWeights> dense(quant ? 0 : n);
-  std::vector<QuantExpert> packed(quant ? n : 0);
+  std::vector<QuantExpert> packed(quant || bf16_view ? n : 0);
+  const auto rows = [](const ops::Weight& w) { return QuantMat{.codes = static_cast<const uint8_t*>(w.data.data)}; };
   for (size_t e = 0; e < n; ++e) {
     const bool fused = !ex.gate_up.empty();
     const float* gate_up_bias = fused ? bias(ex.gate_up[e].bias) : nullptr;
@@ -345,14 +348,33 @@ const void* CudaBackend::expert_table(const ops::MoeExperts& ex, int64_t d_model
       t.down = ex.down[e].data.as<bf16>();
       t.gate_up_bias = gate_up_bias;
       t.down_bias = down_bias;
+      if (bf16_view) {
+        QuantExpert& v = packed[e];
+        if (fused) {
+          v.gate_up = rows(ex.gate_up[e]);
+        } else {
+          v.gate = rows(ex.gate[e]);
+          v.up = rows(ex.up[e]);
+        }
+        v.down = rows(ex.down[e]);
+        v.gate_up_bias = gate_up_bias;
+        v.down_bias = down_bias;
+      }
     }
   }
+  // One device block: the table, then (bf16 experts) their QuantExpert view.
+  const size_t main_bytes = quant ? n * sizeof(QuantExpert) : n * sizeof(ExpertWeights);
+  const size_t view_bytes = bf16_view ? n * sizeof(QuantExpert) : 0;
+  table.keep[0] = allocator_->allocate(main_bytes + view_bytes);
+  auto* base = static_cast<unsigned char*>(table.keep[0].get());
   const void* host = quant ? static_cast<const void*>(packed.data()) : dense.data();
-  const size_t bytes = quant ? n * sizeof(QuantExpert) : n * sizeof(ExpertWeights);
-  table.keep[0] = allocator_->allocate(bytes);
-  KILN_CUDA_CHECK(cudaMemcpyAsync(table.keep[0].get(), host, bytes, cudaMemcpyHostToDevice, stream_));
+  KILN_CUDA_CHECK(cudaMemcpyAsync(base, host, main_bytes, cudaMemcpyHostToDevice, stream_));
+  if (bf16_view)
+    KILN_CUDA_CHECK(cudaMemcpyAsync(base + main_bytes, packed.data(), view_bytes, cudaMemcpyHostToDevice, stream_));
   synchronize();
-  const void* device = table.keep[0].get();
+  table.device = {.table = base,
+                  .bf16_gemv = bf16_view ? reinterpret_cast<const QuantExpert*>(base + main_bytes) : nullptr};
+  const ExpertTables device = table.device;
   expert_tables_[&ex] = std::move(table);
   return device;
 }
@@ -410,23 +432,27 @@ void CudaBackend::moe(const ops::MoeArgs& a) {
                              .act = scratch<bf16>(n_pairs * ex.d_ff, op_scratch_),
                              .y = y};
   };
+  const ExpertTables tables = expert_table(ex, d_model);
+  // Decode: a few rows per expert (a token meets an expert once), weights streamed
+  // into registers (quant_gemv.cu), packed codes or bf16 rows.
+  const int gemv_rows = int(std::min<int64_t>(n_tokens, quant_gemv_max_rows(std::max(d_model, ex.d_ff))));
+  const auto stream_gemv = [&](const QuantExpert* table, const QuantFormat& f) {
+    const int slots = moe_tile_slots(n_pairs, n_local, gemv_rows);
+    int32_t* perm = scratch<int32_t>(n_pairs, op_scratch_);
+    int4* tiles = scratch<int4>(slots, op_scratch_);
+    bf16* act = scratch<bf16>(n_pairs * ex.d_ff, op_scratch_);
+    launch_moe_align(chosen, n_pairs, n_local, gemv_rows, perm, tiles, slots, stream_);
+    launch_moe_gemv_quant(a.x.as<bf16>(), table, f, s, top_k, gemv_rows, n_pairs, perm, tiles, slots, act, y,
+                          stream_);
+  };
   if (ex.down[0].quantized()) {  // packed experts: the quantized grouped GEMMs
     KILN_CHECK(moe_grouped_supported(s, !ex.gate_up.empty(), n_local))
         << "moe: quantized experts need d_model and d_ff multiples of 8 (" << d_model << ", " << ex.d_ff << ")";
     KILN_CHECK_LE(quant_gemm_smem_bytes(), smem_cap_) << "moe: the quantized GEMMs' shared memory vs --smem-cap";
-    const auto* table = static_cast<const QuantExpert*>(expert_table(ex, d_model));
+    const auto* table = static_cast<const QuantExpert*>(tables.table);
     const QuantFormat f = quant_format(ex.down[0].quant);
-    // Decode: a few rows per expert (a token meets an expert once), weights streamed
-    // into registers (quant_gemv.cu).
-    const int gemv_rows = int(std::min<int64_t>(n_tokens, quant_gemv_max_rows(std::max(d_model, ex.d_ff))));
     if (quant_moe_gemv(n_tokens, n_pairs, n_local, gemv_rows)) {
-      const int slots = moe_tile_slots(n_pairs, n_local, gemv_rows);
-      int32_t* perm = scratch<int32_t>(n_pairs, op_scratch_);
-      int4* tiles = scratch<int4>(slots, op_scratch_);
-      bf16* act = scratch<bf16>(n_pairs * ex.d_ff, op_scratch_);
-      launch_moe_align(chosen, n_pairs, n_local, gemv_rows, perm, tiles, slots, stream_);
-      launch_moe_gemv_quant(a.x.as<bf16>(), table, f, s, top_k, gemv_rows, n_pairs, perm, tiles, slots, act, y,
-                            stream_);
+      stream_gemv(table, f);
     } else {
       MoeGroupedScratch sc = grouped_scratch();
       // Prefill-shaped MXFP4 / NVFP4 layers on SM 12.x: the block-scaled tensor cores,
@@ -451,11 +477,21 @@ void CudaBackend::moe(const ops::MoeArgs& a) {
   }
   const bool grouped_ok = moe_grouped_supported(s, !ex.gate_up.empty(), n_local) &&
                           moe_grouped_smem_bytes() <= smem_cap_;
+  // The streaming GEMV takes row-major bf16 experts (the table's QuantExpert view) under
+  // the quantized experts' rule, while the bf16 GEMV is on (self-test, KILN_BF16_GEMV).
+  const bool stream_ok = tables.bf16_gemv != nullptr && gemv_rows > 0 &&
+                         moe_grouped_supported(s, !ex.gate_up.empty(), n_local);
   MoePath path = forced_moe_path_;
-  if (path == MoePath::kAuto) path = grouped_ok && !grouped_moe_disabled_ ? MoePath::kGrouped : MoePath::kGemv;
+  if (path == MoePath::kAuto) {
+    if (stream_ok && bf16_gemv_ && quant_moe_gemv(n_tokens, n_pairs, n_local, gemv_rows)) path = MoePath::kStreamGemv;
+    else path = grouped_ok && !grouped_moe_disabled_ ? MoePath::kGrouped : MoePath::kGemv;
+  }
   KILN_CHECK(path != MoePath::kGrouped || grouped_ok) << "moe: the grouped path does not take this layout";
-  const auto* table = static_cast<const ExpertWeights*>(expert_table(ex, d_model));
-  if (path == MoePath::kGrouped) {
+  KILN_CHECK(path != MoePath::kStreamGemv || stream_ok) << "moe: the streaming GEMV does not take this layout";
+  const auto* table = static_cast<const ExpertWeights*>(tables.table);
+  if (path == MoePath::kStreamGemv) {
+    stream_gemv(tables.bf16_gemv, kBf16GemvFormat);
+  } else if (path == MoePath::kGrouped) {
     MoeGroupedScratch sc = grouped_scratch();
     launch_moe_grouped(a.x.as<bf16>(), table, chosen, s, n_pairs, n_local, top_k, sc, stream_);
   } else {
@@ -477,7 +513,11 @@ std::string CudaBackend::weight_path(const ops::Weight& w, bool expert) const {
              " rows: bf16 GEMV (weights streamed as mma.sync fragments); more: cuBLASLt bf16 GEMM";
     }
     if (forced_moe_path_ == MoePath::kGemv || grouped_moe_disabled_) return "per-pair bf16 GEMV (grouped GEMMs off)";
-    return "grouped bf16 mma.sync GEMMs over expert-sorted tiles (per-pair GEMV where the layout does not fit)";
+    const std::string grouped =
+        "grouped bf16 mma.sync GEMMs over expert-sorted tiles (per-pair GEMV where the layout does not fit)";
+    if (!bf16_gemv_ || w.transposed) return grouped;
+    return "<= 16 tokens or <= " + std::to_string(kQuantGemvTilesPerExpert) +
+           " GEMV tiles per expert: bf16 GEMV (weights streamed as mma.sync fragments); more: " + grouped;
   }
   const std::string kind(formats::quant_kind_name(w.quant.kind));
   const std::string gemv = kind + " GEMV (codes decoded into bf16 mma.sync fragments in registers)";

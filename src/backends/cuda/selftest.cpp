@@ -624,19 +624,28 @@ std::vector<PathResult> run_self_test(ops::Backend& gpu) {
     if (cuda) cuda->force_mla_path(MlaPath::kAuto);
   }
   // MoE experts: the GEMV path (required), then the grouped GEMMs in their decode
-  // (5 tokens) and prefill (160 tokens: 40 rows per expert) tile shapes.
-  for (MoePath path : {MoePath::kGemv, MoePath::kGrouped}) {
+  // (5 tokens) and prefill (160 tokens: 40 rows per expert) tile shapes, and the
+  // streaming GEMV over row-major bf16 experts (not gpt-oss's input-major ones; its
+  // failure turns the bf16 GEMV off, dense linears included).
+  for (MoePath path : {MoePath::kGemv, MoePath::kGrouped, MoePath::kStreamGemv}) {
+    if (path == MoePath::kStreamGemv && (cuda == nullptr || !cuda->bf16_gemv())) continue;
     if (cuda) cuda->force_moe_path(path);
     for (ops::RouterKind kind :
          {ops::RouterKind::kSoftmaxTopK, ops::RouterKind::kTopKSoftmax, ops::RouterKind::kSigmoidGroupedTopK}) {
+      if (path == MoePath::kStreamGemv && kind == ops::RouterKind::kTopKSoftmax) continue;
       for (int n_tokens : {5, 160}) {
-        if (path == MoePath::kGemv && n_tokens > 5) continue;
+        if (path != MoePath::kGrouped && n_tokens > 5) continue;
         PathResult t = test_moe(h, kind, n_tokens);
         t.path = std::string(moe_path_name(path)) + " " + t.path;
         t.required = path == MoePath::kGemv;
         if (!t.passed && !t.required && cuda) {
-          cuda->disable_grouped_moe();
-          KILN_LOG(kWarn, "CUDA self-test: disabling the grouped MoE path: " << t.path << ": " << t.detail);
+          if (path == MoePath::kStreamGemv) {
+            cuda->set_bf16_gemv(false);
+            KILN_LOG(kWarn, "CUDA self-test: bf16 GEMV off: " << t.path << ": " << t.detail);
+          } else {
+            cuda->disable_grouped_moe();
+            KILN_LOG(kWarn, "CUDA self-test: disabling the grouped MoE path: " << t.path << ": " << t.detail);
+          }
         }
         r.push_back(t);
       }

@@ -196,7 +196,9 @@ struct MoeShape {
 //   kGemv:    one block per (token, chosen expert), matrix-vector products: the
 //             reference path, every layout, needs (d_model + d_ff) * 4 bytes of smem;
 //   kGrouped: pairs sorted by expert, tiled mma.sync GEMMs with the GLU fused.
-enum class MoePath { kAuto, kGemv, kGrouped };
+// kGemv: expert_mlp_kernel (any layout); kGrouped: the tiled GEMMs (moe_gemm.cu);
+// kStreamGemv: quant_gemv.cu's kernel over bf16 row-major experts (kQuantValueBf16).
+enum class MoePath { kAuto, kGemv, kGrouped, kStreamGemv };
 const char* moe_path_name(MoePath path);
 // Whether the grouped GEMMs take this layout (dims multiples of 8; input-major
 // weights only as interleaved fused gate_up) and expert count.
@@ -250,6 +252,10 @@ struct QuantFormat {
   __host__ __device__ int64_t code_row_bytes(int64_t k) const { return k_padded(k) * (value == 2 ? 8 : 4) / 8; }
   __host__ __device__ int64_t scale_row_bytes(int64_t k) const { return k_padded(k) / group * scale_bytes; }
 };
+// QuantFormat::value of plain bf16 weights, which only the GEMV (quant_gemv.cu) takes:
+// a QuantMat's codes are then the bf16 rows [n_out, n_in] (unpadded), without scales.
+inline constexpr int kQuantValueBf16 = 3;
+inline constexpr QuantFormat kBf16GemvFormat{.value = kQuantValueBf16, .scale_kind = 0, .scale_bytes = 0, .group = 128};
 struct QuantExpert {
   QuantMat gate_up, gate, up, down;     // gate_up.codes == nullptr: separate gate and up
   const float* gate_up_bias = nullptr;  // [2*d_ff] or nullptr
@@ -337,7 +343,8 @@ void launch_bf16_gemv_linear(const bf16* x, const bf16* w, const float* bias, in
                              int64_t n_in, bf16* out, cudaStream_t stream);
 // Both MoE products over a tile table of rows_cap-row tiles (launch_moe_align with
 // bm = rows_cap <= quant_gemv_max_rows of d_model and d_ff): act (sorted rows) then y
-// (per pair), as launch_moe_grouped_quant.
+// (per pair), as launch_moe_grouped_quant. f may be kBf16GemvFormat (bf16 experts as
+// QuantMats, not transposed).
 void launch_moe_gemv_quant(const bf16* x, const QuantExpert* table, const QuantFormat& f, const MoeShape& s,
                            int top_k, int rows_cap, int64_t n_pairs, const int32_t* perm, const int4* tiles,
                            int n_slots, bf16* act, float* y, cudaStream_t stream);

@@ -327,6 +327,7 @@ const char* moe_path_name(MoePath path) {
     case MoePath::kAuto: return "auto";
     case MoePath::kGemv: return "gemv";
     case MoePath::kGrouped: return "grouped mma.sync";
+    case MoePath::kStreamGemv: return "streaming gemv";
   }
   return "?";
 }

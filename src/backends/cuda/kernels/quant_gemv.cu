@@ -53,7 +53,7 @@ constexpr int kKTile = 128;    // codes are padded to whole 128-input blocks
 constexpr int kXPad = 4;       // bf16 after each staged activation row: conflict-free B loads (8-byte aligned rows)
 constexpr int kSmemBudget = 48 * 1024;  // staged activations per CTA (rows are capped to fit)
 constexpr int kStaticSmem = kWarps * 4 * 32 * 4;  // the split-k partial sums
-constexpr int kBf16Value = 3;  // a GemvParams format value of its own: plain bf16 weights
+constexpr int kBf16Value = kQuantValueBf16;  // plain bf16 weights (kernels.h)
 static_assert(kGemvRows == 8, "token rows are the mma's n");
 
 struct GemvParams {
@@ -376,8 +376,9 @@ void set_k(GemvParams& p, const QuantFormat& f, int64_t K) {
   p.K = int(K);
   p.Kp = int(f.k_padded(K));
   p.n_blocks = p.Kp / kKTile;
-  p.code_row = f.code_row_bytes(K);
-  p.scale_row = f.scale_row_bytes(K);
+  const bool bf16 = f.value == kBf16Value;  // unpadded bf16 rows, no scales
+  p.code_row = bf16 ? K * 2 : f.code_row_bytes(K);
+  p.scale_row = bf16 ? 0 : f.scale_row_bytes(K);
 }
 
 }  // namespace
@@ -414,11 +415,9 @@ void launch_bf16_gemv_linear(const bf16* x, const bf16* w, const float* bias, in
   p.a = x;
   p.n_out = int(n_out);
   p.units = int((n_out + 15) / 16);
-  p.f = QuantFormat{.value = kBf16Value, .scale_kind = 0, .scale_bytes = 0, .group = kKTile};
+  p.f = kBf16GemvFormat;
   p.out = out;
   set_k(p, p.f, n_in);
-  p.code_row = n_in * 2;  // unpadded bf16 rows
-  p.scale_row = 0;
   launch_gemv<false>(p, 1, 1, stream);
 }
 
