@@ -74,5 +74,32 @@ TEST(CudaAllocator, ActivationBlocksAreReusedWithinTheirSizeClass) {
   EXPECT_EQ(again.get(), first);
 }
 
+// Once its owner and every block it handed out are gone, the allocator itself goes, and
+// its cache and slabs back to the driver (a slab's deleter once held it: an allocator
+// that had made a slab lived forever, cache included: gigabytes per CUDA backend made and
+// dropped in one process, as `kiln bench op` does).
+TEST(CudaAllocator, IsFreedWithItsLastBlockSlabsIncluded) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  size_t free_before = 0, free_after = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
+  std::weak_ptr<CachingAllocator> weak;
+  std::shared_ptr<void> late;  // a slab block that outlives its allocator
+  {
+    auto a = CachingAllocator::create(0);
+    weak = a;
+    auto w = a->allocate(4096, true);                  // a slab
+    late = a->allocate(8192, true);
+    { auto cached = a->allocate(size_t(512) << 20); }  // 512 MiB into the cache
+    EXPECT_GE(a->bytes_cached(), size_t(512) << 20);
+  }
+  EXPECT_TRUE(weak.expired()) << "the allocator outlived its owner and blocks";
+  ASSERT_NE(late.get(), nullptr);
+  ASSERT_EQ(cudaMemset(late.get(), 7, 8192), cudaSuccess);  // still device memory
+  late.reset();
+  ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
+  // Everything went back: the cache's 512 MiB and the slab (other processes aside).
+  EXPECT_GE(free_after + (size_t(64) << 20), free_before);
+}
+
 }  // namespace
 }  // namespace kiln

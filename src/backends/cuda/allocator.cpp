@@ -40,11 +40,16 @@ std::shared_ptr<void> CachingAllocator::slab_block(size_t bytes) {
   std::shared_ptr<void> slab = slab_.lock();
   if (slab == nullptr || slab_used_ + bytes > kSlabBytes) {
     lock.unlock();  // device_malloc may empty the cache, which locks
-    std::shared_ptr<CachingAllocator> self = shared_from_this();
-    slab = std::shared_ptr<void>(device_malloc(kSlabBytes), [self](void* q) {
+    // The deleter holds the allocator weakly: slab_ (a weak_ptr) keeps the slab's control
+    // block, and with it this deleter, alive as long as the allocator; a strong reference
+    // here would keep the allocator, and every block in its cache, alive forever.
+    std::weak_ptr<CachingAllocator> owner = weak_from_this();
+    slab = std::shared_ptr<void>(device_malloc(kSlabBytes), [owner](void* q) {
       cudaFree(q);
-      std::lock_guard<std::mutex> l(self->mu_);
-      self->in_use_ -= kSlabBytes;
+      if (std::shared_ptr<CachingAllocator> self = owner.lock()) {
+        std::lock_guard<std::mutex> l(self->mu_);
+        self->in_use_ -= kSlabBytes;
+      }
     });
     lock.lock();
     slab_ = slab;
