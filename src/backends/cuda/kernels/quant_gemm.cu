@@ -600,16 +600,16 @@ void launch_w8a8(const QGemmParams& p, int grid_x, cudaStream_t stream) {
   KILN_CUDA_LAUNCH_CHECK();
 }
 
+// Whether format f has a wide instance: 4-bit codes, a k tile's scales of a row in its bytes.
+bool wide_format(const QuantFormat& f) { return f.value != 2 && kKTile / f.group * f.scale_bytes <= kWideScaleRow; }
+
 }  // namespace
 
 bool quant_gemm_decode_rows(int64_t rows_per_group) { return rows_per_group < 32; }
 
-// Whether format f has a wide instance: 4-bit codes, a k tile's scales of a row in its bytes.
-static bool wide_format(const QuantFormat& f) { return f.value != 2 && kKTile / f.group * f.scale_bytes <= kWideScaleRow; }
-
 QTile quant_gemm_tile(int64_t rows_per_weight, const QuantFormat& f) {
-  if (rows_per_weight < 32) return QTile::kDecode;
-  return rows_per_weight >= 128 && wide_format(f) ? QTile::kWide : QTile::kPrefill;
+  if (quant_gemm_decode_rows(rows_per_weight)) return QTile::kDecode;
+  return rows_per_weight >= quant_gemm_tile_rows(QTile::kWide) && wide_format(f) ? QTile::kWide : QTile::kPrefill;
 }
 
 QTile quant_moe_tile(int64_t n_pairs, int n_experts, const QuantFormat& f) {
