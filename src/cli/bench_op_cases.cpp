@@ -476,13 +476,17 @@ void bench_quant_moe(Bench& b, const MoeModel& m, const QuantFormatCase& f) {
                       double(replays * layers);
     b.report(c, Timing{.us = us, .iters = b.iters()});
   }
+  // FP8 block experts at prefill run W8A8 where the device has e4m3 mma.sync, else W8A16.
+  const auto* cuda_be = dynamic_cast<const cuda::CudaBackend*>(be.get());
+  const bool w8a8 = cuda_be != nullptr &&
+                    cuda_be->use_w8a8({.value = 2, .scale_kind = 4, .scale_bytes = 4, .group = 128});
   // Prefill-shaped: one layer's grouped GEMMs (quant_gemm.cu's tiles; FP8 block: W8A8
   // where the device has e4m3 mma) against the bf16 (e4m3) mma.sync peak; FLOPs of the
   // experts' products only (router and combine are small).
   for (int64_t rows : {kPrefillRows, 4 * kPrefillRows}) {
     Case c{.op = "moe (quantized, prefill)", .shape = shape, .rows = rows,
            .flops = 2.0 * double(rows * m.top_k) * 3.0 * double(d * ff),
-           .e4m3 = f.kind == formats::QuantKind::kFp8Block};
+           .e4m3 = f.kind == formats::QuantKind::kFp8Block && w8a8};
     if (!b.wanted(c)) continue;
     Tensor x = b.fill.activation(*be, {rows, d});
     Tensor out = be->alloc(DType::kBF16, {rows, d});

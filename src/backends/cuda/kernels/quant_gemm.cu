@@ -68,6 +68,7 @@ struct QConfig {
   static_assert(kAChunks >= 1 && kDeqChunks >= 1 && (kKStage / 8) % kDeqChunks == 0,
                 "every thread loads A and dequantizes whole chunks of one row");
   static_assert(kStages >= 3, "the main loop waits for stage s + 1 while stage s + 2 may be in flight");
+  static_assert(kBits == 8 || kDeqChunks % 2 == 0, "4-bit chunks are loaded two words at a time");
   static_assert(kSmemBytes <= 101376, "must fit the SM120 per-block shared memory");
 };
 // Tile shapes, by rows per weight (QTile): decode 16 x 64 (4 warps in N); prefill 64 x 128
@@ -245,6 +246,8 @@ __global__ void __launch_bounds__(C::kThreads) quant_gemm_kernel(const QGemmPara
   // product's 2^26 in fp32), exact for MXFP4 / NVFP4 and one rounding for INT4, as the
   // GEMV's; FP8 goes through fp32 (e4m3 value times the scale, one rounding).
   const int group_shift = __ffs(p.f.group) - 1;
+  // A 4-bit scale per group of chunks (NVFP4: 2 chunks; MXFP4, INT4 g32: 4): a power of two.
+  const int group_chunks_mask = max(p.f.group / 8, 1) - 1;
   const auto dequantize_stage = [&](int stage, int s, int buf) {
     const unsigned char* codes = smem + stage * C::kStageBytes + C::kABytes;
     const unsigned char* scales = codes + C::kCodeBytes;
@@ -260,8 +263,6 @@ __global__ void __launch_bounds__(C::kThreads) quant_gemm_kernel(const QGemmPara
         const uint2 v = *reinterpret_cast<const uint2*>(src + 4 * i);
         w[i] = v.x, w[i + 1] = v.y;
       }
-      // A scale per group of chunks (NVFP4: 2 chunks; MXFP4, INT4 g32: 4): a power of two.
-      const int group_chunks_mask = max(p.f.group / 8, 1) - 1;
       __nv_bfloat162 f2 = {};
 #pragma unroll
       for (int i = 0; i < C::kDeqChunks; ++i) {
