@@ -258,7 +258,7 @@ int64_t distinct_experts(ops::Backend& be, const Tensor& x, const ops::Weight& r
 void bench_moe_model(Bench& b, const MoeModel& m) {
   const std::string shape = std::string(m.name) + ": " + str(m.n_experts) + " experts top-" + str(m.top_k) +
                             ", d_model " + str(m.d_model) + ", d_ff " + str(m.d_ff);
-  if (!any_wanted(b, "moe", shape, {1, 8, kPrefillRows})) return;
+  if (!any_wanted(b, "moe", shape, {1, 8, 64, 512, kPrefillRows, 4 * kPrefillRows})) return;
   const double expert_gb = 3.0 * 2.0 * double(m.n_experts * m.d_model * m.d_ff) / 1e9;
   std::fprintf(stderr, "kiln bench op: building %s experts (%.1f GB)\n", m.name, expert_gb);
   auto be = b.backend();  // the expert set is freed with it, before the next model's
@@ -294,12 +294,13 @@ void bench_moe_model(Bench& b, const MoeModel& m) {
   const double expert_bytes = 2.0 * 3.0 * double(d * f) + (m.gpt_oss_layout ? 4.0 * double(2 * f + d) : 0.0);
   const double router_bytes = 2.0 * double(E * d) + (m.router_bias ? 4.0 * double(E) : 0.0);
 
-  for (int64_t rows : {1, 8, kPrefillRows}) {
+  // 64 rows: a decode step of 64 streams; 512: one with a prompt chunk in it.
+  for (int64_t rows : {1, 8, 64, 512, kPrefillRows, 4 * kPrefillRows}) {
     Case c{.op = "moe", .shape = shape, .rows = rows};
     if (!b.wanted(c)) continue;
     Tensor x = b.fill.activation(*be, {rows, d});
     Tensor out = be->alloc(DType::kBF16, {rows, d});
-    if (rows < kPrefillRows) {
+    if (rows <= 64) {
       const int64_t n_used = distinct_experts(*be, x, router, router_bias_host, correction_host, m.routing);
       c.bytes = double(n_used) * expert_bytes + router_bytes + 2.0 * 2.0 * double(rows * d);
       c.note = str(n_used) + " distinct experts (host routing; bound " + str(std::min(E, rows * m.top_k)) + ")";

@@ -1,6 +1,7 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -434,8 +435,17 @@ void Engine::drop_request(std::unordered_map<uint64_t, RequestState>::iterator i
 }
 
 std::vector<StepOutput> Engine::step() {
+  const auto start = std::chrono::steady_clock::now();
   const Schedule schedule = scheduler_->schedule(*blocks_);
   if (schedule.empty()) return {};
+  EngineStats::StepKind& kind = schedule.decode_only() ? stats_.decode_steps : stats_.mixed_steps;
+  ++kind.steps;
+  kind.tokens += schedule.n_tokens;
+  struct AddTime {  // on every return
+    std::chrono::steady_clock::time_point start;
+    double& seconds;
+    ~AddTime() { seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); }
+  } add_time{start, kind.seconds};
   StepBatch batch = build_step_batch(schedule, kv_[0].block_size);
   const std::vector<Sequence*> sampled = std::move(batch.sampled);
   const Tensor logits = forward(std::move(batch.meta));

@@ -90,6 +90,14 @@ struct EngineStats {
   int32_t running = 0, waiting = 0;  // sequences
   int32_t waiting_requests = 0;      // requests none of whose sequences has run yet
   int32_t kv_blocks_used = 0, kv_blocks_total = 0;
+  // Steps by kind: decode (every sequence computes one token; a recorded CUDA graph where
+  // the backend has them) or mixed (prefill chunks in the step). Seconds are the wall time
+  // of step(): scheduling, the forward pass and sampling.
+  struct StepKind {
+    int64_t steps = 0, tokens = 0;
+    double seconds = 0.0;
+  };
+  StepKind decode_steps, mixed_steps;
 };
 
 // A step that failed on some rank (a dead GPU, a failed collective): the engine cannot

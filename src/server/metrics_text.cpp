@@ -70,6 +70,20 @@ std::string metrics_text(const std::string& model_name, const runtime::AsyncEngi
   w.counter("kiln_computed_tokens_total", "Tokens run through the model (prefill, decode, recompute).",
             double(s.engine.computed_tokens));
   w.counter("kiln_engine_steps_total", "Engine steps run.", double(s.engine.steps));
+  // By kind: decode steps (every sequence one token) and mixed ones (prefill chunks in them).
+  const std::pair<const char*, const runtime::EngineStats::StepKind*> kinds[] = {
+      {"decode", &s.engine.decode_steps}, {"mixed", &s.engine.mixed_steps}};
+  const auto by_kind = [&](const char* name, const char* type, const char* help, auto value) {
+    w.metric(name, type, help);
+    for (const auto& [kind, k] : kinds) w.value(name, value(*k), std::string("kind=\"") + kind + "\"");
+  };
+  by_kind("kiln_engine_step_kind_total", "counter", "Engine steps by kind: decode (one token per sequence) or mixed.",
+          [](const runtime::EngineStats::StepKind& k) { return double(k.steps); });
+  by_kind("kiln_engine_step_tokens_total", "counter", "Tokens computed in engine steps, by kind.",
+          [](const runtime::EngineStats::StepKind& k) { return double(k.tokens); });
+  by_kind("kiln_engine_step_seconds_total", "counter",
+          "Wall time of engine steps (scheduling, forward pass, sampling), by kind.",
+          [](const runtime::EngineStats::StepKind& k) { return k.seconds; });
   w.counter("kiln_num_preemptions_total", "Sequences preempted for KV blocks (recomputed later).",
             double(s.engine.preemptions));
   w.gauge("kiln_num_requests_running", "Sequences in the running batch.", s.engine.running);

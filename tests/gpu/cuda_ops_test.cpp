@@ -60,19 +60,25 @@ TEST_F(CudaOps, LinearMatchesCpuAtModelShapes) {
   }
 }
 
-TEST_F(CudaOps, RmsNormWithResidualMatchesCpu) {
-  // 2880: 16-byte loads; 1030: one element per load.
-  for (auto [rows, dim] : {std::pair{1, 2880}, {17, 2880}, {200, 2880}, {3, 1030}}) {
-    SCOPED_TRACE(::testing::Message() << rows << " rows of " << dim);
-    Tensor x = random({rows, dim}), r = random({rows, dim}), w = random({dim});
-    Tensor r_cpu = host_tensor(DType::kF32, {rows, dim});
-    std::memcpy(r_cpu.data, r.data, r.nbytes());
-    Tensor ref = host_tensor(DType::kF32, {rows, dim});
-    cpu_->rms_norm({.x = x, .weight = w, .residual = r_cpu, .out = ref, .eps = 1e-5f});
-    Tensor rg = to_gpu(r), out = poisoned({rows, dim});
-    gpu_->rms_norm({.x = to_gpu(x), .weight = gpu_->upload(w), .residual = rg, .out = out, .eps = 1e-5f});
-    expect_close(from_gpu(out), ref, 3 * kBf16Tol, "rms_norm");  // + the bf16 residual sum
-    expect_close(from_gpu(rg), r_cpu, kBf16Tol, "residual");
+TEST_F(CudaOps, RmsNormMatchesCpu) {
+  // 2880: 16-byte loads, a block per row; 1030: one element per load; 64 / 128 / 512 /
+  // 1024: 8, 8, 16 and 32 threads per row (a lane group), rows not a multiple of the
+  // block's; 100: one element per load, 32 threads per row.
+  for (auto [rows, dim] : {std::pair{1, 2880}, {17, 2880}, {200, 2880}, {3, 1030}, {65, 64}, {129, 128},
+                           {33, 512}, {7, 1024}, {1, 128}, {9, 100}}) {
+    for (bool with_residual : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << rows << " rows of " << dim << (with_residual ? " + residual" : ""));
+      Tensor x = random({rows, dim}), r = random({rows, dim}), w = random({dim});
+      Tensor r_cpu = host_tensor(DType::kF32, {rows, dim});
+      std::memcpy(r_cpu.data, r.data, r.nbytes());
+      Tensor ref = host_tensor(DType::kF32, {rows, dim});
+      cpu_->rms_norm({.x = x, .weight = w, .residual = with_residual ? r_cpu : Tensor{}, .out = ref, .eps = 1e-5f});
+      Tensor rg = to_gpu(r), out = poisoned({rows, dim});
+      gpu_->rms_norm({.x = to_gpu(x), .weight = gpu_->upload(w), .residual = with_residual ? rg : Tensor{}, .out = out,
+                      .eps = 1e-5f});
+      expect_close(from_gpu(out), ref, 3 * kBf16Tol, "rms_norm");  // + the bf16 residual sum
+      if (with_residual) expect_close(from_gpu(rg), r_cpu, kBf16Tol, "residual");
+    }
   }
 }
 

@@ -293,8 +293,8 @@ void CudaBackend::release_gemm_plans() {
 }
 
 const CudaBackend::GemmPlan& CudaBackend::gemm_plan(int64_t rows, int64_t n_out, int64_t n_in, bool transposed,
-                                                    bool bias) {
-  const GemmKey key{rows, n_out, n_in, transposed, bias};
+                                                    bool f32_out) {
+  const GemmKey key{rows, n_out, n_in, transposed, f32_out};
   if (auto it = gemm_plans_.find(key); it != gemm_plans_.end()) return it->second;
   if (gemm_plans_.size() >= 1024) release_gemm_plans();  // prefill lengths vary: keep the cache bounded
   // Column-major view: Y^T [n_out, rows] = W [n_out, n_in] * X^T [n_in, rows].
@@ -309,7 +309,7 @@ const CudaBackend::GemmPlan& CudaBackend::gemm_plan(int64_t rows, int64_t n_out,
   else KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, n_in, n_out, n_in));
   KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, n_in, rows, n_in));
   // With a bias the GEMM writes fp32 and one kernel adds the bias and rounds once.
-  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, bias ? CUDA_R_32F : CUDA_R_16BF, n_out, rows, n_out));
+  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, f32_out ? CUDA_R_32F : CUDA_R_16BF, n_out, rows, n_out));
   cublasLtMatmulPreference_t pref;
   KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -340,6 +340,14 @@ void CudaBackend::gemm(const Tensor& x, const ops::Weight& w, Tensor& y) {
     KILN_CHECK(w.bias.dtype == DType::kF32) << "linear: bias must be fp32 on the device";
     launch_bias_round(static_cast<const float*>(d), w.bias.as<float>(), y.as<bf16>(), rows, n_out, stream_);
   }
+}
+
+void CudaBackend::gemm_f32(const bf16* x, const bf16* w, int64_t rows, int64_t n_out, int64_t n_in, float* y) {
+  if (rows == 0) return;
+  const GemmPlan& plan = gemm_plan(rows, n_out, n_in, /*transposed=*/false, /*f32_out=*/true);
+  const float alpha = 1.0f, beta = 0.0f;
+  KILN_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.op, &alpha, w, plan.a, x, plan.b, &beta, y, plan.c, y, plan.c, &plan.algo,
+                                   workspace_.get(), workspace_bytes_, stream_));
 }
 
 }  // namespace kiln::cuda

@@ -130,6 +130,8 @@ class CudaBackend final : public ops::Backend {
   // docs/PERF.md: faster at every measured size up to 256 tokens).
   // KILN_QUANT_GEMV_MOE_TOKENS replaces the rule by a token count (measurements).
   static constexpr int64_t kQuantGemvTilesPerExpert = 4;
+  // MoE layers of at least this many tokens compute router logits by cuBLASLt.
+  static constexpr int64_t kRouterGemmTokens = 64;
   // Dense bf16 weights up to this many elements take the GEMV at batch 1-8 (bigger ones,
   // an lm_head, stream at 85-90% of copy bandwidth through cuBLASLt already).
   static constexpr int64_t kBf16GemvMaxWeights = int64_t(64) << 20;
@@ -141,10 +143,22 @@ class CudaBackend final : public ops::Backend {
     if (quant_gemv_moe_tokens_ >= 0) return n_tokens <= quant_gemv_moe_tokens_;
     return n_tokens <= 16 || n_pairs <= kQuantGemvTilesPerExpert * gemv_rows * n_local;
   }
+  // bf16 experts (row-major) stream while each is read once, at most one GEMV tile per
+  // expert on average: unlike the quantized tiles, the grouped bf16 tiles are as fast from
+  // there on and twice as fast where the GEMV would stream experts several times
+  // (Qwen3-30B-A3B: level at 64 tokens, 568 vs 1141 us at 512). KILN_QUANT_GEMV_MOE_TOKENS
+  // replaces this rule too.
+  bool bf16_moe_gemv(int64_t n_tokens, int64_t n_pairs, int n_local, int gemv_rows) const {
+    if (gemv_rows < 1) return false;
+    if (quant_gemv_moe_tokens_ >= 0) return n_tokens <= quant_gemv_moe_tokens_;
+    return n_tokens <= 16 || n_pairs <= int64_t(gemv_rows) * n_local;
+  }
   // A quantized weight as bf16 [n_out, n_in] (MLA's kv_b), made on first use.
   const bf16* dequantized(const ops::Weight& w);
   // y [rows, n_out] = x [rows, n_in] W^T through cuBLASLt (bf16 in, fp32 accumulate).
   void gemm(const Tensor& x, const ops::Weight& w, Tensor& y);
+  // The same into fp32 y, unrounded, W row-major [n_out, n_in] (the MoE router at prefill).
+  void gemm_f32(const bf16* x, const bf16* w, int64_t rows, int64_t n_out, int64_t n_in, float* y);
 
   DeviceInfo info_;
   int smem_cap_;
@@ -194,9 +208,9 @@ class CudaBackend final : public ops::Backend {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  using GemmKey = std::tuple<int64_t, int64_t, int64_t, bool, bool>;  // rows, n_out, n_in, transposed, bias
+  using GemmKey = std::tuple<int64_t, int64_t, int64_t, bool, bool>;  // rows, n_out, n_in, transposed, f32_out
   std::map<GemmKey, GemmPlan> gemm_plans_;
-  const GemmPlan& gemm_plan(int64_t rows, int64_t n_out, int64_t n_in, bool transposed, bool bias);
+  const GemmPlan& gemm_plan(int64_t rows, int64_t n_out, int64_t n_in, bool transposed, bool f32_out);
   void release_gemm_plans();
   AttentionPath forced_attention_path_ = AttentionPath::kAuto;
   std::vector<AttentionPath> disabled_attention_paths_;

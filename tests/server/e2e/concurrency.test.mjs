@@ -84,6 +84,17 @@ test("64 concurrent streams equal each request alone; the prefix cache changes n
     assert.ok(["length", "stop"].includes(r.finish));
   }
   assert.ok((await metric(cached.url, "kiln_prefix_cache_hits_total")) > 0, "the shared system prompt was cached");
+  // Every step counted once by kind, and timed; decode steps compute one token per sequence.
+  const byKind = async (name, kind) => metric(cached.url, name, `kind="${kind}"`);
+  const [decode, mixed] = [await byKind("kiln_engine_step_kind_total", "decode"), await byKind("kiln_engine_step_kind_total", "mixed")];
+  assert.equal(decode + mixed, await metric(cached.url, "kiln_engine_steps_total"));
+  assert.ok(decode > 0 && mixed > 0, `${decode} decode and ${mixed} mixed steps`);
+  const decodeTokens = await byKind("kiln_engine_step_tokens_total", "decode");
+  const mixedTokens = await byKind("kiln_engine_step_tokens_total", "mixed");
+  assert.ok(decodeTokens >= decode && mixedTokens > mixed, `${decodeTokens} / ${mixedTokens} tokens`);
+  assert.equal(decodeTokens + mixedTokens, await metric(cached.url, "kiln_computed_tokens_total"));
+  assert.ok((await byKind("kiln_engine_step_seconds_total", "decode")) > 0);
+  assert.ok((await byKind("kiln_engine_step_seconds_total", "mixed")) > 0);
 
   for (let i = 0; i < N; ++i) {
     const alone = await run(cached.url, request(i));

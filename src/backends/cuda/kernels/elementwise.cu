@@ -43,6 +43,11 @@ __global__ void add_bias_kernel(bf16* y, const float* bias, int64_t rows, int64_
   if (i < rows * cols) y[i] = __float2bfloat16(to_f(y[i]) + bias[i % cols]);
 }
 
+__global__ void add_bias_f32_kernel(float* y, const float* bias, int64_t rows, int64_t cols) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < rows * cols) y[i] += bias[i % cols];
+}
+
 __global__ void bias_round_kernel(const float* y, const float* bias, bf16* out, int64_t rows, int64_t cols) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < rows * cols) out[i] = __float2bfloat16(y[i] + bias[i % cols]);
@@ -97,6 +102,12 @@ void launch_add(const bf16* a, const bf16* b, bf16* out, int64_t n, cudaStream_t
 void launch_add_bias(bf16* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream) {
   if (rows * cols == 0) return;
   add_bias_kernel<<<ceil_div(rows * cols, kThreads), kThreads, 0, stream>>>(y, bias, rows, cols);
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+void launch_add_bias_f32(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows * cols == 0) return;
+  add_bias_f32_kernel<<<ceil_div(rows * cols, kThreads), kThreads, 0, stream>>>(y, bias, rows, cols);
   KILN_CUDA_LAUNCH_CHECK();
 }
 

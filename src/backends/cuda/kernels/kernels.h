@@ -36,6 +36,8 @@ void launch_embedding(const bf16* table, const int32_t* ids, int64_t n_rows, int
                       int64_t table_rows, bf16* out, cudaStream_t stream);
 void launch_add(const bf16* a, const bf16* b, bf16* out, int64_t n, cudaStream_t stream);
 void launch_add_bias(bf16* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream);
+// y[r, c] += bias[c] in fp32.
+void launch_add_bias_f32(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream);
 // out = bf16(y + bias): one rounding, as a fused GEMM epilogue would.
 void launch_bias_round(const float* y, const float* bias, bf16* out, int64_t rows, int64_t cols, cudaStream_t stream);
 // dst[r, dst_col_begin + j] = src[r, col_begin + j] for j < n_cols (rows of n_src / n_dst).
@@ -170,7 +172,8 @@ struct MoeRouting {
 // kernel below skips it (the MoE kernels read no weight for it, the combine adds nothing).
 void launch_route(const float* logits, const float* correction_bias, const MoeRouting& r, int64_t n_tokens,
                   int32_t* experts, float* weights, cudaStream_t stream);
-// logits[t, e] = x[t] . router[e] (+ bias[e]), fp32.
+// logits[t, e] = x[t] . router[e] (+ bias[e]), fp32: a warp per logit (decode-shaped
+// calls; prefill-shaped ones take cuBLASLt, CudaBackend::moe).
 void launch_router_logits(const bf16* x, const bf16* router, const float* bias, int64_t n_tokens, int64_t n_experts,
                           int64_t d_model, float* logits, cudaStream_t stream);
 

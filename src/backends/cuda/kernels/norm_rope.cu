@@ -13,12 +13,15 @@ namespace {
 constexpr int kNormThreads = 256;
 constexpr int kNormPer = 32;  // elements per thread held in registers: rows up to 8192
 
-// One block per row. Each thread loads all its elements, residuals and weights first
-// (kVec consecutive ones per load: 16-byte loads when the row is a multiple of 8), so
-// the row's reads are in flight together rather than one dependent load per loop trip
-// or a weight load after the reduction (a decode step's norms are latency-bound). The
-// residual sum is rounded to bf16 before normalising, as the model's bf16 residual
-// stream is stored. out may alias x: every element is read and written by one thread.
+// kRowThreads threads per row (256: one row per block; 8, 16 or 32: a group of lanes per
+// row, 256 / kRowThreads rows per block, for short rows such as Qwen3's per-head q / k
+// norms: 2048 tokens x 32 heads of 128 took 284 us as 65,536 blocks, most threads idle).
+// Each thread loads all its elements, residuals and weights first (kVec consecutive ones
+// per load: 16-byte loads when the row is a multiple of 8), so the row's reads are in
+// flight together rather than one dependent load per loop trip or a weight load after
+// the reduction (a decode step's norms are latency-bound). The residual sum is rounded
+// to bf16 before normalising, as the model's bf16 residual stream is stored. out may
+// alias x: every element is read and written by one thread.
 template <int kVec>
 __device__ __forceinline__ void load_bf16(const bf16* p, float (&v)[kVec]) {
   if constexpr (kVec == 8) {
@@ -43,63 +46,79 @@ __device__ __forceinline__ void store_bf16(bf16* p, const float (&v)[kVec]) {
   }
 }
 
-template <int kVec>
-__global__ void __launch_bounds__(kNormThreads)
-    rms_norm_kernel(const bf16* x, bf16* residual, const float* weight, bf16* out, int64_t dim, float eps) {
+// The sum over a row's kRowThreads threads, in every one of them.
+template <int kRowThreads>
+__device__ __forceinline__ float row_sum(float v) {
+  if constexpr (kRowThreads <= 32) {
+#pragma unroll
+    for (int o = kRowThreads / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+  } else {
+    static_assert(kRowThreads == kNormThreads, "a row is a lane group or the whole block");
+    __shared__ float partial[kNormThreads / 32];
+    v = warp_sum(v);
+    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      float p = threadIdx.x < kNormThreads / 32 ? partial[threadIdx.x] : 0.0f;
+      p = warp_sum(p);
+      if (threadIdx.x == 0) partial[0] = p;
+    }
+    __syncthreads();
+    return partial[0];
+  }
+}
+
+template <int kVec, int kRowThreads>
+__global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const bf16* x, bf16* residual, const float* weight,
+                                                                bf16* out, int64_t rows, int64_t dim, float eps) {
   constexpr int kN = kNormPer / kVec;  // loads per thread
-  const int64_t row = blockIdx.x;
+  const int t = int(threadIdx.x) % kRowThreads;
+  const int64_t row = int64_t(blockIdx.x) * (kNormThreads / kRowThreads) + threadIdx.x / kRowThreads;
+  // A lane group past the last row still takes part in the warp's shuffles: it reads nothing.
+  const int64_t n = row < rows ? dim : 0;
   const bf16* xr = x + row * dim;
   bf16* rr = residual ? residual + row * dim : nullptr;
   float v[kN][kVec] = {}, r[kN][kVec] = {}, w[kN][kVec] = {};
 #pragma unroll
-  for (int n = 0; n < kN; ++n) {
-    const int64_t i = (threadIdx.x + int64_t(n) * kNormThreads) * kVec;
-    if (i >= dim) continue;
-    load_bf16<kVec>(xr + i, v[n]);
-    if (rr) load_bf16<kVec>(rr + i, r[n]);
+  for (int k = 0; k < kN; ++k) {
+    const int64_t i = (t + int64_t(k) * kRowThreads) * kVec;
+    if (i >= n) continue;
+    load_bf16<kVec>(xr + i, v[k]);
+    if (rr) load_bf16<kVec>(rr + i, r[k]);
     constexpr int kW = kVec == 8 ? 4 : 1;  // weights per load (fp32)
 #pragma unroll
     for (int j = 0; j < kVec; j += kW) {
       if constexpr (kW == 4) {
         const float4 q = *reinterpret_cast<const float4*>(weight + i + j);
-        w[n][j] = q.x, w[n][j + 1] = q.y, w[n][j + 2] = q.z, w[n][j + 3] = q.w;
+        w[k][j] = q.x, w[k][j + 1] = q.y, w[k][j + 2] = q.z, w[k][j + 3] = q.w;
       } else {
-        w[n][j] = weight[i + j];
+        w[k][j] = weight[i + j];
       }
     }
   }
   if (rr) {
 #pragma unroll
-    for (int n = 0; n < kN; ++n) {
-      const int64_t i = (threadIdx.x + int64_t(n) * kNormThreads) * kVec;
+    for (int k = 0; k < kN; ++k) {
+      const int64_t i = (t + int64_t(k) * kRowThreads) * kVec;
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) v[n][j] = to_f(__float2bfloat16(r[n][j] + v[n][j]));
-      if (i < dim) store_bf16<kVec>(rr + i, v[n]);
+      for (int j = 0; j < kVec; ++j) v[k][j] = to_f(__float2bfloat16(r[k][j] + v[k][j]));
+      if (i < n) store_bf16<kVec>(rr + i, v[k]);
     }
   }
   float ss = 0.0f;
 #pragma unroll
-  for (int n = 0; n < kN; ++n)
+  for (int k = 0; k < kN; ++k)
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) ss += v[n][j] * v[n][j];
-  __shared__ float partial[kNormThreads / 32];
-  ss = warp_sum(ss);
-  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = ss;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    float p = threadIdx.x < kNormThreads / 32 ? partial[threadIdx.x] : 0.0f;
-    p = warp_sum(p);
-    if (threadIdx.x == 0) partial[0] = p;
-  }
-  __syncthreads();
-  const float inv = rsqrtf(partial[0] / float(dim) + eps);
+    for (int j = 0; j < kVec; ++j) ss += v[k][j] * v[k][j];
+  const float inv = rsqrtf(row_sum<kRowThreads>(ss) / float(dim) + eps);
 #pragma unroll
-  for (int n = 0; n < kN; ++n) {
-    const int64_t i = (threadIdx.x + int64_t(n) * kNormThreads) * kVec;
-    if (i >= dim) continue;
+  for (int k = 0; k < kN; ++k) {
+    const int64_t i = (t + int64_t(k) * kRowThreads) * kVec;
+    if (i >= n) continue;
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) v[n][j] = v[n][j] * inv * w[n][j];
-    store_bf16<kVec>(out + row * dim + i, v[n]);
+    for (int j = 0; j < kVec; ++j) v[k][j] = v[k][j] * inv * w[k][j];
+    store_bf16<kVec>(out + row * dim + i, v[k]);
   }
 }
 
@@ -163,8 +182,19 @@ void launch_rms_norm(const bf16* x, bf16* residual, const float* weight, bf16* o
                                                      << kNormPer * kNormThreads << ")";
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool vec = dim % 8 == 0 && aligned(x) && aligned(out) && aligned(weight) && (!residual || aligned(residual));
-  const auto kernel = vec ? rms_norm_kernel<8> : rms_norm_kernel<1>;
-  kernel<<<unsigned(rows), kNormThreads, 0, stream>>>(x, residual, weight, out, dim, eps);
+  // Threads per row: the fewest of 8 / 16 / 32 that hold the row (kNormPer elements
+  // each), else a block per row.
+  const int64_t loads = vec ? dim / 8 : dim, per_thread = vec ? kNormPer / 8 : kNormPer;
+  const auto launch = [&](auto kernel, int row_threads) {
+    const int64_t per_block = kNormThreads / row_threads;
+    kernel<<<unsigned(ceil_div(rows, per_block)), kNormThreads, 0, stream>>>(x, residual, weight, out, rows, dim, eps);
+  };
+  if (vec && loads <= 8 * per_thread) launch(rms_norm_kernel<8, 8>, 8);
+  else if (vec && loads <= 16 * per_thread) launch(rms_norm_kernel<8, 16>, 16);
+  else if (vec && loads <= 32 * per_thread) launch(rms_norm_kernel<8, 32>, 32);
+  else if (vec) launch(rms_norm_kernel<8, kNormThreads>, kNormThreads);
+  else if (loads <= 32 * per_thread) launch(rms_norm_kernel<1, 32>, 32);
+  else launch(rms_norm_kernel<1, kNormThreads>, kNormThreads);
   KILN_CUDA_LAUNCH_CHECK();
 }
 
