@@ -11,12 +11,6 @@ Tensor linear(ops::Backend& be, const Tensor& x, const ops::Weight& w) {
   return y;
 }
 
-// Per-head RMSNorm in place: x [n_tokens, n_heads * d_head] normalised per d_head.
-void head_norm(ops::Backend& be, Tensor& x, const Tensor& weight, int64_t d_head, float eps) {
-  Tensor rows = x.reshape({x.numel() / d_head, d_head});
-  be.rms_norm({.x = rows, .weight = weight, .out = rows, .eps = eps});
-}
-
 // dst [rows, n] = src[:, begin : begin + n]
 Tensor columns(ops::Backend& be, const Tensor& src, int64_t begin, int64_t n) {
   Tensor dst = act(be, {src.dim(0), n});
@@ -39,12 +33,10 @@ void Attention::forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta&
   Tensor qt = linear(be, x, q);
   Tensor kt = linear(be, x, k);
   Tensor vt = linear(be, x, v);
-  if (q_norm.defined()) head_norm(be, qt, q_norm, d_head, norm_eps);
-  if (k_norm.defined()) head_norm(be, kt, k_norm, d_head, norm_eps);
   Tensor q3 = qt.reshape({n_tokens, n_heads, d_head});
   Tensor k3 = kt.reshape({n_tokens, n_kv_heads, d_head});
-  be.rope({.x = q3, .batch = &batch, .table = &rope});
-  be.rope({.x = k3, .batch = &batch, .table = &rope});
+  be.qk_norm_rope({.q = q3, .k = k3, .q_norm = q_norm, .k_norm = k_norm, .eps = norm_eps, .batch = &batch,
+                   .table = &rope});
   be.kv_store({.k = k3, .v = vt.reshape({n_tokens, n_kv_heads, d_head}), .k_cache = kv.k,
                .v_cache = kv.v, .k_scale = kv.k_scale, .v_scale = kv.v_scale, .batch = &batch});
   Tensor attn = act(be, {n_tokens, n_heads, d_head});

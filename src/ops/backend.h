@@ -90,6 +90,18 @@ struct RopeArgs {
   const RopeTable* table = nullptr;
 };
 
+// Per-head RMSNorm (where a weight is given) and then RoPE of one attention layer's
+// queries and keys, in place: q [n_tokens, n_heads, d_head], k [n_tokens, n_kv_heads,
+// d_head]. The same as rms_norm over the [n_tokens * heads, d_head] rows followed by rope,
+// which is what Backend's default does; the CUDA backend does both tensors in one launch.
+struct QkNormRopeArgs {
+  Tensor q, k;
+  Tensor q_norm, k_norm;  // [d_head] stored dtype, or undefined: no norm
+  float eps = 1e-6f;
+  const BatchMeta* batch = nullptr;
+  const RopeTable* table = nullptr;
+};
+
 // The paged KV cache holds either the activation dtype (the values as they are) or
 // e4m3 codes with one fp32 scale per stored row (--kv-cache-dtype fp8; the scaling
 // rule, shared by every backend, is in ops/kv_quant.h). The cache tensors' dtype says
@@ -408,6 +420,7 @@ class Backend {
   virtual void rms_norm(const RmsNormArgs& a) = 0;
   virtual void linear(const LinearArgs& a) = 0;
   virtual void rope(const RopeArgs& a) = 0;
+  virtual void qk_norm_rope(const QkNormRopeArgs& a);  // default: rms_norm and rope (ops.cpp)
   virtual void kv_store(const KvStoreArgs& a) = 0;
   virtual void attention(const AttentionArgs& a) = 0;
   virtual void mla_store(const MlaStoreArgs& a) = 0;

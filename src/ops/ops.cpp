@@ -16,4 +16,15 @@ std::span<const int32_t> embedding_ids(const EmbeddingArgs& a) {
                                            : std::span<const int32_t>(a.batch->logit_rows);
 }
 
+void Backend::qk_norm_rope(const QkNormRopeArgs& a) {
+  for (const auto& [x, weight] : {std::pair{a.q, a.q_norm}, std::pair{a.k, a.k_norm}}) {
+    KILN_CHECK(x.rank() == 3) << "qk_norm_rope: q / k must be [n_tokens, heads, d_head], got " << x.shape;
+    if (weight.defined()) {
+      const Tensor rows = x.reshape({x.dim(0) * x.dim(1), x.dim(2)});
+      rms_norm({.x = rows, .weight = weight, .out = rows, .eps = a.eps});
+    }
+    rope({.x = x, .batch = a.batch, .table = a.table});
+  }
+}
+
 }  // namespace kiln::ops

@@ -193,6 +193,42 @@ TEST_F(CudaOps, RopeMatchesCpuForEveryStyle) {
   }
 }
 
+// The fused per-head norm + rope of q and k against the CPU reference's rms_norm + rope:
+// Qwen3 heads (32 / 4 of 128, both norms, full half-style rotary), gpt-oss-like ones (64 /
+// 8 of 64, no norms), a partial interleaved rotary with only q normed, heads of 256 (the
+// kernel's largest), and heads of 320 (past it: the backend runs the two ops instead).
+TEST_F(CudaOps, QkNormRopeMatchesCpu) {
+  struct Case {
+    int n_q, n_k, d_head, d_rot;
+    bool q_norm, k_norm;
+    ops::RopeStyle style;
+  };
+  const Case cases[] = {{32, 4, 128, 128, true, true, ops::RopeStyle::kHalf},
+                        {64, 8, 64, 64, false, false, ops::RopeStyle::kHalf},
+                        {6, 2, 96, 32, true, false, ops::RopeStyle::kInterleaved},
+                        {4, 1, 256, 128, true, true, ops::RopeStyle::kHalf},
+                        {2, 1, 320, 64, true, true, ops::RopeStyle::kHalf}};
+  for (const ops::BatchMeta& b : {scattered_batch({{1, 40}}, 16, 64), scattered_batch({{5, 900}, {3, 3}}, 16, 64),
+                                  scattered_batch({{300, 300}}, 16, 64)}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(::testing::Message() << b.n_tokens() << " tokens, heads " << c.n_q << " / " << c.n_k << " of "
+                                        << c.d_head << ", rotary " << c.d_rot);
+      ops::RopeTable tab{.d_rot = c.d_rot, .attention_factor = 1.2f, .style = c.style};
+      for (int i = 0; i < c.d_rot / 2; ++i) tab.inv_freq.push_back(std::pow(10000.0f, -float(2 * i) / float(c.d_rot)));
+      Tensor q = random({b.n_tokens(), c.n_q, c.d_head}), k = random({b.n_tokens(), c.n_k, c.d_head});
+      Tensor qn = c.q_norm ? random({c.d_head}) : Tensor{}, kn = c.k_norm ? random({c.d_head}) : Tensor{};
+      Tensor qg = to_gpu(q), kg = to_gpu(k);
+      cpu_->qk_norm_rope({.q = q, .k = k, .q_norm = qn, .k_norm = kn, .eps = 1e-6f, .batch = &b, .table = &tab});
+      gpu_->begin_step(b);
+      gpu_->qk_norm_rope({.q = qg, .k = kg, .q_norm = c.q_norm ? gpu_->upload(qn) : Tensor{},
+                          .k_norm = c.k_norm ? gpu_->upload(kn) : Tensor{}, .eps = 1e-6f, .batch = &b, .table = &tab});
+      // The normed values are rounded to bf16 before the rotation (as rms_norm stores them).
+      expect_close(from_gpu(qg), q, 4 * kBf16Tol, "q");
+      expect_close(from_gpu(kg), k, 4 * kBf16Tol, "k");
+    }
+  }
+}
+
 struct MoeCase {
   ops::RouterKind kind;
   int n_experts, top_k, n_group, topk_group, d_model, d_ff;

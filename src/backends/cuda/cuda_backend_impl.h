@@ -51,6 +51,7 @@ class CudaBackend final : public ops::Backend {
   void rms_norm(const ops::RmsNormArgs& a) override;
   void linear(const ops::LinearArgs& a) override;
   void rope(const ops::RopeArgs& a) override;
+  void qk_norm_rope(const ops::QkNormRopeArgs& a) override;
   void kv_store(const ops::KvStoreArgs& a) override;
   void attention(const ops::AttentionArgs& a) override;
   void mla_store(const ops::MlaStoreArgs& a) override;

@@ -179,6 +179,25 @@ void CudaBackend::rope(const ops::RopeArgs& a) {
               a.table->attention_factor, a.table->style == ops::RopeStyle::kInterleaved, b.positions, stream_);
 }
 
+void CudaBackend::qk_norm_rope(const ops::QkNormRopeArgs& a) {
+  check_act(a.q, "qk_norm_rope q");
+  check_act(a.k, "qk_norm_rope k");
+  const int64_t d_head = a.q.dim(2);
+  const int d_rot = a.table->d_rot;
+  if (d_head > kQkNormRopeMaxHead || a.k.dim(2) != d_head || d_rot > d_head || d_rot % 2 != 0) {
+    ops::Backend::qk_norm_rope(a);  // the two ops, one tensor at a time
+    return;
+  }
+  const DeviceBatch& b = batch_for(a.batch);
+  KILN_CHECK(a.q.dim(0) == int64_t(b.n_tokens) && a.k.dim(0) == int64_t(b.n_tokens))
+      << "qk_norm_rope: q " << a.q.shape << ", k " << a.k.shape << " vs " << b.n_tokens << " batch tokens";
+  for (const Tensor* w : {&a.q_norm, &a.k_norm})
+    KILN_CHECK(!w->defined() || w->numel() == d_head) << "qk_norm_rope: norm weight of " << w->numel() << " for heads of " << d_head;
+  launch_qk_norm_rope(a.q.as<bf16>(), a.k.as<bf16>(), vec_or_null(a.q_norm, "q_norm"), vec_or_null(a.k_norm, "k_norm"),
+                      a.q.dim(0), int(a.q.dim(1)), int(a.k.dim(1)), int(d_head), a.eps, rope_table(*a.table), d_rot,
+                      a.table->attention_factor, a.table->style == ops::RopeStyle::kInterleaved, b.positions, stream_);
+}
+
 void CudaBackend::kv_store(const ops::KvStoreArgs& a) {
   const DeviceBatch& b = batch_for(a.batch);
   check_act(a.k, "kv_store k");

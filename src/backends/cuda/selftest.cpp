@@ -137,6 +137,27 @@ PathResult test_rope(Harness& h, ops::RopeStyle style) {
   return h.compare(style == ops::RopeStyle::kHalf ? "rope (half pairs, partial)" : "rope (interleaved pairs)", xg, x);
 }
 
+// The fused per-head norm + rope of q and k: norms on both and a partial half-style rope,
+// or no norms and a full interleaved one.
+PathResult test_qk_norm_rope(Harness& h, bool norms) {
+  const ops::BatchMeta b = scattered_batch({{3, 700}, {2, 2}}, 16, 48);
+  const int d_head = norms ? 128 : 64, d_rot = 64;
+  ops::RopeTable tab{.d_rot = d_rot, .attention_factor = 1.1f,
+                     .style = norms ? ops::RopeStyle::kHalf : ops::RopeStyle::kInterleaved};
+  for (int i = 0; i < d_rot / 2; ++i) tab.inv_freq.push_back(std::pow(10000.0f, -float(2 * i) / float(d_rot)));
+  Tensor q = h.random({b.n_tokens(), 4, d_head}), k = h.random({b.n_tokens(), 2, d_head});
+  Tensor qn = norms ? h.random({d_head}) : Tensor{}, kn = norms ? h.random({d_head}) : Tensor{};
+  Tensor qg = h.gpu(q), kg = h.gpu(k);
+  h.cpu().qk_norm_rope({.q = q, .k = k, .q_norm = qn, .k_norm = kn, .eps = 1e-6f, .batch = &b, .table = &tab});
+  h.gpu_backend().begin_step(b);
+  h.gpu_backend().qk_norm_rope({.q = qg, .k = kg, .q_norm = norms ? h.gpu_backend().upload(qn) : Tensor{},
+                                .k_norm = norms ? h.gpu_backend().upload(kn) : Tensor{}, .eps = 1e-6f, .batch = &b,
+                                .table = &tab});
+  const char* name = norms ? "qk_norm_rope (norms, half pairs, partial)" : "qk_norm_rope (interleaved pairs)";
+  PathResult r = h.compare(name, qg, q);
+  return r.passed ? h.compare(name, kg, k) : r;
+}
+
 PathResult test_glu(Harness& h, ops::GluKind kind) {
   Tensor g = h.random({3, 300}, 8.0f), u = h.random({3, 300}, 8.0f);
   Tensor ref = h.cpu_out({3, 300}), out = h.poisoned({3, 300});
@@ -588,6 +609,8 @@ std::vector<PathResult> run_self_test(ops::Backend& gpu) {
   r.push_back(test_rms_norm(h));
   r.push_back(test_rope(h, ops::RopeStyle::kHalf));
   r.push_back(test_rope(h, ops::RopeStyle::kInterleaved));
+  r.push_back(test_qk_norm_rope(h, true));
+  r.push_back(test_qk_norm_rope(h, false));
   r.push_back(test_glu(h, ops::GluKind::kSilu));
   r.push_back(test_glu(h, ops::GluKind::kGptOssClamp));
   // Attention: every path on its own (the fast paths fall back to the warp kernel).

@@ -60,6 +60,13 @@ void launch_rms_norm(const bf16* x, bf16* residual, const float* weight, bf16* o
 // interleaved: pairs (2i, 2i+1), else (i, i + d_rot/2).
 void launch_rope(bf16* x, int64_t n_tokens, int64_t n_heads, int64_t d_head, const float* inv_freq, int d_rot,
                  float attention_factor, bool interleaved, const int32_t* positions, cudaStream_t stream);
+// Per-head RMSNorm (q_norm / k_norm may be null: none) then RoPE of q [n_tokens, n_q_heads,
+// d_head] and k [n_tokens, n_k_heads, d_head] in place, one launch (heads up to
+// kQkNormRopeMaxHead): the numbers of launch_rms_norm then launch_rope.
+inline constexpr int kQkNormRopeMaxHead = 256;
+void launch_qk_norm_rope(bf16* q, bf16* k, const float* q_norm, const float* k_norm, int64_t n_tokens, int n_q_heads,
+                         int n_k_heads, int d_head, float eps, const float* inv_freq, int d_rot,
+                         float attention_factor, bool interleaved, const int32_t* positions, cudaStream_t stream);
 // cache[slot_mapping[t], col_offset : col_offset + row_elems] = x[t] (x: [n_tokens, row_elems],
 // cache rows of cache_row_elems).
 void launch_store_rows(const bf16* x, bf16* cache, const int32_t* slot_mapping, int64_t n_tokens,

@@ -151,6 +151,65 @@ __global__ void store_rows_kernel(const bf16* x, bf16* cache, const int32_t* slo
   for (int64_t i = threadIdx.x; i < row_elems; i += blockDim.x) dst[i] = x[t * row_elems + i];
 }
 
+// One warp per head row of q, then of k: the per-head RMSNorm (where a weight is given),
+// rounded to bf16 as rms_norm stores it, then RoPE on those values as rope reads them:
+// the numbers of the two ops, in one launch for both tensors (a decode step had four).
+struct QkNormRopeParams {
+  bf16 *q, *k;
+  const float *q_w, *k_w;
+  int64_t n_tokens;
+  int n_q_heads, n_k_heads, d_head, d_rot;
+  float eps, attention_factor;
+  bool interleaved;
+  const float* inv_freq;
+  const int32_t* positions;
+};
+constexpr int kQkWarps = kNormThreads / 32;
+
+__global__ void __launch_bounds__(kNormThreads) qk_norm_rope_kernel(const QkNormRopeParams p) {
+  constexpr int kPer = kQkNormRopeMaxHead / 32;
+  __shared__ float rounded[kQkWarps][kQkNormRopeMaxHead];
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const int heads = p.n_q_heads + p.n_k_heads;
+  const int64_t row = int64_t(blockIdx.x) * kQkWarps + warp;
+  if (row >= p.n_tokens * heads) return;  // the whole warp: no block-wide barrier follows
+  const int64_t t = row / heads;
+  const int h = int(row % heads);
+  const bool is_q = h < p.n_q_heads;
+  bf16* x = is_q ? p.q + (t * p.n_q_heads + h) * p.d_head : p.k + (t * p.n_k_heads + h - p.n_q_heads) * p.d_head;
+  const float* w = is_q ? p.q_w : p.k_w;
+  float e[kPer];
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = lane + 32 * j;
+    e[j] = i < p.d_head ? to_f(x[i]) : 0.0f;
+    ss += e[j] * e[j];
+  }
+  float* v = rounded[warp];
+  const float inv = w ? rsqrtf(warp_sum(ss) / float(p.d_head) + p.eps) : 1.0f;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = lane + 32 * j;
+    if (i < p.d_head) v[i] = w ? to_f(__float2bfloat16(e[j] * inv * w[i])) : e[j];
+  }
+  __syncwarp();  // every lane's reads of x are done and its values are in v
+  const int half = p.d_rot / 2;
+  const float pos = float(p.positions[t]);
+  for (int i = lane; i < half; i += 32) {
+    float s, c;
+    sincosf(pos * p.inv_freq[i], &s, &c);
+    c *= p.attention_factor;
+    s *= p.attention_factor;
+    const int a = p.interleaved ? 2 * i : i, b = p.interleaved ? 2 * i + 1 : i + half;
+    const float x1 = v[a], x2 = v[b];
+    x[a] = __float2bfloat16(x1 * c - x2 * s);
+    x[b] = __float2bfloat16(x2 * c + x1 * s);
+  }
+  if (w)  // the dims past d_rot (partial rotary) take the normed values as they are
+    for (int i = p.d_rot + lane; i < p.d_head; i += 32) x[i] = __float2bfloat16(v[i]);
+}
+
 // One warp per (token, group) row: absmax, scale, codes (ops/kv_quant.h via kv_fp8.cuh).
 constexpr int kStoreWarps = 4;
 __global__ void __launch_bounds__(32 * kStoreWarps)
@@ -204,6 +263,21 @@ void launch_rope(bf16* x, int64_t n_tokens, int64_t n_heads, int64_t d_head, con
   if (n == 0) return;
   rope_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(x, n_tokens, n_heads, d_head, inv_freq, d_rot,
                                                      attention_factor, interleaved, positions);
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+void launch_qk_norm_rope(bf16* q, bf16* k, const float* q_norm, const float* k_norm, int64_t n_tokens, int n_q_heads,
+                         int n_k_heads, int d_head, float eps, const float* inv_freq, int d_rot,
+                         float attention_factor, bool interleaved, const int32_t* positions, cudaStream_t stream) {
+  KILN_CHECK(d_head <= kQkNormRopeMaxHead && d_rot <= d_head && d_rot % 2 == 0)
+      << "qk_norm_rope: head size " << d_head << ", rotary " << d_rot << " (heads up to " << kQkNormRopeMaxHead << ")";
+  const int64_t rows = n_tokens * (n_q_heads + n_k_heads);
+  if (rows == 0) return;
+  const QkNormRopeParams p{.q = q, .k = k, .q_w = q_norm, .k_w = k_norm, .n_tokens = n_tokens,
+                           .n_q_heads = n_q_heads, .n_k_heads = n_k_heads, .d_head = d_head, .d_rot = d_rot,
+                           .eps = eps, .attention_factor = attention_factor, .interleaved = interleaved,
+                           .inv_freq = inv_freq, .positions = positions};
+  qk_norm_rope_kernel<<<unsigned(ceil_div(rows, kQkWarps)), kNormThreads, 0, stream>>>(p);
   KILN_CUDA_LAUNCH_CHECK();
 }
 
