@@ -333,6 +333,30 @@ TEST(CpuRope, HandCheckedQuarterTurn) {
   EXPECT_EQ(x_t.as<float>()[2], 7.0f);
 }
 
+// qk_norm_rope (Backend's default, the CPU's): q normed per head with its weight, k
+// without one, then both rotated; the plain references of rms_norm and rope composed.
+TEST(CpuQkNormRope, NormsEachHeadThenRotatesQAndK) {
+  std::mt19937 rng(10);
+  auto be = make_cpu_backend(2);
+  const int64_t n_q = 4, n_k = 2, d_head = 16;
+  const std::vector<int32_t> pos = {0, 3, 77};
+  const int64_t n_tokens = int64_t(pos.size());
+  const ops::RopeTable tab = make_table(8, 10000.0, 1.1f, ops::RopeStyle::kHalf);
+  std::vector<float> q = random_values(rng, n_tokens * n_q * d_head), k = random_values(rng, n_tokens * n_k * d_head);
+  std::vector<float> w = random_values(rng, d_head);
+  Tensor q_t = make_tensor(DType::kF32, {n_tokens, n_q, d_head}, q);
+  Tensor k_t = make_tensor(DType::kF32, {n_tokens, n_k, d_head}, k);
+  ops::BatchMeta batch;
+  batch.positions = pos;
+  be->qk_norm_rope({.q = q_t, .k = k_t, .q_norm = make_tensor(DType::kF32, {d_head}, w), .k_norm = {},
+                    .eps = 1e-6f, .batch = &batch, .table = &tab});
+  const std::vector<double> q_normed = rms_norm_reference(std::vector<double>(q.begin(), q.end()), w,
+                                                          n_tokens * n_q, d_head, 1e-6);
+  const std::vector<float> q_normed_f(q_normed.begin(), q_normed.end());
+  expect_close(q_t.as<float>(), rope_reference(q_normed_f, pos, n_q, d_head, tab), 1e-5);
+  expect_close(k_t.as<float>(), rope_reference(k, pos, n_k, d_head, tab), 1e-6);
+}
+
 // ---- glu, add -----------------------------------------------------------------
 
 TEST(CpuGlu, SiluAndGptOssClampMatchNaive) {
