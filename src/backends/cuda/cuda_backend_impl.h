@@ -88,7 +88,7 @@ class CudaBackend final : public ops::Backend {
   void set_bf16_gemv(bool on) { bf16_gemv_ = on; }
   bool bf16_gemv() const { return bf16_gemv_; }
   // The most tokens a quantized MoE layer takes the GEMV for (tiles beyond), in place
-  // of the rule of quant_moe_gemv.
+  // of the rule of moe_stream_gemv.
   void set_quant_gemv_moe_tokens(int64_t n) { quant_gemv_moe_tokens_ = n; }
   // Whether weights of format f take the W8A8 GEMMs where a call is prefill-shaped
   // (a linear's rows or a MoE layer's pairs per expert at least 32: the 64-row tiles).
@@ -139,20 +139,15 @@ class CudaBackend final : public ops::Backend {
   // Whether a dense bf16 weight takes the bf16 GEMV at batch 1-8 (linear, weight_path).
   bool bf16_gemv_weight(const ops::Weight& w) const;
   int64_t quant_gemv_moe_tokens_ = -1;  // >= 0: the token count that replaces the rule
-  bool quant_moe_gemv(int64_t n_tokens, int64_t n_pairs, int n_local, int gemv_rows) const {
+  // bf16 experts (row-major) stream under the same rule with one tile per expert: while
+  // each is read once. From there the grouped bf16 tiles, unlike the quantized ones, are
+  // as fast, and twice as fast where the GEMV would stream experts several times
+  // (Qwen3-30B-A3B: level at 64 tokens, 568 vs 1141 us at 512).
+  static constexpr int64_t kBf16GemvTilesPerExpert = 1;
+  bool moe_stream_gemv(int64_t n_tokens, int64_t n_pairs, int n_local, int gemv_rows, int64_t tiles_per_expert) const {
     if (gemv_rows < 1) return false;
     if (quant_gemv_moe_tokens_ >= 0) return n_tokens <= quant_gemv_moe_tokens_;
-    return n_tokens <= 16 || n_pairs <= kQuantGemvTilesPerExpert * gemv_rows * n_local;
-  }
-  // bf16 experts (row-major) stream while each is read once, at most one GEMV tile per
-  // expert on average: unlike the quantized tiles, the grouped bf16 tiles are as fast from
-  // there on and twice as fast where the GEMV would stream experts several times
-  // (Qwen3-30B-A3B: level at 64 tokens, 568 vs 1141 us at 512). KILN_QUANT_GEMV_MOE_TOKENS
-  // replaces this rule too.
-  bool bf16_moe_gemv(int64_t n_tokens, int64_t n_pairs, int n_local, int gemv_rows) const {
-    if (gemv_rows < 1) return false;
-    if (quant_gemv_moe_tokens_ >= 0) return n_tokens <= quant_gemv_moe_tokens_;
-    return n_tokens <= 16 || n_pairs <= int64_t(gemv_rows) * n_local;
+    return n_tokens <= 16 || n_pairs <= tiles_per_expert * gemv_rows * n_local;
   }
   // A quantized weight as bf16 [n_out, n_in] (MLA's kv_b), made on first use.
   const bf16* dequantized(const ops::Weight& w);

@@ -11,7 +11,7 @@ namespace {
 // receives (n_pairs over the experts expected to be hit, routing taken as uniform), at
 // most max_rows. A tile's CTA stages max_rows activation rows in shared memory whatever
 // its expert receives, which bounds the CTAs per SM; tiles of 8 rows for experts of one
-// or two tokens cost gpt-oss-120b MXFP4 / FP8 10-14% at 8 and 32 tokens on the H100
+// or two tokens cost gpt-oss-120b MXFP4 / FP8 9-14% at 8 and 32 tokens on the H100
 // (kiln bench op: 283 -> 258 us, 717 -> 617), and fewer rows than twice the mean re-stream
 // experts that receive more (Qwen3-30B-A3B at 32 tokens, 2.3 rows per expert: 175 us with 8,
 // 202 with 2).
@@ -192,7 +192,8 @@ void CudaBackend::qk_norm_rope(const ops::QkNormRopeArgs& a) {
   KILN_CHECK(a.q.dim(0) == int64_t(b.n_tokens) && a.k.dim(0) == int64_t(b.n_tokens))
       << "qk_norm_rope: q " << a.q.shape << ", k " << a.k.shape << " vs " << b.n_tokens << " batch tokens";
   for (const Tensor* w : {&a.q_norm, &a.k_norm})
-    KILN_CHECK(!w->defined() || w->numel() == d_head) << "qk_norm_rope: norm weight of " << w->numel() << " for heads of " << d_head;
+    KILN_CHECK(!w->defined() || w->numel() == d_head)
+        << "qk_norm_rope: norm weight of " << w->numel() << " for heads of " << d_head;
   launch_qk_norm_rope(a.q.as<bf16>(), a.k.as<bf16>(), vec_or_null(a.q_norm, "q_norm"), vec_or_null(a.k_norm, "k_norm"),
                       a.q.dim(0), int(a.q.dim(1)), int(a.k.dim(1)), int(d_head), a.eps, rope_table(*a.table), d_rot,
                       a.table->attention_factor, a.table->style == ops::RopeStyle::kInterleaved, b.positions, stream_);
@@ -496,7 +497,7 @@ void CudaBackend::moe(const ops::MoeArgs& a) {
     KILN_CHECK_LE(quant_gemm_smem_bytes(), smem_cap_) << "moe: the quantized GEMMs' shared memory vs --smem-cap";
     const auto* table = static_cast<const QuantExpert*>(tables.table);
     const QuantFormat f = quant_format(ex.down[0].quant);
-    if (quant_moe_gemv(n_tokens, n_pairs, n_local, gemv_rows)) {
+    if (moe_stream_gemv(n_tokens, n_pairs, n_local, gemv_rows, kQuantGemvTilesPerExpert)) {
       stream_gemv(table, f);
     } else {
       MoeGroupedScratch sc = grouped_scratch();
@@ -528,7 +529,8 @@ void CudaBackend::moe(const ops::MoeArgs& a) {
                          moe_grouped_supported(s, !ex.gate_up.empty(), n_local);
   MoePath path = forced_moe_path_;
   if (path == MoePath::kAuto) {
-    if (stream_ok && bf16_gemv_ && bf16_moe_gemv(n_tokens, n_pairs, n_local, gemv_rows)) path = MoePath::kStreamGemv;
+    if (stream_ok && bf16_gemv_ && moe_stream_gemv(n_tokens, n_pairs, n_local, gemv_rows, kBf16GemvTilesPerExpert))
+      path = MoePath::kStreamGemv;
     else path = grouped_ok && !grouped_moe_disabled_ ? MoePath::kGrouped : MoePath::kGemv;
   }
   KILN_CHECK(path != MoePath::kGrouped || grouped_ok) << "moe: the grouped path does not take this layout";
@@ -561,8 +563,8 @@ std::string CudaBackend::weight_path(const ops::Weight& w, bool expert) const {
     const std::string grouped =
         "grouped bf16 mma.sync GEMMs over expert-sorted tiles (per-pair GEMV where the layout does not fit)";
     if (!bf16_gemv_ || w.transposed) return grouped;
-    return "<= 16 tokens or <= 1 GEMV tile per expert: bf16 GEMV (weights streamed as mma.sync fragments); more: " +
-           grouped;
+    return "<= 16 tokens or <= " + std::to_string(kBf16GemvTilesPerExpert) +
+           " GEMV tile per expert: bf16 GEMV (weights streamed as mma.sync fragments); more: " + grouped;
   }
   const std::string kind(formats::quant_kind_name(w.quant.kind));
   const std::string gemv = kind + " GEMV (codes decoded into bf16 mma.sync fragments in registers)";
