@@ -179,8 +179,9 @@ struct MoeRouting {
 // kernel below skips it (the MoE kernels read no weight for it, the combine adds nothing).
 void launch_route(const float* logits, const float* correction_bias, const MoeRouting& r, int64_t n_tokens,
                   int32_t* experts, float* weights, cudaStream_t stream);
-// logits[t, e] = x[t] . router[e] (+ bias[e]), fp32: a warp per logit (decode-shaped
-// calls; prefill-shaped ones take cuBLASLt, CudaBackend::moe).
+// logits[t, e] = x[t] . router[e] (+ bias[e]), fp32, for decode-shaped calls: a block per
+// expert up to 8 tokens (d_model a multiple of 8, at most 8192), else a warp per logit;
+// prefill-shaped ones take cuBLASLt (CudaBackend::moe).
 void launch_router_logits(const bf16* x, const bf16* router, const float* bias, int64_t n_tokens, int64_t n_experts,
                           int64_t d_model, float* logits, cudaStream_t stream);
 

@@ -36,6 +36,7 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels/attention_mma.cuh"
 #include "backends/cuda/kernels/kernels.h"
+#include "backends/cuda/kernels/pdl.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -230,6 +231,8 @@ __global__ void __launch_bounds__(kAlignThreads)
     moe_align_kernel(const int32_t* experts, int n_pairs, int n_experts, int bm, int32_t* perm, int4* tiles,
                      int n_slots) {
   __shared__ int count[kMaxAlignExperts], cursor[kMaxAlignExperts];
+  pdl_wait();  // a dependent launch after the routing (pdl.cuh)
+  pdl_trigger();
   const int tid = int(threadIdx.x);
   for (int e = tid; e < n_experts; e += kAlignThreads) count[e] = 0;
   __syncthreads();
@@ -284,7 +287,8 @@ bool prefill_tiles(int64_t n_pairs, int n_experts) { return n_pairs >= int64_t(k
 void launch_moe_align(const int32_t* experts, int64_t n_pairs, int n_experts, int bm, int32_t* perm, int4* tiles,
                       int n_slots, cudaStream_t stream) {
   KILN_CHECK(n_experts <= kMaxAlignExperts) << "moe align: " << n_experts << " experts (at most " << kMaxAlignExperts << ")";
-  moe_align_kernel<<<1, kAlignThreads, 0, stream>>>(experts, int(n_pairs), n_experts, bm, perm, tiles, n_slots);
+  launch_dependent(moe_align_kernel, 1, kAlignThreads, 0, stream, experts, int(n_pairs), n_experts, bm, perm, tiles,
+                   n_slots);
   KILN_CUDA_LAUNCH_CHECK();
 }
 

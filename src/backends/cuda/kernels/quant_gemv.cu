@@ -42,6 +42,7 @@
 #include "backends/cuda/kernels/attention_mma.cuh"
 #include "backends/cuda/kernels/common.cuh"
 #include "backends/cuda/kernels/kernels.h"
+#include "backends/cuda/kernels/pdl.cuh"
 #include "backends/cuda/kernels/quant_decode.cuh"
 
 namespace kiln::cuda {
@@ -94,7 +95,33 @@ struct Fmt {
   static constexpr float kUnbias = kValue == 0 ? 0x1p26f : kValue == 2 ? 0x1p20f : 1.0f;
   static_assert(kBias - kPre == (kValue == 0 ? 26 : kValue == 2 ? 20 : 0));
   static constexpr int kCodeBytes = kFp8 ? kKTile : kBf16 ? 2 * kKTile : kKTile / 2;  // per row per block
+  static constexpr int kScaleBytes = kScale <= 1 ? 1 : kScale <= 3 ? 2 : 4;
 };
+
+// The bits of a scale of kind kScale (QuantFormat::scale_kind), through the read-only path.
+template <int kScale>
+__device__ __forceinline__ uint32_t load_scale_bits(const uint8_t* p) {
+  if constexpr (kScale <= 1) return __ldg(p);
+  else if constexpr (kScale <= 3) return __ldg(reinterpret_cast<const unsigned short*>(p));
+  else return __ldg(reinterpret_cast<const unsigned*>(p));
+}
+
+// The bf16 pair that multiplies a chunk's decoded codes before the mma: 2^kPre times the
+// scale (bits of kind kScale). The common cases are integer operations: an e8m0 scale
+// 2^(e - 127) times 2^100 is the bf16 with exponent field e + 100 (while that is a
+// normal number's: e in [1, 154]); a bf16 scale is itself. The rest converts.
+template <int kValue, int kScale>
+__device__ __forceinline__ uint32_t pre_scale(uint32_t bits) {
+  if constexpr (kScale == 0 && kValue != 1) {
+    if (bits - 1u < 154u) return ((bits + 100u) << 7) * 0x10001u;
+    return bf16x2_bits(__float2bfloat162_rn(scale_of(kScale, bits) * 0x1p100f));
+  } else if constexpr (kScale == 2 && kValue == 1) {
+    return bits * 0x10001u;
+  } else {
+    const float v = scale_of(kScale, bits);
+    return bf16x2_bits(__float2bfloat162_rn(kValue == 1 ? v : v * 0x1p100f));
+  }
+}
 
 // Pair i (0..3) of an 8-code word of 4-bit codes c0..c7 (c0 in the low nibble): the
 // bf16x2 (c_i, c_{i+4}). e2m1: nibble i moved to bits 12-15 (and i + 4 to 28-31), its
@@ -159,6 +186,13 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float partial[kWarps][4][32];
   static_assert(sizeof(partial) == kStaticSmem);
+  // MoE GEMVs are dependent launches (pdl.cuh): the up GEMV reads the tile table the
+  // align kernel just wrote; the down GEMV reads it (two kernels back) and starts
+  // streaming its weights before the up GEMV's activations are complete.
+  if constexpr (kUp) {
+    pdl_wait();
+    pdl_trigger();
+  }
   int row0, rows;
   const QuantExpert* ew = nullptr;
   if (p.tiles != nullptr) {
@@ -175,7 +209,11 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
   const int b_begin = min(p.n_blocks, slice * per_slice);
   const int b_end = unit < p.units ? min(p.n_blocks, b_begin + per_slice) : b_begin;
 
-  // This lane's two weight rows: gate and up of output 8 unit + g, or rows 16 unit + g (+ 8).
+  // This lane's two weight rows: gate and up of output 8 unit + g, or rows 16 unit + g (+ 8):
+  // their codes, and the scales of this lane's chunk of block 0 (block b's are
+  // scale_step bytes on; a chunk's kSpc > 1 scales are consecutive: group 32 / kSpc).
+  const int group_shift = __ffs(p.f.group) - 1;
+  const int scale_step = (kKTile >> group_shift) * F::kScaleBytes;
   const uint8_t* codes[2];
   const uint8_t* scales[2];
   bool live[2];
@@ -186,12 +224,11 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
     live[h] = unit < p.units && (kUp ? 8 * unit + g < p.d_ff : f < p.n_out);
     const QuantRowRef w = quant_row(p.dense, ew, kUp, p.s.interleaved, p.d_ff, live[h] ? f : 0);
     codes[h] = w.m.codes + int64_t(w.row) * p.code_row + t * (kCodeBytes / 4);
-    scales[h] = w.m.scales + int64_t(w.row) * p.scale_row;
+    scales[h] = w.m.scales + int64_t(w.row) * p.scale_row + ((32 * t) >> group_shift) * F::kScaleBytes;
     scale2[h] = w.m.scale2 ? *w.m.scale2 : 1.0f;
   }
   // FP8 with 128-input groups scales each block's fp32 result (uniform).
   const bool block_scaled = F::kFp8 && p.f.group == kKTile;
-  const int group_shift = __ffs(p.f.group) - 1;
   const auto load = [&](int blk, S& st) {
     const int k0 = blk * kKTile + 32 * t;  // the chunk's first input
 #pragma unroll
@@ -207,7 +244,7 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
       if constexpr (!F::kBf16) {
 #pragma unroll
         for (int i = 0; i < kSpc; ++i)
-          st.s[h][i] = scale_bits(kScale, scales[h] + ((k0 + i * (32 / kSpc)) >> group_shift) * p.f.scale_bytes);
+          st.s[h][i] = load_scale_bits<kScale>(scales[h] + blk * scale_step + i * F::kScaleBytes);
       }
     }
   };
@@ -218,6 +255,10 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
   for (int j = 0; j < R - 1; ++j)
     if (b_begin + j < b_end) load(b_begin + j, ring[j]);
 
+  if constexpr (!kUp) {
+    pdl_wait();
+    pdl_trigger();
+  }
   // The activation rows, staged while the first blocks of codes are on their way.
   const int x_stride = p.Kp + kXPad;
   bf16* xs = reinterpret_cast<bf16*>(smem);  // [rows, Kp + kXPad], permuted (permute_x)
@@ -232,11 +273,12 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
     dst[0] = make_uint2(v.x, v.y), dst[1] = make_uint2(v.z, v.w);
   }
   __syncthreads();
-  const bf16* xg = g < rows ? xs + g * x_stride + 32 * t : nullptr;  // token row g's staged inputs
+  // Token row g's staged inputs. Lanes past the tile's rows read its last row: B column g
+  // only reaches output column g, which the epilogue does not store.
+  const bf16* xg = xs + min(g, rows - 1) * x_stride + 32 * t;
 
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   const auto compute = [&](const S& st, int blk) {
-    float sv[2][kSpc] = {};
     uint32_t sf[2][kSpc] = {};
     // Pre-mma scale factors (bf16 pairs) per row and scale of the chunk: 2^kPre times the
     // scale, or 2^120 alone for block-scaled FP8 (which makes decoded e4m3 numbers exact).
@@ -244,11 +286,8 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
 #pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int i = 0; i < kSpc; ++i) {
-          sv[h][i] = scale_of(kScale, st.s[h][i]);
-          sf[h][i] = bf16x2_bits(
-              __float2bfloat162_rn(block_scaled ? 0x1p120f : kValue == 1 ? sv[h][i] : sv[h][i] * 0x1p100f));
-        }
+        for (int i = 0; i < kSpc; ++i)
+          sf[h][i] = block_scaled ? 0x7b807b80u : pre_scale<kValue, kScale>(st.s[h][i]);  // 2^120: 0x7b80
     }
     // Two accumulators: consecutive mmas do not wait on each other.
     float part[2][4] = {};
@@ -269,11 +308,11 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
           a[2 + h] = bf16x2_bits(__hmul2(as_bf16x2(hi), f));
         }
       }
-      uint2 b = make_uint2(0, 0);
-      if (xg != nullptr) b = *reinterpret_cast<const uint2*>(xg + blk * kKTile + 4 * step);
+      const uint2 b = *reinterpret_cast<const uint2*>(xg + blk * kKTile + 4 * step);
       mma_bf16(part[step % 2], a, b.x, b.y);
     }
-    const float s0 = block_scaled ? sv[0][0] : 1.0f, s1 = block_scaled ? sv[1][0] : 1.0f;
+    const float s0 = block_scaled ? scale_of(kScale, st.s[0][0]) : 1.0f;
+    const float s1 = block_scaled ? scale_of(kScale, st.s[1][0]) : 1.0f;
     acc[0] += (part[0][0] + part[1][0]) * s0, acc[1] += (part[0][1] + part[1][1]) * s0;
     acc[2] += (part[0][2] + part[1][2]) * s1, acc[3] += (part[0][3] + part[1][3]) * s1;
   };
@@ -334,7 +373,7 @@ int kp_of(int64_t k) { return int((k + kKTile - 1) / kKTile * kKTile); }
 // over 2 or 4 warps while that keeps the warps within about two waves: more warps
 // hide more latency, but a warp streams best over many blocks.
 template <bool kUp>
-void launch_gemv(GemvParams p, int grid_x, int64_t tiles, cudaStream_t stream) {
+void launch_gemv(GemvParams p, int grid_x, int64_t tiles, bool dependent, cudaStream_t stream) {
   int device = 0, sms = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&device));
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
@@ -349,7 +388,8 @@ void launch_gemv(GemvParams p, int grid_x, int64_t tiles, cudaStream_t stream) {
   const auto go = [&](auto kernel) {
     if (smem + kStaticSmem > 48 * 1024)
       KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    kernel<<<grid, kThreads, smem, stream>>>(p);
+    if (dependent) launch_dependent(kernel, grid, kThreads, smem, stream, p);
+    else kernel<<<grid, kThreads, smem, stream>>>(p);
   };
   const int v = p.f.value, s = p.f.scale_kind, spc = std::max(1, 32 / p.f.group);
   // One instance per format the packer produces (quant_pack.cpp).
@@ -402,7 +442,7 @@ void launch_quant_gemv_linear(const bf16* x, const QuantMat& w, const QuantForma
   p.f = f;
   p.out = out;
   set_k(p, f, n_in);
-  launch_gemv<false>(p, 1, 1, stream);
+  launch_gemv<false>(p, 1, 1, false, stream);
 }
 
 void launch_bf16_gemv_linear(const bf16* x, const bf16* w, const float* bias, int64_t rows, int64_t n_out,
@@ -418,7 +458,7 @@ void launch_bf16_gemv_linear(const bf16* x, const bf16* w, const float* bias, in
   p.f = kBf16GemvFormat;
   p.out = out;
   set_k(p, p.f, n_in);
-  launch_gemv<false>(p, 1, 1, stream);
+  launch_gemv<false>(p, 1, 1, false, stream);
 }
 
 void launch_moe_gemv_quant(const bf16* x, const QuantExpert* table, const QuantFormat& f, const MoeShape& s,
@@ -441,12 +481,12 @@ void launch_moe_gemv_quant(const bf16* x, const QuantExpert* table, const QuantF
   p.units = int((s.d_ff + 7) / 8);
   set_k(p, f, s.d_model);
   const int64_t live_tiles = std::min<int64_t>(n_pairs, n_slots);
-  launch_gemv<true>(p, n_slots, live_tiles, stream);
+  launch_gemv<true>(p, n_slots, live_tiles, true, stream);
   p.a = act;
   p.units = int((s.d_model + 15) / 16);
   p.n_out = int(s.d_model);
   set_k(p, f, s.d_ff);
-  launch_gemv<false>(p, n_slots, live_tiles, stream);
+  launch_gemv<false>(p, n_slots, live_tiles, true, stream);
 }
 
 }  // namespace kiln::cuda
