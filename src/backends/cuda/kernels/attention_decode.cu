@@ -34,6 +34,7 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels/attention_mma.cuh"
+#include "backends/cuda/kernels/pdl.cuh"
 
 namespace kiln::cuda {
 namespace attn {
@@ -62,6 +63,8 @@ constexpr int kMaxSplits = 128;
 
 template <int D, typename T>
 __global__ void __launch_bounds__(DecodeConfig<D, T>::kThreads) attention_decode_kernel(const Params p) {
+  pdl_wait();  // a dependent launch (pdl.cuh)
+  pdl_trigger();
   using C = DecodeConfig<D, T>;
   constexpr int kBN = C::kBN, kStages = C::kStages;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -216,6 +219,8 @@ __global__ void __launch_bounds__(DecodeConfig<D, T>::kThreads) attention_decode
 // M = max(max_z m_z, sink): one warp per (token, head), lanes over D.
 template <int D>
 __global__ void __launch_bounds__(128) attention_combine_kernel(const Params p) {
+  pdl_wait();  // a dependent launch (pdl.cuh)
+  pdl_trigger();
   const int64_t row = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
   const int lane = int(threadIdx.x) % 32;
   if (row >= int64_t(p.b.n_tokens) * p.n_heads) return;
@@ -323,10 +328,11 @@ void decode_for(Params p, int n_splits, void* scratch, cudaStream_t stream) {
   }
   KILN_CUDA_CHECK(cudaFuncSetAttribute(attention_decode_kernel<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        C::kSmemBytes));
-  attention_decode_kernel<D, T><<<dim3(x_tiles, p.n_kv_heads, n_splits), C::kThreads, C::kSmemBytes, stream>>>(p);
+  launch_dependent(attention_decode_kernel<D, T>, dim3(x_tiles, p.n_kv_heads, n_splits), C::kThreads, C::kSmemBytes,
+                   stream, p);
   KILN_CUDA_LAUNCH_CHECK();
   if (n_splits > 1) {
-    attention_combine_kernel<D><<<ceil_div(int64_t(p.b.n_tokens) * p.n_heads, 4), 128, 0, stream>>>(p);
+    launch_dependent(attention_combine_kernel<D>, ceil_div(int64_t(p.b.n_tokens) * p.n_heads, 4), 128, 0, stream, p);
     KILN_CUDA_LAUNCH_CHECK();
   }
 }

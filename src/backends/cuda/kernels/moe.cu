@@ -32,6 +32,8 @@ __global__ void __launch_bounds__(kRouterThreads)
     router_logits_rows_kernel(const bf16* x, const bf16* w, const float* bias, int64_t n_tokens, int64_t n_experts,
                               int64_t d, float* logits) {
   __shared__ float part[kRouterThreads / 32][kRouterTokens];
+  pdl_wait();  // a dependent launch (pdl.cuh)
+  pdl_trigger();
   const int64_t e = blockIdx.x;
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
   uint4 wv[kRouterChunks];
@@ -354,8 +356,8 @@ void launch_router_logits(const bf16* x, const bf16* router, const float* bias, 
   const int64_t warps = n_tokens * n_experts;
   if (warps == 0) return;
   if (n_tokens <= kRouterTokens && d_model % 8 == 0 && d_model <= int64_t(kRouterThreads) * 8 * kRouterChunks) {
-    router_logits_rows_kernel<<<unsigned(n_experts), kRouterThreads, 0, stream>>>(x, router, bias, n_tokens, n_experts,
-                                                                                   d_model, logits);
+    launch_dependent(router_logits_rows_kernel, unsigned(n_experts), kRouterThreads, 0, stream, x, router, bias,
+                     n_tokens, n_experts, d_model, logits);
     KILN_CUDA_LAUNCH_CHECK();
     return;
   }

@@ -5,6 +5,7 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels/common.cuh"
 #include "backends/cuda/kernels/kernels.h"
+#include "backends/cuda/kernels/pdl.cuh"
 #include "backends/cuda/kernels/kv_fp8.cuh"
 
 namespace kiln::cuda {
@@ -72,6 +73,8 @@ __device__ __forceinline__ float row_sum(float v) {
 template <int kVec, int kRowThreads>
 __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const bf16* x, bf16* residual, const float* weight,
                                                                 bf16* out, int64_t rows, int64_t dim, float eps) {
+  pdl_wait();  // a dependent launch (pdl.cuh)
+  pdl_trigger();
   constexpr int kN = kNormPer / kVec;  // loads per thread
   const int t = int(threadIdx.x) % kRowThreads;
   const int64_t row = int64_t(blockIdx.x) * (kNormThreads / kRowThreads) + threadIdx.x / kRowThreads;
@@ -126,6 +129,8 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const bf16* x, b
 // transformers does (float(position) * inv_freq).
 __global__ void rope_kernel(bf16* x, int64_t n_tokens, int64_t n_heads, int64_t d_head, const float* inv_freq,
                             int d_rot, float attention_factor, bool interleaved, const int32_t* positions) {
+  pdl_wait();  // a dependent launch (pdl.cuh)
+  pdl_trigger();
   const int half = d_rot / 2;
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n_tokens * n_heads * half) return;
@@ -145,6 +150,8 @@ __global__ void rope_kernel(bf16* x, int64_t n_tokens, int64_t n_heads, int64_t 
 
 __global__ void store_rows_kernel(const bf16* x, bf16* cache, const int32_t* slot_mapping, int64_t row_elems,
                                   int64_t cache_row_elems, int64_t col_offset) {
+  pdl_wait();  // a dependent launch (pdl.cuh)
+  pdl_trigger();
   const int64_t t = blockIdx.x;
   if (slot_mapping[t] < 0) return;  // a padding row (ops::kPadSlot): nothing to store
   bf16* dst = cache + int64_t(slot_mapping[t]) * cache_row_elems + col_offset;
@@ -167,6 +174,8 @@ struct QkNormRopeParams {
 constexpr int kQkWarps = kNormThreads / 32;
 
 __global__ void __launch_bounds__(kNormThreads) qk_norm_rope_kernel(const QkNormRopeParams p) {
+  pdl_wait();  // a dependent launch (pdl.cuh)
+  pdl_trigger();
   constexpr int kPer = kQkNormRopeMaxHead / 32;
   __shared__ float rounded[kQkWarps][kQkNormRopeMaxHead];
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
@@ -216,6 +225,8 @@ __global__ void __launch_bounds__(32 * kStoreWarps)
     store_rows_e4m3_kernel(const bf16* x, uint8_t* cache, float* scales, const int32_t* slot_mapping, int64_t n_rows,
                            int n_groups, int64_t group_elems, int64_t cache_row_elems, int64_t col_offset,
                            int scales_per_slot, int scale_offset) {
+  pdl_wait();  // a dependent launch (pdl.cuh)
+  pdl_trigger();
   const int64_t w = int64_t(blockIdx.x) * kStoreWarps + threadIdx.x / 32;  // = t * n_groups + g
   const int lane = int(threadIdx.x) % 32;
   if (w >= n_rows) return;
@@ -246,7 +257,8 @@ void launch_rms_norm(const bf16* x, bf16* residual, const float* weight, bf16* o
   const int64_t loads = vec ? dim / 8 : dim, per_thread = vec ? kNormPer / 8 : kNormPer;
   const auto launch = [&](auto kernel, int row_threads) {
     const int64_t per_block = kNormThreads / row_threads;
-    kernel<<<unsigned(ceil_div(rows, per_block)), kNormThreads, 0, stream>>>(x, residual, weight, out, rows, dim, eps);
+    launch_dependent(kernel, unsigned(ceil_div(rows, per_block)), kNormThreads, 0, stream, x, residual, weight, out,
+                     rows, dim, eps);
   };
   if (vec && loads <= 8 * per_thread) launch(rms_norm_kernel<8, 8>, 8);
   else if (vec && loads <= 16 * per_thread) launch(rms_norm_kernel<8, 16>, 16);
@@ -261,8 +273,8 @@ void launch_rope(bf16* x, int64_t n_tokens, int64_t n_heads, int64_t d_head, con
                  float attention_factor, bool interleaved, const int32_t* positions, cudaStream_t stream) {
   const int64_t n = n_tokens * n_heads * (d_rot / 2);
   if (n == 0) return;
-  rope_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(x, n_tokens, n_heads, d_head, inv_freq, d_rot,
-                                                     attention_factor, interleaved, positions);
+  launch_dependent(rope_kernel, ceil_div(n, 256), 256, 0, stream, x, n_tokens, n_heads, d_head, inv_freq, d_rot,
+                   attention_factor, interleaved, positions);
   KILN_CUDA_LAUNCH_CHECK();
 }
 
@@ -277,15 +289,15 @@ void launch_qk_norm_rope(bf16* q, bf16* k, const float* q_norm, const float* k_n
                            .n_q_heads = n_q_heads, .n_k_heads = n_k_heads, .d_head = d_head, .d_rot = d_rot,
                            .eps = eps, .attention_factor = attention_factor, .interleaved = interleaved,
                            .inv_freq = inv_freq, .positions = positions};
-  qk_norm_rope_kernel<<<unsigned(ceil_div(rows, kQkWarps)), kNormThreads, 0, stream>>>(p);
+  launch_dependent(qk_norm_rope_kernel, unsigned(ceil_div(rows, kQkWarps)), kNormThreads, 0, stream, p);
   KILN_CUDA_LAUNCH_CHECK();
 }
 
 void launch_store_rows(const bf16* x, bf16* cache, const int32_t* slot_mapping, int64_t n_tokens, int64_t row_elems,
                        int64_t cache_row_elems, int64_t col_offset, cudaStream_t stream) {
   if (n_tokens == 0) return;
-  store_rows_kernel<<<unsigned(n_tokens), 128, 0, stream>>>(x, cache, slot_mapping, row_elems, cache_row_elems,
-                                                            col_offset);
+  launch_dependent(store_rows_kernel, unsigned(n_tokens), 128, 0, stream, x, cache, slot_mapping, row_elems,
+                   cache_row_elems, col_offset);
   KILN_CUDA_LAUNCH_CHECK();
 }
 
@@ -294,9 +306,9 @@ void launch_store_rows_e4m3(const bf16* x, uint8_t* cache, float* scales, const 
                             int64_t col_offset, int scales_per_slot, int scale_offset, cudaStream_t stream) {
   const int64_t n_rows = n_tokens * n_groups;
   if (n_rows == 0) return;
-  store_rows_e4m3_kernel<<<ceil_div(n_rows, kStoreWarps), 32 * kStoreWarps, 0, stream>>>(
-      x, cache, scales, slot_mapping, n_rows, n_groups, group_elems, cache_row_elems, col_offset, scales_per_slot,
-      scale_offset);
+  launch_dependent(store_rows_e4m3_kernel, ceil_div(n_rows, kStoreWarps), 32 * kStoreWarps, 0, stream, x, cache, scales,
+                   slot_mapping, n_rows, n_groups, group_elems, cache_row_elems, col_offset, scales_per_slot,
+                   scale_offset);
   KILN_CUDA_LAUNCH_CHECK();
 }
 

@@ -1,9 +1,9 @@
-// Programmatic dependent launch (SM 9.0+) for a chain of short kernels that each read
-// what the one before wrote: a MoE layer at decode (route, align, the up and down
-// GEMVs, the combine), where every launch's ramp and the previous kernel's tail are a
-// large part of the layer. A kernel launched with launch_dependent may be scheduled
-// while the kernel before it on the stream still runs (once every block of that one
-// has called pdl_trigger or exited), and:
+// Programmatic dependent launch (SM 9.0+) for the short kernels of a decode step, each
+// reading what the one before wrote (norms, RoPE, the KV store, split-KV attention, the
+// GEMVs, a MoE layer's router, route, align and combine), where every launch's ramp and
+// the previous kernel's tail are a large part of the time. A kernel launched with
+// launch_dependent may be scheduled while the kernel before it on the stream still runs
+// (once every block of that one has called pdl_trigger or exited), and:
 //   - calls pdl_wait() before it reads anything the previous kernel wrote and before
 //     it writes anything: pdl_wait returns once that kernel has completed and its
 //     writes are visible;

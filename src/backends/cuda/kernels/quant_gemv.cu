@@ -186,10 +186,13 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float partial[kWarps][4][32];
   static_assert(sizeof(partial) == kStaticSmem);
-  // MoE GEMVs are dependent launches (pdl.cuh): the up GEMV reads the tile table the
-  // align kernel just wrote; the down GEMV reads it (two kernels back) and starts
-  // streaming its weights before the up GEMV's activations are complete.
-  if constexpr (kUp) {
+  // Every launch is a dependent one (pdl.cuh). A MoE down GEMV starts streaming its
+  // weights before the up GEMV (always the kernel before it) has completed: it reads the
+  // tile table align wrote two kernels back and weights no kernel writes. The others wait
+  // first: the up GEMV reads the tiles align just wrote, and a dense GEMV cannot know that
+  // the kernel before it did not write its weights (a dummy load's fill, a test's).
+  const bool prefetch = !kUp && p.tiles != nullptr;
+  if (!prefetch) {
     pdl_wait();
     pdl_trigger();
   }
@@ -255,7 +258,7 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
   for (int j = 0; j < R - 1; ++j)
     if (b_begin + j < b_end) load(b_begin + j, ring[j]);
 
-  if constexpr (!kUp) {
+  if (prefetch) {
     pdl_wait();
     pdl_trigger();
   }
@@ -373,7 +376,7 @@ int kp_of(int64_t k) { return int((k + kKTile - 1) / kKTile * kKTile); }
 // over 2 or 4 warps while that keeps the warps within about two waves: more warps
 // hide more latency, but a warp streams best over many blocks.
 template <bool kUp>
-void launch_gemv(GemvParams p, int grid_x, int64_t tiles, bool dependent, cudaStream_t stream) {
+void launch_gemv(GemvParams p, int grid_x, int64_t tiles, cudaStream_t stream) {
   int device = 0, sms = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&device));
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
@@ -388,8 +391,7 @@ void launch_gemv(GemvParams p, int grid_x, int64_t tiles, bool dependent, cudaSt
   const auto go = [&](auto kernel) {
     if (smem + kStaticSmem > 48 * 1024)
       KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    if (dependent) launch_dependent(kernel, grid, kThreads, smem, stream, p);
-    else kernel<<<grid, kThreads, smem, stream>>>(p);
+    launch_dependent(kernel, grid, kThreads, smem, stream, p);
   };
   const int v = p.f.value, s = p.f.scale_kind, spc = std::max(1, 32 / p.f.group);
   // One instance per format the packer produces (quant_pack.cpp).
@@ -442,7 +444,7 @@ void launch_quant_gemv_linear(const bf16* x, const QuantMat& w, const QuantForma
   p.f = f;
   p.out = out;
   set_k(p, f, n_in);
-  launch_gemv<false>(p, 1, 1, false, stream);
+  launch_gemv<false>(p, 1, 1, stream);
 }
 
 void launch_bf16_gemv_linear(const bf16* x, const bf16* w, const float* bias, int64_t rows, int64_t n_out,
@@ -458,7 +460,7 @@ void launch_bf16_gemv_linear(const bf16* x, const bf16* w, const float* bias, in
   p.f = kBf16GemvFormat;
   p.out = out;
   set_k(p, p.f, n_in);
-  launch_gemv<false>(p, 1, 1, false, stream);
+  launch_gemv<false>(p, 1, 1, stream);
 }
 
 void launch_moe_gemv_quant(const bf16* x, const QuantExpert* table, const QuantFormat& f, const MoeShape& s,
@@ -481,12 +483,12 @@ void launch_moe_gemv_quant(const bf16* x, const QuantExpert* table, const QuantF
   p.units = int((s.d_ff + 7) / 8);
   set_k(p, f, s.d_model);
   const int64_t live_tiles = std::min<int64_t>(n_pairs, n_slots);
-  launch_gemv<true>(p, n_slots, live_tiles, true, stream);
+  launch_gemv<true>(p, n_slots, live_tiles, stream);
   p.a = act;
   p.units = int((s.d_model + 15) / 16);
   p.n_out = int(s.d_model);
   set_k(p, f, s.d_ff);
-  launch_gemv<false>(p, n_slots, live_tiles, true, stream);
+  launch_gemv<false>(p, n_slots, live_tiles, stream);
 }
 
 }  // namespace kiln::cuda
