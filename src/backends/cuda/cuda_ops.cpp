@@ -449,9 +449,9 @@ void CudaBackend::moe(const ops::MoeArgs& a) {
   float* logits = scratch<float>(n_tokens * n_experts, op_scratch_);
   int32_t* chosen = scratch<int32_t>(n_tokens * top_k, op_scratch_);
   float* weights = scratch<float>(n_tokens * top_k, op_scratch_);
-  // The router: a block per expert at decode sizes (launch_router_logits); a GEMM from
-  // kRouterGemmTokens on (2048 tokens x 128 experts of Qwen3-30B-A3B: 128 us as 262,144
-  // warps), where the rows are 16-byte multiples.
+  // The router: launch_router_logits below kRouterGemmTokens (a block per expert up to 8
+  // tokens, then a warp per logit); a GEMM from there (2048 tokens x 128 experts of
+  // Qwen3-30B-A3B: 128 us as 262,144 warps), where the rows are 16-byte multiples.
   const float* router_bias = vec_or_null(a.router->bias, "router bias");
   if (n_tokens >= kRouterGemmTokens && d_model % 8 == 0 && n_experts % 4 == 0) {
     gemm_f32(a.x.as<bf16>(), a.router->data.as<bf16>(), n_tokens, n_experts, d_model, logits);

@@ -64,7 +64,6 @@ constexpr int kMaxSplits = 128;
 template <int D, typename T>
 __global__ void __launch_bounds__(DecodeConfig<D, T>::kThreads) attention_decode_kernel(const Params p) {
   pdl_wait();  // a dependent launch (pdl.cuh)
-  pdl_trigger();
   using C = DecodeConfig<D, T>;
   constexpr int kBN = C::kBN, kStages = C::kStages;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -220,7 +219,6 @@ __global__ void __launch_bounds__(DecodeConfig<D, T>::kThreads) attention_decode
 template <int D>
 __global__ void __launch_bounds__(128) attention_combine_kernel(const Params p) {
   pdl_wait();  // a dependent launch (pdl.cuh)
-  pdl_trigger();
   const int64_t row = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
   const int lane = int(threadIdx.x) % 32;
   if (row >= int64_t(p.b.n_tokens) * p.n_heads) return;

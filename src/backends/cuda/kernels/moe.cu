@@ -33,7 +33,6 @@ __global__ void __launch_bounds__(kRouterThreads)
                               int64_t d, float* logits) {
   __shared__ float part[kRouterThreads / 32][kRouterTokens];
   pdl_wait();  // a dependent launch (pdl.cuh)
-  pdl_trigger();
   const int64_t e = blockIdx.x;
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
   uint4 wv[kRouterChunks];
@@ -137,7 +136,6 @@ template <int kPer>
 __global__ void route_kernel(const float* logits, const float* correction, MoeRouting r, int64_t n_tokens,
                              int32_t* experts, float* weights) {
   pdl_wait();  // a dependent launch after the router (pdl.cuh)
-  pdl_trigger();
   const int64_t t = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = int(threadIdx.x) % 32;
   if (t >= n_tokens) return;
@@ -307,7 +305,6 @@ __global__ void __launch_bounds__(kCombineThreads)
   __shared__ int order[kMaxTopK];  // slots by increasing expert id, then -1 (other ranks' experts)
   __shared__ float weight[kMaxTopK];
   pdl_wait();  // a dependent launch after the down projection (pdl.cuh)
-  pdl_trigger();
   const int tid = int(threadIdx.x);
   const int64_t i = (int64_t(blockIdx.x) * kCombineThreads + tid) * kVec;
   for (int64_t t = blockIdx.y; t < n_tokens; t += gridDim.y) {

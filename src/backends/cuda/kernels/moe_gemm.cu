@@ -232,7 +232,6 @@ __global__ void __launch_bounds__(kAlignThreads)
                      int n_slots) {
   __shared__ int count[kMaxAlignExperts], cursor[kMaxAlignExperts];
   pdl_wait();  // a dependent launch after the routing (pdl.cuh)
-  pdl_trigger();
   const int tid = int(threadIdx.x);
   for (int e = tid; e < n_experts; e += kAlignThreads) count[e] = 0;
   __syncthreads();

@@ -74,7 +74,6 @@ template <int kVec, int kRowThreads>
 __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const bf16* x, bf16* residual, const float* weight,
                                                                 bf16* out, int64_t rows, int64_t dim, float eps) {
   pdl_wait();  // a dependent launch (pdl.cuh)
-  pdl_trigger();
   constexpr int kN = kNormPer / kVec;  // loads per thread
   const int t = int(threadIdx.x) % kRowThreads;
   const int64_t row = int64_t(blockIdx.x) * (kNormThreads / kRowThreads) + threadIdx.x / kRowThreads;
@@ -130,7 +129,6 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const bf16* x, b
 __global__ void rope_kernel(bf16* x, int64_t n_tokens, int64_t n_heads, int64_t d_head, const float* inv_freq,
                             int d_rot, float attention_factor, bool interleaved, const int32_t* positions) {
   pdl_wait();  // a dependent launch (pdl.cuh)
-  pdl_trigger();
   const int half = d_rot / 2;
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n_tokens * n_heads * half) return;
@@ -151,7 +149,6 @@ __global__ void rope_kernel(bf16* x, int64_t n_tokens, int64_t n_heads, int64_t 
 __global__ void store_rows_kernel(const bf16* x, bf16* cache, const int32_t* slot_mapping, int64_t row_elems,
                                   int64_t cache_row_elems, int64_t col_offset) {
   pdl_wait();  // a dependent launch (pdl.cuh)
-  pdl_trigger();
   const int64_t t = blockIdx.x;
   if (slot_mapping[t] < 0) return;  // a padding row (ops::kPadSlot): nothing to store
   bf16* dst = cache + int64_t(slot_mapping[t]) * cache_row_elems + col_offset;
@@ -175,7 +172,6 @@ constexpr int kQkWarps = kNormThreads / 32;
 
 __global__ void __launch_bounds__(kNormThreads) qk_norm_rope_kernel(const QkNormRopeParams p) {
   pdl_wait();  // a dependent launch (pdl.cuh)
-  pdl_trigger();
   constexpr int kPer = kQkNormRopeMaxHead / 32;
   __shared__ float rounded[kQkWarps][kQkNormRopeMaxHead];
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
@@ -226,7 +222,6 @@ __global__ void __launch_bounds__(32 * kStoreWarps)
                            int n_groups, int64_t group_elems, int64_t cache_row_elems, int64_t col_offset,
                            int scales_per_slot, int scale_offset) {
   pdl_wait();  // a dependent launch (pdl.cuh)
-  pdl_trigger();
   const int64_t w = int64_t(blockIdx.x) * kStoreWarps + threadIdx.x / 32;  // = t * n_groups + g
   const int lane = int(threadIdx.x) % 32;
   if (w >= n_rows) return;

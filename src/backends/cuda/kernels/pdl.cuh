@@ -3,17 +3,19 @@
 // GEMVs, a MoE layer's router, route, align and combine), where every launch's ramp and
 // the previous kernel's tail are a large part of the time. A kernel launched with
 // launch_dependent may be scheduled while the kernel before it on the stream still runs
-// (once every block of that one has called pdl_trigger or exited), and:
+// (once every block of that one has passed its pdl_wait or exited), and:
 //   - calls pdl_wait() before it reads anything the previous kernel wrote and before
 //     it writes anything: pdl_wait returns once that kernel has completed and its
 //     writes are visible;
-//   - may read before pdl_wait what kernels before the previous one wrote, as long as
-//     the previous kernel calls pdl_trigger only after its own pdl_wait (so they had
-//     completed when this kernel was scheduled): every kernel here does.
+//   - may read before pdl_wait what kernels before the previous one wrote: pdl_wait lets
+//     the next kernel be scheduled only after it has waited, so when this kernel starts
+//     those had completed.
 // Without the launch attribute (other devices, KILN_PDL=0, plain launches of the same
-// kernels) pdl_wait and pdl_trigger do nothing.
+// kernels) pdl_wait does nothing.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -24,29 +26,36 @@
 
 namespace kiln::cuda {
 
+// Waits for the previous kernel, then lets the next one be scheduled (in that order: the
+// rule on early reads above depends on it).
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 
 // Whether launches on the current device may overlap: SM 9.0+ and KILN_PDL is not 0.
+// Asked per launch, so the answer is kept per device (0 unknown, 1 no, 2 yes).
 inline bool pdl_enabled() {
   static const bool off = [] {
     const char* v = std::getenv("KILN_PDL");
     return v != nullptr && std::strcmp(v, "0") == 0;
   }();
   if (off) return false;
-  int device = 0, major = 0;
+  constexpr int kDevices = 64;
+  static std::atomic<int8_t> known[kDevices] = {};
+  int device = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&device));
-  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  return major >= 9;
+  if (device < 0 || device >= kDevices) return false;
+  int8_t v = known[device].load(std::memory_order_relaxed);
+  if (v == 0) {
+    int major = 0;
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    v = major >= 9 ? 2 : 1;
+    known[device].store(v, std::memory_order_relaxed);
+  }
+  return v == 2;
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) as a dependent launch (see above).

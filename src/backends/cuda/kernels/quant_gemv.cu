@@ -192,10 +192,7 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
   // first: the up GEMV reads the tiles align just wrote, and a dense GEMV cannot know that
   // the kernel before it did not write its weights (a dummy load's fill, a test's).
   const bool prefetch = !kUp && p.tiles != nullptr;
-  if (!prefetch) {
-    pdl_wait();
-    pdl_trigger();
-  }
+  if (!prefetch) pdl_wait();
   int row0, rows;
   const QuantExpert* ew = nullptr;
   if (p.tiles != nullptr) {
@@ -258,10 +255,7 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
   for (int j = 0; j < R - 1; ++j)
     if (b_begin + j < b_end) load(b_begin + j, ring[j]);
 
-  if (prefetch) {
-    pdl_wait();
-    pdl_trigger();
-  }
+  if (prefetch) pdl_wait();
   // The activation rows, staged while the first blocks of codes are on their way.
   const int x_stride = p.Kp + kXPad;
   bf16* xs = reinterpret_cast<bf16*>(smem);  // [rows, Kp + kXPad], permuted (permute_x)
