@@ -161,37 +161,56 @@ TEST_F(CudaQuant, MoeMatchesCpuForEveryFormat) {
 }
 
 // The W8A8 GEMMs at prefill shapes of DeepSeek-V3 / Kimi K2 (q_a, o, a shared expert's
-// up and down) and GLM-4.5-Air, with the bound of the header against the emulating
+// up and down) and GLM-4.5-Air, on both dense tiles (97 rows: 64-row tiles; 300: 128-row
+// tiles, the last partial), with the bound of the header against the emulating
 // reference; and against the W8A16 reference their error is what quantizing the
 // activations costs (about 2^-5 of a typical output), several times the W8A8 bound: so a
 // kernel that ignored the activation scales or skipped the quantization would fail one.
+// The kernel carries its sums in units of the current block's scales (quant_gemm.cu):
+// an all-zero activation block (scale 1) and a weight block of scale 0 (zero codes, as a
+// quantizer writes one) in the middle of K must neither break the units nor add NaN.
 TEST_F(CudaQuant, W8a8LinearMatchesTheEmulatingReferenceAtPrefillShapes) {
   const QuantCase block{formats::QuantKind::kFp8Block, 128, 128, DType::kF32};
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{1536, 7168}, {7168, 2048}, {4096, 4096}, {1408, 2048}};
   for (auto [n_out, n_in] : shapes) {
-    SCOPED_TRACE(::testing::Message() << n_out << "x" << n_in);
-    ops::Weight wc, wg;
-    make_weight(block, n_out, n_in, true, wc, wg);
-    const int rows = 64 + 33;  // a full 64-row tile and a partial one
-    if (!w8a8(wg, rows)) GTEST_SKIP() << "no W8A8 on this device";
-    Tensor x = random({rows, n_in});
-    Tensor ref = host_tensor(DType::kF32, {rows, n_out}), ref16 = host_tensor(DType::kF32, {rows, n_out});
-    cpu_fp8_->linear({.x = x, .w = &wc, .out = ref});
-    cpu_->linear({.x = x, .w = &wc, .out = ref16});
-    Tensor out = poisoned({rows, n_out});
-    gpu_->linear({.x = to_gpu(x), .w = &wg, .out = out});
-    const std::vector<float> got = from_gpu(out);
-    double max_ref = 0.0, err = 0.0, err16 = 0.0;
-    for (int64_t i = 0; i < ref.numel(); ++i) {
-      ASSERT_FALSE(std::isnan(got[size_t(i)])) << "element " << i << " not written (or NaN)";
-      max_ref = std::max(max_ref, double(std::abs(ref.as<float>()[i])));
-      err = std::max(err, std::abs(double(got[size_t(i)]) - ref.as<float>()[i]));
-      err16 = std::max(err16, std::abs(double(got[size_t(i)]) - ref16.as<float>()[i]));
+    for (const int rows : {64 + 33, 2 * 128 + 44}) {
+      SCOPED_TRACE(::testing::Message() << n_out << "x" << n_in << " rows " << rows);
+      ops::Weight wc, wg;
+      {
+        // Weight block (1, 2) zero: scale 0, codes 0 (set before the upload packs them).
+        wc = ops::Weight{};
+        wc.quant = cuda::random_quantized(block, n_out, n_in, rng_);
+        wc.bias = random({n_out}, 0.1f);
+        wc.quant.scale.as<float>()[1 * wc.quant.scale.shape[1] + 2] = 0.0f;
+        for (int64_t o = 128; o < 256; ++o)
+          for (int64_t k = 256; k < 384; ++k) wc.quant.data.as<uint8_t>()[o * n_in + k] = 0;
+        auto packed = gpu_->upload_quantized(wc.quant);
+        ASSERT_TRUE(packed.ok()) << packed.status().to_string();
+        wg = ops::Weight{};
+        wg.quant = std::move(packed).value();
+        wg.bias = gpu_->upload(wc.bias);
+      }
+      if (!w8a8(wg, rows)) GTEST_SKIP() << "no W8A8 on this device";
+      Tensor x = random({rows, n_in});
+      for (int64_t k = 128; k < 256; ++k) x.as<float>()[5 * n_in + k] = 0.0f;  // row 5's block 1
+      Tensor ref = host_tensor(DType::kF32, {rows, n_out}), ref16 = host_tensor(DType::kF32, {rows, n_out});
+      cpu_fp8_->linear({.x = x, .w = &wc, .out = ref});
+      cpu_->linear({.x = x, .w = &wc, .out = ref16});
+      Tensor out = poisoned({rows, n_out});
+      gpu_->linear({.x = to_gpu(x), .w = &wg, .out = out});
+      const std::vector<float> got = from_gpu(out);
+      double max_ref = 0.0, err = 0.0, err16 = 0.0;
+      for (int64_t i = 0; i < ref.numel(); ++i) {
+        ASSERT_FALSE(std::isnan(got[size_t(i)])) << "element " << i << " not written (or NaN)";
+        max_ref = std::max(max_ref, double(std::abs(ref.as<float>()[i])));
+        err = std::max(err, std::abs(double(got[size_t(i)]) - ref.as<float>()[i]));
+        err16 = std::max(err16, std::abs(double(got[size_t(i)]) - ref16.as<float>()[i]));
+      }
+      std::printf("w8a8 %lldx%lld rows %d: max error / max|ref| %.3g vs the emulating reference, %.3g vs W8A16\n",
+                  (long long)n_out, (long long)n_in, rows, err / max_ref, err16 / max_ref);
+      EXPECT_LE(err, kBf16Tol * max_ref);
+      EXPECT_GT(err16, 2 * err) << "the output does not show the activations' e4m3 rounding";
     }
-    std::printf("w8a8 %lldx%lld: max error / max|ref| %.3g vs the emulating reference, %.3g vs W8A16\n",
-                (long long)n_out, (long long)n_in, err / max_ref, err16 / max_ref);
-    EXPECT_LE(err, kBf16Tol * max_ref);
-    EXPECT_GT(err16, 2 * err) << "the output does not show the activations' e4m3 rounding";
   }
 }
 
