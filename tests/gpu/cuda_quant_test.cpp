@@ -161,14 +161,13 @@ TEST_F(CudaQuant, MoeMatchesCpuForEveryFormat) {
 }
 
 // The W8A8 GEMMs at prefill shapes of DeepSeek-V3 / Kimi K2 (q_a, o, a shared expert's
-// up and down) and GLM-4.5-Air, on both dense tiles (97 rows: 64-row tiles; 300: 128-row
-// tiles, the last partial), with the bound of the header against the emulating
-// reference; and against the W8A16 reference their error is what quantizing the
-// activations costs (about 2^-5 of a typical output), several times the W8A8 bound: so a
-// kernel that ignored the activation scales or skipped the quantization would fail one.
-// The kernel carries its sums in units of the current block's scales (quant_gemm.cu):
-// an all-zero activation block (scale 1) and a weight block of scale 0 (zero codes, as a
-// quantizer writes one) in the middle of K must neither break the units nor add NaN.
+// up and down) and GLM-4.5-Air, at 97 and 300 rows (whole and partial 64-row tiles), with
+// the bound of the header against the emulating reference; and against the W8A16
+// reference their error is what quantizing the activations costs (about 2^-5 of a
+// typical output), several times the W8A8 bound: so a kernel that ignored the activation
+// scales or skipped the quantization would fail one. An all-zero activation block (scale
+// 1) and a weight block of scale 0 (zero codes, as a quantizer writes one) in the middle
+// of K check the per-block promotion where a scale is degenerate (no NaN, no skipped block).
 TEST_F(CudaQuant, W8a8LinearMatchesTheEmulatingReferenceAtPrefillShapes) {
   const QuantCase block{formats::QuantKind::kFp8Block, 128, 128, DType::kF32};
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{1536, 7168}, {7168, 2048}, {4096, 4096}, {1408, 2048}};

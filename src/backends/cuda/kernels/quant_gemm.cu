@@ -20,8 +20,6 @@
 //   wide:    128 x 128, 4 x 2 warps, 3 stages: 95 KiB; 4-bit formats whose k tile's
 //            scales of a row fit 8 bytes (MXFP4, NVFP4, INT4 with 16-bit scales, g >= 32).
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels/attention_mma.cuh"
@@ -408,54 +406,28 @@ __global__ void dequantize_kernel(QuantMat w, QuantFormat f, int64_t n_out, int6
 // tensor) at prefill shapes. A pre-pass (quantize_fp8_act_kernel) quantizes the
 // activations per row and 128 inputs, formats::quantize_fp8_act_block's rule: e4m3
 // codes [rows, Kp] and an fp32 scale per block. The GEMM multiplies codes by codes with
-// mma.sync m16n8k32 e4m3 straight into the fp32 accumulators: nothing is dequantized,
-// and a stage (one 128-input k tile) is the raw bytes of both operands, ldmatrix'd from
-// 128-byte XOR-swizzled rows (16 codes per chunk: an 8x8 b16 matrix is 8 rows x 16
-// codes, exactly an m16n8k32 fragment's quarter), plus the tile's scales.
+// mma.sync m16n8k32 e4m3 into fp32 partial sums over one 128-input k tile, then adds
+// them to the accumulators times the row's activation scale and the column's weight
+// scale (DeepSeek-V3's per-block promotion): nothing is dequantized, and a stage is the
+// raw bytes of both operands, ldmatrix'd from 128-byte XOR-swizzled rows (16 codes per
+// chunk: an 8x8 b16 matrix is 8 rows x 16 codes, exactly an m16n8k32 fragment's quarter),
+// plus the tile's scales.
 //
-// The scales (DeepSeek-V3's per-block promotion) without a second set of accumulators:
-// an accumulator holds its sum in units of u(r, c) = a_k(r) w_k(c), the row's
-// activation scale times the column's weight scale of the current k tile. Before k
-// tile k adds its code products, the accumulators are rescaled by
-// u_{k-1}(r, c) / u_k(r, c) (one fp32 multiply per element and k tile, what adding a
-// second set would cost, in half the registers); the epilogue multiplies by the last
-// unit. A zero scale keeps the previous unit: its block adds only zero products (an
-// activation block's scale is never 0; a weight block with scale 0 is all zero codes as
-// quantizers write it, else its products count in the previous block's unit).
-// Rescaling adds a rounding of 2^-24 relative per k tile, far below the output's bf16.
-//
-// Tiles (w8a8_tile picks one, the place for a tuner), 128-input stages:
-//   64 x 128, 2 x 2 warps of 32 x 64, 3 stages: 76,032 B; MoE (moe_grouped_bm's 64-row
-//     tiles) and dense calls of fewer than 128 rows or 4096 inputs;
-//   128 x 256, 2 x 4 warps of 64 x 64, 2 stages: 101,376 B; half the operand bytes per
-//     product (L2 -> shared memory traffic, ldmatrix per mma). Its two stages expose the
-//     pipeline's fill at few k tiles: measured on the H100, it is 10% slower at 1536
-//     inputs and 0-12% faster from 7168 (docs/PERF.md). 128 x 128 with 3 stages was
-//     slower than both on every shape measured.
+// Tile: 64 rows (moe_grouped_bm's prefill tiles) x 128 fused columns, 2 x 2 warps of
+// 32 x 64, 3 stages of 24 KiB codes + 768 B scales: 76,032 B.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 #define KILN_FP8_MMA 1
 #else
 #define KILN_FP8_MMA 0
 #endif
 
-template <int kBM_, int kBN_, int kWarpsM_, int kWarpsN_, int kStages_>
-struct F8Config {
-  static constexpr int kBM = kBM_, kBN = kBN_, kWarpsM = kWarpsM_, kWarpsN = kWarpsN_, kStages = kStages_;
-  static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
-  static constexpr int kMT = kBM / (16 * kWarpsM), kNT = kBN / (8 * kWarpsN);  // m16 / n8 tiles per warp
-  static constexpr int kABytes = kBM * kKTile, kBBytes = kBN * kKTile;
-  static constexpr int kStageBytes = kABytes + kBBytes + (kBM + kBN) * 4;
-  static constexpr int kSmemBytes = kStages * kStageBytes;
-  static constexpr int kAChunks = kABytes / 16 / kThreads, kBChunks = kBBytes / 16 / kThreads;
-  static constexpr int kScaleLoads = (kBM + kBN + kThreads - 1) / kThreads;
-  static_assert(kAChunks * 16 * kThreads == kABytes && kBChunks * 16 * kThreads == kBBytes,
-                "every thread copies whole 16-byte chunks, the same chunk of each of its rows");
-  static_assert(kMT >= 1 && kNT % 2 == 0, "warp tile: whole m16 tiles, pairs of n8 tiles");
-  static_assert(kStages >= 2, "one stage computes while the next loads");
-  static_assert(kSmemBytes <= 101376, "must fit the SM120 per-block shared memory");
-};
-using F8Moe = F8Config<64, 128, 2, 2, 3>;
-using F8Wide = F8Config<128, 256, 2, 4, 2>;
+constexpr int kF8BM = 64, kF8BN = 128, kF8WarpsN = 2, kF8Threads = 128, kF8Stages = 3;
+constexpr int kF8MT = 2, kF8NT = 8;  // m16 and n8 tiles per warp (32 x 64)
+constexpr int kF8ABytes = kF8BM * kKTile, kF8BBytes = kF8BN * kKTile;
+constexpr int kF8StageBytes = kF8ABytes + kF8BBytes + (kF8BM + kF8BN) * 4;
+constexpr int kF8SmemBytes = kF8Stages * kF8StageBytes;
+static_assert(kF8SmemBytes <= 101376, "must fit the SM120 per-block shared memory");
+static_assert(kF8BN == kF8Threads && kF8BM <= kF8Threads, "one thread per tile row copies its scales");
 
 __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
 #if KILN_FP8_MMA
@@ -468,36 +440,32 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], 
 #endif
 }
 
-// The unit after a block of scale s (the previous unit u where s is 0).
-__device__ __forceinline__ float next_unit(float s, float u) { return s != 0.0f ? s : u; }
-
-template <typename C, bool kUp>
-__global__ void __launch_bounds__(C::kThreads) quant_gemm_w8a8_kernel(const QGemmParams p) {
+template <bool kUp>
+__global__ void __launch_bounds__(kF8Threads) quant_gemm_w8a8_kernel(const QGemmParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   int row0, rows;
   const QuantExpert* ew;
-  if (!cta_tile(p, C::kBM, row0, rows, ew)) return;
-  const int n0 = int(blockIdx.y) * C::kBN;
+  if (!cta_tile(p, kF8BM, row0, rows, ew)) return;
+  const int n0 = int(blockIdx.y) * kF8BN;
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
-  const int wm = warp / C::kWarpsN, wn = warp % C::kWarpsN;
+  const int wm = warp / kF8WarpsN, wn = warp % kF8WarpsN;
   const uint32_t s0 = smem_u32(smem);
   // The activation row of tile row r: a token (dense, or up: the pair's token) or a sorted pair.
   const auto a_row = [&](int r) -> int64_t {
     return p.tiles == nullptr ? row0 + r : kUp ? p.perm[row0 + r] / p.top_k : row0 + r;
   };
-  // Chunks this thread copies: tile rows tid / 8 + (kThreads / 8) i, chunk tid % 8.
-  constexpr int kRowStep = C::kThreads / 8;
+  // Chunks this thread copies: tile rows tid / 8 + 16 i, chunk tid % 8 (A: 4, B: 8).
   const int ch = tid % 8;
-  const uint8_t* a_src[C::kAChunks];
+  const uint8_t* a_src[kF8BM / 16];
 #pragma unroll
-  for (int i = 0; i < C::kAChunks; ++i) {
-    const int r = tid / 8 + kRowStep * i;
+  for (int i = 0; i < kF8BM / 16; ++i) {
+    const int r = tid / 8 + 16 * i;
     a_src[i] = r < rows ? p.a_codes + a_row(r) * p.a_code_row + ch * 16 : nullptr;
   }
-  const uint8_t* b_src[C::kBChunks];
+  const uint8_t* b_src[kF8BN / 16];
 #pragma unroll
-  for (int i = 0; i < C::kBChunks; ++i) {
-    const int f = n0 + tid / 8 + kRowStep * i;
+  for (int i = 0; i < kF8BN / 16; ++i) {
+    const int f = n0 + tid / 8 + 16 * i;
     const uint8_t* sc;
     b_src[i] = nullptr;
     if (f < p.NF) {
@@ -505,116 +473,81 @@ __global__ void __launch_bounds__(C::kThreads) quant_gemm_w8a8_kernel(const QGem
       b_src[i] += ch * 16;
     }
   }
-  // Scales this thread copies (f32, one per 128 inputs): slot j < kBM is tile row j's
-  // activation scale, slot kBM + i fused column n0 + i's weight scale.
-  const float* s_src[C::kScaleLoads];
-#pragma unroll
-  for (int i = 0; i < C::kScaleLoads; ++i) {
-    const int j = tid + C::kThreads * i;
-    s_src[i] = nullptr;
-    if (j < C::kBM) {
-      if (j < rows) s_src[i] = p.a_scales + a_row(j) * p.a_scale_row;
-    } else if (j < C::kBM + C::kBN && n0 + j - C::kBM < p.NF) {
-      const uint8_t *codes, *scales;
-      b_row<kUp>(p, ew, n0 + j - C::kBM, codes, scales);
-      s_src[i] = reinterpret_cast<const float*>(scales);
-    }
+  // Scales this thread copies: tile row tid's activation scale, fused column n0 + tid's
+  // weight scale (f32, one per 128 inputs).
+  const float* as_src = tid < rows ? p.a_scales + a_row(tid) * p.a_scale_row : nullptr;
+  const float* ws_src = nullptr;
+  if (n0 + tid < p.NF) {
+    const uint8_t *codes, *scales;
+    b_row<kUp>(p, ew, n0 + tid, codes, scales);
+    ws_src = reinterpret_cast<const float*>(scales);
   }
   const auto load_stage = [&](int stage, int kt) {
-    const uint32_t sa = s0 + stage * C::kStageBytes, sb = sa + C::kABytes, ss = sb + C::kBBytes;
+    const uint32_t sa = s0 + stage * kF8StageBytes, sb = sa + kF8ABytes, ss = sb + kF8BBytes;
 #pragma unroll
-    for (int i = 0; i < C::kAChunks; ++i)
-      cp_async_16(sa + swz<64>(tid / 8 + kRowStep * i, ch), a_src[i] ? a_src[i] + int64_t(kt) * kKTile : p.a_codes,
+    for (int i = 0; i < kF8BM / 16; ++i)
+      cp_async_16(sa + swz<64>(tid / 8 + 16 * i, ch), a_src[i] ? a_src[i] + int64_t(kt) * kKTile : p.a_codes,
                   a_src[i] != nullptr);
 #pragma unroll
-    for (int i = 0; i < C::kBChunks; ++i)
-      cp_async_16(sb + swz<64>(tid / 8 + kRowStep * i, ch), b_src[i] ? b_src[i] + int64_t(kt) * kKTile : p.a_codes,
+    for (int i = 0; i < kF8BN / 16; ++i)
+      cp_async_16(sb + swz<64>(tid / 8 + 16 * i, ch), b_src[i] ? b_src[i] + int64_t(kt) * kKTile : p.a_codes,
                   b_src[i] != nullptr);
-#pragma unroll
-    for (int i = 0; i < C::kScaleLoads; ++i) {
-      const int j = tid + C::kThreads * i;
-      if (C::kScaleLoads * C::kThreads == C::kBM + C::kBN || j < C::kBM + C::kBN)
-        attn::cp_async_small<4>(ss + 4 * j, s_src[i] ? s_src[i] + kt : p.a_scales, s_src[i] != nullptr);
-    }
+    if (tid < kF8BM) attn::cp_async_small<4>(ss + 4 * tid, as_src ? as_src + kt : p.a_scales, as_src != nullptr);
+    attn::cp_async_small<4>(ss + 4 * (kF8BM + tid), ws_src ? ws_src + kt : p.a_scales, ws_src != nullptr);
   };
 
-  // The units of the thread's rows (wm kMT 16 + 16 mt + lane / 4 + 8 half) and columns
-  // (wn kNT 8 + 8 nt + 2 (lane % 4) + j).
-  float acc[C::kMT][C::kNT][4] = {};
-  float ua[C::kMT][2], uw[C::kNT][2];
-#pragma unroll
-  for (int mt = 0; mt < C::kMT; ++mt) ua[mt][0] = ua[mt][1] = 1.0f;
-#pragma unroll
-  for (int nt = 0; nt < C::kNT; ++nt) uw[nt][0] = uw[nt][1] = 1.0f;
+  float acc[kF8MT][kF8NT][4] = {};
   const int n_k = int(p.a_code_row / kKTile);
 #pragma unroll
-  for (int st = 0; st < C::kStages - 1; ++st) {
+  for (int st = 0; st < kF8Stages - 1; ++st) {
     if (st < n_k) load_stage(st, st);
     cp_async_commit();
   }
   for (int kt = 0; kt < n_k; ++kt) {
-    cp_async_wait<C::kStages - 2>();
+    cp_async_wait<kF8Stages - 2>();
     __syncthreads();  // stage kt landed; every warp is done with stage kt - 1
-    const int next = kt + C::kStages - 1;
-    if (next < n_k) load_stage(next % C::kStages, next);
+    const int next = kt + kF8Stages - 1;
+    if (next < n_k) load_stage(next % kF8Stages, next);
     cp_async_commit();
-    const int stage = kt % C::kStages;
-    const uint32_t sa = s0 + stage * C::kStageBytes, sb = sa + C::kABytes;
-    const float* scales = reinterpret_cast<const float*>(smem + stage * C::kStageBytes + C::kABytes + C::kBBytes);
-    // This k tile's units; the accumulators rescaled into them (nothing to rescale at k tile 0).
-    float ra[C::kMT][2], rw[C::kNT][2];
-#pragma unroll
-    for (int mt = 0; mt < C::kMT; ++mt)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const float u = next_unit(scales[(wm * C::kMT + mt) * 16 + lane / 4 + half * 8], ua[mt][half]);
-        ra[mt][half] = __fdividef(ua[mt][half], u);
-        ua[mt][half] = u;
-      }
-#pragma unroll
-    for (int nt = 0; nt < C::kNT; ++nt)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const float u = next_unit(scales[C::kBM + (wn * C::kNT + nt) * 8 + 2 * (lane % 4) + j], uw[nt][j]);
-        rw[nt][j] = __fdividef(uw[nt][j], u);
-        uw[nt][j] = u;
-      }
-    if (kt > 0) {
-#pragma unroll
-      for (int mt = 0; mt < C::kMT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < C::kNT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[mt][nt][e] *= ra[mt][e / 2] * rw[nt][e % 2];
-    }
+    const int stage = kt % kF8Stages;
+    const uint32_t sa = s0 + stage * kF8StageBytes, sb = sa + kF8ABytes;
+    const float* scales = reinterpret_cast<const float*>(smem + stage * kF8StageBytes + kF8ABytes + kF8BBytes);
+    float part[kF8MT][kF8NT][4] = {};
 #pragma unroll
     for (int kk = 0; kk < kKTile / 32; ++kk) {
-      uint32_t af[C::kMT][4];
+      uint32_t af[kF8MT][4];
 #pragma unroll
-      for (int mt = 0; mt < C::kMT; ++mt)
-        attn::ldmatrix_x4(sa + swz<64>((wm * C::kMT + mt) * 16 + lane % 8 + ((lane / 8) % 2) * 8, kk * 2 + lane / 16),
+      for (int mt = 0; mt < kF8MT; ++mt)
+        attn::ldmatrix_x4(sa + swz<64>((wm * kF8MT + mt) * 16 + lane % 8 + ((lane / 8) % 2) * 8, kk * 2 + lane / 16),
                           af[mt]);
 #pragma unroll
-      for (int nn = 0; nn < C::kNT / 2; ++nn) {
+      for (int nn = 0; nn < kF8NT / 2; ++nn) {
         uint32_t b[4];
-        attn::ldmatrix_x4(sb + swz<64>(wn * C::kNT * 8 + nn * 16 + lane % 8 + (lane / 16) * 8, kk * 2 + (lane / 8) % 2),
+        attn::ldmatrix_x4(sb + swz<64>(wn * kF8NT * 8 + nn * 16 + lane % 8 + (lane / 16) * 8, kk * 2 + (lane / 8) % 2),
                           b);
 #pragma unroll
-        for (int mt = 0; mt < C::kMT; ++mt) {
-          mma_e4m3(acc[mt][2 * nn], af[mt], b[0], b[1]);
-          mma_e4m3(acc[mt][2 * nn + 1], af[mt], b[2], b[3]);
+        for (int mt = 0; mt < kF8MT; ++mt) {
+          mma_e4m3(part[mt][2 * nn], af[mt], b[0], b[1]);
+          mma_e4m3(part[mt][2 * nn + 1], af[mt], b[2], b[3]);
         }
       }
     }
+    // The k tile's partial sums, scaled by row x column and added up in fp32.
+#pragma unroll
+    for (int mt = 0; mt < kF8MT; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const float sa_r = scales[(wm * kF8MT + mt) * 16 + lane / 4 + half * 8];
+#pragma unroll
+        for (int nt = 0; nt < kF8NT; ++nt) {
+          const float* sw = scales + kF8BM + wn * kF8NT * 8 + nt * 8 + 2 * (lane % 4);
+          acc[mt][nt][2 * half] += part[mt][nt][2 * half] * (sa_r * sw[0]);
+          acc[mt][nt][2 * half + 1] += part[mt][nt][2 * half + 1] * (sa_r * sw[1]);
+        }
+      }
   }
   cp_async_wait<0>();
-#pragma unroll
-  for (int mt = 0; mt < C::kMT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < C::kNT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mt][nt][e] *= ua[mt][e / 2] * uw[nt][e % 2];
-  store_tile<kUp>(p, ew, row0, rows, n0 + wn * C::kNT * 8, wm * C::kMT * 16, lane, 1.0f, acc);
+  store_tile<kUp>(p, ew, row0, rows, n0 + wn * kF8NT * 8, wm * kF8MT * 16, lane, 1.0f, acc);
 }
 
 // One warp per (row, 128-input block), 4 inputs per lane: codes [rows, Kp] (zero past K)
@@ -659,26 +592,13 @@ void quantize_act(QGemmParams& p, const bf16* x, int64_t rows, int64_t k, uint8_
   KILN_CUDA_LAUNCH_CHECK();
 }
 
-template <typename C, bool kUp>
-void launch_w8a8(const QGemmParams& p, int rows, cudaStream_t stream) {
-  const auto kernel = quant_gemm_w8a8_kernel<C, kUp>;
-  KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
-  const int grid_x = p.tiles != nullptr ? rows : (rows + C::kBM - 1) / C::kBM;  // MoE: the table's slots
-  const dim3 grid(unsigned(grid_x), unsigned((p.NF + C::kBN - 1) / C::kBN));
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+template <bool kUp>
+void launch_w8a8(const QGemmParams& p, int grid_x, cudaStream_t stream) {
+  const auto kernel = quant_gemm_w8a8_kernel<kUp>;
+  KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kF8SmemBytes));
+  const dim3 grid(unsigned(grid_x), unsigned((p.NF + kF8BN - 1) / kF8BN));
+  kernel<<<grid, kF8Threads, kF8SmemBytes, stream>>>(p);
   KILN_CUDA_LAUNCH_CHECK();
-}
-
-// The dense W8A8 tile for `rows` x `k` activations: KILN_W8A8_TILE (64x128 or 128x256)
-// overrides it, for measuring.
-bool w8a8_wide(int64_t rows, int64_t k) {
-  static const int forced = [] {
-    const char* e = std::getenv("KILN_W8A8_TILE");
-    const std::string v = e ? e : "";
-    return v == "64x128" ? 0 : v == "128x256" ? 1 : -1;
-  }();
-  if (forced >= 0) return forced == 1;
-  return rows >= F8Wide::kBM && k >= 4096;
 }
 
 // Whether format f has a wide instance: 4-bit codes, a k tile's scales of a row in its bytes.
@@ -745,7 +665,7 @@ bool quant_w8a8_supported(const QuantFormat& f, int cc) {
   return f.value == 2 && f.scale_kind == 4 && f.group == kKTile && cc >= 89;
 }
 
-int quant_w8a8_smem_bytes() { return std::max(F8Moe::kSmemBytes, F8Wide::kSmemBytes); }
+int quant_w8a8_smem_bytes() { return kF8SmemBytes; }
 
 size_t quant_w8a8_act_bytes(int64_t rows, int64_t k) {
   const int64_t kp = (k + kKTile - 1) / kKTile * kKTile;
@@ -765,8 +685,7 @@ void launch_quant_linear_w8a8(const bf16* x, const QuantMat& w, const QuantForma
   p.out = out;
   set_rows(p, f, n_in);
   quantize_act(p, x, rows, n_in, static_cast<uint8_t*>(act_scratch), stream);
-  if (w8a8_wide(rows, n_in)) return launch_w8a8<F8Wide, false>(p, int(rows), stream);
-  launch_w8a8<F8Moe, false>(p, int(rows), stream);
+  launch_w8a8<false>(p, int((rows + kF8BM - 1) / kF8BM), stream);
 }
 
 void launch_moe_grouped_quant_w8a8(const bf16* x, const QuantExpert* table, const QuantFormat& f,
@@ -774,16 +693,16 @@ void launch_moe_grouped_quant_w8a8(const bf16* x, const QuantExpert* table, cons
                                    int top_k, MoeGroupedScratch& sc, void* act_scratch, cudaStream_t stream) {
   if (n_pairs == 0) return;
   KILN_CHECK(f.value == 2 && f.group == kKTile) << "w8a8 moe: weights of value kind " << f.value << ", group " << f.group;
-  KILN_CHECK_EQ(moe_grouped_bm(n_pairs, n_experts), F8Moe::kBM) << "w8a8 moe: decode-shaped call";
+  KILN_CHECK_EQ(moe_grouped_bm(n_pairs, n_experts), kF8BM) << "w8a8 moe: decode-shaped call";
   int n_slots = 0;
-  QGemmParams p = moe_up_params(x, table, f, experts, s, n_pairs, n_experts, top_k, F8Moe::kBM, sc, &n_slots, stream);
+  QGemmParams p = moe_up_params(x, table, f, experts, s, n_pairs, n_experts, top_k, kF8BM, sc, &n_slots, stream);
   // x per token for the up GEMM, then (the same buffer, stream-ordered) act per pair.
   quantize_act(p, x, n_pairs / top_k, s.d_model, static_cast<uint8_t*>(act_scratch), stream);
-  launch_w8a8<F8Moe, true>(p, n_slots, stream);
+  launch_w8a8<true>(p, n_slots, stream);
   p.NF = int(s.d_model);
   set_rows(p, f, s.d_ff);
   quantize_act(p, sc.act, n_pairs, s.d_ff, static_cast<uint8_t*>(act_scratch), stream);
-  launch_w8a8<F8Moe, false>(p, n_slots, stream);
+  launch_w8a8<false>(p, n_slots, stream);
 }
 
 size_t moe_w8a8_act_bytes(const MoeShape& s, int64_t n_pairs, int top_k) {
