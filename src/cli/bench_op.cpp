@@ -34,9 +34,10 @@
 // bandwidth: cudaMemcpyAsync of 1 GiB, device to device, bytes read + written / time,
 // median of 10 (cudaEvents). mma.sync peaks (backends/cuda/kernels/mma_peak.cu): bf16
 // m16n8k16 and e4m3 m16n8k32, fp32 accumulation, back-to-back on register operands
-// over every SM, best of 3. FLOP rows are fractions of the bf16 peak (every FLOP case
-// here runs bf16 tensor-core work); the e4m3 peak is printed and written as the ceiling
-// of FP8 (W8A8) work, which no case here times yet. cuBLASLt on sm_90 may pick wgmma
+// that change every iteration (a 64 x 64 warp tile's fragments), over every SM, best of
+// 3. FLOP rows are fractions of the bf16 peak, the FP8 W8A8 rows (Case::e4m3) of the
+// e4m3 one; SM 9.0 runs e4m3 mma.sync as conversions plus fp16 tensor-core work, and
+// its measured peak is that emulation's rate. cuBLASLt on sm_90 may pick wgmma
 // kernels, whose peak is higher (989 TFLOP/s dense bf16 on H100 SXM, datasheet, not
 // measured), so the GEMMs report both fractions.
 //
