@@ -13,6 +13,7 @@
 // GEMMs is quantized from bf16 on both), which quantizes the same blocks by the same
 // rule; the bounds are unchanged (W8A8 rounds no weight, so they are looser than needed).
 #include <cmath>
+#include <functional>
 #include <tuple>
 
 #include <gtest/gtest.h>
@@ -41,10 +42,13 @@ class CudaQuant : public gpu_testing::GpuTest {
     return be->use_w8a8(cuda::quant_format(wg.quant)) &&
            !cuda::quant_gemm_decode_rows(rows_per_weight);
   }
-  // The host weight as the CPU reference reads it, and its packed GPU twin.
-  void make_weight(const QuantCase& c, int64_t n_out, int64_t n_in, bool bias, ops::Weight& wc, ops::Weight& wg) {
+  // The host weight as the CPU reference reads it, and its packed GPU twin; edit, if
+  // given, changes the host weight before it is packed.
+  void make_weight(const QuantCase& c, int64_t n_out, int64_t n_in, bool bias, ops::Weight& wc, ops::Weight& wg,
+                   const std::function<void(formats::QuantizedTensor&)>& edit = nullptr) {
     wc = ops::Weight{};
     wc.quant = cuda::random_quantized(c, n_out, n_in, rng_);
+    if (edit) edit(wc.quant);
     if (bias) wc.bias = random({n_out}, 0.1f);
     auto packed = gpu_->upload_quantized(wc.quant);
     ASSERT_TRUE(packed.ok()) << packed.status().to_string();
@@ -172,23 +176,14 @@ TEST_F(CudaQuant, W8a8LinearMatchesTheEmulatingReferenceAtPrefillShapes) {
   const QuantCase block{formats::QuantKind::kFp8Block, 128, 128, DType::kF32};
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{1536, 7168}, {7168, 2048}, {4096, 4096}, {1408, 2048}};
   for (auto [n_out, n_in] : shapes) {
-    for (const int rows : {64 + 33, 2 * 128 + 44}) {
+    for (const int rows : {64 + 33, 4 * 64 + 44}) {
       SCOPED_TRACE(::testing::Message() << n_out << "x" << n_in << " rows " << rows);
       ops::Weight wc, wg;
-      {
-        // Weight block (1, 2) zero: scale 0, codes 0 (set before the upload packs them).
-        wc = ops::Weight{};
-        wc.quant = cuda::random_quantized(block, n_out, n_in, rng_);
-        wc.bias = random({n_out}, 0.1f);
-        wc.quant.scale.as<float>()[1 * wc.quant.scale.shape[1] + 2] = 0.0f;
+      make_weight(block, n_out, n_in, true, wc, wg, [&](formats::QuantizedTensor& q) {
+        q.scale.as<float>()[1 * q.scale.shape[1] + 2] = 0.0f;  // weight block (1, 2): scale 0, codes 0
         for (int64_t o = 128; o < 256; ++o)
-          for (int64_t k = 256; k < 384; ++k) wc.quant.data.as<uint8_t>()[o * n_in + k] = 0;
-        auto packed = gpu_->upload_quantized(wc.quant);
-        ASSERT_TRUE(packed.ok()) << packed.status().to_string();
-        wg = ops::Weight{};
-        wg.quant = std::move(packed).value();
-        wg.bias = gpu_->upload(wc.bias);
-      }
+          for (int64_t k = 256; k < 384; ++k) q.data.as<uint8_t>()[o * n_in + k] = 0;
+      });
       if (!w8a8(wg, rows)) GTEST_SKIP() << "no W8A8 on this device";
       Tensor x = random({rows, n_in});
       for (int64_t k = 128; k < 256; ++k) x.as<float>()[5 * n_in + k] = 0.0f;  // row 5's block 1
