@@ -218,6 +218,10 @@ int main() {
     run("full, ring 2", gemv<kFull, 2>);
     run("full, ring 8", gemv<kFull, 8>);
     run("full, ring 4, L2 prefetch 4", gemv<kFull, 4, 4>);
+    run("full, ring 4, L2 prefetch 8", gemv<kFull, 4, 8>);
+    run("full, ring 4, L2 prefetch 16", gemv<kFull, 4, 16>);
+    run("full, ring 4, bulk prefetch", gemv<kFull, 4, -1>);
+    run("codes, ring 4, bulk prefetch", gemv<kCodes, 4, -1>);
     run("codes, ring 4 (again)", gemv<kCodes, 4>);
   }
   CHECK(cudaGetLastError());

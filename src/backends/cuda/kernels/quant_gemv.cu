@@ -319,7 +319,7 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
   };
   // The steady state, while a group's R blocks and the R blocks requested ahead of them
   // all lie in the range: no guards, so the compiler schedules the group's loads and
-  // decoding freely (the guarded loop alone streamed 15-20% slower: bench/gemv_dissect.cu).
+  // decoding freely (the guarded loop alone streamed 12-17% slower: bench/gemv_dissect.cu).
   int b0 = b_begin;
   for (; b0 + 2 * R - 1 <= b_end; b0 += R) {
 #pragma unroll
