@@ -6,13 +6,16 @@
 //   + scales         and the scale byte of each lane's chunk;
 //   + decode         and the e2m1 -> bf16 decoding times the scale (no tensor cores);
 //   full             and the activation row staged in shared memory and mma.sync (the kernel);
-// and variants of the full loop: ring depth, L2 prefetch, and how the k loop is written
+// and variants of the full loop: ring depth, L2 prefetch, the codes through a per-warp
+// shared-memory ring filled by cp.async (gemv_async: D blocks in flight without holding
+// registers; slower than the register ring at every depth), and how the k loop is written
 // (kLoop: a constant block count, a runtime one with every block guarded, as quant_gemv.cu
 // had it, or a runtime one with an unguarded steady state, as it has now). At 4 experts per
 // launch (one token) and 31 (eight tokens). Launched 64 times back to back over different
 // experts (L2 cold), as a decode step's kernels run; TB/s counts codes and scales.
 //   nvcc -std=c++17 -O3 -arch=sm_90 -o /tmp/gemv_dissect bench/gemv_dissect.cu && /tmp/gemv_dissect
 #include <cstdint>
+#include <algorithm>
 #include <cstdio>
 #include <vector>
 
@@ -167,6 +170,94 @@ __global__ void __launch_bounds__(128) gemv(int n_blocks, const uint8_t* __restr
   if (t == 0) out[int64_t(blockIdx.x) * kRows + 8 * unit + g] = __float2bfloat16(acc[0] * acc[2] + acc[1] * acc[3]);
 }
 
+// The same loop with the codes streamed through a per-warp shared-memory ring of D blocks
+// by cp.async (D blocks in flight without holding registers); scales through a register
+// ring of the same depth. kCodesOnly: read back and XOR, no decoding (the streaming bound).
+template <int D, bool kCodesOnly>
+__global__ void __launch_bounds__(128) gemv_async(int n_blocks, const uint8_t* __restrict__ codes_base,
+                                                  const uint8_t* __restrict__ scales_base,
+                                                  const int* __restrict__ experts,
+                                                  const __nv_bfloat16* __restrict__ x, __nv_bfloat16* out) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int e = experts[blockIdx.x];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int unit = blockIdx.y * kWarps + warp;
+  const uint8_t* codes[2];
+  const uint8_t* scales[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int f = 2 * (8 * unit + g) + h;
+    codes[h] = codes_base + e * kExpertCodes + int64_t(f) * kCodeRow + t * 16;
+    scales[h] = scales_base + e * kExpertScales + int64_t(f) * kScaleRow + t;
+  }
+  __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem);
+  uint4* ring = reinterpret_cast<uint4*>(smem + kKp * 2) + (warp * D * 32 + lane) * 2;  // stage s: + 64 s
+  uint32_t sring[D][2];
+  const auto issue = [&](int blk) {
+    if (blk < kBlocks) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(ring + (blk % D) * 64 + h));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(codes[h] + blk * 64) : "memory");
+        sring[blk % D][h] = kCodesOnly ? 0u : __ldg(scales[h] + blk * 4);
+      }
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  };
+#pragma unroll
+  for (int j = 0; j < D - 1; ++j) issue(j);
+  if (!kCodesOnly) {
+    for (int c = threadIdx.x; c < kKp / 8; c += 128) {
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (c * 8 < kK) v = *reinterpret_cast<const uint4*>(x + c * 8);
+      *reinterpret_cast<uint4*>(xs + c * 8) = v;
+    }
+    __syncthreads();
+  }
+  const __nv_bfloat16* xg = xs + 32 * t;
+  float acc[4] = {0, 0, 0, 0};
+  uint32_t sum = 0;
+#pragma unroll
+  for (int blk = 0; blk < kBlocks; ++blk) {
+    issue(blk + D - 1);
+    asm volatile("cp.async.wait_group %0;" ::"n"(D - 1) : "memory");
+    Slot st;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint4 q = ring[(blk % D) * 64 + h];
+      st.w[h][0] = q.x, st.w[h][1] = q.y, st.w[h][2] = q.z, st.w[h][3] = q.w;
+      st.s[h] = sring[blk % D][h];
+    }
+    if (kCodesOnly) {
+      sum ^= st.w[0][0] + st.w[0][1] + st.w[0][2] + st.w[0][3] + st.w[1][0] + st.w[1][1] + st.w[1][2] + st.w[1][3];
+      continue;
+    }
+    uint32_t sf[2] = {pre_scale(st.s[0]), pre_scale(st.s[1])};
+    float part[2][4] = {};
+#pragma unroll
+    for (int step = 0; step < 8; ++step) {
+      uint32_t a[4];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t w = st.w[h][step / 2];
+        a[h] = hmul(decode_pair(w, 2 * (step % 2)), sf[h]);
+        a[2 + h] = hmul(decode_pair(w, 2 * (step % 2) + 1), sf[h]);
+      }
+      const uint2 b = *reinterpret_cast<const uint2*>(xg + blk * 128 + 4 * step);
+      mma_bf16(part[step % 2], a, b.x, b.y);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[j] += part[0][j] + part[1][j];
+  }
+  if (kCodesOnly) {
+    if (sum == 0x12345678u) out[0] = __float2bfloat16(1.0f);
+    return;
+  }
+  if (t == 0) out[int64_t(blockIdx.x) * kRows + 8 * unit + g] = __float2bfloat16(acc[0] * acc[2] + acc[1] * acc[3]);
+}
+template <int D, bool kCodesOnly>
+constexpr int async_smem() { return kKp * 2 + kWarps * D * 1024; }
+
 int main() {
   constexpr int kIters = 64;
   uint8_t *codes = nullptr, *scales = nullptr;
@@ -187,10 +278,12 @@ int main() {
   CHECK(cudaEventCreate(&e0));
   CHECK(cudaEventCreate(&e1));
   int n_experts = kTopK;  // experts per launch
+  int smem_override = 0;  // the cp.async variants' rings
   const auto run = [&](const char* name, auto kernel) {
     const dim3 grid(n_experts, kUnits / kWarps);
     const double bytes = double(n_experts) * (kExpertCodes + kExpertScales);
-    const int smem = kKp * 2;
+    const int smem = std::max(kKp * 2, smem_override);
+    if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     const auto launch = [&](int i) { kernel<<<grid, 128, smem>>>(kBlocks, codes, scales, experts + n_experts * (i % 16), x, out); };
     for (int i = 0; i < 3; ++i) launch(i);
     cudaEventRecord(e0);
@@ -205,6 +298,18 @@ int main() {
   for (int n : {31, kTopK}) {
     n_experts = n;
     std::printf("== %d experts per launch\n", n);
+    const auto run_async = [&](const char* name, auto kernel, int smem) {
+      smem_override = smem;
+      run(name, kernel);
+      smem_override = 0;
+    };
+    run_async("async codes, D 4", gemv_async<4, true>, async_smem<4, true>());
+    run_async("async codes, D 8", gemv_async<8, true>, async_smem<8, true>());
+    run_async("async codes, D 12", gemv_async<12, true>, async_smem<12, true>());
+    run_async("async full, D 4", gemv_async<4, false>, async_smem<4, false>());
+    run_async("async full, D 6", gemv_async<6, false>, async_smem<6, false>());
+    run_async("async full, D 8", gemv_async<8, false>, async_smem<8, false>());
+    run_async("async full, D 12", gemv_async<12, false>, async_smem<12, false>());
     run("full, ring 4, runtime K", gemv<kFull, 4, 0, 1>);
     run("full, ring 4, runtime K, steady", gemv<kFull, 4, 0, 2>);
     run("full, ring 8, runtime K, steady", gemv<kFull, 8, 0, 2>);

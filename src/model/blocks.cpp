@@ -21,8 +21,9 @@ Tensor columns(ops::Backend& be, const Tensor& src, int64_t begin, int64_t n) {
 }  // namespace
 
 void Mlp::forward(ops::Backend& be, const Tensor& x, Tensor& out) const {
-  Tensor g = linear(be, x, gate);
-  Tensor u = linear(be, x, up);
+  Tensor g = act(be, {x.dim(0), gate.n_out()});
+  Tensor u = act(be, {x.dim(0), up.n_out()});
+  be.linears({.x = x, .w = {&gate, &up}, .out = {g, u}});
   be.glu({.gate = g, .up = u, .out = g, .params = {}});
   be.linear({.x = g, .w = &down, .out = out});
 }
@@ -30,9 +31,10 @@ void Mlp::forward(ops::Backend& be, const Tensor& x, Tensor& out) const {
 void Attention::forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta& batch,
                         LayerKv& kv, Tensor& out) const {
   const int64_t n_tokens = x.dim(0);
-  Tensor qt = linear(be, x, q);
-  Tensor kt = linear(be, x, k);
-  Tensor vt = linear(be, x, v);
+  Tensor qt = act(be, {n_tokens, q.n_out()});
+  Tensor kt = act(be, {n_tokens, k.n_out()});
+  Tensor vt = act(be, {n_tokens, v.n_out()});
+  be.linears({.x = x, .w = {&q, &k, &v}, .out = {qt, kt, vt}});
   Tensor q3 = qt.reshape({n_tokens, n_heads, d_head});
   Tensor k3 = kt.reshape({n_tokens, n_kv_heads, d_head});
   be.qk_norm_rope({.q = q3, .k = k3, .q_norm = q_norm, .k_norm = k_norm, .eps = norm_eps, .batch = &batch,
@@ -49,22 +51,23 @@ void Mla::forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta& batch
                   Tensor& out) const {
   const int64_t n_tokens = x.dim(0);
   const int64_t d_qk = d_nope + d_rope;
-  // Queries, split per head into the position-free and the rotary part.
-  Tensor q_full;
+  // The two products of x in one call: the query's (or its low-rank first half's) and the
+  // compressed KV's.
+  const ops::Weight& q_first = q_a.defined() ? q_a : q;
+  Tensor q_full = act(be, {n_tokens, q_first.n_out()});
+  Tensor kva = act(be, {n_tokens, kv_a.n_out()});
+  be.linears({.x = x, .w = {&q_first, &kv_a}, .out = {q_full, kva}});
   if (q_a.defined()) {
-    Tensor qa = linear(be, x, q_a);
-    be.rms_norm({.x = qa, .weight = q_a_norm, .out = qa, .eps = norm_eps});
-    q_full = linear(be, qa, q_b);
-  } else {
-    q_full = linear(be, x, q);
+    be.rms_norm({.x = q_full, .weight = q_a_norm, .out = q_full, .eps = norm_eps});
+    q_full = linear(be, q_full, q_b);
   }
+  // Queries, split per head into the position-free and the rotary part.
   Tensor q_heads = q_full.reshape({n_tokens * n_heads, d_qk});
   Tensor q_nope = columns(be, q_heads, 0, d_nope);
   Tensor q_rope = columns(be, q_heads, d_nope, d_rope);
   be.rope({.x = q_rope.reshape({n_tokens, n_heads, d_rope}), .batch = &batch,
            .table = &rope});
   // The compressed KV: latent (normalised) and one shared rotary key per token.
-  Tensor kva = linear(be, x, kv_a);
   Tensor latent = columns(be, kva, 0, d_latent);
   Tensor k_rope = columns(be, kva, d_latent, d_rope);
   be.rms_norm({.x = latent, .weight = kv_a_norm, .out = latent, .eps = norm_eps});

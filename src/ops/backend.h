@@ -9,6 +9,7 @@
 // - a call with inconsistent shapes is a bug in the caller and fails a KILN_CHECK.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -80,6 +81,14 @@ struct LinearArgs {
   Tensor x;                // [n_tokens, n_in]
   const Weight* w = nullptr;
   Tensor out;              // [n_tokens, n_out]
+};
+
+// out[i] = x W_i^T (+ bias_i) for up to three linears that read the same x (an attention
+// layer's q, k and v; an MLP's gate and up): a backend may compute them in one pass.
+struct LinearsArgs {
+  Tensor x;                              // [n_tokens, n_in]
+  std::array<const Weight*, 3> w{};      // the first ones set, the rest nullptr
+  std::array<Tensor, 3> out{};           // [n_tokens, w[i]->n_out()]
 };
 
 // Rotates the first table.d_rot dims of every head of x in place, by the
@@ -419,6 +428,7 @@ class Backend {
   virtual void embedding(const EmbeddingArgs& a) = 0;
   virtual void rms_norm(const RmsNormArgs& a) = 0;
   virtual void linear(const LinearArgs& a) = 0;
+  virtual void linears(const LinearsArgs& a);  // default: one linear each (ops.cpp)
   virtual void rope(const RopeArgs& a) = 0;
   virtual void qk_norm_rope(const QkNormRopeArgs& a);  // default: rms_norm and rope (ops.cpp)
   virtual void kv_store(const KvStoreArgs& a) = 0;

@@ -16,6 +16,10 @@ std::span<const int32_t> embedding_ids(const EmbeddingArgs& a) {
                                            : std::span<const int32_t>(a.batch->logit_rows);
 }
 
+void Backend::linears(const LinearsArgs& a) {
+  for (size_t i = 0; i < a.w.size() && a.w[i] != nullptr; ++i) linear({.x = a.x, .w = a.w[i], .out = a.out[i]});
+}
+
 void Backend::qk_norm_rope(const QkNormRopeArgs& a) {
   for (const auto& [x, weight] : {std::pair{a.q, a.q_norm}, std::pair{a.k, a.k_norm}}) {
     KILN_CHECK(x.rank() == 3) << "qk_norm_rope: q / k must be [n_tokens, heads, d_head], got " << x.shape;

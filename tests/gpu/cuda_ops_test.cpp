@@ -60,6 +60,33 @@ TEST_F(CudaOps, LinearMatchesCpuAtModelShapes) {
   }
 }
 
+// Linears of one input (a layer's q, k and v; an MLP's gate and up): at 1-8 tokens one
+// bf16 GEMV launch for all of them, beyond that one cuBLASLt GEMM each; gpt-oss's q / k / v
+// with biases, and odd parts (a last unit of 12 rows, then one of 4 rows).
+TEST_F(CudaOps, LinearsOfOneInputMatchCpu) {
+  for (const auto& [t, n_outs, k] : {std::tuple{1, std::vector<int64_t>{4096, 512, 512}, 2880},
+                                     {5, std::vector<int64_t>{300, 20}, 1032},
+                                     {8, std::vector<int64_t>{4096, 512, 512}, 2880},
+                                     {17, std::vector<int64_t>{640, 128}, 1032}}) {
+    SCOPED_TRACE(::testing::Message() << t << " tokens, " << n_outs.size() << " linears of " << k);
+    const Tensor x = random({t, k});
+    std::vector<ops::Weight> wc(n_outs.size()), wg(n_outs.size());
+    ops::LinearsArgs a{.x = to_gpu(x)};
+    for (size_t i = 0; i < n_outs.size(); ++i) {
+      wc[i] = ops::Weight{.data = as_bf16(random({n_outs[i], k}, 0.05f)), .bias = as_bf16(random({n_outs[i]}, 0.1f))};
+      wg[i] = ops::Weight{.data = gpu_->upload(wc[i].data), .bias = gpu_->upload(wc[i].bias)};
+      a.w[i] = &wg[i];
+      a.out[i] = poisoned({t, n_outs[i]});
+    }
+    gpu_->linears(a);
+    for (size_t i = 0; i < n_outs.size(); ++i) {
+      Tensor ref = host_tensor(DType::kF32, {t, n_outs[i]});
+      cpu_->linear({.x = x, .w = &wc[i], .out = ref});
+      expect_close(from_gpu(a.out[i]), ref, kBf16Tol, "linears");
+    }
+  }
+}
+
 TEST_F(CudaOps, RmsNormMatchesCpu) {
   // 2880: 16-byte loads, a block per row; 1030: one element per load; 64 / 128 / 512 /
   // 1024: 8, 8, 16 and 32 threads per row (a lane group), rows not a multiple of the

@@ -57,6 +57,30 @@ class CudaQuant : public gpu_testing::GpuTest {
     if (bias) wg.bias = gpu_->upload(wc.bias);
   }
 
+  // The bound of the header, element by element: `got` (x wc^T on the GPU) against the
+  // CPU's `ref`.
+  static void expect_within_bound(const ops::Weight& wc, const Tensor& x, const std::vector<float>& got,
+                                  const Tensor& ref) {
+    const int64_t rows = x.dim(0), n_in = x.dim(1), n_out = ref.dim(1);
+    std::vector<float> w(static_cast<size_t>(n_in));
+    std::vector<double> abs_dot(size_t(rows * n_out), 0.0);
+    for (int64_t o = 0; o < n_out; ++o) {
+      formats::dequantize_row(wc.quant, o, w.data());
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t k = 0; k < n_in; ++k) abs_dot[size_t(r * n_out + o)] += std::abs(x.as<float>()[r * n_in + k] * w[size_t(k)]);
+    }
+    double worst = 0.0;
+    int64_t bad = 0;
+    for (int64_t i = 0; i < ref.numel(); ++i) {
+      ASSERT_FALSE(std::isnan(got[size_t(i)])) << "element " << i << " not written (or NaN)";
+      const double want = ref.as<float>()[i], err = std::abs(got[size_t(i)] - want);
+      const double tol = std::ldexp(std::abs(want), -8) + std::ldexp(abs_dot[size_t(i)], -9) + 1e-6;
+      worst = std::max(worst, err / tol);
+      if (err > tol && bad++ < 3) ADD_FAILURE() << "element " << i << ": " << got[size_t(i)] << " vs " << want;
+    }
+    EXPECT_EQ(bad, 0) << "worst error / bound " << worst;
+  }
+
   std::unique_ptr<ops::Backend> cpu_fp8_;  // the reference of the W8A8 GEMMs
 };
 
@@ -80,25 +104,37 @@ TEST_F(CudaQuant, LinearMatchesCpuForEveryFormatAndShape) {
         (fp8_act ? cpu_fp8_ : cpu_)->linear({.x = x, .w = &wc, .out = ref});
         Tensor out = poisoned({rows, n_out});
         gpu_->linear({.x = to_gpu(x), .w = &wg, .out = out});
-        const std::vector<float> got = from_gpu(out);
-        // The bound of the header, element by element.
-        std::vector<float> w(static_cast<size_t>(n_in));
-        std::vector<double> abs_dot(size_t(rows * n_out), 0.0);
-        for (int64_t o = 0; o < n_out; ++o) {
-          formats::dequantize_row(wc.quant, o, w.data());
-          for (int r = 0; r < rows; ++r)
-            for (int64_t k = 0; k < n_in; ++k) abs_dot[size_t(r * n_out + o)] += std::abs(x.as<float>()[r * n_in + k] * w[size_t(k)]);
+        expect_within_bound(wc, x, from_gpu(out), ref);
+      }
+    }
+  }
+}
+
+// A layer's q, k and v (or gate and up) of one input, in one GEMV launch (linears), each
+// against the CPU: gpt-oss-120b's attention shapes, and odd ones (a part ending in a unit
+// of 13 rows, then a part of 160).
+TEST_F(CudaQuant, LinearsOfOneInputMatchCpuForEveryFormat) {
+  const std::vector<std::pair<int64_t, std::vector<int64_t>>> shapes = {{2880, {4096, 512, 512}}, {1056, {77, 160}}};
+  for (const QuantCase& c : cuda::quant_cases()) {
+    for (const auto& [n_in, n_outs] : shapes) {
+      if (n_in % cuda::quant_k_unit(c) != 0) continue;
+      for (int rows : {1, 5}) {
+        SCOPED_TRACE(::testing::Message() << c.name() << " " << n_outs.size() << " linears of " << n_in << ", rows "
+                                          << rows);
+        std::vector<ops::Weight> wc(n_outs.size()), wg(n_outs.size());
+        const Tensor x = random({rows, n_in});
+        ops::LinearsArgs a{.x = to_gpu(x)};
+        for (size_t i = 0; i < n_outs.size(); ++i) {
+          make_weight(c, n_outs[i], n_in, i != 1, wc[i], wg[i]);
+          a.w[i] = &wg[i];
+          a.out[i] = poisoned({rows, n_outs[i]});
         }
-        double worst = 0.0;
-        int64_t bad = 0;
-        for (int64_t i = 0; i < ref.numel(); ++i) {
-          ASSERT_FALSE(std::isnan(got[size_t(i)])) << "element " << i << " not written (or NaN)";
-          const double want = ref.as<float>()[i], err = std::abs(got[size_t(i)] - want);
-          const double tol = std::ldexp(std::abs(want), -8) + std::ldexp(abs_dot[size_t(i)], -9) + 1e-6;
-          worst = std::max(worst, err / tol);
-          if (err > tol && bad++ < 3) ADD_FAILURE() << "element " << i << ": " << got[size_t(i)] << " vs " << want;
+        gpu_->linears(a);
+        for (size_t i = 0; i < n_outs.size(); ++i) {
+          Tensor ref = host_tensor(DType::kF32, {rows, n_outs[i]});
+          cpu_->linear({.x = x, .w = &wc[i], .out = ref});
+          expect_within_bound(wc[i], x, from_gpu(a.out[i]), ref);
         }
-        EXPECT_EQ(bad, 0) << "worst error / bound " << worst;
       }
     }
   }

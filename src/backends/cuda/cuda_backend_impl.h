@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <tuple>
 #include <utility>
 #include <memory>
@@ -50,6 +51,7 @@ class CudaBackend final : public ops::Backend {
   void embedding(const ops::EmbeddingArgs& a) override;
   void rms_norm(const ops::RmsNormArgs& a) override;
   void linear(const ops::LinearArgs& a) override;
+  void linears(const ops::LinearsArgs& a) override;
   void rope(const ops::RopeArgs& a) override;
   void qk_norm_rope(const ops::QkNormRopeArgs& a) override;
   void kv_store(const ops::KvStoreArgs& a) override;
@@ -138,6 +140,12 @@ class CudaBackend final : public ops::Backend {
   static constexpr int64_t kBf16GemvMaxWeights = int64_t(64) << 20;
   // Whether a dense bf16 weight takes the bf16 GEMV at batch 1-8 (linear, weight_path).
   bool bf16_gemv_weight(const ops::Weight& w) const;
+  // How linear runs a.w through the GEMV (quant_gemv.cu), or nullopt where it does not.
+  struct GemvLinear {
+    QuantFormat format;
+    GemvPart part;
+  };
+  std::optional<GemvLinear> gemv_linear(const ops::LinearArgs& a) const;
   int64_t quant_gemv_moe_tokens_ = -1;  // >= 0: the token count that replaces the rule
   // bf16 experts (row-major) stream under the same rule with one tile per expert: while
   // each is read once. From there the grouped bf16 tiles, unlike the quantized ones, are

@@ -2,6 +2,7 @@
 #include "backends/cuda/cuda_backend_impl.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 namespace kiln::cuda {
@@ -26,6 +27,10 @@ int moe_gemv_tile_rows(int64_t n_pairs, int n_experts, int max_rows) {
 void check_act(const Tensor& t, const char* what) {
   KILN_CHECK(t.defined() && t.device == Device::kCuda && t.dtype == DType::kBF16)
       << "cuda: " << what << " must be a bf16 device tensor (dtype " << dtype_name(t.dtype) << ")";
+}
+
+bool same_format(const QuantFormat& a, const QuantFormat& b) {
+  return a.value == b.value && a.scale_kind == b.scale_kind && a.scale_bytes == b.scale_bytes && a.group == b.group;
 }
 
 const float* vec_or_null(const Tensor& t, const char* what) {
@@ -130,45 +135,80 @@ void CudaBackend::rms_norm(const ops::RmsNormArgs& a) {
                   a.x.dim(1), a.eps, stream_);
 }
 
+std::optional<CudaBackend::GemvLinear> CudaBackend::gemv_linear(const ops::LinearArgs& a) const {
+  const ops::Weight& w = *a.w;
+  const int64_t rows = a.x.dim(0);
+  if (rows < 1 || rows > quant_gemv_max_rows(w.n_in())) return std::nullopt;
+  GemvLinear g{.part = {.n_out = w.n_out(), .out = a.out.as<bf16>()}};
+  if (w.quantized()) {
+    g.format = quant_format(w.quant);
+    g.part.w = quant_mat(w.quant);
+  } else if (bf16_gemv_weight(w) && w.data.dtype == DType::kBF16 &&
+             reinterpret_cast<uintptr_t>(w.data.data) % 16 == 0 && (!w.bias.defined() || w.bias.dtype == DType::kF32)) {
+    // Batch 1-8 over a row-major bf16 weight: the streaming GEMV (quant_gemv.cu). The
+    // largest weights (an lm_head) stay on cuBLASLt, which streams those near bandwidth.
+    g.format = kBf16GemvFormat;
+    g.part.w = QuantMat{.codes = w.data.as<uint8_t>()};
+  } else {
+    return std::nullopt;
+  }
+  g.part.bias = vec_or_null(w.bias, "linear bias");
+  return g;
+}
+
 void CudaBackend::linear(const ops::LinearArgs& a) {
   check_act(a.x, "linear x");
   check_act(a.out, "linear out");
   const ops::Weight& w = *a.w;
-  if (w.quantized()) {
-    KILN_CHECK(a.x.dim(1) == w.n_in() && a.out.dim(1) == w.n_out() && a.out.dim(0) == a.x.dim(0))
-        << "linear: x " << a.x.shape << ", out " << a.out.shape << " vs weight [" << w.n_out() << ", " << w.n_in() << "]";
+  KILN_CHECK(a.x.dim(1) == w.n_in() && a.out.dim(1) == w.n_out() && a.out.dim(0) == a.x.dim(0))
+      << "linear: x " << a.x.shape << ", out " << a.out.shape << " vs weight [" << w.n_out() << ", " << w.n_in() << "]";
+  if (w.quantized())
     KILN_CHECK_LE(quant_gemm_smem_bytes(), smem_cap_) << "linear: the quantized GEMMs' shared memory vs --smem-cap";
-    const int64_t rows = a.x.dim(0);
-    if (rows == 0) return;
-    if (rows <= quant_gemv_max_rows(w.n_in())) {
-      launch_quant_gemv_linear(a.x.as<bf16>(), quant_mat(w.quant), quant_format(w.quant),
-                               vec_or_null(w.bias, "linear bias"), rows, w.n_out(), w.n_in(), a.out.as<bf16>(),
-                               stream_);
-    } else if (!quant_gemm_decode_rows(rows) && use_w8a8(quant_format(w.quant))) {
-      void* act_q = scratch<uint8_t>(int64_t(quant_w8a8_act_bytes(rows, w.n_in())), op_scratch_);
-      launch_quant_linear_w8a8(a.x.as<bf16>(), quant_mat(w.quant), quant_format(w.quant),
-                               vec_or_null(w.bias, "linear bias"), rows, w.n_out(), w.n_in(), a.out.as<bf16>(), act_q,
-                               stream_);
-    } else {
-      launch_quant_linear(a.x.as<bf16>(), quant_mat(w.quant), quant_format(w.quant), vec_or_null(w.bias, "linear bias"),
-                          rows, w.n_out(), w.n_in(), a.out.as<bf16>(), stream_);
-    }
-    return;
-  }
-  // Batch 1-8 over a row-major bf16 weight: the streaming GEMV (quant_gemv.cu). The
-  // largest weights (an lm_head) stay on cuBLASLt, which streams those near bandwidth.
   const int64_t rows = a.x.dim(0);
-  if (bf16_gemv_weight(w) && rows >= 1 && rows <= quant_gemv_max_rows(w.n_in()) && w.data.dtype == DType::kBF16 &&
-      reinterpret_cast<uintptr_t>(w.data.data) % 16 == 0 && (!w.bias.defined() || w.bias.dtype == DType::kF32)) {
-    KILN_CHECK(a.x.dim(1) == w.n_in() && a.out.dim(1) == w.n_out() && a.out.dim(0) == rows)
-        << "linear: x " << a.x.shape << ", out " << a.out.shape << " vs weight [" << w.n_out() << ", " << w.n_in()
-        << "]";
-    launch_bf16_gemv_linear(a.x.as<bf16>(), w.data.as<bf16>(), vec_or_null(w.bias, "linear bias"), rows, w.n_out(),
-                            w.n_in(), a.out.as<bf16>(), stream_);
+  if (rows == 0) return;
+  if (const std::optional<GemvLinear> g = gemv_linear(a)) {
+    launch_quant_gemv_linears(a.x.as<bf16>(), &g->part, 1, g->format, rows, w.n_in(), stream_);
+  } else if (!w.quantized()) {
+    Tensor out = a.out;
+    gemm(a.x, w, out);
+  } else if (!quant_gemm_decode_rows(rows) && use_w8a8(quant_format(w.quant))) {
+    void* act_q = scratch<uint8_t>(int64_t(quant_w8a8_act_bytes(rows, w.n_in())), op_scratch_);
+    launch_quant_linear_w8a8(a.x.as<bf16>(), quant_mat(w.quant), quant_format(w.quant),
+                             vec_or_null(w.bias, "linear bias"), rows, w.n_out(), w.n_in(), a.out.as<bf16>(), act_q,
+                             stream_);
+  } else {
+    launch_quant_linear(a.x.as<bf16>(), quant_mat(w.quant), quant_format(w.quant), vec_or_null(w.bias, "linear bias"),
+                        rows, w.n_out(), w.n_in(), a.out.as<bf16>(), stream_);
+  }
+}
+
+// Linears of one input that all take the GEMV in one format run as one launch (a decode
+// layer's q, k and v: k and v alone are 32 CTAs each on gpt-oss); otherwise one by one.
+void CudaBackend::linears(const ops::LinearsArgs& a) {
+  std::array<GemvPart, kGemvParts> parts{};
+  std::optional<QuantFormat> format;
+  size_t n = 0;
+  for (; n < a.w.size() && a.w[n] != nullptr; ++n) {
+    const ops::LinearArgs one{.x = a.x, .w = a.w[n], .out = a.out[n]};
+    check_act(one.out, "linears out");
+    const std::optional<GemvLinear> g = a.w[n]->n_in() == a.x.dim(1) ? gemv_linear(one) : std::nullopt;
+    if (!g || (format && !same_format(*format, g->format))) {
+      format.reset();
+      break;
+    }
+    format = g->format;
+    parts[n] = g->part;
+  }
+  if (!format || n < 2) {
+    ops::Backend::linears(a);
     return;
   }
-  Tensor out = a.out;
-  gemm(a.x, w, out);
+  check_act(a.x, "linears x");
+  for (size_t i = 0; i < n; ++i)
+    KILN_CHECK(a.out[i].dim(0) == a.x.dim(0) && a.out[i].dim(1) == a.w[i]->n_out())
+        << "linears: x " << a.x.shape << ", out " << i << " " << a.out[i].shape << " vs weight [" << a.w[i]->n_out()
+        << ", " << a.w[i]->n_in() << "]";
+  launch_quant_gemv_linears(a.x.as<bf16>(), parts.data(), int(n), *format, a.x.dim(0), a.x.dim(1), stream_);
 }
 
 void CudaBackend::rope(const ops::RopeArgs& a) {
@@ -217,8 +257,9 @@ void CudaBackend::kv_store(const ops::KvStoreArgs& a) {
                            b.n_tokens, int(n_kv_heads), d_head, row, 0, int(n_kv_heads), 0, stream_);
     return;
   }
-  launch_store_rows(a.k.as<bf16>(), a.k_cache.as<bf16>(), b.slot_mapping, b.n_tokens, row, row, 0, stream_);
-  launch_store_rows(a.v.as<bf16>(), a.v_cache.as<bf16>(), b.slot_mapping, b.n_tokens, row, row, 0, stream_);
+  const StoreRowSet kv[2] = {{.x = a.k.as<bf16>(), .cache = a.k_cache.as<bf16>(), .row_elems = row},
+                             {.x = a.v.as<bf16>(), .cache = a.v_cache.as<bf16>(), .row_elems = row}};
+  launch_store_rows(kv, 2, b.slot_mapping, b.n_tokens, row, stream_);
 }
 
 void CudaBackend::attention(const ops::AttentionArgs& a) {
@@ -264,10 +305,10 @@ void CudaBackend::mla_store(const ops::MlaStoreArgs& a) {
                            2, 1, stream_);
     return;
   }
-  launch_store_rows(a.kv_latent.as<bf16>(), a.latent_cache.as<bf16>(), b.slot_mapping, b.n_tokens, d_latent, row, 0,
-                    stream_);
-  launch_store_rows(a.k_rope.as<bf16>(), a.latent_cache.as<bf16>(), b.slot_mapping, b.n_tokens, d_rope, row,
-                    d_latent, stream_);
+  bf16* cache = a.latent_cache.as<bf16>();
+  const StoreRowSet sets[2] = {{.x = a.kv_latent.as<bf16>(), .cache = cache, .row_elems = d_latent},
+                               {.x = a.k_rope.as<bf16>(), .cache = cache, .row_elems = d_rope, .col_offset = d_latent}};
+  launch_store_rows(sets, 2, b.slot_mapping, b.n_tokens, row, stream_);
 }
 
 void CudaBackend::mla_attention(const ops::MlaArgs& a) {

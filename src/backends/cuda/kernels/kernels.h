@@ -67,10 +67,16 @@ inline constexpr int kQkNormRopeMaxHead = 256;
 void launch_qk_norm_rope(bf16* q, bf16* k, const float* q_norm, const float* k_norm, int64_t n_tokens, int n_q_heads,
                          int n_k_heads, int d_head, float eps, const float* inv_freq, int d_rot,
                          float attention_factor, bool interleaved, const int32_t* positions, cudaStream_t stream);
-// cache[slot_mapping[t], col_offset : col_offset + row_elems] = x[t] (x: [n_tokens, row_elems],
-// cache rows of cache_row_elems).
-void launch_store_rows(const bf16* x, bf16* cache, const int32_t* slot_mapping, int64_t n_tokens,
-                       int64_t row_elems, int64_t cache_row_elems, int64_t col_offset, cudaStream_t stream);
+// A set of rows to store: cache[slot_mapping[t], col_offset : col_offset + row_elems] = x[t]
+// (x: [n_tokens, row_elems], cache rows of cache_row_elems).
+struct StoreRowSet {
+  const bf16* x = nullptr;
+  bf16* cache = nullptr;
+  int64_t row_elems = 0, col_offset = 0;
+};
+// n_sets (1 or 2) sets in one launch: k and v, or a latent and its rotary key.
+void launch_store_rows(const StoreRowSet* sets, int n_sets, const int32_t* slot_mapping, int64_t n_tokens,
+                       int64_t cache_row_elems, cudaStream_t stream);
 // The e4m3 cache's store (ops/kv_quant.h): x [n_tokens, n_groups * group_elems] as n_groups
 // rows per token, each quantized with its own scale; group g of token t goes to
 // cache[slot, col_offset + g * group_elems ..] (cache rows of cache_row_elems codes) and its
@@ -352,6 +358,18 @@ void launch_quant_gemv_linear(const bf16* x, const QuantMat& w, const QuantForma
 // out = bf16(x w^T + bias) for rows <= quant_gemv_max_rows(n_in).
 void launch_bf16_gemv_linear(const bf16* x, const bf16* w, const float* bias, int64_t rows, int64_t n_out,
                              int64_t n_in, bf16* out, cudaStream_t stream);
+// Up to kGemvParts linears of one input x [rows, n_in] and one format f (kBf16GemvFormat:
+// plain bf16 weights as QuantMats) in one launch: out = bf16(x w^T + bias) for each part.
+// A decode layer's q, k and v, whose k and v alone are too small to fill the GPU.
+struct GemvPart {
+  QuantMat w;
+  const float* bias = nullptr;  // [n_out] or nullptr
+  int64_t n_out = 0;
+  bf16* out = nullptr;          // [rows, n_out]
+};
+constexpr int kGemvParts = 3;
+void launch_quant_gemv_linears(const bf16* x, const GemvPart* parts, int n_parts, const QuantFormat& f, int64_t rows,
+                               int64_t n_in, cudaStream_t stream);
 // Both MoE products over a tile table of rows_cap-row tiles (launch_moe_align with
 // bm = rows_cap <= quant_gemv_max_rows of d_model and d_ff): act (sorted rows) then y
 // (per pair), as launch_moe_grouped_quant. f may be kBf16GemvFormat (bf16 experts as

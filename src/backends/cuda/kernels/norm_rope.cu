@@ -146,13 +146,15 @@ __global__ void rope_kernel(bf16* x, int64_t n_tokens, int64_t n_heads, int64_t 
   head[b] = __float2bfloat16(x2 * c + x1 * s);
 }
 
-__global__ void store_rows_kernel(const bf16* x, bf16* cache, const int32_t* slot_mapping, int64_t row_elems,
-                                  int64_t cache_row_elems, int64_t col_offset) {
+// Block (t, set): token t's row of set 0 or 1.
+__global__ void store_rows_kernel(const StoreRowSet s0, const StoreRowSet s1, const int32_t* slot_mapping,
+                                  int64_t cache_row_elems) {
   pdl_wait();  // a dependent launch (pdl.cuh)
+  const StoreRowSet& s = blockIdx.y == 0 ? s0 : s1;
   const int64_t t = blockIdx.x;
   if (slot_mapping[t] < 0) return;  // a padding row (ops::kPadSlot): nothing to store
-  bf16* dst = cache + int64_t(slot_mapping[t]) * cache_row_elems + col_offset;
-  for (int64_t i = threadIdx.x; i < row_elems; i += blockDim.x) dst[i] = x[t * row_elems + i];
+  bf16* dst = s.cache + int64_t(slot_mapping[t]) * cache_row_elems + s.col_offset;
+  for (int64_t i = threadIdx.x; i < s.row_elems; i += blockDim.x) dst[i] = s.x[t * s.row_elems + i];
 }
 
 // One warp per head row of q, then of k: the per-head RMSNorm (where a weight is given),
@@ -288,11 +290,12 @@ void launch_qk_norm_rope(bf16* q, bf16* k, const float* q_norm, const float* k_n
   KILN_CUDA_LAUNCH_CHECK();
 }
 
-void launch_store_rows(const bf16* x, bf16* cache, const int32_t* slot_mapping, int64_t n_tokens, int64_t row_elems,
-                       int64_t cache_row_elems, int64_t col_offset, cudaStream_t stream) {
+void launch_store_rows(const StoreRowSet* sets, int n_sets, const int32_t* slot_mapping, int64_t n_tokens,
+                       int64_t cache_row_elems, cudaStream_t stream) {
+  KILN_CHECK(n_sets == 1 || n_sets == 2) << "store_rows: " << n_sets << " sets";
   if (n_tokens == 0) return;
-  launch_dependent(store_rows_kernel, unsigned(n_tokens), 128, 0, stream, x, cache, slot_mapping, row_elems,
-                   cache_row_elems, col_offset);
+  launch_dependent(store_rows_kernel, dim3(unsigned(n_tokens), unsigned(n_sets)), 128, 0, stream, sets[0],
+                   sets[n_sets - 1], slot_mapping, cache_row_elems);
   KILN_CUDA_LAUNCH_CHECK();
 }
 

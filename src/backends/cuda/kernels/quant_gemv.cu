@@ -61,19 +61,19 @@ struct GemvParams {
   const int4* tiles;           // MoE tile table, or nullptr: dense (one tile of `dense_rows` rows)
   const int32_t* perm;
   const QuantExpert* experts;
-  QuantMat dense;
-  const float* dense_bias;
+  GemvPart parts[kGemvParts];  // dense: the linears of one input, their units in this order
+  int part_end[kGemvParts];    // units of parts 0..i
+  int n_parts;
   int dense_rows;
   int rows_cap;                // most rows a tile has (the staged rows)
   const bf16* a;               // activations [.., K]
-  int top_k, K, Kp, units, d_ff, n_out, n_blocks;
+  int top_k, K, Kp, units, d_ff, n_out, n_blocks;  // units: all parts'; n_out: a MoE down's
   int split;                   // warps per unit, each over n_blocks / split blocks
   int64_t code_row, scale_row;
   QuantFormat f;
   MoeShape s;
   bf16* act;                   // up: [sorted rows, d_ff]
   float* y;                    // down: [pairs, d_model]
-  bf16* out;                   // dense: [rows, n_out]
 };
 
 // Blocks in a warp's register ring for codes of value kind v: 4 for the 4-bit formats
@@ -181,8 +181,24 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-template <bool kUp, int kValue, int kScale, int kSpc>
+// A field of a dense launch's part i, read where it is used (constant indices: straight
+// from the parameter bank, not kept in registers through the k loop).
+template <typename Get>
+__device__ __forceinline__ auto part_field(const GemvParams& p, int i, Get get) {
+  auto v = get(p.parts[0]);
+#pragma unroll
+  for (int j = 1; j < kGemvParts; ++j)
+    if (i == j) v = get(p.parts[j]);
+  return v;
+}
+
+// What a launch computes: a MoE layer's up (gate and up, then the GLU) or down product
+// over the tile table, or dense linears (up to kGemvParts of one input).
+enum Kind { kMoeDown, kMoeUp, kDense };
+
+template <int kKind, int kValue, int kScale, int kSpc>
 __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p) {
+  constexpr bool kUp = kKind == kMoeUp;
   using F = Fmt<kValue, kScale, kSpc>;
   using S = Slot<kValue, kScale, kSpc>;
   constexpr int R = F::kRing;
@@ -195,11 +211,11 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
   // tile table align wrote two kernels back and weights no kernel writes. The others wait
   // first: the up GEMV reads the tiles align just wrote, and a dense GEMV cannot know that
   // the kernel before it did not write its weights (a dummy load's fill, a test's).
-  const bool prefetch = !kUp && p.tiles != nullptr;
+  constexpr bool prefetch = kKind == kMoeDown;
   if (!prefetch) pdl_wait();
   int row0, rows;
   const QuantExpert* ew = nullptr;
-  if (p.tiles != nullptr) {
+  if constexpr (kKind != kDense) {
     const int4 tile = p.tiles[blockIdx.x];
     if (tile.x < 0) return;
     row0 = tile.y, rows = tile.z;
@@ -209,6 +225,18 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
   }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int unit = blockIdx.y * (kWarps / p.split) + warp / p.split, slice = warp % p.split;
+  // A dense launch's unit lies in one of its parts: part pi, whose units begin at pb
+  // (MoE: 0, 0). Its fields are read where used.
+  int pi = 0, pb = 0;
+  if constexpr (kKind == kDense) {
+#pragma unroll
+    for (int i = 1; i < kGemvParts; ++i)
+      if (i < p.n_parts && unit >= p.part_end[i - 1]) pi = i, pb = p.part_end[i - 1];
+  }
+  const int pu = unit - pb;
+  const auto n_out = [&] {
+    return kKind != kDense ? p.n_out : int(part_field(p, pi, [](const GemvPart& q) { return q.n_out; }));
+  };
   const int per_slice = (p.n_blocks + p.split - 1) / p.split;
   const int b_begin = min(p.n_blocks, slice * per_slice);
   const int b_end = unit < p.units ? min(p.n_blocks, b_begin + per_slice) : b_begin;
@@ -224,9 +252,13 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
   float scale2[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int f = kUp ? 2 * (8 * unit + g) + h : 16 * unit + g + 8 * h;
-    live[h] = unit < p.units && (kUp ? 8 * unit + g < p.d_ff : f < p.n_out);
-    const QuantRowRef w = quant_row(p.dense, ew, kUp, p.s.interleaved, p.d_ff, live[h] ? f : 0);
+    const int f = kUp ? 2 * (8 * unit + g) + h : 16 * pu + g + 8 * h;
+    live[h] = unit < p.units && (kUp ? 8 * unit + g < p.d_ff : f < n_out());
+    // (MoE kinds: ew is set and the dense matrix unused. Written as a compile-time branch
+    // here and in the epilogue, their 4-bit instances took 135-146 registers, not 128,
+    // and NVFP4 decode ran 5-11% slower.)
+    const QuantMat dense = kKind == kDense ? part_field(p, pi, [](const GemvPart& q) { return q.w; }) : p.parts[0].w;
+    const QuantRowRef w = quant_row(dense, ew, kUp, p.s.interleaved, p.d_ff, live[h] ? f : 0);
     codes[h] = w.m.codes + int64_t(w.row) * p.code_row + t * (kCodeBytes / 4);
     scales[h] = w.m.scales + int64_t(w.row) * p.scale_row + ((32 * t) >> group_shift) * F::kScaleBytes;
     scale2[h] = w.m.scale2 ? *w.m.scale2 : 1.0f;
@@ -267,7 +299,7 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
     const int r = c / (p.Kp / 8), k = (c % (p.Kp / 8)) * 8;
     uint4 v = make_uint4(0, 0, 0, 0);
     if (k < p.K) {
-      const int64_t src = p.tiles == nullptr ? r : kUp ? p.perm[row0 + r] / p.top_k : row0 + r;
+      const int64_t src = kKind == kDense ? r : kUp ? p.perm[row0 + r] / p.top_k : row0 + r;
       v = permute_x<kValue>(*reinterpret_cast<const uint4*>(p.a + src * p.K + k));
     }
     uint2* dst = reinterpret_cast<uint2*>(xs + r * x_stride + k);
@@ -367,11 +399,13 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
     } else {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int o = 16 * unit + g + 8 * h;
+        const int o = 16 * pu + g + 8 * h;
         if (!live[h]) continue;
         const float v = h == 0 ? v0 : v1;
         if (ew == nullptr) {
-          p.out[int64_t(n) * p.n_out + o] = __float2bfloat16(v + (p.dense_bias ? p.dense_bias[o] : 0.0f));
+          const float* bias = part_field(p, pi, [](const GemvPart& q) { return q.bias; });
+          part_field(p, pi, [](const GemvPart& q) { return q.out; })[int64_t(n) * n_out() + o] =
+              __float2bfloat16(v + (bias ? bias[o] : 0.0f));
         } else {
           p.y[int64_t(p.perm[row0 + n]) * p.n_out + o] = v + (ew->down_bias ? ew->down_bias[o] : 0.0f);
         }
@@ -391,7 +425,7 @@ int kp_of(int64_t k) { return int((k + kKTile - 1) / kKTile * kKTile); }
 // unchanged, gpt-oss-20b MXFP4 decode 318-319 -> 326-329 tok/s. Slices of at least 6
 // for every format cost that decode 3-5% (bf16 5-7%): the bf16 attention projections
 // lost their 4-way split.
-template <bool kUp>
+template <int kKind>
 void launch_gemv(GemvParams p, int grid_x, int64_t tiles, cudaStream_t stream) {
   int device = 0, sms = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&device));
@@ -413,20 +447,20 @@ void launch_gemv(GemvParams p, int grid_x, int64_t tiles, cudaStream_t stream) {
   };
   const int v = p.f.value, s = p.f.scale_kind, spc = std::max(1, 32 / p.f.group);
   // One instance per format the packer produces (quant_pack.cpp).
-  if (v == 0 && s == 0 && spc == 1) go(quant_gemv_kernel<kUp, 0, 0, 1>);        // MXFP4
-  else if (v == 0 && s == 1 && spc == 2) go(quant_gemv_kernel<kUp, 0, 1, 2>);   // NVFP4
-  else if (v == 1 && s == 2 && spc == 1) go(quant_gemv_kernel<kUp, 1, 2, 1>);   // INT4, bf16 scales
-  else if (v == 1 && s == 2 && spc == 2) go(quant_gemv_kernel<kUp, 1, 2, 2>);
-  else if (v == 1 && s == 2 && spc == 4) go(quant_gemv_kernel<kUp, 1, 2, 4>);
-  else if (v == 1 && s == 3 && spc == 1) go(quant_gemv_kernel<kUp, 1, 3, 1>);   // INT4, f16 scales
-  else if (v == 1 && s == 3 && spc == 2) go(quant_gemv_kernel<kUp, 1, 3, 2>);
-  else if (v == 1 && s == 3 && spc == 4) go(quant_gemv_kernel<kUp, 1, 3, 4>);
-  else if (v == 1 && s == 4 && spc == 1) go(quant_gemv_kernel<kUp, 1, 4, 1>);   // INT4, f32 scales
-  else if (v == 1 && s == 4 && spc == 2) go(quant_gemv_kernel<kUp, 1, 4, 2>);
-  else if (v == 1 && s == 4 && spc == 4) go(quant_gemv_kernel<kUp, 1, 4, 4>);
-  else if (v == 2 && s == 4 && spc == 1) go(quant_gemv_kernel<kUp, 2, 4, 1>);   // FP8
-  else if (v == 2 && s == 4 && spc == 2) go(quant_gemv_kernel<kUp, 2, 4, 2>);
-  else if (v == kBf16Value) go(quant_gemv_kernel<kUp, kBf16Value, 0, 1>);  // plain bf16
+  if (v == 0 && s == 0 && spc == 1) go(quant_gemv_kernel<kKind, 0, 0, 1>);        // MXFP4
+  else if (v == 0 && s == 1 && spc == 2) go(quant_gemv_kernel<kKind, 0, 1, 2>);   // NVFP4
+  else if (v == 1 && s == 2 && spc == 1) go(quant_gemv_kernel<kKind, 1, 2, 1>);   // INT4, bf16 scales
+  else if (v == 1 && s == 2 && spc == 2) go(quant_gemv_kernel<kKind, 1, 2, 2>);
+  else if (v == 1 && s == 2 && spc == 4) go(quant_gemv_kernel<kKind, 1, 2, 4>);
+  else if (v == 1 && s == 3 && spc == 1) go(quant_gemv_kernel<kKind, 1, 3, 1>);   // INT4, f16 scales
+  else if (v == 1 && s == 3 && spc == 2) go(quant_gemv_kernel<kKind, 1, 3, 2>);
+  else if (v == 1 && s == 3 && spc == 4) go(quant_gemv_kernel<kKind, 1, 3, 4>);
+  else if (v == 1 && s == 4 && spc == 1) go(quant_gemv_kernel<kKind, 1, 4, 1>);   // INT4, f32 scales
+  else if (v == 1 && s == 4 && spc == 2) go(quant_gemv_kernel<kKind, 1, 4, 2>);
+  else if (v == 1 && s == 4 && spc == 4) go(quant_gemv_kernel<kKind, 1, 4, 4>);
+  else if (v == 2 && s == 4 && spc == 1) go(quant_gemv_kernel<kKind, 2, 4, 1>);   // FP8
+  else if (v == 2 && s == 4 && spc == 2) go(quant_gemv_kernel<kKind, 2, 4, 2>);
+  else if (v == kBf16Value) go(quant_gemv_kernel<kKind, kBf16Value, 0, 1>);  // plain bf16
   else KILN_CHECK(false) << "quant gemv: no kernel for value kind " << v << ", scale kind " << s << ", group " << p.f.group;
   KILN_CUDA_LAUNCH_CHECK();
 }
@@ -449,36 +483,34 @@ int quant_gemv_max_rows(int64_t n_in) {
   return n_in % 8 != 0 ? 0 : rows;
 }
 
-void launch_quant_gemv_linear(const bf16* x, const QuantMat& w, const QuantFormat& f, const float* bias, int64_t rows,
-                              int64_t n_out, int64_t n_in, bf16* out, cudaStream_t stream) {
+void launch_quant_gemv_linears(const bf16* x, const GemvPart* parts, int n_parts, const QuantFormat& f, int64_t rows,
+                               int64_t n_in, cudaStream_t stream) {
   KILN_CHECK(rows >= 1 && rows <= quant_gemv_max_rows(n_in)) << "quant gemv: " << rows << " rows of " << n_in;
+  KILN_CHECK(n_parts >= 1 && n_parts <= kGemvParts) << "quant gemv: " << n_parts << " linears";
   GemvParams p{};
-  p.dense = w;
-  p.dense_bias = bias;
+  p.n_parts = n_parts;
+  for (int i = 0; i < p.n_parts; ++i) {
+    p.parts[i] = parts[i];
+    p.units += int((parts[i].n_out + 15) / 16);
+    p.part_end[i] = p.units;
+  }
   p.dense_rows = p.rows_cap = int(rows);
   p.a = x;
-  p.n_out = int(n_out);
-  p.units = int((n_out + 15) / 16);
   p.f = f;
-  p.out = out;
   set_k(p, f, n_in);
-  launch_gemv<false>(p, 1, 1, stream);
+  launch_gemv<kDense>(p, 1, 1, stream);
+}
+
+void launch_quant_gemv_linear(const bf16* x, const QuantMat& w, const QuantFormat& f, const float* bias, int64_t rows,
+                              int64_t n_out, int64_t n_in, bf16* out, cudaStream_t stream) {
+  const GemvPart part{.w = w, .bias = bias, .n_out = n_out, .out = out};
+  launch_quant_gemv_linears(x, &part, 1, f, rows, n_in, stream);
 }
 
 void launch_bf16_gemv_linear(const bf16* x, const bf16* w, const float* bias, int64_t rows, int64_t n_out,
                              int64_t n_in, bf16* out, cudaStream_t stream) {
-  KILN_CHECK(rows >= 1 && rows <= quant_gemv_max_rows(n_in)) << "bf16 gemv: " << rows << " rows of " << n_in;
-  GemvParams p{};
-  p.dense = QuantMat{.codes = reinterpret_cast<const uint8_t*>(w)};
-  p.dense_bias = bias;
-  p.dense_rows = p.rows_cap = int(rows);
-  p.a = x;
-  p.n_out = int(n_out);
-  p.units = int((n_out + 15) / 16);
-  p.f = kBf16GemvFormat;
-  p.out = out;
-  set_k(p, p.f, n_in);
-  launch_gemv<false>(p, 1, 1, stream);
+  const GemvPart part{.w = {.codes = reinterpret_cast<const uint8_t*>(w)}, .bias = bias, .n_out = n_out, .out = out};
+  launch_quant_gemv_linears(x, &part, 1, kBf16GemvFormat, rows, n_in, stream);
 }
 
 void launch_moe_gemv_quant(const bf16* x, const QuantExpert* table, const QuantFormat& f, const MoeShape& s,
@@ -501,12 +533,12 @@ void launch_moe_gemv_quant(const bf16* x, const QuantExpert* table, const QuantF
   p.units = int((s.d_ff + 7) / 8);
   set_k(p, f, s.d_model);
   const int64_t live_tiles = std::min<int64_t>(n_pairs, n_slots);
-  launch_gemv<true>(p, n_slots, live_tiles, stream);
+  launch_gemv<kMoeUp>(p, n_slots, live_tiles, stream);
   p.a = act;
   p.units = int((s.d_model + 15) / 16);
   p.n_out = int(s.d_model);
   set_k(p, f, s.d_ff);
-  launch_gemv<false>(p, n_slots, live_tiles, stream);
+  launch_gemv<kMoeDown>(p, n_slots, live_tiles, stream);
 }
 
 }  // namespace kiln::cuda
