@@ -67,7 +67,7 @@ struct Slot {
 // kLoop: 0 the block count a compile-time constant (the compiler unrolls the whole
 // k loop); 1 a kernel argument, every block's load and compute guarded (quant_gemv.cu's
 // loop); 2 a kernel argument, the steady state unguarded and only the last R blocks guarded.
-template <int kMode, int R, int kPrefetch = 0, int kLoop = 0>
+template <int kMode, int R, int kPrefetch = 0, int kLoop = 0, bool kUnitMajor = false>
 __global__ void __launch_bounds__(128) gemv(int n_blocks, const uint8_t* __restrict__ codes_base,
                                             const uint8_t* __restrict__ scales_base, const int* __restrict__ experts,
                                             const __nv_bfloat16* __restrict__ x, __nv_bfloat16* out) {
@@ -80,9 +80,15 @@ __global__ void __launch_bounds__(128) gemv(int n_blocks, const uint8_t* __restr
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int f = 2 * (8 * unit + g) + h;
-    codes[h] = codes_base + e * kExpertCodes + int64_t(f) * kCodeRow + t * 16;
-    scales[h] = scales_base + e * kExpertScales + int64_t(f) * kScaleRow + t;
+    if (kUnitMajor) {  // a unit's 16 rows block by block: 1 KB of codes, 64 bytes of scales per block
+      codes[h] = codes_base + e * kExpertCodes + int64_t(unit) * kBlocks * 1024 + (f - 16 * unit) * 64 + t * 16;
+      scales[h] = scales_base + e * kExpertScales + int64_t(unit) * kBlocks * 64 + (f - 16 * unit) * 4 + t;
+    } else {
+      codes[h] = codes_base + e * kExpertCodes + int64_t(f) * kCodeRow + t * 16;
+      scales[h] = scales_base + e * kExpertScales + int64_t(f) * kScaleRow + t;
+    }
   }
+  constexpr int kCodeStep = kUnitMajor ? 1024 : 64, kScaleStep = kUnitMajor ? 64 : 4;
   if (kPrefetch < 0 && t == 0) {
 #pragma unroll
     for (int h = 0; h < 2; ++h)
@@ -93,9 +99,9 @@ __global__ void __launch_bounds__(128) gemv(int n_blocks, const uint8_t* __restr
     for (int h = 0; h < 2; ++h) {
       if (kPrefetch > 0 && blk + kPrefetch < kBlocks)
         asm volatile("prefetch.global.L2 [%0];" ::"l"(codes[h] + (blk + kPrefetch) * 64));
-      const uint4 q = __ldg(reinterpret_cast<const uint4*>(codes[h] + blk * 64));
+      const uint4 q = __ldg(reinterpret_cast<const uint4*>(codes[h] + blk * kCodeStep));
       st.w[h][0] = q.x, st.w[h][1] = q.y, st.w[h][2] = q.z, st.w[h][3] = q.w;
-      st.s[h] = kMode >= kScales ? __ldg(scales[h] + blk * 4) : 0u;
+      st.s[h] = kMode >= kScales ? __ldg(scales[h] + blk * kScaleStep) : 0u;
     }
   };
   const int nb = kLoop == 0 ? kBlocks : n_blocks;
@@ -303,6 +309,13 @@ int main() {
       run(name, kernel);
       smem_override = 0;
     };
+    run("unit-major: codes, ring 4", gemv<kCodes, 4, 0, 0, true>);
+    run("unit-major: codes, ring 8", gemv<kCodes, 8, 0, 0, true>);
+    run("unit-major: full, ring 4", gemv<kFull, 4, 0, 0, true>);
+    run("unit-major: full, ring 4, runtime K, steady", gemv<kFull, 4, 0, 2, true>);
+    run("unit-major: full, ring 8, runtime K, steady", gemv<kFull, 8, 0, 2, true>);
+    run("row-major: codes, ring 4", gemv<kCodes, 4>);
+    run("row-major: full, ring 4, runtime K, steady", gemv<kFull, 4, 0, 2>);
     run_async("async codes, D 4", gemv_async<4, true>, async_smem<4, true>());
     run_async("async codes, D 8", gemv_async<8, true>, async_smem<8, true>());
     run_async("async codes, D 12", gemv_async<12, true>, async_smem<12, true>());
