@@ -417,23 +417,27 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
 int kp_of(int64_t k) { return int((k + kKTile - 1) / kKTile * kKTile); }
 
 // Launch over `tiles` tiles (MoE: about the live ones), splitting each unit's k range
-// over 2 or 4 warps while that keeps the warps within about two waves: more warps
-// hide more latency, but a warp streams best over many blocks, and a slice shorter than
-// 2 ring - 1 blocks never leaves the k loop's guarded tail: slices keep at least that
-// many (2 before). H100, same run: one-token 4-bit MoE layers 3-7% faster (gpt-oss-120b
-// MXFP4 49.8 -> 47.7 us, NVFP4 53.1 -> 49.9; DeepSeek-like shapes unchanged), 8 tokens
-// unchanged, gpt-oss-20b MXFP4 decode 318-319 -> 326-329 tok/s. Slices of at least 6
-// for every format cost that decode 3-5% (bf16 5-7%): the bf16 attention projections
-// lost their 4-way split.
+// over 2 or 4 warps while the warps still fit in one wave (all resident at once): more warps
+// hide more latency, but a split whose warps spill into a second wave leaves most of the
+// GPU idle while that wave's few CTAs stream, and a warp streams best over many blocks.
+// A slice shorter than 2 ring - 1 blocks never leaves the k loop's guarded tail: slices
+// keep at least that many. H100, one token, splits forced (up / down): gpt-oss-120b MXFP4
+// 2 / 2 (1.4 waves for the up GEMV: the two-wave rule) 46.8 us, 1 / 2 (the one-wave rule)
+// 43.7, 1 / 1 50.1, 2 / 1 52.7; DeepSeek-like INT4 2 / 1 (1.9 waves) 114.6, 1 / 1 110.8;
+// Qwen3-30B-A3B MXFP4 2 / 1 (both rules) 27.1, 1 / 1 29.6; at eight tokens neither rule
+// splits. The dense linear rows measured the same under both rules (Llama-3-8B gate_up,
+// 1.7 waves at split 2 under the old one: 104.9-107.5 us with it, 107.7 without, across
+// runs). Slices of at least 6 blocks for every format (not 2 ring - 1) cost gpt-oss-20b
+// decode 3-5%: the bf16 attention projections lost their 4-way split.
 template <int kKind>
 void launch_gemv(GemvParams p, int grid_x, int64_t tiles, cudaStream_t stream) {
   int device = 0, sms = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&device));
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int64_t wave = int64_t(sms) * 16;  // resident warps at about 100 registers per thread
+  const int64_t wave = int64_t(sms) * 16;  // resident warps at up to 128 registers per thread
   p.split = 1;
   const int min_slice = 2 * ring_blocks(p.f.value) - 1;
-  while (p.split < kWarps && int64_t(p.units) * tiles * p.split * 2 <= 2 * wave &&
+  while (p.split < kWarps && int64_t(p.units) * tiles * p.split * 2 <= wave &&
          p.n_blocks >= 2 * min_slice * p.split)
     p.split *= 2;
   const int units_per_cta = kWarps / p.split;
