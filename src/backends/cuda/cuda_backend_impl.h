@@ -85,7 +85,7 @@ class CudaBackend final : public ops::Backend {
   // The W8A8 FP8 GEMMs (quant_gemm.cu) for prefill-shaped calls: on unless turned off
   // (KILN_FP8_W8A8=0, or kiln bench op's W8A16 rows): then FP8 weights stay W8A16.
   void set_w8a8(bool on) { w8a8_ = on; }
-  // The bf16 GEMV for dense linears at batch 1-8 (launch_bf16_gemv_linear): on unless
+  // The bf16 GEMV for dense linears at batch 1-8 (launch_quant_gemv_linears with kBf16GemvFormat): on unless
   // turned off (KILN_BF16_GEMV=0: cuBLASLt at every shape).
   void set_bf16_gemv(bool on) { bf16_gemv_ = on; }
   bool bf16_gemv() const { return bf16_gemv_; }

@@ -188,26 +188,21 @@ void CudaBackend::linears(const ops::LinearsArgs& a) {
   std::array<GemvPart, kGemvParts> parts{};
   std::optional<QuantFormat> format;
   size_t n = 0;
-  for (; n < a.w.size() && a.w[n] != nullptr; ++n) {
-    const ops::LinearArgs one{.x = a.x, .w = a.w[n], .out = a.out[n]};
-    check_act(one.out, "linears out");
-    const std::optional<GemvLinear> g = a.w[n]->n_in() == a.x.dim(1) ? gemv_linear(one) : std::nullopt;
-    if (!g || (format && !same_format(*format, g->format))) {
-      format.reset();
-      break;
-    }
-    format = g->format;
-    parts[n] = g->part;
+  bool fused = true;
+  for (; n < a.w.size() && a.w[n] != nullptr && fused; ++n) {
+    const ops::Weight& w = *a.w[n];
+    // A shape mismatch takes the one-by-one path, whose linear says what is wrong.
+    const bool shapes = w.n_in() == a.x.dim(1) && a.out[n].dim(0) == a.x.dim(0) && a.out[n].dim(1) == w.n_out();
+    const std::optional<GemvLinear> g = shapes ? gemv_linear({.x = a.x, .w = &w, .out = a.out[n]}) : std::nullopt;
+    fused = g && (!format || same_format(*format, g->format));
+    if (fused) format = g->format, parts[n] = g->part;
   }
-  if (!format || n < 2) {
+  if (!fused || n < 2) {
     ops::Backend::linears(a);
     return;
   }
   check_act(a.x, "linears x");
-  for (size_t i = 0; i < n; ++i)
-    KILN_CHECK(a.out[i].dim(0) == a.x.dim(0) && a.out[i].dim(1) == a.w[i]->n_out())
-        << "linears: x " << a.x.shape << ", out " << i << " " << a.out[i].shape << " vs weight [" << a.w[i]->n_out()
-        << ", " << a.w[i]->n_in() << "]";
+  for (size_t i = 0; i < n; ++i) check_act(a.out[i], "linears out");
   launch_quant_gemv_linears(a.x.as<bf16>(), parts.data(), int(n), *format, a.x.dim(0), a.x.dim(1), stream_);
 }
 

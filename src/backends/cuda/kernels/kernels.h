@@ -351,16 +351,11 @@ constexpr int kGemvRows = 8;
 // The most activation rows the GEMV takes with n_in inputs (they are staged in shared
 // memory; 0: n_in is not a multiple of 8).
 int quant_gemv_max_rows(int64_t n_in);
-// launch_quant_linear for rows <= quant_gemv_max_rows(n_in).
-void launch_quant_gemv_linear(const bf16* x, const QuantMat& w, const QuantFormat& f, const float* bias, int64_t rows,
-                              int64_t n_out, int64_t n_in, bf16* out, cudaStream_t stream);
-// The same kernel over a plain bf16 weight w [n_out, n_in] (row-major, n_in % 8 == 0):
-// out = bf16(x w^T + bias) for rows <= quant_gemv_max_rows(n_in).
-void launch_bf16_gemv_linear(const bf16* x, const bf16* w, const float* bias, int64_t rows, int64_t n_out,
-                             int64_t n_in, bf16* out, cudaStream_t stream);
-// Up to kGemvParts linears of one input x [rows, n_in] and one format f (kBf16GemvFormat:
-// plain bf16 weights as QuantMats) in one launch: out = bf16(x w^T + bias) for each part.
-// A decode layer's q, k and v, whose k and v alone are too small to fill the GPU.
+// Up to kGemvParts linears of one input x [rows, n_in], rows <= quant_gemv_max_rows(n_in),
+// in one launch: out = bf16(x w^T + bias) for each part. The weights are packed in format
+// f (launch_quant_linear's at few rows), or plain bf16 [n_out, n_in] row-major with
+// f = kBf16GemvFormat (codes = the bf16 rows, n_in % 8 == 0). One part is a linear; q, k
+// and v of a decode layer are one launch (k and v alone are too small to fill the GPU).
 struct GemvPart {
   QuantMat w;
   const float* bias = nullptr;  // [n_out] or nullptr

@@ -505,18 +505,6 @@ void launch_quant_gemv_linears(const bf16* x, const GemvPart* parts, int n_parts
   launch_gemv<kDense>(p, 1, 1, stream);
 }
 
-void launch_quant_gemv_linear(const bf16* x, const QuantMat& w, const QuantFormat& f, const float* bias, int64_t rows,
-                              int64_t n_out, int64_t n_in, bf16* out, cudaStream_t stream) {
-  const GemvPart part{.w = w, .bias = bias, .n_out = n_out, .out = out};
-  launch_quant_gemv_linears(x, &part, 1, f, rows, n_in, stream);
-}
-
-void launch_bf16_gemv_linear(const bf16* x, const bf16* w, const float* bias, int64_t rows, int64_t n_out,
-                             int64_t n_in, bf16* out, cudaStream_t stream) {
-  const GemvPart part{.w = {.codes = reinterpret_cast<const uint8_t*>(w)}, .bias = bias, .n_out = n_out, .out = out};
-  launch_quant_gemv_linears(x, &part, 1, kBf16GemvFormat, rows, n_in, stream);
-}
-
 void launch_moe_gemv_quant(const bf16* x, const QuantExpert* table, const QuantFormat& f, const MoeShape& s,
                            int top_k, int rows_cap, int64_t n_pairs, const int32_t* perm, const int4* tiles,
                            int n_slots, bf16* act, float* y, cudaStream_t stream) {
