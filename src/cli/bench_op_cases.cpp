@@ -347,9 +347,10 @@ std::vector<formats::QuantizedTensor> packed_experts(Bench& b, ops::Backend& be,
                                                      double* bytes_per_expert) {
   const cuda::QuantFormat qf{.value = f.bits == 8 ? 2 : 0, .scale_bytes = f.scale_bytes, .group = f.group};
   const int64_t code_row = qf.code_row_bytes(n_in), scale_row = qf.scale_row_bytes(n_in);
+  const int64_t rows = cuda::quant_rows_padded(n_out);  // stored rows (whole 16-row units)
   // Codes: random bytes from the weight pool (a bf16 tensor of the same bytes).
-  Tensor codes = b.fill.weight(be, {n_experts, n_out, code_row / 2});
-  Tensor scales = be.alloc(DType::kU8, {n_experts, n_out, scale_row});
+  Tensor codes = b.fill.weight(be, {n_experts, rows, code_row / 2});
+  Tensor scales = be.alloc(DType::kU8, {n_experts, rows, scale_row});
   KILN_CUDA_CHECK(cudaMemset(scales.data, f.scale_byte, scales.nbytes()));
   Tensor scale2;
   if (f.kind == formats::QuantKind::kNvfp4) scale2 = b.fill.vector(be, 1, 1.0f / 64, 1.0f / 64);
@@ -358,10 +359,10 @@ std::vector<formats::QuantizedTensor> packed_experts(Bench& b, ops::Backend& be,
   for (int64_t e = 0; e < n_experts; ++e) {
     formats::QuantizedTensor q{.kind = f.kind, .n_out = n_out, .n_in = n_in, .block_n = 128, .block_k = f.group};
     q.packed_group = f.group;
-    q.data = Tensor{.data = static_cast<char*>(codes.data) + e * n_out * code_row, .dtype = DType::kU8,
-                    .shape = {n_out, code_row}, .device = Device::kCuda, .owner = codes.owner};
-    q.scale = Tensor{.data = static_cast<char*>(scales.data) + e * n_out * scale_row, .dtype = f.scale_dtype,
-                     .shape = {n_out, scale_row / f.scale_bytes}, .device = Device::kCuda,
+    q.data = Tensor{.data = static_cast<char*>(codes.data) + e * rows * code_row, .dtype = DType::kU8,
+                    .shape = {rows, code_row}, .device = Device::kCuda, .owner = codes.owner};
+    q.scale = Tensor{.data = static_cast<char*>(scales.data) + e * rows * scale_row, .dtype = f.scale_dtype,
+                     .shape = {rows, scale_row / f.scale_bytes}, .device = Device::kCuda,
                      .owner = scales.owner};
     q.scale2 = scale2;
     out.push_back(std::move(q));

@@ -40,8 +40,9 @@ Result<formats::QuantizedTensor> CudaBackend::upload_quantized(const formats::Qu
   out.block_n = q.block_n;
   out.block_k = q.block_k;
   out.packed_group = p.group;
-  out.data = alloc_tensor(DType::kU8, {p.n_out, p.code_row_bytes()}, true);
-  out.scale = alloc_tensor(p.scale_dtype, {p.n_out, p.k_padded / p.group}, true);
+  out.data = alloc_tensor(DType::kU8, {p.rows(), p.code_row_bytes()}, true);
+  out.scale = alloc_tensor(p.scale_dtype, {p.rows(), p.k_padded / p.group}, true);
+  KILN_CHECK_EQ(out.data.nbytes(), p.codes.size());
   KILN_CHECK_EQ(out.scale.nbytes(), p.scales.size());
   KILN_CUDA_CHECK(cudaMemcpyAsync(out.data.data, p.codes.data(), p.codes.size(), cudaMemcpyHostToDevice, stream_));
   KILN_CUDA_CHECK(cudaMemcpyAsync(out.scale.data, p.scales.data(), p.scales.size(), cudaMemcpyHostToDevice, stream_));

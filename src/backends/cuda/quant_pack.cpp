@@ -30,6 +30,17 @@ Status need(bool ok, const formats::QuantizedTensor& q, const std::string& why) 
                      std::to_string(q.n_out) + " x " + std::to_string(q.n_in) + " with " + why);
 }
 
+// The unit-major order (kernels/quant_layout.h) of row-major [rows, row_bytes] bytes
+// (rows a whole number of units): each row's block of blk bytes moves to its place.
+std::vector<uint8_t> unit_major(const std::vector<uint8_t>& row_major, int64_t rows, int64_t row_bytes, int blk) {
+  std::vector<uint8_t> out(row_major.size());
+  for (int64_t o = 0; o < rows; ++o)
+    for (int64_t b = 0; b < row_bytes / blk; ++b)
+      std::memcpy(&out[size_t(quant_block_offset(o, b, row_bytes, blk))], &row_major[size_t(o * row_bytes + b * blk)],
+                  size_t(blk));
+  return out;
+}
+
 }  // namespace
 
 int PackedQuant::scale_bytes() const { return dtype_bits(scale_dtype) / 8; }
@@ -125,16 +136,17 @@ Result<PackedQuant> pack_quantized(const formats::QuantizedTensor& q) {
   // Codes: rows copied as they are, the padding set to the code of zero.
   const int64_t src_row = n_in * p.bits / 8, dst_row = p.code_row_bytes();
   const uint8_t zero = p.value == QuantValue::kInt4 ? 0x88 : 0x00;
-  p.codes.assign(size_t(n_out * dst_row), zero);
+  std::vector<uint8_t> codes(size_t(p.rows() * dst_row), zero);
   const auto* src = static_cast<const uint8_t*>(q.data.data);
-  for (int64_t o = 0; o < n_out; ++o) std::memcpy(&p.codes[size_t(o * dst_row)], src + o * src_row, size_t(src_row));
+  for (int64_t o = 0; o < n_out; ++o) std::memcpy(&codes[size_t(o * dst_row)], src + o * src_row, size_t(src_row));
+  p.codes = unit_major(codes, p.rows(), dst_row, p.code_block_bytes());
 
   // Scales: one per group of k; past n_in zero (the codes there are zero too).
   const int sb = p.scale_bytes();
   const int64_t per_row = p.k_padded / p.group;
-  p.scales.assign(size_t(n_out * per_row * sb), 0);
+  std::vector<uint8_t> scales(size_t(p.rows() * per_row * sb), 0);
   for (int64_t o = 0; o < n_out; ++o) {
-    uint8_t* row = &p.scales[size_t(o * per_row * sb)];
+    uint8_t* row = &scales[size_t(o * per_row * sb)];
     for (int64_t j = 0; j < per_row; ++j) {
       const int64_t k = j * p.group;  // first element of this scale group
       if (k >= n_in) break;
@@ -157,19 +169,22 @@ Result<PackedQuant> pack_quantized(const formats::QuantizedTensor& q) {
       }
     }
   }
+  p.scales = unit_major(scales, p.rows(), p.scale_row_bytes(), p.tile_scale_bytes());
   return p;
 }
 
 float packed_element(const PackedQuant& p, int64_t o, int64_t k) {
-  const uint8_t* codes = &p.codes[size_t(o * p.code_row_bytes())];
+  const int64_t b = k / kQuantKTile, kb = k % kQuantKTile;  // block, and k within it
+  const uint8_t* codes = &p.codes[size_t(quant_block_offset(o, b, p.code_row_bytes(), p.code_block_bytes()))];
   float v = 0.0f;
   if (p.bits == 4) {
-    const uint8_t nib = k % 2 ? uint8_t(codes[k / 2] >> 4) : uint8_t(codes[k / 2] & 0xf);
+    const uint8_t nib = kb % 2 ? uint8_t(codes[kb / 2] >> 4) : uint8_t(codes[kb / 2] & 0xf);
     v = p.value == QuantValue::kInt4 ? float(int(nib) - 8) : fp4_e2m1_to_f32(nib);
   } else {
-    v = fp8_e4m3_to_f32(codes[k]);
+    v = fp8_e4m3_to_f32(codes[kb]);
   }
-  const uint8_t* s = &p.scales[size_t(o * p.scale_row_bytes() + (k / p.group) * p.scale_bytes())];
+  const uint8_t* s = &p.scales[size_t(quant_block_offset(o, b, p.scale_row_bytes(), p.tile_scale_bytes()) +
+                                      (kb / p.group) * p.scale_bytes())];
   return v * packed_scale(p.scale_dtype, s);
 }
 

@@ -4,12 +4,12 @@
 // (tests/backends/cuda_quant_pack_test.cpp) so the layout is checked without a GPU.
 //
 // A weight is logically W [n_out, n_in] (y = x W^T). With Kp = n_in rounded up to
-// kQuantKTile (the kernels' k step):
-//   codes   u8 [n_out, Kp * bits / 8]. 4-bit formats: element k in byte k / 2, low
+// kQuantKTile (the kernels' k step) and N = n_out rounded up to kQuantUnitRows:
+//   codes   u8 [N, Kp * bits / 8]. 4-bit formats: element k in byte k / 2, low
 //           nibble for even k: the checkpoints' own order (MXFP4 / NVFP4 bytes and
 //           INT4's little-endian int32 words are copied as they are). FP8: one e4m3
-//           per byte. Padding (k >= n_in) holds the code of zero.
-//   scales  [n_out, Kp / group] of scale_dtype, one per `group` consecutive k of a
+//           per byte. Padding (k >= n_in, rows >= n_out) holds the code of zero.
+//   scales  [N, Kp / group] of scale_dtype, one per `group` consecutive k of a
 //           row; group divides kQuantKTile and one tile's scales of a row are a
 //           multiple of 4 bytes (the kernels fetch them with 4-byte cp.async):
 //             MXFP4  e8m0, group 32          NVFP4  e4m3, group 16
@@ -18,6 +18,9 @@
 //             FP8    f32, group min(block_k, 128) (a block scale is repeated over its
 //                    block's rows; per-channel and per-tensor scales along k)
 //   scale2  NVFP4's global scale, applied by the kernels to the fp32 result; else 1.
+// Both arrays are unit-major (kernels/quant_layout.h): a row's 128-input block of codes
+// (64 or 128 bytes) or of scales (tile_scale_bytes) lies at quant_block_offset(o, b, ...),
+// 16 rows' blocks side by side: the repack is a permutation inside each 16-row unit.
 // Element value: W[o][k] = value(code) * scale[o][k / group] * scale2 with value the
 // e2m1 number (MXFP4, NVFP4), code - 8 (INT4) or the e4m3 number (FP8): exactly the
 // numbers formats::dequantize_row gives.
@@ -26,6 +29,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backends/cuda/kernels/quant_layout.h"
 #include "core/status.h"
 #include "formats/quant.h"
 
@@ -44,12 +48,14 @@ struct PackedQuant {
   int bits = 0;   // 4 or 8
   int group = 0;  // k elements per scale
   DType scale_dtype = DType::kF32;
-  std::vector<uint8_t> codes;   // [n_out, code_row_bytes()]
-  std::vector<uint8_t> scales;  // [n_out, scale_row_bytes()]
+  std::vector<uint8_t> codes;   // [rows(), code_row_bytes()], unit-major
+  std::vector<uint8_t> scales;  // [rows(), scale_row_bytes()], unit-major
   bool has_scale2 = false;
   float scale2 = 1.0f;
 
+  int64_t rows() const { return quant_rows_padded(n_out); }  // stored rows
   int64_t code_row_bytes() const { return k_padded * bits / 8; }
+  int code_block_bytes() const { return kQuantKTile * bits / 8; }  // a row's per 128 inputs
   int scale_bytes() const;  // bytes of one scale
   int64_t scale_row_bytes() const { return k_padded / group * scale_bytes(); }
   int tile_scale_bytes() const { return kQuantKTile / group * scale_bytes(); }

@@ -297,13 +297,16 @@ std::vector<uint8_t> stage_image(ActFormat f, const QuantActs& a, int64_t k, int
                 size_t(sc));
   }
   EXPECT_EQ(w.tile_scale_bytes(), sc) << "the weights' scale bytes per stage";
+  // Weight rows as the kernel addresses them: the row's block 0 in the unit-major layout
+  // (quant_layout.h), then kt blocks of 16 rows on.
   for (int n = 0; n < cols; ++n) {
-    for (int ch = 0; ch < sm::kBRowBytes / 16; ++ch) {
-      chunk(uint32_t(sm::b_codes_offset(f)) + sm::tile_chunk(n, ch, sm::kBRowBytes),
-            &w.codes[size_t(n * w.code_row_bytes() + kt * sm::kBRowBytes + 16 * ch)]);
-    }
-    std::memcpy(&smem[size_t(sm::b_scales_offset(f) + n * sc)], &w.scales[size_t(n * w.scale_row_bytes() + kt * sc)],
-                size_t(sc));
+    const int64_t b_codes = cuda::quant_block_offset(n, 0, w.code_row_bytes(), sm::kBRowBytes) +
+                            int64_t(kt) * cuda::kQuantUnitRows * sm::kBRowBytes;
+    const int64_t b_scales =
+        cuda::quant_block_offset(n, 0, w.scale_row_bytes(), sc) + int64_t(kt) * cuda::kQuantUnitRows * sc;
+    for (int ch = 0; ch < sm::kBRowBytes / 16; ++ch)
+      chunk(uint32_t(sm::b_codes_offset(f)) + sm::tile_chunk(n, ch, sm::kBRowBytes), &w.codes[size_t(b_codes + 16 * ch)]);
+    std::memcpy(&smem[size_t(sm::b_scales_offset(f) + n * sc)], &w.scales[size_t(b_scales)], size_t(sc));
   }
   return smem;
 }

@@ -1,8 +1,9 @@
 // The CUDA backend's packed layout of quantized weights (backends/cuda/quant_pack.h),
 // checked on the CPU: every element of the packed form, decoded the way the kernels
 // decode it, equals the reference dequantization (formats::dequantize_row) exactly, the
-// padding decodes to zero, rows keep the alignment the kernels' cp.async needs, and
-// shapes the layout cannot hold fail with a clear error.
+// padding decodes to zero, the unit-major order is the one quant_layout.h states, rows
+// keep the alignment the kernels' cp.async needs, and shapes the layout cannot hold
+// fail with a clear error.
 #include <cstring>
 
 #include <gtest/gtest.h>
@@ -34,8 +35,9 @@ TEST(CudaQuantPack, EveryFormatDecodesToTheReferenceValues) {
       EXPECT_EQ(p->tile_scale_bytes() % 4, 0) << "scales move in 4-byte pieces";
       EXPECT_LE(p->tile_scale_bytes(), cuda::kQuantMaxTileScaleBytes);
       EXPECT_EQ(cuda::kQuantKTile % p->group, 0);
-      EXPECT_EQ(p->codes.size(), size_t(n_out * p->code_row_bytes()));
-      EXPECT_EQ(p->scales.size(), size_t(n_out * p->scale_row_bytes()));
+      EXPECT_EQ(p->rows(), (n_out + 15) / 16 * 16) << "rows padded to whole 16-row units";
+      EXPECT_EQ(p->codes.size(), size_t(p->rows() * p->code_row_bytes()));
+      EXPECT_EQ(p->scales.size(), size_t(p->rows() * p->scale_row_bytes()));
       std::vector<float> ref(static_cast<size_t>(n_in));
       int64_t mismatches = 0, nonzero = 0;
       for (int64_t o = 0; o < n_out; ++o) {
@@ -47,10 +49,46 @@ TEST(CudaQuantPack, EveryFormatDecodesToTheReferenceValues) {
           nonzero += want != 0.0f;
         }
       }
+      for (int64_t o = n_out; o < p->rows(); ++o)  // the padding rows
+        for (int64_t k = 0; k < p->k_padded; ++k)
+          if (packed_element(*p, o, k) != 0.0f && mismatches++ < 5) ADD_FAILURE() << "padding (" << o << ", " << k << ")";
       EXPECT_EQ(mismatches, 0);
       EXPECT_GT(nonzero, n_out * n_in / 2) << "random weights, not zeros";
     }
   }
+}
+
+// The unit-major order itself, spelled out independently of quant_layout.h: rows in units
+// of 16, a unit block by block (64 bytes of 4-bit codes and 4 of MXFP4 scales per row and
+// 128 inputs), so one unit's block is one contiguous run in row order. 37 rows: a partial
+// last unit, padded with rows of zero codes and zero scale bytes.
+TEST(CudaQuantPack, AUnitsRowsLieBlockByBlock) {
+  std::mt19937 rng(9);
+  const int64_t n_out = 37, n_in = 384, row = n_in / 2, scales_row = n_in / 32;
+  const formats::QuantizedTensor q = cuda::random_quantized({QuantKind::kMxfp4}, n_out, n_in, rng);
+  auto p = pack_quantized(q);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  ASSERT_EQ(p->rows(), 48);
+  ASSERT_EQ(p->code_row_bytes(), row);
+  ASSERT_EQ(p->scale_row_bytes(), scales_row);
+  const auto* codes = static_cast<const uint8_t*>(q.data.data);
+  const auto* scales = static_cast<const uint8_t*>(q.scale.data);
+  int64_t bad = 0;
+  for (int64_t o = 0; o < p->rows(); ++o) {
+    const int64_t unit = o / 16, r = o % 16;
+    for (int64_t j = 0; j < row; ++j) {  // code byte j of row o: block j / 64
+      const int64_t at = unit * 16 * row + (j / 64) * 16 * 64 + r * 64 + j % 64;
+      const uint8_t want = o < n_out ? codes[o * row + j] : 0;
+      if (p->codes[size_t(at)] != want && bad++ < 5) ADD_FAILURE() << "code byte " << j << " of row " << o;
+    }
+    for (int64_t j = 0; j < scales_row; ++j) {  // scale j of row o: block j / 4
+      const int64_t at = unit * 16 * scales_row + (j / 4) * 16 * 4 + r * 4 + j % 4;
+      const uint8_t want = o < n_out ? scales[o * scales_row + j] : 0;
+      if (p->scales[size_t(at)] != want && bad++ < 5) ADD_FAILURE() << "scale " << j << " of row " << o;
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  EXPECT_EQ(cuda::quant_block_offset(37, 2, row, 64), 32 * row + (2 * 16 + 5) * 64);
 }
 
 TEST(CudaQuantPack, ShapesTheLayoutCannotHoldFailClearly) {

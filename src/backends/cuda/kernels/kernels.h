@@ -11,6 +11,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "backends/cuda/kernels/quant_layout.h"
+
 namespace kiln::cuda {
 
 using bf16 = __nv_bfloat16;
@@ -254,8 +256,8 @@ void launch_moe_align(const int32_t* experts, int64_t n_pairs, int n_experts, in
 // ---- quant_gemm.cu: GEMMs over quantized weights in the packed layout of
 // backends/cuda/quant_pack.h (FP8, MXFP4, NVFP4, INT4), bf16 activations.
 struct QuantMat {
-  const uint8_t* codes = nullptr;   // [n_out, code row bytes]
-  const uint8_t* scales = nullptr;  // [n_out, scale row bytes]
+  const uint8_t* codes = nullptr;   // [rows, code row bytes], unit-major (quant_layout.h)
+  const uint8_t* scales = nullptr;  // [rows, scale row bytes], unit-major
   const float* scale2 = nullptr;    // NVFP4's global scale (device), or nullptr
 };
 // What every matrix of one GEMM shares.

@@ -109,13 +109,21 @@ struct QGemmParams {
   int64_t a_code_row, a_scale_row;
 };
 
-// Where fused column f's weight row lives (codes and scales at k = 0).
+// Where fused column f's weight row lives (codes and scales of its 128-input block 0;
+// block b's are b * kQuantUnitRows row blocks on: the unit-major layout, quant_layout.h).
 template <bool kUp>
 __device__ __forceinline__ void b_row(const QGemmParams& p, const QuantExpert* ew, int f, const uint8_t*& codes,
                                       const uint8_t*& scales) {
   const QuantRowRef w = quant_row(p.dense, ew, kUp, p.s.interleaved, p.d_ff, f);
-  codes = w.m.codes + int64_t(w.row) * p.code_row;
-  scales = w.m.scales + int64_t(w.row) * p.scale_row;
+  codes = w.m.codes + quant_block_offset(w.row, 0, p.code_row, p.f.value == 2 ? kKTile : kKTile / 2);
+  scales = w.m.scales + quant_block_offset(w.row, 0, p.scale_row, p.tile_scale);
+}
+
+// The offset of stage s's codes (inputs [64 s, 64 s + 64): half of block s / 2) from a
+// row's block 0, kCodeRow bytes per row per stage.
+template <int kCodeRow>
+__device__ __forceinline__ int64_t stage_codes(int s) {
+  return int64_t(s >> 1) * (kQuantUnitRows * 2 * kCodeRow) + (s & 1) * kCodeRow;
 }
 
 // This CTA's rows: MoE tile blockIdx.x of the table (false: an unused slot) or the dense
@@ -228,14 +236,15 @@ __global__ void __launch_bounds__(C::kThreads) quant_gemm_kernel(const QGemmPara
       if (kCodeChunksTotal % C::kThreads != 0 && c >= kCodeChunksTotal) continue;
       const bool valid = c_src[i] != nullptr;
       cp_async_16(sc + r * C::kCodeRow + ch * 16,
-                  valid ? static_cast<const void*>(c_src[i] + int64_t(s) * C::kCodeRow + ch * 16) : p.a, valid);
+                  valid ? static_cast<const void*>(c_src[i] + stage_codes<C::kCodeRow>(s) + ch * 16) : p.a, valid);
     }
     for (int g = tid; g < C::kBNF * granules; g += C::kThreads) {
       const int r = g / granules, j = g % granules, f = n0 + r;
       if (f >= p.NF) continue;
       const uint8_t *codes, *scales;
       b_row<kUp>(p, ew, f, codes, scales);
-      attn::cp_async_small<4>(ss + r * C::kScaleRow + 4 * j, scales + int64_t(s / 2) * p.tile_scale + 4 * j, true);
+      attn::cp_async_small<4>(ss + r * C::kScaleRow + 4 * j, scales + int64_t(s / 2) * kQuantUnitRows * p.tile_scale + 4 * j,
+                                  true);
     }
   };
 
@@ -386,15 +395,18 @@ __global__ void dequantize_kernel(QuantMat w, QuantFormat f, int64_t n_out, int6
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n_out * n_in) return;
   const int64_t o = i / n_in, k = i % n_in;
-  const uint8_t* codes = w.codes + o * code_row;
+  const int64_t b = k / kKTile, kb = k % kKTile;  // block, and k within it (quant_layout.h)
+  const uint8_t* codes = w.codes + quant_block_offset(o, b, code_row, f.value == 2 ? kKTile : kKTile / 2);
   float v;
   if (f.value == 2) {
-    v = e4m3_value(codes[k]);
+    v = e4m3_value(codes[kb]);
   } else {
-    const uint32_t c = (codes[k / 2] >> (4 * (k % 2))) & 0xfu;
+    const uint32_t c = (codes[kb / 2] >> (4 * (kb % 2))) & 0xfu;
     v = f.value == 0 ? e2m1_value(c) : float(int(c) - 8);
   }
-  v *= scale_value(f.scale_kind, w.scales + o * scale_row + (k / f.group) * f.scale_bytes);
+  const int tile_scale = kKTile / f.group * f.scale_bytes;
+  v *= scale_value(f.scale_kind, w.scales + quant_block_offset(o, b, scale_row, tile_scale) +
+                                     (kb / f.group) * f.scale_bytes);
   if (w.scale2) v *= *w.scale2;
   out[i] = __float2bfloat16(v);
 }
@@ -490,10 +502,12 @@ __global__ void __launch_bounds__(kF8Threads) quant_gemm_w8a8_kernel(const QGemm
                   a_src[i] != nullptr);
 #pragma unroll
     for (int i = 0; i < kF8BN / 16; ++i)
-      cp_async_16(sb + swz<64>(tid / 8 + 16 * i, ch), b_src[i] ? b_src[i] + int64_t(kt) * kKTile : p.a_codes,
-                  b_src[i] != nullptr);
+      cp_async_16(sb + swz<64>(tid / 8 + 16 * i, ch),
+                  b_src[i] ? b_src[i] + int64_t(kt) * kQuantUnitRows * kKTile : p.a_codes, b_src[i] != nullptr);
     if (tid < kF8BM) attn::cp_async_small<4>(ss + 4 * tid, as_src ? as_src + kt : p.a_scales, as_src != nullptr);
-    attn::cp_async_small<4>(ss + 4 * (kF8BM + tid), ws_src ? ws_src + kt : p.a_scales, ws_src != nullptr);
+    // (Weights: unit-major, one f32 scale per row and block.)
+    attn::cp_async_small<4>(ss + 4 * (kF8BM + tid), ws_src ? ws_src + kt * kQuantUnitRows : p.a_scales,
+                            ws_src != nullptr);
   };
 
   float acc[kF8MT][kF8NT][4] = {};

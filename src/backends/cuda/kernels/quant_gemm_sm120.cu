@@ -140,13 +140,13 @@ __global__ void __launch_bounds__(sm120::kThreads) moe_gemm_sm120_kernel(const N
     b_src[i] = nullptr;
     if (f < p.NF) {
       const QuantRowRef w = quant_row(QuantMat{}, ew, kUp, p.s.interleaved, p.d_ff, f);
-      b_src[i] = w.m.codes + int64_t(w.row) * p.code_row;
+      b_src[i] = w.m.codes + quant_block_offset(w.row, 0, p.code_row, kBRowBytes);
     }
   }
   const uint8_t* bs_src = nullptr;
   if (n0 + tid < p.NF) {
     const QuantRowRef w = quant_row(QuantMat{}, ew, kUp, p.s.interleaved, p.d_ff, n0 + tid);
-    bs_src = w.m.scales + int64_t(w.row) * p.scale_row;
+    bs_src = w.m.scales + quant_block_offset(w.row, 0, p.scale_row, kSc);
   }
 
   const auto load_stage = [&](int stage, int kt) {
@@ -167,10 +167,11 @@ __global__ void __launch_bounds__(sm120::kThreads) moe_gemm_sm120_kernel(const N
       const int c = tid + i * kThreads, r = c / (kBRowBytes / 16), ch = c % (kBRowBytes / 16);
       const bool valid = b_src[i] != nullptr;
       attn::cp_async_16(base + b_codes_offset(F) + tile_chunk(r, ch, kBRowBytes),
-                        valid ? b_src[i] + int64_t(kt) * kBRowBytes + 16 * ch : p.a_codes, valid);
+                        valid ? b_src[i] + int64_t(kt) * kQuantUnitRows * kBRowBytes + 16 * ch : p.a_codes, valid);
     }
-    cp_async_small<kSc>(base + b_scales_offset(F) + tid * kSc, bs_src ? bs_src + int64_t(kt) * kSc : p.a_scales,
-                        bs_src != nullptr);
+    // (Weights are unit-major, quant_layout.h: a row's next block is 16 rows' blocks on.)
+    cp_async_small<kSc>(base + b_scales_offset(F) + tid * kSc,
+                        bs_src ? bs_src + int64_t(kt) * kQuantUnitRows * kSc : p.a_scales, bs_src != nullptr);
   };
 
   float acc[kMT][kNT][4] = {};

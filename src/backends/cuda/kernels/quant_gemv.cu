@@ -13,7 +13,9 @@
 // for two tokens and applies the GLU itself; else 16 consecutive output rows. Lane
 // (g, t) = (lane / 4, lane % 4) holds rows g and g + 8 of the A fragment and token row
 // g of B. Per 128-input block, lane t owns inputs [32t, 32t + 32) of the block for its
-// rows (one 16-byte load of 4-bit codes, two of FP8). A dot product does not care in
+// rows (one 16-byte load of 4-bit codes, two of FP8); packed weights are unit-major
+// (quant_layout.h), so a warp's loads of one block are one contiguous run (1 KB of
+// 4-bit codes) when its 16 rows are a unit. A dot product does not care in
 // which order k is summed, so the mma's logical k is mapped onto these physical inputs
 // in whatever order the decoding yields pairs (decode_pair), and the CTA stages its
 // activation rows in shared memory permuted to the same order, so that a step's B
@@ -242,10 +244,13 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
   const int b_end = unit < p.units ? min(p.n_blocks, b_begin + per_slice) : b_begin;
 
   // This lane's two weight rows: gate and up of output 8 unit + g, or rows 16 unit + g (+ 8):
-  // their codes, and the scales of this lane's chunk of block 0 (block b's are
-  // scale_step bytes on; a chunk's kSpc > 1 scales are consecutive: group 32 / kSpc).
+  // their codes, and the scales of this lane's chunk of block 0 (block b's are b code /
+  // scale steps on: packed weights are unit-major, quant_layout.h, bf16 rows row-major;
+  // a chunk's kSpc > 1 scales are consecutive: group 32 / kSpc).
   const int group_shift = __ffs(p.f.group) - 1;
-  const int scale_step = (kKTile >> group_shift) * F::kScaleBytes;
+  const int tile_scale = (kKTile >> group_shift) * F::kScaleBytes;  // a row's scale bytes per block
+  constexpr int kCodeStep = F::kBf16 ? kCodeBytes : kQuantUnitRows * kCodeBytes;
+  const int scale_step = kQuantUnitRows * tile_scale;
   const uint8_t* codes[2];
   const uint8_t* scales[2];
   bool live[2];
@@ -259,8 +264,10 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
     // and NVFP4 decode ran 5-11% slower.)
     const QuantMat dense = kKind == kDense ? part_field(p, pi, [](const GemvPart& q) { return q.w; }) : p.parts[0].w;
     const QuantRowRef w = quant_row(dense, ew, kUp, p.s.interleaved, p.d_ff, live[h] ? f : 0);
-    codes[h] = w.m.codes + int64_t(w.row) * p.code_row + t * (kCodeBytes / 4);
-    scales[h] = w.m.scales + int64_t(w.row) * p.scale_row + ((32 * t) >> group_shift) * F::kScaleBytes;
+    codes[h] = w.m.codes + t * (kCodeBytes / 4) +
+               (F::kBf16 ? int64_t(w.row) * p.code_row : quant_block_offset(w.row, 0, p.code_row, kCodeBytes));
+    scales[h] = w.m.scales + quant_block_offset(w.row, 0, p.scale_row, tile_scale) +
+                ((32 * t) >> group_shift) * F::kScaleBytes;
     scale2[h] = w.m.scale2 ? *w.m.scale2 : 1.0f;
   }
   // FP8 with 128-input groups scales each block's fp32 result (uniform).
@@ -271,9 +278,11 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
       for (int v = 0; v < F::kChunkWords / 4; ++v) {
-        // bf16 rows are not padded: their last block stops at K (a multiple of 8).
+        // bf16 rows are not padded: their last block stops at K (a multiple of 8). A
+        // packed row that is not live reads row 0 (quant_row above), never stored: no
+        // branch around the loads.
         const bool in = live[h] && (!F::kBf16 || k0 + 8 * v < p.K);
-        const uint4 q = in ? __ldg(reinterpret_cast<const uint4*>(codes[h] + int64_t(blk) * kCodeBytes) + v)
+        const uint4 q = in ? __ldg(reinterpret_cast<const uint4*>(codes[h] + int64_t(blk) * kCodeStep) + v)
                            : make_uint4(0, 0, 0, 0);
         st.w[h][4 * v] = q.x, st.w[h][4 * v + 1] = q.y, st.w[h][4 * v + 2] = q.z, st.w[h][4 * v + 3] = q.w;
       }
