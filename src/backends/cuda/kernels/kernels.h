@@ -270,6 +270,9 @@ struct QuantFormat {
   __host__ __device__ int64_t k_padded(int64_t k) const { return (k + 127) / 128 * 128; }
   __host__ __device__ int64_t code_row_bytes(int64_t k) const { return k_padded(k) * (value == 2 ? 8 : 4) / 8; }
   __host__ __device__ int64_t scale_row_bytes(int64_t k) const { return k_padded(k) / group * scale_bytes; }
+  // A row's bytes per 128-input block (quant_layout.h's blk): codes, scales.
+  __host__ __device__ int code_block_bytes() const { return value == 2 ? 128 : 64; }
+  __host__ __device__ int tile_scale_bytes() const { return 128 / group * scale_bytes; }
 };
 // QuantFormat::value of plain bf16 weights, which only the GEMV (quant_gemv.cu) takes:
 // a QuantMat's codes are then the bf16 rows [n_out, n_in] (unpadded), without scales.

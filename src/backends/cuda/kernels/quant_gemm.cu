@@ -115,7 +115,7 @@ template <bool kUp>
 __device__ __forceinline__ void b_row(const QGemmParams& p, const QuantExpert* ew, int f, const uint8_t*& codes,
                                       const uint8_t*& scales) {
   const QuantRowRef w = quant_row(p.dense, ew, kUp, p.s.interleaved, p.d_ff, f);
-  codes = w.m.codes + quant_block_offset(w.row, 0, p.code_row, p.f.value == 2 ? kKTile : kKTile / 2);
+  codes = w.m.codes + quant_block_offset(w.row, 0, p.code_row, p.f.code_block_bytes());
   scales = w.m.scales + quant_block_offset(w.row, 0, p.scale_row, p.tile_scale);
 }
 
@@ -363,7 +363,7 @@ void dispatch(QTile t, const QGemmParams& p, int grid_x, cudaStream_t stream) {
 void set_rows(QGemmParams& p, const QuantFormat& f, int64_t K) {
   p.code_row = f.code_row_bytes(K);
   p.scale_row = f.scale_row_bytes(K);
-  p.tile_scale = int(kKTile / f.group * f.scale_bytes);
+  p.tile_scale = f.tile_scale_bytes();
   p.K = int(K);
 }
 
@@ -396,7 +396,7 @@ __global__ void dequantize_kernel(QuantMat w, QuantFormat f, int64_t n_out, int6
   if (i >= n_out * n_in) return;
   const int64_t o = i / n_in, k = i % n_in;
   const int64_t b = k / kKTile, kb = k % kKTile;  // block, and k within it (quant_layout.h)
-  const uint8_t* codes = w.codes + quant_block_offset(o, b, code_row, f.value == 2 ? kKTile : kKTile / 2);
+  const uint8_t* codes = w.codes + quant_block_offset(o, b, code_row, f.code_block_bytes());
   float v;
   if (f.value == 2) {
     v = e4m3_value(codes[kb]);
@@ -404,8 +404,7 @@ __global__ void dequantize_kernel(QuantMat w, QuantFormat f, int64_t n_out, int6
     const uint32_t c = (codes[kb / 2] >> (4 * (kb % 2))) & 0xfu;
     v = f.value == 0 ? e2m1_value(c) : float(int(c) - 8);
   }
-  const int tile_scale = kKTile / f.group * f.scale_bytes;
-  v *= scale_value(f.scale_kind, w.scales + quant_block_offset(o, b, scale_row, tile_scale) +
+  v *= scale_value(f.scale_kind, w.scales + quant_block_offset(o, b, scale_row, f.tile_scale_bytes()) +
                                      (kb / f.group) * f.scale_bytes);
   if (w.scale2) v *= *w.scale2;
   out[i] = __float2bfloat16(v);
@@ -616,7 +615,7 @@ void launch_w8a8(const QGemmParams& p, int grid_x, cudaStream_t stream) {
 }
 
 // Whether format f has a wide instance: 4-bit codes, a k tile's scales of a row in its bytes.
-bool wide_format(const QuantFormat& f) { return f.value != 2 && kKTile / f.group * f.scale_bytes <= kWideScaleRow; }
+bool wide_format(const QuantFormat& f) { return f.value != 2 && f.tile_scale_bytes() <= kWideScaleRow; }
 
 }  // namespace
 

@@ -278,9 +278,7 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
       for (int v = 0; v < F::kChunkWords / 4; ++v) {
-        // bf16 rows are not padded: their last block stops at K (a multiple of 8). A
-        // packed row that is not live reads row 0 (quant_row above), never stored: no
-        // branch around the loads.
+        // bf16 rows are not padded: their last block stops at K (a multiple of 8).
         const bool in = live[h] && (!F::kBf16 || k0 + 8 * v < p.K);
         const uint4 q = in ? __ldg(reinterpret_cast<const uint4*>(codes[h] + int64_t(blk) * kCodeStep) + v)
                            : make_uint4(0, 0, 0, 0);

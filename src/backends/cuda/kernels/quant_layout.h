@@ -6,8 +6,8 @@
 // to whole units), and a unit 128-input block by block: block b of the unit's 16 rows
 // is one contiguous run of 16 x blk bytes, row by row. blk is a row's bytes per block:
 // 64 of 4-bit codes, 128 of FP8 codes, tile_scale_bytes of scales. A unit occupies the
-// same bytes as its 16 rows would row-major (16 x row_bytes from row 16 u on), so a
-// matrix's size and its row ranges are unchanged; only the order inside a unit differs.
+// same bytes as its 16 rows would row-major (16 x row_bytes from row 16 u on): the repack
+// is a permutation inside each unit, and the only growth is the padding to whole units.
 // One warp of the GEMV reads its unit's block as 1 KB in one piece instead of 16 pieces
 // of 64 bytes a row length apart (+14% streaming at eight tokens in bench/gemv_dissect.cu).
 #pragma once
