@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
   int row0, rows;
   const QuantExpert* ew = nullptr;
   if constexpr (kKind != kDense) {
-    const int4 tile = p.tiles[blockIdx.x];
+    const int4 tile = p.tiles[blockIdx.y];
     if (tile.x < 0) return;
     row0 = tile.y, rows = tile.z;
     ew = p.experts + tile.x;
@@ -226,7 +226,7 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
     row0 = 0, rows = p.dense_rows;
   }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int unit = blockIdx.y * (kWarps / p.split) + warp / p.split, slice = warp % p.split;
+  const int unit = blockIdx.x * (kWarps / p.split) + warp / p.split, slice = warp % p.split;
   // A dense launch's unit lies in one of its parts: part pi, whose units begin at pb
   // (MoE: 0, 0). Its fields are read where used.
   int pi = 0, pb = 0;
@@ -437,7 +437,7 @@ int kp_of(int64_t k) { return int((k + kKTile - 1) / kKTile * kKTile); }
 // runs). Slices of at least 6 blocks for every format (not 2 ring - 1) cost gpt-oss-20b
 // decode 3-5%: the bf16 attention projections lost their 4-way split.
 template <int kKind>
-void launch_gemv(GemvParams p, int grid_x, int64_t tiles, cudaStream_t stream) {
+void launch_gemv(GemvParams p, int n_slots, int64_t tiles, cudaStream_t stream) {
   int device = 0, sms = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&device));
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
@@ -448,7 +448,12 @@ void launch_gemv(GemvParams p, int grid_x, int64_t tiles, cudaStream_t stream) {
          p.n_blocks >= 2 * min_slice * p.split)
     p.split *= 2;
   const int units_per_cta = kWarps / p.split;
-  const dim3 grid(unsigned(grid_x), unsigned((p.units + units_per_cta - 1) / units_per_cta));
+  // The tile is the grid's slow index: align puts the live tiles first, so the live CTAs
+  // are dispatched first and spread evenly over the SMs. With the tile as the fast index
+  // (one token: 8 slots, 4 live) each SM's share of live and dead CTAs followed the
+  // grid's pattern; H100, one token, gpt-oss-120b MXFP4 47.2 -> 44.0 us, decode +2%.
+  KILN_CHECK(n_slots <= 65535) << "quant gemv: " << n_slots << " tiles";
+  const dim3 grid(unsigned((p.units + units_per_cta - 1) / units_per_cta), unsigned(n_slots));
   const int smem = x_bytes(p.rows_cap, p.Kp);
   KILN_CHECK(smem <= kSmemBudget) << "quant gemv: " << p.rows_cap << " rows of " << p.K << " inputs";
   const auto go = [&](auto kernel) {
