@@ -461,9 +461,11 @@ void launch_gemv(GemvParams p, int n_slots, int64_t tiles, cudaStream_t stream) 
     p.split *= 2;
   const int units_per_cta = kWarps / p.split;
   // The tile is the grid's slow index: align puts the live tiles first, so the live CTAs
-  // are dispatched first and spread evenly over the SMs. With the tile as the fast index
-  // (one token: 8 slots, 4 live) each SM's share of live and dead CTAs followed the
-  // grid's pattern; H100, one token, gpt-oss-120b MXFP4 47.2 -> 44.0 us, decode +2%.
+  // are dispatched first. A dependent launch's CTAs all wait at pdl_wait; where the grid
+  // is more than one wave (one token: 8 slots, 4 live, 5 CTAs per SM), the CTAs left for
+  // later are now dead ones, where with the tile as the fast index some were live.
+  // H100, one token, gpt-oss-120b MXFP4 47.2 -> 44.0 us (ncu, serialized without
+  // dependent launches, saw no change), decode +2%.
   KILN_CHECK(n_slots <= 65535) << "quant gemv: " << n_slots << " tiles";
   const dim3 grid(unsigned((p.units + units_per_cta - 1) / units_per_cta), unsigned(n_slots));
   const int smem = x_bytes(p.rows_cap, p.Kp);
