@@ -162,8 +162,9 @@ void CudaBackend::linear(const ops::LinearArgs& a) {
   const ops::Weight& w = *a.w;
   KILN_CHECK(a.x.dim(1) == w.n_in() && a.out.dim(1) == w.n_out() && a.out.dim(0) == a.x.dim(0))
       << "linear: x " << a.x.shape << ", out " << a.out.shape << " vs weight [" << w.n_out() << ", " << w.n_in() << "]";
-  if (w.quantized())
+  if (w.quantized()) {
     KILN_CHECK_LE(quant_gemm_smem_bytes(), smem_cap_) << "linear: the quantized GEMMs' shared memory vs --smem-cap";
+  }
   const int64_t rows = a.x.dim(0);
   if (rows == 0) return;
   if (const std::optional<GemvLinear> g = gemv_linear(a)) {
