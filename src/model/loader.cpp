@@ -470,7 +470,7 @@ Result<std::vector<formats::QuantizedTensor>> WeightLoader::mxfp4_experts(const 
     auto cut = cut_quantized(q, part, name + " (expert " + std::to_string(e) + ")");
     if (!cut.ok()) return cut.status();
     auto u = uploaded(*cut);
-    if (!u.ok()) return u.status().with_context(name + " (MXFP4 experts)");
+    if (!u.ok()) return u.status().with_context(name + " (MXFP4 expert " + std::to_string(e) + ")");
     out.push_back(std::move(u).value());
   }
   return out;

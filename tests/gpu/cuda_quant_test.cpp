@@ -60,7 +60,7 @@ class CudaQuant : public gpu_testing::GpuTest {
   // The bound of the header, element by element: `got` (x wc^T on the GPU) against the
   // CPU's `ref`.
   static void expect_within_bound(const ops::Weight& wc, const Tensor& x, const std::vector<float>& got,
-                                  const Tensor& ref) {
+                                  const Tensor& ref, double abs_floor = 1e-6) {
     const int64_t rows = x.dim(0), n_in = x.dim(1), n_out = ref.dim(1);
     std::vector<float> w(static_cast<size_t>(n_in));
     std::vector<double> abs_dot(size_t(rows * n_out), 0.0);
@@ -74,7 +74,7 @@ class CudaQuant : public gpu_testing::GpuTest {
     for (int64_t i = 0; i < ref.numel(); ++i) {
       ASSERT_FALSE(std::isnan(got[size_t(i)])) << "element " << i << " not written (or NaN)";
       const double want = ref.as<float>()[i], err = std::abs(got[size_t(i)] - want);
-      const double tol = std::ldexp(std::abs(want), -8) + std::ldexp(abs_dot[size_t(i)], -9) + 1e-6;
+      const double tol = std::ldexp(std::abs(want), -8) + std::ldexp(abs_dot[size_t(i)], -9) + abs_floor;
       worst = std::max(worst, err / tol);
       if (err > tol && bad++ < 3) ADD_FAILURE() << "element " << i << ": " << got[size_t(i)] << " vs " << want;
     }
@@ -107,6 +107,33 @@ TEST_F(CudaQuant, LinearMatchesCpuForEveryFormatAndShape) {
         expect_within_bound(wc, x, from_gpu(out), ref);
       }
     }
+  }
+}
+
+// MXFP4 scales far from a trained model's, at both ends (the GEMV applies 2^(e - 127) as
+// the bf16 2^(e - 27) before its mma and 2^26 after it, pack_quantized refuses e > 154):
+// rows whose every scale is 2^-67..2^-55 (the mma's products stay normal fp32) and rows
+// whose every scale is 2^13..2^27, against the CPU with no absolute floor in the bound,
+// through the GEMV (1 and 8 rows) and the tiles (17 and 100).
+TEST_F(CudaQuant, Mxfp4ScalesAtTheEdgesOfTheGemvRangeMatchCpu) {
+  const int64_t n_out = 96, n_in = 640;
+  std::uniform_int_distribution<int> low(60, 72), high(140, cuda::kQuantMaxE8m0);
+  ops::Weight wc, wg;
+  make_weight({formats::QuantKind::kMxfp4}, n_out, n_in, false, wc, wg, [&](formats::QuantizedTensor& q) {
+    for (int64_t o = 0; o < n_out; ++o)
+      for (int64_t j = 0; j < n_in / 32; ++j)
+        q.scale.as<uint8_t>()[o * (n_in / 32) + j] = uint8_t((o / 16) % 2 ? high(rng_) : low(rng_));
+  });
+  for (int rows : {1, 8, 17, 100}) {
+    SCOPED_TRACE(::testing::Message() << "rows " << rows);
+    Tensor x = random({rows, n_in});
+    Tensor ref = host_tensor(DType::kF32, {rows, n_out});
+    cpu_->linear({.x = x, .w = &wc, .out = ref});
+    Tensor out = poisoned({rows, n_out});
+    gpu_->linear({.x = to_gpu(x), .w = &wg, .out = out});
+    const std::vector<float> got = from_gpu(out);
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_TRUE(std::isfinite(got[i])) << "element " << i << ": " << got[i];
+    expect_within_bound(wc, x, got, ref, 0.0);
   }
 }
 

@@ -132,6 +132,15 @@ Result<PackedQuant> pack_quantized(const formats::QuantizedTensor& q) {
                                 std::to_string(kQuantKTile) + " inputs (at most " +
                                 std::to_string(kQuantMaxTileScaleBytes) + ")"));
   KILN_CHECK_EQ(p.tile_scale_bytes() % 4, 0);
+  if (q.kind == QuantKind::kMxfp4) {
+    int top = 0;  // the largest exponent field but NaN (255)
+    const auto* e = q.scale.as<uint8_t>();
+    for (int64_t i = 0; i < q.scale.numel(); ++i)
+      if (e[i] != 255) top = std::max<int>(top, e[i]);
+    KILN_RETURN_IF_ERROR(need(top <= kQuantMaxE8m0, q,
+                              "a scale of 2^" + std::to_string(top - 127) + " (the GEMV takes MXFP4 scales up to 2^" +
+                                  std::to_string(kQuantMaxE8m0 - 127) + ")"));
+  }
 
   // Codes: rows copied as they are, the padding set to the code of zero.
   const int64_t src_row = n_in * p.bits / 8, dst_row = p.code_row_bytes();

@@ -4,6 +4,7 @@
 // padding decodes to zero, the unit-major order is the one quant_layout.h states, rows
 // keep the alignment the kernels' cp.async needs, and shapes the layout cannot hold
 // fail with a clear error.
+#include <cmath>
 #include <cstring>
 
 #include <gtest/gtest.h>
@@ -107,6 +108,31 @@ TEST(CudaQuantPack, ShapesTheLayoutCannotHoldFailClearly) {
   p = pack_quantized(q);  // 16 f32 scales per 128 inputs: 64 bytes, over the kernels' 32
   ASSERT_FALSE(p.ok());
   EXPECT_NE(p.status().message().find("bytes of scales"), std::string::npos) << p.status().message();
+}
+
+// The GEMV applies an e8m0 scale as a bf16 2^(e - 27): exponent fields up to 154 pack
+// and decode exactly; 155-254 would be infinities there and fail here; 255 (NaN) packs.
+TEST(CudaQuantPack, Mxfp4ScalesBeyondTheGemvRangeFailClearly) {
+  std::mt19937 rng(9);
+  auto q = cuda::random_quantized({QuantKind::kMxfp4}, 16, 128, rng);
+  q.scale.as<uint8_t>()[5] = uint8_t(cuda::kQuantMaxE8m0);
+  q.scale.as<uint8_t>()[6] = 0;
+  q.scale.as<uint8_t>()[7] = 255;
+  auto p = pack_quantized(q);  // row 1's groups: k 32-63 at 2^27, 64-95 at 2^-127, 96-127 NaN
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  std::vector<float> ref(128);
+  formats::dequantize_row(q, 1, ref.data());
+  int nonzero = 0;
+  for (int k = 32; k < 96; ++k) {
+    EXPECT_EQ(packed_element(*p, 1, k), ref[size_t(k)]) << k;
+    nonzero += ref[size_t(k)] != 0.0f;
+  }
+  EXPECT_GT(nonzero, 32);
+  EXPECT_TRUE(std::isnan(packed_element(*p, 1, 96)));
+  q.scale.as<uint8_t>()[9] = uint8_t(cuda::kQuantMaxE8m0 + 1);
+  p = pack_quantized(q);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("a scale of 2^28"), std::string::npos) << p.status().message();
 }
 
 }  // namespace

@@ -120,7 +120,9 @@ template <int kValue, int kScale>
 __device__ __forceinline__ uint32_t pre_scale(uint32_t bits) {
   if constexpr (kScale == 0 && kValue != 1) {
     // Exponent field e + 100 for e up to 154 (e 0 included: 2^-127 * 2^100); 155-254
-    // overflow to infinity and 255 is NaN, as the float conversion gives. No branch.
+    // would overflow to infinity (pack_quantized refuses them: kQuantMaxE8m0) and 255
+    // is NaN, as the float conversion gives. No branch.
+    static_assert(kQuantMaxE8m0 + 100 == 254, "the largest finite bf16 exponent field");
     return (bits == 255u ? 0x7fc0u : min(bits + 100u, 255u) << 7) * 0x10001u;
   } else if constexpr (kScale == 2 && kValue == 1) {
     return bits * 0x10001u;

@@ -24,6 +24,13 @@ namespace kiln::cuda {
 
 inline constexpr int kQuantUnitRows = 16;
 
+// The largest e8m0 exponent field a packed MXFP4 weight may carry: the GEMV applies the
+// scale 2^(e - 127) before its mma as the bf16 2^(e - 27) (quant_gemv.cu, pre_scale),
+// which is finite up to e = 154, weights below 2^30. A trained model's are nowhere near;
+// pack_quantized refuses larger ones rather than let them turn into infinities (255, an
+// e8m0 NaN, stays NaN everywhere).
+inline constexpr int kQuantMaxE8m0 = 154;
+
 // n rows padded to whole units.
 KILN_QUANT_HD constexpr int64_t quant_rows_padded(int64_t n) {
   return (n + kQuantUnitRows - 1) / kQuantUnitRows * kQuantUnitRows;
