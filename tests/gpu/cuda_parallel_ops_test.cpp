@@ -443,12 +443,7 @@ TEST_F(CudaParallelOps, QuantizedSlicesOffTheScaleGroupsFailClearly) {
   ops::Weight wg;
   wg.quant = std::move(packed).value();
   for (int rows : {3, 40}) {  // GEMV and tiles
-    Tensor x = random({rows, n_in});
-    Tensor ref = host_tensor(DType::kF32, {rows, n_out});
-    cpu_->linear({.x = x, .w = &wc, .out = ref});
-    Tensor out = poisoned({rows, n_out});
-    gpu_->linear({.x = to_gpu(x), .w = &wg, .out = out});
-    const std::vector<float> got = from_gpu(out);
+    const auto [ref, got] = linear_on_both(wc, wg, random({rows, n_in}));
     double max_ref = 0.0, max_err = 0.0;
     for (int64_t i = 0; i < ref.numel(); ++i) {
       max_ref = std::max(max_ref, double(std::abs(ref.as<float>()[i])));

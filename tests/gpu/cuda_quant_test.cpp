@@ -126,12 +126,8 @@ TEST_F(CudaQuant, Mxfp4ScalesAtTheEdgesOfTheGemvRangeMatchCpu) {
   });
   for (int rows : {1, 8, 17, 100}) {
     SCOPED_TRACE(::testing::Message() << "rows " << rows);
-    Tensor x = random({rows, n_in});
-    Tensor ref = host_tensor(DType::kF32, {rows, n_out});
-    cpu_->linear({.x = x, .w = &wc, .out = ref});
-    Tensor out = poisoned({rows, n_out});
-    gpu_->linear({.x = to_gpu(x), .w = &wg, .out = out});
-    const std::vector<float> got = from_gpu(out);
+    const Tensor x = random({rows, n_in});
+    const auto [ref, got] = linear_on_both(wc, wg, x);
     for (size_t i = 0; i < got.size(); ++i) ASSERT_TRUE(std::isfinite(got[i])) << "element " << i << ": " << got[i];
     expect_within_bound(wc, x, got, ref, 0.0);
   }

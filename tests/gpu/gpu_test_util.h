@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -72,6 +73,16 @@ class GpuTest : public ::testing::Test {
     std::vector<float> v(size_t(t.numel()));
     gpu_->to_host_f32(t, v.data());
     return v;
+  }
+  // x [rows, n_in] (host fp32) through a linear on the CPU reference (weight wc, fp32 out)
+  // and on the GPU (its upload wg, into a poisoned output): {reference, GPU result}.
+  std::pair<Tensor, std::vector<float>> linear_on_both(const ops::Weight& wc, const ops::Weight& wg, const Tensor& x) {
+    const int64_t rows = x.dim(0), n_out = wc.n_out();
+    Tensor ref = host_tensor(DType::kF32, {rows, n_out});
+    cpu_->linear({.x = x, .w = &wc, .out = ref});
+    Tensor out = poisoned({rows, n_out});
+    gpu_->linear({.x = to_gpu(x), .w = &wg, .out = out});
+    return {ref, from_gpu(out)};
   }
 
   std::mt19937 rng_{1234};
