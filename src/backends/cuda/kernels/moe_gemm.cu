@@ -291,8 +291,11 @@ void launch_moe_align(const int32_t* experts, int64_t n_pairs, int n_experts, in
   KILN_CUDA_LAUNCH_CHECK();
 }
 
+// Expert e's c_e pairs make ceil(c_e / bm) tiles, at most c_e / bm + 1 and at most c_e:
+// in all at most n_pairs / bm + (experts with pairs), and at most n_pairs (the bound that
+// holds at decode's one-row tiles, where the first gave twice the CTA rows, half dead).
 int moe_tile_slots(int64_t n_pairs, int n_experts, int bm) {
-  return int((n_pairs + bm - 1) / bm + std::min<int64_t>(n_pairs, n_experts));
+  return int(std::min<int64_t>(n_pairs, (n_pairs + bm - 1) / bm + std::min<int64_t>(n_pairs, n_experts)));
 }
 
 int moe_grouped_bm(int64_t n_pairs, int n_experts) {
