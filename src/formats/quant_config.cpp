@@ -60,7 +60,7 @@ Status parse_compressed_tensors(const json& q, const std::string& src, QuantConf
     return unsupported(src + ": compressed-tensors with " + std::to_string(groups.size()) +
                        " config_groups (kiln supports exactly one)");
   }
-  const json g = groups.begin().value();  // a copy: GCC 13 takes a reference through the iterator for dangling
+  const json g = groups.begin().value();  // a copy: GCC 13 flags a reference via the iterator as dangling
   c.targets = string_list(g, "targets");
   c.ignore = string_list(q, "ignore");
   const json w = g.value("weights", json());

@@ -97,14 +97,11 @@ TEST_F(CudaQuant, LinearMatchesCpuForEveryFormatAndShape) {
         SCOPED_TRACE(::testing::Message() << c.name() << " " << n_out << "x" << n_in << " rows " << rows);
         ops::Weight wc, wg;
         make_weight(c, n_out, n_in, rows % 2 == 1, wc, wg);
-        Tensor x = random({rows, n_in});
-        Tensor ref = host_tensor(DType::kF32, {rows, n_out});
+        const Tensor x = random({rows, n_in});
         const bool fp8_act = w8a8(wg, rows);
         if (fp8_act) std::printf("%s %lldx%lld rows %d: W8A8\n", c.name().c_str(), (long long)n_out, (long long)n_in, rows);
-        (fp8_act ? cpu_fp8_ : cpu_)->linear({.x = x, .w = &wc, .out = ref});
-        Tensor out = poisoned({rows, n_out});
-        gpu_->linear({.x = to_gpu(x), .w = &wg, .out = out});
-        expect_within_bound(wc, x, from_gpu(out), ref);
+        const auto [ref, got] = linear_on_both(wc, wg, x, (fp8_act ? cpu_fp8_ : cpu_).get());
+        expect_within_bound(wc, x, got, ref);
       }
     }
   }

@@ -74,12 +74,14 @@ class GpuTest : public ::testing::Test {
     gpu_->to_host_f32(t, v.data());
     return v;
   }
-  // x [rows, n_in] (host fp32) through a linear on the CPU reference (weight wc, fp32 out)
-  // and on the GPU (its upload wg, into a poisoned output): {reference, GPU result}.
-  std::pair<Tensor, std::vector<float>> linear_on_both(const ops::Weight& wc, const ops::Weight& wg, const Tensor& x) {
+  // x [rows, n_in] (host fp32) through a linear on a CPU reference (cpu_ unless given;
+  // weight wc, fp32 out) and on the GPU (its upload wg, into a poisoned output):
+  // {reference, GPU result}.
+  std::pair<Tensor, std::vector<float>> linear_on_both(const ops::Weight& wc, const ops::Weight& wg, const Tensor& x,
+                                                       ops::Backend* reference = nullptr) {
     const int64_t rows = x.dim(0), n_out = wc.n_out();
     Tensor ref = host_tensor(DType::kF32, {rows, n_out});
-    cpu_->linear({.x = x, .w = &wc, .out = ref});
+    (reference ? reference : cpu_.get())->linear({.x = x, .w = &wc, .out = ref});
     Tensor out = poisoned({rows, n_out});
     gpu_->linear({.x = to_gpu(x), .w = &wg, .out = out});
     return {ref, from_gpu(out)};
