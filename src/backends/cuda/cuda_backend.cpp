@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backends/cuda/kernels/smem.cuh"
 #include "core/log.h"
 
 namespace kiln::cuda {
@@ -39,6 +40,13 @@ Result<std::unique_ptr<ops::Backend>> make_cuda_backend(const CudaOptions& optio
   if (const char* g = std::getenv("KILN_BF16_GEMV"); g && std::string(g) == "0") {
     backend->set_bf16_gemv(false);
     KILN_LOG(kWarn, "cuda: bf16 linears take cuBLASLt at every batch size (KILN_BF16_GEMV=0)");
+  }
+  // Measurement knob: KILN_SM_SMEM_CAP=102400 gives kernels the 100 KB of shared memory an
+  // SM120 SM has (--smem-cap bounds a block, not an SM; kernels/smem.cuh).
+  if (const char* c = std::getenv("KILN_SM_SMEM_CAP"); c && *c) {
+    sm_smem_limit() = std::atoi(c);
+    KILN_LOG(kWarn, "cuda: kernels prefer at most " << sm_smem_limit() << " bytes of shared memory per SM of "
+                                                    << info.smem_per_sm << " (KILN_SM_SMEM_CAP)");
   }
   if (const char* t = std::getenv("KILN_QUANT_GEMV_MOE_TOKENS"); t && *t) {
     backend->set_quant_gemv_moe_tokens(std::atoll(t));

@@ -35,6 +35,7 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels/attention_mma.cuh"
 #include "backends/cuda/kernels/pdl.cuh"
+#include "backends/cuda/kernels/smem.cuh"
 
 namespace kiln::cuda {
 namespace attn {
@@ -261,8 +262,7 @@ int choose_splits_for(const DeviceBatch& b, int group, int n_kv_heads, int windo
   int device = 0, sms = 0, per_sm = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&device));
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  KILN_CUDA_CHECK(cudaFuncSetAttribute(attention_decode_kernel<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       C::kSmemBytes));
+  prepare_smem(attention_decode_kernel<D, T>, C::kSmemBytes);
   KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_decode_kernel<D, T>, C::kThreads,
                                                                 C::kSmemBytes));
   int64_t ctx = int64_t(b.max_blocks) * b.block_size;
@@ -324,8 +324,7 @@ void decode_for(Params p, int n_splits, void* scratch, cudaStream_t stream) {
     x_tiles = max_row_tiles(p.b, p.group, C::kBM);
     p.tiles = launch_attention_tiles(p.b, p.group, C::kBM, x_tiles, base, stream);
   }
-  KILN_CUDA_CHECK(cudaFuncSetAttribute(attention_decode_kernel<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       C::kSmemBytes));
+  prepare_smem(attention_decode_kernel<D, T>, C::kSmemBytes);
   launch_dependent(attention_decode_kernel<D, T>, dim3(x_tiles, p.n_kv_heads, n_splits), C::kThreads, C::kSmemBytes,
                    stream, p);
   KILN_CUDA_LAUNCH_CHECK();

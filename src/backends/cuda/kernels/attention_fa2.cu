@@ -34,6 +34,7 @@
 // of 4 warps or 1 of 8 per SM at D = 128.
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels/attention_mma.cuh"
+#include "backends/cuda/kernels/smem.cuh"
 
 namespace kiln::cuda {
 namespace attn {
@@ -293,8 +294,7 @@ void launch_attention_fa2(const bf16* q, const KvCacheView& kv, bf16* out, const
     const dim3 grid(attn::max_row_tiles(b, p.group, C::kBM), n_kv_heads);
     p.tiles = attn::launch_attention_tiles(b, p.group, C::kBM, int(grid.x), scratch, stream);
     const auto kernel = attn::attention_fa2_kernel<C>;
-    // 48 KiB of dynamic memory plus the static 128 B is past the no-opt-in limit.
-    KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
+    prepare_smem(kernel, C::kSmemBytes, 128);  // 48 KiB of dynamic memory plus the static 128 B: past the no-opt-in limit
     kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
     KILN_CUDA_LAUNCH_CHECK();
   };

@@ -30,6 +30,7 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels/attention_mma.cuh"
 #include "backends/cuda/kernels/common.cuh"
+#include "backends/cuda/kernels/smem.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -347,7 +348,7 @@ void launch_mla_attend_mma(const float* q_lat, const bf16* q_rope, const MlaCach
     p.part_ml = partials + size_t(b.n_tokens) * n_heads * p.n_splits * kLat;
   }
   const auto launch = [&](auto kernel, int smem_bytes) {
-    KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+    prepare_smem(kernel, smem_bytes);
     kernel<<<dim3(unsigned(b.n_tokens * p.head_tiles), unsigned(p.n_splits)), kThreads, smem_bytes, stream>>>(p);
     KILN_CUDA_LAUNCH_CHECK();
   };

@@ -10,6 +10,7 @@
 #include "backends/cuda/kernels/common.cuh"
 #include "backends/cuda/kernels/kernels.h"
 #include "backends/cuda/kernels/pdl.cuh"
+#include "backends/cuda/kernels/smem.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -400,9 +401,7 @@ void launch_moe_gemv(const bf16* x, const ExpertWeights* expert_table, const int
   const int smem = moe_gemv_smem_bytes(s);
   KILN_CHECK(smem <= smem_cap) << "moe gemv: d_model " << s.d_model << " + d_ff " << s.d_ff << " floats need "
                                << smem << " bytes of shared memory, cap " << smem_cap;
-  if (smem > 48 * 1024) {
-    KILN_CUDA_CHECK(cudaFuncSetAttribute(expert_mlp_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  }
+  prepare_smem(expert_mlp_kernel, smem);
   expert_mlp_kernel<<<unsigned(n_tokens * top_k), kExpertThreads, smem, stream>>>(x, expert_table, experts, s, top_k,
                                                                                   y);
   KILN_CUDA_LAUNCH_CHECK();

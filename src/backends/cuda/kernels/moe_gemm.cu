@@ -37,6 +37,7 @@
 #include "backends/cuda/kernels/attention_mma.cuh"
 #include "backends/cuda/kernels/kernels.h"
 #include "backends/cuda/kernels/pdl.cuh"
+#include "backends/cuda/kernels/smem.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -252,7 +253,7 @@ __global__ void __launch_bounds__(kAlignThreads)
 template <typename C, bool kUp, bool kTrans>
 void launch_gemm(const GemmParams& p, int n_slots, cudaStream_t stream) {
   const auto kernel = moe_gemm_kernel<C, kUp, kTrans>;
-  KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
+  prepare_smem(kernel, C::kSmemBytes);
   const dim3 grid(unsigned(n_slots), unsigned((p.NF + C::kBNF - 1) / C::kBNF));
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
   KILN_CUDA_LAUNCH_CHECK();

@@ -25,6 +25,7 @@
 #include "backends/cuda/kernels/attention_mma.cuh"
 #include "backends/cuda/kernels/kernels.h"
 #include "backends/cuda/kernels/quant_decode.cuh"
+#include "backends/cuda/kernels/smem.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -336,7 +337,7 @@ __global__ void __launch_bounds__(C::kThreads) quant_gemm_kernel(const QGemmPara
 template <typename C, bool kUp>
 void launch_q(const QGemmParams& p, int grid_x, cudaStream_t stream) {
   const auto kernel = quant_gemm_kernel<C, kUp>;
-  KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
+  prepare_smem(kernel, C::kSmemBytes);
   const dim3 grid(unsigned(grid_x), unsigned((p.NF + C::kBNF - 1) / C::kBNF));
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
   KILN_CUDA_LAUNCH_CHECK();
@@ -608,7 +609,7 @@ void quantize_act(QGemmParams& p, const bf16* x, int64_t rows, int64_t k, uint8_
 template <bool kUp>
 void launch_w8a8(const QGemmParams& p, int grid_x, cudaStream_t stream) {
   const auto kernel = quant_gemm_w8a8_kernel<kUp>;
-  KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kF8SmemBytes));
+  prepare_smem(kernel, kF8SmemBytes);
   const dim3 grid(unsigned(grid_x), unsigned((p.NF + kF8BN - 1) / kF8BN));
   kernel<<<grid, kF8Threads, kF8SmemBytes, stream>>>(p);
   KILN_CUDA_LAUNCH_CHECK();

@@ -34,6 +34,7 @@
 #include "backends/cuda/kernels/kernels.h"
 #include "backends/cuda/kernels/quant_decode.cuh"
 #include "backends/cuda/kernels/quant_mma_sm120.h"
+#include "backends/cuda/kernels/smem.cuh"
 
 // The architecture-specific features of sm_120a / sm_121a (also sm_120f): nvcc 13.0
 // defines __CUDA_ARCH_FAMILY_SPECIFIC__ 1200 / 1210 for them and nothing for sm_90 or
@@ -317,7 +318,7 @@ __global__ void native_probe_kernel(int* out) { *out = KILN_SM120_NATIVE; }
 template <ActFormat F, bool kUp>
 void launch_gemm(const NativeParams& p, int n_slots, cudaStream_t stream) {
   const auto kernel = moe_gemm_sm120_kernel<F, kUp>;
-  KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<F>));
+  prepare_smem(kernel, kSmemBytes<F>);
   const dim3 grid(unsigned(n_slots), unsigned((p.NF + sm120::kBN - 1) / sm120::kBN));
   kernel<<<grid, sm120::kThreads, kSmemBytes<F>, stream>>>(p);
   KILN_CUDA_LAUNCH_CHECK();

@@ -46,6 +46,7 @@
 #include "backends/cuda/kernels/kernels.h"
 #include "backends/cuda/kernels/pdl.cuh"
 #include "backends/cuda/kernels/quant_decode.cuh"
+#include "backends/cuda/kernels/smem.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -474,8 +475,7 @@ void launch_gemv(GemvParams p, int n_slots, int64_t tiles, cudaStream_t stream) 
   const int smem = x_bytes(p.rows_cap, p.Kp);
   KILN_CHECK(smem <= kSmemBudget) << "quant gemv: " << p.rows_cap << " rows of " << p.K << " inputs";
   const auto go = [&](auto kernel) {
-    if (smem + kStaticSmem > 48 * 1024)
-      KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    prepare_smem(kernel, smem, kStaticSmem);
     launch_dependent(kernel, grid, kThreads, smem, stream, p);
   };
   const int v = p.f.value, s = p.f.scale_kind, spc = std::max(1, 32 / p.f.group);

@@ -1,0 +1,46 @@
+// The shared memory a kernel's launches may use, and the emulation of a smaller GPU's
+// SM. `--smem-cap` bounds what one block asks for (SM120: 101,376 B), but an H100 SM
+// still holds 228 KB of blocks where an SM120 SM holds 100 KB, so a kernel of 25-76 KB
+// per block runs 2-4x as many blocks per SM on the H100 as it would there. With an SM
+// limit set (KILN_SM_SMEM_CAP, read by make_cuda_backend), every kernel launched through
+// prepare_smem prefers the smallest shared-memory carveout that holds the limit, which
+// on the H100 is exactly 100 KB: its configurations are 0, 8, 16, 32, 64, 100, 132,
+// 164, 196 and 228 KB. (The carveout is a preference the driver may overrule to launch
+// a kernel at all. Other SM120 limits are not emulated: 48 resident warps per SM, not
+// 64.)
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "backends/cuda/cuda_check.h"
+
+namespace kiln::cuda {
+
+// Bytes of shared memory per SM to emulate (0: the device's own). Process-wide, as the
+// function attributes it sets are.
+inline int& sm_smem_limit() {
+  static int bytes = 0;
+  return bytes;
+}
+
+// Call before launching `kernel` with `dynamic` bytes of dynamic shared memory, besides
+// `static_bytes` of its own (past 48 KB of both together a kernel must opt in).
+template <typename Kernel>
+void prepare_smem(Kernel* kernel, int dynamic, int static_bytes = 0) {
+  if (dynamic + static_bytes > 48 * 1024)
+    KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
+  if (const int limit = sm_smem_limit(); limit > 0) {
+    int device = 0, per_sm = 0;
+    KILN_CUDA_CHECK(cudaGetDevice(&device));
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+    // A percentage of the SM's maximum, rounded down: the driver takes the smallest
+    // configuration at or above it.
+    if (limit < per_sm)
+      KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                           int(int64_t(limit) * 100 / per_sm)));
+  }
+}
+
+}  // namespace kiln::cuda
