@@ -422,23 +422,31 @@ __global__ void dequantize_kernel(QuantMat w, QuantFormat f, int64_t n_out, int6
 // them to the accumulators times the row's activation scale and the column's weight
 // scale (DeepSeek-V3's per-block promotion): nothing is dequantized, and a stage is the
 // raw bytes of both operands, ldmatrix'd from 128-byte XOR-swizzled rows (16 codes per
-// chunk: an 8x8 b16 matrix is 8 rows x 16 codes, exactly an m16n8k32 fragment's quarter),
-// plus the tile's scales.
+// chunk: an 8x8 b16 matrix is 8 rows x 16 codes, exactly an m16n8k32 fragment's quarter).
+// The k tile's scales (its rows' activation scales, its columns' weight scales) are
+// read a k tile ahead into registers, one of each per thread, and stored in one buffer
+// behind the stage's barrier; a second barrier orders that store before the promotion.
 //
 // Tile: 64 rows (moe_grouped_bm's prefill tiles) x 128 fused columns, 2 x 2 warps of
-// 32 x 64, 3 stages of 24 KiB codes + 768 B scales: 76,032 B.
+// 32 x 64, 2 stages of 24 KiB codes + 768 B of scales: 49,920 B, so that two CTAs fit
+// an SM120 SM's 100 KB (each block also takes 1 KB of it). Three stages with the scales
+// staged (76 KB: one CTA there) were 12-19 points of the e4m3 peak slower on an H100 held
+// to 100 KB per SM, and on its full 228 KB (two CTAs either way, by registers) 0-3 points
+// faster for the MoE layers, the same or slower for dense shapes (docs/PERF.md, "FP8 W8A8
+// prefill GEMMs").
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 #define KILN_FP8_MMA 1
 #else
 #define KILN_FP8_MMA 0
 #endif
 
-constexpr int kF8BM = 64, kF8BN = 128, kF8WarpsN = 2, kF8Threads = 128, kF8Stages = 3;
+constexpr int kF8BM = 64, kF8BN = 128, kF8WarpsN = 2, kF8Threads = 128, kF8Stages = 2;
 constexpr int kF8MT = 2, kF8NT = 8;  // m16 and n8 tiles per warp (32 x 64)
 constexpr int kF8ABytes = kF8BM * kKTile, kF8BBytes = kF8BN * kKTile;
-constexpr int kF8StageBytes = kF8ABytes + kF8BBytes + (kF8BM + kF8BN) * 4;
-constexpr int kF8SmemBytes = kF8Stages * kF8StageBytes;
+constexpr int kF8StageBytes = kF8ABytes + kF8BBytes;
+constexpr int kF8SmemBytes = kF8Stages * kF8StageBytes + (kF8BM + kF8BN) * 4;  // + the scales
 static_assert(kF8SmemBytes <= 101376, "must fit the SM120 per-block shared memory");
+static_assert(2 * (kF8SmemBytes + 1024) <= 102400, "two CTAs per SM120 SM");
 static_assert(kF8BN == kF8Threads && kF8BM <= kF8Threads, "one thread per tile row copies its scales");
 
 __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -485,7 +493,7 @@ __global__ void __launch_bounds__(kF8Threads) quant_gemm_w8a8_kernel(const QGemm
       b_src[i] += ch * 16;
     }
   }
-  // Scales this thread copies: tile row tid's activation scale, fused column n0 + tid's
+  // Scales this thread reads: tile row tid's activation scale, fused column n0 + tid's
   // weight scale (f32, one per 128 inputs).
   const float* as_src = tid < rows ? p.a_scales + a_row(tid) * p.a_scale_row : nullptr;
   const float* ws_src = nullptr;
@@ -495,7 +503,7 @@ __global__ void __launch_bounds__(kF8Threads) quant_gemm_w8a8_kernel(const QGemm
     ws_src = reinterpret_cast<const float*>(scales);
   }
   const auto load_stage = [&](int stage, int kt) {
-    const uint32_t sa = s0 + stage * kF8StageBytes, sb = sa + kF8ABytes, ss = sb + kF8BBytes;
+    const uint32_t sa = s0 + stage * kF8StageBytes, sb = sa + kF8ABytes;
 #pragma unroll
     for (int i = 0; i < kF8BM / 16; ++i)
       cp_async_16(sa + swz<64>(tid / 8 + 16 * i, ch), a_src[i] ? a_src[i] + int64_t(kt) * kKTile : p.a_codes,
@@ -504,10 +512,12 @@ __global__ void __launch_bounds__(kF8Threads) quant_gemm_w8a8_kernel(const QGemm
     for (int i = 0; i < kF8BN / 16; ++i)
       cp_async_16(sb + swz<64>(tid / 8 + 16 * i, ch),
                   b_src[i] ? b_src[i] + int64_t(kt) * kQuantUnitRows * kKTile : p.a_codes, b_src[i] != nullptr);
-    if (tid < kF8BM) attn::cp_async_small<4>(ss + 4 * tid, as_src ? as_src + kt : p.a_scales, as_src != nullptr);
-    // (Weights: unit-major, one f32 scale per row and block.)
-    attn::cp_async_small<4>(ss + 4 * (kF8BM + tid), ws_src ? ws_src + kt * kQuantUnitRows : p.a_scales,
-                            ws_src != nullptr);
+  };
+  float* const scales = reinterpret_cast<float*>(smem + kF8Stages * kF8StageBytes);  // [kF8BM + kF8BN]
+  float as_next = 0.0f, ws_next = 0.0f;
+  const auto read_scales = [&](int kt) {
+    if (as_src) as_next = __ldg(as_src + kt);
+    if (ws_src) ws_next = __ldg(ws_src + kt * kQuantUnitRows);  // (unit-major: one f32 per row and block)
   };
 
   float acc[kF8MT][kF8NT][4] = {};
@@ -517,15 +527,18 @@ __global__ void __launch_bounds__(kF8Threads) quant_gemm_w8a8_kernel(const QGemm
     if (st < n_k) load_stage(st, st);
     cp_async_commit();
   }
+  read_scales(0);
   for (int kt = 0; kt < n_k; ++kt) {
     cp_async_wait<kF8Stages - 2>();
-    __syncthreads();  // stage kt landed; every warp is done with stage kt - 1
+    __syncthreads();  // stage kt landed; every warp is done with stage kt - 1 and the scales
     const int next = kt + kF8Stages - 1;
     if (next < n_k) load_stage(next % kF8Stages, next);
     cp_async_commit();
+    if (tid < kF8BM) scales[tid] = as_next;
+    scales[kF8BM + tid] = ws_next;
+    if (kt + 1 < n_k) read_scales(kt + 1);
     const int stage = kt % kF8Stages;
     const uint32_t sa = s0 + stage * kF8StageBytes, sb = sa + kF8ABytes;
-    const float* scales = reinterpret_cast<const float*>(smem + stage * kF8StageBytes + kF8ABytes + kF8BBytes);
     float part[kF8MT][kF8NT][4] = {};
 #pragma unroll
     for (int kk = 0; kk < kKTile / 32; ++kk) {
@@ -546,6 +559,7 @@ __global__ void __launch_bounds__(kF8Threads) quant_gemm_w8a8_kernel(const QGemm
         }
       }
     }
+    __syncthreads();  // the k tile's scales stored
     // The k tile's partial sums, scaled by row x column and added up in fp32.
 #pragma unroll
     for (int mt = 0; mt < kF8MT; ++mt)
