@@ -30,7 +30,11 @@
 //   decode:  kBM 16, kBNF 64, 4 warps side by side in N, 4 stages (40,960 B): few
 //            rows per expert, so many column blocks spread the weight stream over
 //            every SM;
-//   prefill: kBM 64, kBNF 128, 2 x 2 warps of 32 x 64, 3 stages (73,728 B).
+//   prefill: kBM 64, kBNF 128, 2 x 2 warps of 32 x 64, 3 stages (73,728 B) where two
+//            such CTAs fit an SM (H100: three), else 2 stages (49,152 B): an SM120 SM
+//            (100 KB) holds one 3-stage CTA, and the 2-stage tile measured 6-37% faster
+//            there and 5-12% slower on the H100's 228 KB (docs/PERF.md, "CUDA ops other
+//            than attention").
 #include <algorithm>
 
 #include "backends/cuda/cuda_check.h"
@@ -69,6 +73,8 @@ struct GemmConfig {
 };
 using DecodeGemm = GemmConfig<16, 64, 1, 4, 4>;
 using PrefillGemm = GemmConfig<64, 128, 2, 2, 3>;
+using PrefillGemm2 = GemmConfig<64, 128, 2, 2, 2>;  // for SMs of about 100 KB
+static_assert(PrefillGemm2::kBM == PrefillGemm::kBM, "moe_grouped_bm: one prefill tile height");
 
 // Average rows per expert from which the 64-row tiles pay off.
 constexpr int kPrefillRowsPerExpert = 32;
@@ -323,8 +329,9 @@ void launch_moe_grouped(const bf16* x, const ExpertWeights* expert_table, const 
   p.s = s;
   p.act = sc.act;
   p.y = sc.y;
-  if (prefill_tiles(n_pairs, n_experts)) run_grouped<PrefillGemm>(p, x, experts, n_pairs, n_experts, sc, stream);
-  else run_grouped<DecodeGemm>(p, x, experts, n_pairs, n_experts, sc, stream);
+  if (!prefill_tiles(n_pairs, n_experts)) run_grouped<DecodeGemm>(p, x, experts, n_pairs, n_experts, sc, stream);
+  else if (blocks_fit_sm(PrefillGemm::kSmemBytes, 2)) run_grouped<PrefillGemm>(p, x, experts, n_pairs, n_experts, sc, stream);
+  else run_grouped<PrefillGemm2>(p, x, experts, n_pairs, n_experts, sc, stream);
 }
 
 }  // namespace kiln::cuda

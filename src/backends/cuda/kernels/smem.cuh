@@ -25,6 +25,19 @@ inline int& sm_smem_limit() {
   return bytes;
 }
 
+// Whether `count` blocks of `bytes` of shared memory fit one SM of the current device (or
+// of the emulated limit, if smaller), each with the block reservation the driver adds:
+// for a kernel that has a deeper-pipelined instance and one sized for SMs of about 100
+// KB (SM120, SM 8.6 / 8.9), so that those still run two blocks per SM.
+inline bool blocks_fit_sm(int bytes, int count) {
+  int device = 0, per_sm = 0, reserved = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&device));
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device));
+  if (const int limit = sm_smem_limit(); limit > 0 && limit < per_sm) per_sm = limit;
+  return int64_t(count) * (bytes + reserved) <= per_sm;
+}
+
 // Call before launching `kernel` with `dynamic` bytes of dynamic shared memory, besides
 // `static_bytes` of its own (past 48 KB of both together a kernel must opt in).
 template <typename Kernel>
