@@ -5,6 +5,8 @@
 #include <array>
 #include <cmath>
 
+#include "backends/cuda/kernels/smem.cuh"
+
 namespace kiln::cuda {
 namespace {
 
@@ -16,12 +18,20 @@ namespace {
 // (kiln bench op: 283 -> 258 us, 717 -> 617), and fewer rows than twice the mean re-stream
 // experts that receive more (Qwen3-30B-A3B at 32 tokens, 2.3 rows per expert: 175 us with 8,
 // 202 with 2).
-int moe_gemv_tile_rows(int64_t n_pairs, int n_experts, int max_rows) {
+// Then, while a CTA's staged rows leave an SM fewer than 4 CTAs (the 4-bit instances are
+// register-bound at 5) and a tile one row shorter still holds the mean, one row fewer:
+// on an SM120 SM's 100 KB (emulated on the H100 by KILN_SM_SMEM_CAP=102400), eight
+// tokens of gpt-oss-120b (d_model 2880) ran 4-row tiles at 3 CTAs per SM and the
+// DeepSeek-like shape (7168) 3-row tiles at 2, 7-10% below their 2-row tiles; on the
+// H100's 228 KB the rows are unchanged (docs/perf/quantized-moe-decode.md, ninth pass).
+int moe_gemv_tile_rows(int64_t n_pairs, int n_experts, int max_rows, int64_t n_in) {
   const double hit = double(n_experts) * (1.0 - std::pow(1.0 - 1.0 / double(n_experts), double(n_pairs)));
   const double mean = double(n_pairs) / std::max(1.0, hit);
   int rows = 1;
   while (rows < max_rows && rows < 2.0 * mean) rows *= 2;
-  return std::max(1, std::min(rows, max_rows));
+  rows = std::max(1, std::min(rows, max_rows));
+  while (rows > 1 && rows - 1 >= mean && !blocks_fit_sm(quant_gemv_smem_bytes(rows, n_in), 4)) --rows;
+  return rows;
 }
 
 void check_act(const Tensor& t, const char* what) {
@@ -520,7 +530,7 @@ void CudaBackend::moe(const ops::MoeArgs& a) {
   // into registers (quant_gemv.cu), packed codes or bf16 rows.
   const int gemv_rows = int(std::min<int64_t>(n_tokens, quant_gemv_max_rows(std::max(d_model, ex.d_ff))));
   const auto stream_gemv = [&](const QuantExpert* table, const QuantFormat& f) {
-    const int rows = moe_gemv_tile_rows(n_pairs, n_local, gemv_rows);
+    const int rows = moe_gemv_tile_rows(n_pairs, n_local, gemv_rows, std::max(d_model, ex.d_ff));
     const int slots = moe_tile_slots(n_pairs, n_local, rows);
     int32_t* perm = scratch<int32_t>(n_pairs, op_scratch_);
     int4* tiles = scratch<int4>(slots, op_scratch_);

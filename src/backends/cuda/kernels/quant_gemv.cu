@@ -516,6 +516,8 @@ int quant_gemv_max_rows(int64_t n_in) {
   return n_in % 8 != 0 ? 0 : rows;
 }
 
+int quant_gemv_smem_bytes(int rows, int64_t n_in) { return x_bytes(rows, kp_of(n_in)) + kStaticSmem; }
+
 void launch_quant_gemv_linears(const bf16* x, const GemvPart* parts, int n_parts, const QuantFormat& f, int64_t rows,
                                int64_t n_in, cudaStream_t stream) {
   KILN_CHECK(rows >= 1 && rows <= quant_gemv_max_rows(n_in)) << "quant gemv: " << rows << " rows of " << n_in;
