@@ -32,9 +32,9 @@
 //            every SM;
 //   prefill: kBM 64, kBNF 128, 2 x 2 warps of 32 x 64, 3 stages (73,728 B) where two
 //            such CTAs fit an SM (H100: three), else 2 stages (49,152 B): an SM120 SM
-//            (100 KB) holds one 3-stage CTA, and the 2-stage tile measured 6-37% faster
-//            there and 5-12% slower on the H100's 228 KB (docs/PERF.md, "CUDA ops other
-//            than attention").
+//            (100 KB) holds one 3-stage CTA, and the 2-stage tile took 6-28% less time
+//            there and mostly 3-14% more on the H100's 228 KB (docs/PERF.md, "CUDA ops
+//            other than attention").
 #include <algorithm>
 
 #include "backends/cuda/cuda_check.h"

@@ -447,7 +447,7 @@ constexpr int kF8StageBytes = kF8ABytes + kF8BBytes;
 constexpr int kF8SmemBytes = kF8Stages * kF8StageBytes + (kF8BM + kF8BN) * 4;  // + the scales
 static_assert(kF8SmemBytes <= 101376, "must fit the SM120 per-block shared memory");
 static_assert(2 * (kF8SmemBytes + 1024) <= 102400, "two CTAs per SM120 SM");
-static_assert(kF8BN == kF8Threads && kF8BM <= kF8Threads, "one thread per tile row copies its scales");
+static_assert(kF8BN == kF8Threads && kF8BM <= kF8Threads, "one thread per tile row and column reads its scales");
 
 __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
 #if KILN_FP8_MMA

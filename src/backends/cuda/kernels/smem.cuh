@@ -25,17 +25,22 @@ inline int& sm_smem_limit() {
   return bytes;
 }
 
+// An attribute of the current device.
+inline int device_attribute(cudaDeviceAttr attr) {
+  int device = 0, value = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&device));
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, device));
+  return value;
+}
+
 // Whether `count` blocks of `bytes` of shared memory fit one SM of the current device (or
 // of the emulated limit, if smaller), each with the block reservation the driver adds:
 // for a kernel that has a deeper-pipelined instance and one sized for SMs of about 100
 // KB (SM120, SM 8.6 / 8.9), so that those still run two blocks per SM.
 inline bool blocks_fit_sm(int bytes, int count) {
-  int device = 0, per_sm = 0, reserved = 0;
-  KILN_CUDA_CHECK(cudaGetDevice(&device));
-  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
-  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device));
+  int per_sm = device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor);
   if (const int limit = sm_smem_limit(); limit > 0 && limit < per_sm) per_sm = limit;
-  return int64_t(count) * (bytes + reserved) <= per_sm;
+  return int64_t(count) * (bytes + device_attribute(cudaDevAttrReservedSharedMemoryPerBlock)) <= per_sm;
 }
 
 // Call before launching `kernel` with `dynamic` bytes of dynamic shared memory, besides
@@ -45,9 +50,7 @@ void prepare_smem(Kernel* kernel, int dynamic, int static_bytes = 0) {
   if (dynamic + static_bytes > 48 * 1024)
     KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
   if (const int limit = sm_smem_limit(); limit > 0) {
-    int device = 0, per_sm = 0;
-    KILN_CUDA_CHECK(cudaGetDevice(&device));
-    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+    const int per_sm = device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor);
     // A percentage of the SM's maximum, rounded down: the driver takes the smallest
     // configuration at or above it.
     if (limit < per_sm)
