@@ -512,7 +512,8 @@ void CudaBackend::moe(const ops::MoeArgs& a) {
                      .norm_topk_prob = a.routing.norm_topk_prob,
                      .routed_scaling_factor = a.routing.routed_scaling_factor,
                      .first_local = ex.first_expert, .n_local = n_local};
-  launch_route(logits, vec_or_null(a.correction_bias, "correction bias"), r, n_tokens, chosen, weights, stream_);
+  const float* correction = vec_or_null(a.correction_bias, "correction bias");
+  const auto route = [&] { launch_route(logits, correction, r, n_tokens, chosen, weights, stream_); };
   const MoeShape s{.d_model = d_model, .d_ff = ex.d_ff, .interleaved = ex.gate_up_interleaved,
                    .transposed = transposed, .glu_kind = a.glu.kind == ops::GluKind::kSilu ? 0 : 1,
                    .alpha = a.glu.alpha, .limit = a.glu.limit};
@@ -535,7 +536,12 @@ void CudaBackend::moe(const ops::MoeArgs& a) {
     int32_t* perm = scratch<int32_t>(n_pairs, op_scratch_);
     int4* tiles = scratch<int4>(slots, op_scratch_);
     bf16* act = scratch<bf16>(n_pairs * ex.d_ff, op_scratch_);
-    launch_moe_align(chosen, n_pairs, n_local, rows, perm, tiles, slots, stream_);
+    if (n_tokens <= kRouteAlignMaxTokens) {
+      launch_route_align(logits, correction, r, n_tokens, chosen, weights, n_local, rows, perm, tiles, slots, stream_);
+    } else {
+      route();
+      launch_moe_align(chosen, n_pairs, n_local, rows, perm, tiles, slots, stream_);
+    }
     launch_moe_gemv_quant(a.x.as<bf16>(), table, f, s, top_k, rows, n_pairs, perm, tiles, slots, act, y, stream_);
   };
   if (ex.down[0].quantized()) {  // packed experts: the quantized grouped GEMMs
@@ -547,6 +553,7 @@ void CudaBackend::moe(const ops::MoeArgs& a) {
     if (moe_stream_gemv(n_tokens, n_pairs, n_local, gemv_rows, kQuantGemvTilesPerExpert)) {
       stream_gemv(table, f);
     } else {
+      route();
       MoeGroupedScratch sc = grouped_scratch();
       // Prefill-shaped MXFP4 / NVFP4 layers on SM 12.x: the block-scaled tensor cores,
       // once the self-test has proved them here (enable_native_quant_moe).
@@ -586,9 +593,11 @@ void CudaBackend::moe(const ops::MoeArgs& a) {
   if (path == MoePath::kStreamGemv) {
     stream_gemv(tables.bf16_gemv, kBf16GemvFormat);
   } else if (path == MoePath::kGrouped) {
+    route();
     MoeGroupedScratch sc = grouped_scratch();
     launch_moe_grouped(a.x.as<bf16>(), table, chosen, s, n_pairs, n_local, top_k, sc, stream_);
   } else {
+    route();
     launch_moe_gemv(a.x.as<bf16>(), table, chosen, s, n_tokens, top_k, y, smem_cap_, stream_);
   }
   launch_moe_combine(y, chosen, weights, n_tokens, top_k, d_model, a.out.as<bf16>(), stream_);

@@ -250,8 +250,16 @@ void launch_moe_combine(const float* y, const int32_t* experts, const float* wei
 // Sorts the (token, slot) pairs by expert into perm and cuts each expert's rows into
 // tiles of bm rows (n_slots entries, unused ones expert -1): moe_gemm.cu's tile table.
 // Pairs of expert -1 get no row.
+inline constexpr int kMoeAlignMaxExperts = 1024;
 void launch_moe_align(const int32_t* experts, int64_t n_pairs, int n_experts, int bm, int32_t* perm, int4* tiles,
                       int n_slots, cudaStream_t stream);
+// launch_route, then launch_moe_align over its experts (n_experts: the local table's),
+// as one launch of one block: a decode step of at most kRouteAlignMaxTokens tokens waits
+// for one kernel less before its first expert weights are read.
+inline constexpr int kRouteAlignMaxTokens = 16;
+void launch_route_align(const float* logits, const float* correction_bias, const MoeRouting& r, int64_t n_tokens,
+                        int32_t* experts, float* weights, int n_experts, int bm, int32_t* perm, int4* tiles,
+                        int n_slots, cudaStream_t stream);
 
 // ---- quant_gemm.cu: GEMMs over quantized weights in the packed layout of
 // backends/cuda/quant_pack.h (FP8, MXFP4, NVFP4, INT4), bf16 activations.

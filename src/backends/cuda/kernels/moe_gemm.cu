@@ -1,7 +1,7 @@
 // Grouped expert GEMMs for MoE: bf16 mma.sync m16n8k16 with fp32 accumulation,
 // ldmatrix from XOR-swizzled shared memory, a multistage cp.async pipeline.
 //
-// After routing, moe_align sorts the (token, slot) pairs by expert: `perm` lists
+// After routing, moe.cu's align sorts the (token, slot) pairs by expert: `perm` lists
 // the pair indices expert by expert (ascending expert id; within an expert in
 // atomic arrival order, which changes no value since every row is computed on
 // its own), and a tile table cuts each expert's rows into tiles of kBM rows (an
@@ -51,9 +51,6 @@ using attn::cp_async_commit;
 using attn::cp_async_wait;
 using attn::smem_u32;
 using attn::swz;
-
-constexpr int kAlignThreads = 1024;
-constexpr int kMaxAlignExperts = 1024;  // one thread per expert in the scan
 
 template <int kBM_, int kBNF_, int kWarpsM_, int kWarpsN_, int kStages_>
 struct GemmConfig {
@@ -203,59 +200,6 @@ __global__ void __launch_bounds__(C::kThreads) moe_gemm_kernel(const GemmParams 
   }
 }
 
-// Exclusive prefix sums of (a, b) over the block's kAlignThreads threads; the
-// totals go to *total.
-__device__ int2 block_exclusive_scan(int2 v, int2* total) {
-  __shared__ int2 warp_sums[kAlignThreads / 32];
-  const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
-  int2 incl = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int x = __shfl_up_sync(0xffffffffu, incl.x, o), y = __shfl_up_sync(0xffffffffu, incl.y, o);
-    if (lane >= o) incl.x += x, incl.y += y;
-  }
-  if (lane == 31) warp_sums[warp] = incl;
-  __syncthreads();
-  if (warp == 0) {
-    int2 w = warp_sums[lane];
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int x = __shfl_up_sync(0xffffffffu, w.x, o), y = __shfl_up_sync(0xffffffffu, w.y, o);
-      if (lane >= o) w.x += x, w.y += y;
-    }
-    warp_sums[lane] = w;
-  }
-  __syncthreads();
-  const int2 before = warp > 0 ? warp_sums[warp - 1] : make_int2(0, 0);
-  *total = warp_sums[kAlignThreads / 32 - 1];
-  return make_int2(incl.x - v.x + before.x, incl.y - v.y + before.y);
-}
-
-// One block: counts the pairs per expert, scans them into row offsets and tile
-// offsets, scatters the pair indices into perm and writes the tile table
-// (n_slots entries, the unused ones marked expert -1).
-__global__ void __launch_bounds__(kAlignThreads)
-    moe_align_kernel(const int32_t* experts, int n_pairs, int n_experts, int bm, int32_t* perm, int4* tiles,
-                     int n_slots) {
-  __shared__ int count[kMaxAlignExperts], cursor[kMaxAlignExperts];
-  pdl_wait();  // a dependent launch after the routing (pdl.cuh)
-  const int tid = int(threadIdx.x);
-  for (int e = tid; e < n_experts; e += kAlignThreads) count[e] = 0;
-  __syncthreads();
-  for (int i = tid; i < n_pairs; i += kAlignThreads)
-    if (experts[i] >= 0) atomicAdd(&count[experts[i]], 1);  // -1: another rank's expert
-  __syncthreads();
-  const int n = tid < n_experts ? count[tid] : 0, n_tiles = (n + bm - 1) / bm;
-  int2 total;
-  const int2 off = block_exclusive_scan(make_int2(n, n_tiles), &total);
-  if (tid < n_experts) cursor[tid] = off.x;
-  __syncthreads();
-  for (int i = tid; i < n_pairs; i += kAlignThreads)
-    if (experts[i] >= 0) perm[atomicAdd(&cursor[experts[i]], 1)] = i;
-  for (int j = 0; j < n_tiles; ++j) tiles[off.y + j] = make_int4(tid, off.x + j * bm, min(bm, n - j * bm), 0);
-  for (int x = total.y + tid; x < n_slots; x += kAlignThreads) tiles[x] = make_int4(-1, 0, 0, 0);
-}
-
 template <typename C, bool kUp, bool kTrans>
 void launch_gemm(const GemmParams& p, int n_slots, cudaStream_t stream) {
   const auto kernel = moe_gemm_kernel<C, kUp, kTrans>;
@@ -290,14 +234,6 @@ bool prefill_tiles(int64_t n_pairs, int n_experts) { return n_pairs >= int64_t(k
 
 }  // namespace
 
-void launch_moe_align(const int32_t* experts, int64_t n_pairs, int n_experts, int bm, int32_t* perm, int4* tiles,
-                      int n_slots, cudaStream_t stream) {
-  KILN_CHECK(n_experts <= kMaxAlignExperts) << "moe align: " << n_experts << " experts (at most " << kMaxAlignExperts << ")";
-  launch_dependent(moe_align_kernel, 1, kAlignThreads, 0, stream, experts, int(n_pairs), n_experts, bm, perm, tiles,
-                   n_slots);
-  KILN_CUDA_LAUNCH_CHECK();
-}
-
 // Expert e's c_e pairs make ceil(c_e / bm) tiles, at most c_e / bm + 1 and at most c_e:
 // in all at most n_pairs / bm + (experts with pairs), and at most n_pairs (the bound that
 // holds at decode's one-row tiles, where the first gave twice the CTA rows, half dead).
@@ -310,7 +246,7 @@ int moe_grouped_bm(int64_t n_pairs, int n_experts) {
 }
 
 bool moe_grouped_supported(const MoeShape& s, bool fused_gate_up, int n_experts) {
-  if (n_experts > kMaxAlignExperts || s.d_model % 8 != 0 || s.d_ff % 8 != 0) return false;
+  if (n_experts > kMoeAlignMaxExperts || s.d_model % 8 != 0 || s.d_ff % 8 != 0) return false;
   if (s.d_model > INT32_MAX / 4 || s.d_ff > INT32_MAX / 4) return false;
   // Transposed weights are read as [K, fused columns]: gate and up must alternate.
   return !s.transposed || (fused_gate_up && s.interleaved);
