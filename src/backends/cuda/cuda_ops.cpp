@@ -5,7 +5,6 @@
 #include <array>
 #include <cmath>
 
-#include "backends/cuda/kernels/smem.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -18,19 +17,30 @@ namespace {
 // (kiln bench op: 283 -> 258 us, 717 -> 617), and fewer rows than twice the mean re-stream
 // experts that receive more (Qwen3-30B-A3B at 32 tokens, 2.3 rows per expert: 175 us with 8,
 // 202 with 2).
-// Then, while a CTA's staged rows leave an SM fewer than 4 CTAs (the 4-bit instances are
-// register-bound at 5) and a tile one row shorter still holds the mean, one row fewer:
-// on an SM120 SM's 100 KB (emulated on the H100 by KILN_SM_SMEM_CAP=102400), eight
-// tokens of gpt-oss-120b (d_model 2880) ran 4-row tiles at 3 CTAs per SM and the
-// DeepSeek-like shape (7168) 3-row tiles at 2, 7-10% below their 2-row tiles; on the
-// H100's 228 KB the rows are unchanged (docs/perf/quantized-moe-decode.md, ninth pass).
+// Then the CTAs: 16 warps per SM (the 4-bit instances' registers allow no more), as 4
+// CTAs of 4 warps or, where their staged rows do not fit 4 times (an SM120 SM's 100 KB,
+// emulated on the H100 by KILN_SM_SMEM_CAP=102400), 2 of 8 (quant_gemv_moe_warps). Where
+// routed experts average under 2 rows, tiles are first cut to 4-warp CTAs if a tile that
+// still holds the mean fits them: the cut tiles rarely re-stream an expert, and the 8-warp
+// CTAs over the uncut rows measured 2-4% slower there (gpt-oss-120b MXFP4 at 8 / 32 tokens,
+// 177.7 / 434.5 us per layer against 181.9 / 449.8). Otherwise the rows stay, cut only to
+// fit 8-warp CTAs: against 4-warp CTAs over cut tiles, gpt-oss-20b at 32 tokens (4 rows per
+// routed expert) 250 -> 201 us, Qwen3-30B-A3B at 64 tokens 188 -> 165, the DeepSeek-like
+// shape at 8 / 32 tokens (3-row tiles of 7168 inputs, cut to 2 rows at 3 CTAs per SM) 491
+// / 1520 -> 443 / 1308 (docs/perf/quantized-moe-decode.md, eleventh pass). On the H100's
+// 228 KB every tile keeps its rows in 4-warp CTAs.
 int moe_gemv_tile_rows(int64_t n_pairs, int n_experts, int max_rows, int64_t n_in) {
   const double hit = double(n_experts) * (1.0 - std::pow(1.0 - 1.0 / double(n_experts), double(n_pairs)));
   const double mean = double(n_pairs) / std::max(1.0, hit);
   int rows = 1;
   while (rows < max_rows && rows < 2.0 * mean) rows *= 2;
   rows = std::max(1, std::min(rows, max_rows));
-  while (rows > 1 && rows - 1 >= mean && !blocks_fit_sm(quant_gemv_smem_bytes(rows, n_in), 4)) --rows;
+  if (mean < 2.0) {
+    int cut = rows;
+    while (cut > 1 && cut - 1 >= mean && quant_gemv_moe_warps(cut, n_in) != 4) --cut;
+    if (quant_gemv_moe_warps(cut, n_in) == 4) return cut;
+  }
+  while (rows > 1 && quant_gemv_moe_warps(rows, n_in) == 0) --rows;
   return rows;
 }
 

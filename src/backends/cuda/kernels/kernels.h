@@ -364,8 +364,10 @@ constexpr int kGemvRows = 8;
 // The most activation rows the GEMV takes with n_in inputs (they are staged in shared
 // memory; 0: n_in is not a multiple of 8).
 int quant_gemv_max_rows(int64_t n_in);
-// The shared memory of one GEMV CTA that stages `rows` rows of n_in inputs.
-int quant_gemv_smem_bytes(int rows, int64_t n_in);
+// The warps per CTA of MoE GEMV launches staging `rows` rows of n_in inputs: 4 where an
+// SM's shared memory (blocks_fit_sm) holds 4 such CTAs, else 8 where it holds 2 (16 warps
+// either way), else 0 (the tile is to be cut).
+int quant_gemv_moe_warps(int rows, int64_t n_in);
 // Up to kGemvParts linears of one input x [rows, n_in], rows <= quant_gemv_max_rows(n_in),
 // in one launch: out = bf16(x w^T + bias) for each part. The weights are packed in format
 // f (launch_quant_linear's at few rows), or plain bf16 [n_out, n_in] row-major with

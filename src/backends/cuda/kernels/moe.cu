@@ -6,6 +6,7 @@
 // quant_gemm.cu, quant_gemv.cu), and the weighted combine.
 #include <cfloat>
 #include <climits>
+#include <type_traits>
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels/common.cuh"
@@ -464,14 +465,14 @@ void check_routing(const MoeRouting& r) {
       << kMaxExperts << " experts, 32 groups, top " << kMaxTopK << ")";
 }
 
-// go.template operator()<kPer>() for the routing's experts per lane (route_token).
+// go(std::integral_constant<int, kPer>) for the routing's experts per lane (route_token).
 template <typename Go>
 void with_experts_per_lane(int n_experts, Go&& go) {
-  if (n_experts <= 32) go.template operator()<1>();
-  else if (n_experts <= 64) go.template operator()<2>();
-  else if (n_experts <= 128) go.template operator()<4>();
-  else if (n_experts <= 256) go.template operator()<8>();
-  else go.template operator()<16>();
+  if (n_experts <= 32) go(std::integral_constant<int, 1>{});
+  else if (n_experts <= 64) go(std::integral_constant<int, 2>{});
+  else if (n_experts <= 128) go(std::integral_constant<int, 4>{});
+  else if (n_experts <= 256) go(std::integral_constant<int, 8>{});
+  else go(std::integral_constant<int, 16>{});
 }
 
 }  // namespace
@@ -496,9 +497,9 @@ void launch_route(const float* logits, const float* correction_bias, const MoeRo
   check_routing(r);
   if (n_tokens == 0) return;
   const unsigned blocks = unsigned(ceil_div(n_tokens * 32, 128));
-  with_experts_per_lane(r.n_experts, [&]<int kPer>() {
-    launch_dependent(route_kernel<kPer>, blocks, 128, 0, stream, logits, correction_bias, r, n_tokens, experts,
-                     weights);
+  with_experts_per_lane(r.n_experts, [&](auto per) {
+    launch_dependent(route_kernel<decltype(per)::value>, blocks, 128, 0, stream, logits, correction_bias, r, n_tokens,
+                     experts, weights);
   });
   KILN_CUDA_LAUNCH_CHECK();
 }
@@ -520,9 +521,9 @@ void launch_route_align(const float* logits, const float* correction_bias, const
   KILN_CHECK(n_experts <= kMoeAlignMaxExperts)
       << "moe align: " << n_experts << " experts (at most " << kMoeAlignMaxExperts << ")";
   if (n_tokens == 0) return;
-  with_experts_per_lane(r.n_experts, [&]<int kPer>() {
-    launch_dependent(route_align_kernel<kPer>, 1, kRouteAlignThreads, 0, stream, logits, correction_bias, r,
-                     int(n_tokens), experts, weights, n_experts, bm, perm, tiles, n_slots);
+  with_experts_per_lane(r.n_experts, [&](auto per) {
+    launch_dependent(route_align_kernel<decltype(per)::value>, 1, kRouteAlignThreads, 0, stream, logits,
+                     correction_bias, r, int(n_tokens), experts, weights, n_experts, bm, perm, tiles, n_slots);
   });
   KILN_CUDA_LAUNCH_CHECK();
 }

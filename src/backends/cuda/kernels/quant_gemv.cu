@@ -51,12 +51,13 @@
 namespace kiln::cuda {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = 32 * kWarps;
 constexpr int kKTile = 128;    // codes are padded to whole 128-input blocks
 constexpr int kXPad = 4;       // bf16 after each staged activation row: conflict-free B loads (8-byte aligned rows)
 constexpr int kSmemBudget = 48 * 1024;  // staged activations per CTA (rows are capped to fit)
-constexpr int kStaticSmem = kWarps * 4 * 32 * 4;  // the split-k partial sums
+// Warps per CTA: 4, or 8 for a MoE launch whose staged rows leave an SM fewer than 4
+// CTAs of 4 (moe_gemv_warps): the rows are staged once for twice the units.
+constexpr int kCtaWarps = 4, kWideCtaWarps = 8;
+__host__ __device__ constexpr int static_smem(int warps) { return warps * 4 * 32 * 4; }  // split-k partial sums
 constexpr int kBf16Value = kQuantValueBf16;  // plain bf16 weights (kernels.h)
 static_assert(kGemvRows == 8, "token rows are the mma's n");
 
@@ -202,8 +203,10 @@ __device__ __forceinline__ auto part_field(const GemvParams& p, int i, Get get) 
 // over the tile table, or dense linears (up to kGemvParts of one input).
 enum Kind { kMoeDown, kMoeUp, kDense };
 
-template <int kKind, int kValue, int kScale, int kSpc>
-__global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p) {
+// (8-warp CTAs are held to 128 registers, so that two fit an SM: the reason for them.)
+template <int kKind, int kWarps, int kValue, int kScale, int kSpc>
+__global__ void __launch_bounds__(32 * kWarps, kWarps == kWideCtaWarps ? 2 : 0) quant_gemv_kernel(const GemvParams p) {
+  constexpr int kThreads = 32 * kWarps;
   constexpr bool kUp = kKind == kMoeUp;
   using F = Fmt<kValue, kScale, kSpc>;
   using S = Slot<kValue, kScale, kSpc>;
@@ -211,7 +214,7 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const GemvParams p
   constexpr int kCodeBytes = F::kCodeBytes;  // per row per block
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float partial[kWarps][4][32];
-  static_assert(sizeof(partial) == kStaticSmem);
+  static_assert(sizeof(partial) == static_smem(kWarps));
   // Every launch is a dependent one (pdl.cuh). A MoE down GEMV starts streaming its
   // weights before the up GEMV (always the kernel before it) has completed: it reads the
   // tile table align wrote two kernels back and weights no kernel writes. The others wait
@@ -452,15 +455,15 @@ int kp_of(int64_t k) { return int((k + kKTile - 1) / kKTile * kKTile); }
 // 1.7 waves at split 2 under the old one: 104.9-107.5 us with it, 107.7 without, across
 // runs). Slices of at least 6 blocks for every format (not 2 ring - 1) cost gpt-oss-20b
 // decode 3-5%: the bf16 attention projections lost their 4-way split.
-template <int kKind>
-void launch_gemv(GemvParams p, int n_slots, int64_t tiles, cudaStream_t stream) {
+template <int kKind, int kWarps>
+void launch_gemv_warps(GemvParams p, int n_slots, int64_t tiles, cudaStream_t stream) {
   int device = 0, sms = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&device));
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int64_t wave = int64_t(sms) * 16;  // resident warps at up to 128 registers per thread
   p.split = 1;
   const int min_slice = 2 * ring_blocks(p.f.value) - 1;
-  while (p.split < kWarps && int64_t(p.units) * tiles * p.split * 2 <= wave &&
+  while (p.split < kCtaWarps && int64_t(p.units) * tiles * p.split * 2 <= wave &&
          p.n_blocks >= 2 * min_slice * p.split)
     p.split *= 2;
   const int units_per_cta = kWarps / p.split;
@@ -475,27 +478,47 @@ void launch_gemv(GemvParams p, int n_slots, int64_t tiles, cudaStream_t stream) 
   const int smem = x_bytes(p.rows_cap, p.Kp);
   KILN_CHECK(smem <= kSmemBudget) << "quant gemv: " << p.rows_cap << " rows of " << p.K << " inputs";
   const auto go = [&](auto kernel) {
-    prepare_smem(kernel, smem, kStaticSmem);
-    launch_dependent(kernel, grid, kThreads, smem, stream, p);
+    prepare_smem(kernel, smem, static_smem(kWarps));
+    launch_dependent(kernel, grid, 32 * kWarps, smem, stream, p);
   };
   const int v = p.f.value, s = p.f.scale_kind, spc = std::max(1, 32 / p.f.group);
   // One instance per format the packer produces (quant_pack.cpp).
-  if (v == 0 && s == 0 && spc == 1) go(quant_gemv_kernel<kKind, 0, 0, 1>);        // MXFP4
-  else if (v == 0 && s == 1 && spc == 2) go(quant_gemv_kernel<kKind, 0, 1, 2>);   // NVFP4
-  else if (v == 1 && s == 2 && spc == 1) go(quant_gemv_kernel<kKind, 1, 2, 1>);   // INT4, bf16 scales
-  else if (v == 1 && s == 2 && spc == 2) go(quant_gemv_kernel<kKind, 1, 2, 2>);
-  else if (v == 1 && s == 2 && spc == 4) go(quant_gemv_kernel<kKind, 1, 2, 4>);
-  else if (v == 1 && s == 3 && spc == 1) go(quant_gemv_kernel<kKind, 1, 3, 1>);   // INT4, f16 scales
-  else if (v == 1 && s == 3 && spc == 2) go(quant_gemv_kernel<kKind, 1, 3, 2>);
-  else if (v == 1 && s == 3 && spc == 4) go(quant_gemv_kernel<kKind, 1, 3, 4>);
-  else if (v == 1 && s == 4 && spc == 1) go(quant_gemv_kernel<kKind, 1, 4, 1>);   // INT4, f32 scales
-  else if (v == 1 && s == 4 && spc == 2) go(quant_gemv_kernel<kKind, 1, 4, 2>);
-  else if (v == 1 && s == 4 && spc == 4) go(quant_gemv_kernel<kKind, 1, 4, 4>);
-  else if (v == 2 && s == 4 && spc == 1) go(quant_gemv_kernel<kKind, 2, 4, 1>);   // FP8
-  else if (v == 2 && s == 4 && spc == 2) go(quant_gemv_kernel<kKind, 2, 4, 2>);
-  else if (v == kBf16Value) go(quant_gemv_kernel<kKind, kBf16Value, 0, 1>);  // plain bf16
+  if (v == 0 && s == 0 && spc == 1) go(quant_gemv_kernel<kKind, kWarps, 0, 0, 1>);        // MXFP4
+  else if (v == 0 && s == 1 && spc == 2) go(quant_gemv_kernel<kKind, kWarps, 0, 1, 2>);   // NVFP4
+  else if (v == 1 && s == 2 && spc == 1) go(quant_gemv_kernel<kKind, kWarps, 1, 2, 1>);   // INT4, bf16 scales
+  else if (v == 1 && s == 2 && spc == 2) go(quant_gemv_kernel<kKind, kWarps, 1, 2, 2>);
+  else if (v == 1 && s == 2 && spc == 4) go(quant_gemv_kernel<kKind, kWarps, 1, 2, 4>);
+  else if (v == 1 && s == 3 && spc == 1) go(quant_gemv_kernel<kKind, kWarps, 1, 3, 1>);   // INT4, f16 scales
+  else if (v == 1 && s == 3 && spc == 2) go(quant_gemv_kernel<kKind, kWarps, 1, 3, 2>);
+  else if (v == 1 && s == 3 && spc == 4) go(quant_gemv_kernel<kKind, kWarps, 1, 3, 4>);
+  else if (v == 1 && s == 4 && spc == 1) go(quant_gemv_kernel<kKind, kWarps, 1, 4, 1>);   // INT4, f32 scales
+  else if (v == 1 && s == 4 && spc == 2) go(quant_gemv_kernel<kKind, kWarps, 1, 4, 2>);
+  else if (v == 1 && s == 4 && spc == 4) go(quant_gemv_kernel<kKind, kWarps, 1, 4, 4>);
+  else if (v == 2 && s == 4 && spc == 1) go(quant_gemv_kernel<kKind, kWarps, 2, 4, 1>);   // FP8
+  else if (v == 2 && s == 4 && spc == 2) go(quant_gemv_kernel<kKind, kWarps, 2, 4, 2>);
+  else if (v == kBf16Value) go(quant_gemv_kernel<kKind, kWarps, kBf16Value, 0, 1>);  // plain bf16
   else KILN_CHECK(false) << "quant gemv: no kernel for value kind " << v << ", scale kind " << s << ", group " << p.f.group;
   KILN_CUDA_LAUNCH_CHECK();
+}
+
+// Warps per CTA of a MoE launch staging `rows` rows of kp inputs: 4 while an SM holds 4
+// such CTAs (16 warps), else 8 where it holds 2 of those (the same 16 warps over the same
+// staged rows; 0: neither, the tile is to be cut). On the H100's 228 KB every MoE tile
+// takes 4; on an SM120 SM's 100 KB, eight tokens of the DeepSeek-like shape (3 rows of
+// 7168 inputs, 43 KB) held 2 CTAs of 4 warps, or 3 with the tile cut to 2 rows: 491 us
+// per layer, against 443 in 2 CTAs of 8 (cuda_ops.cpp, moe_gemv_tile_rows, for the rule).
+int moe_gemv_warps(int rows, int kp) {
+  const int x = x_bytes(rows, kp);
+  if (blocks_fit_sm(x + static_smem(kCtaWarps), 4)) return kCtaWarps;
+  return blocks_fit_sm(x + static_smem(kWideCtaWarps), 2) ? kWideCtaWarps : 0;
+}
+
+template <int kKind>
+void launch_gemv(const GemvParams& p, int n_slots, int64_t tiles, cudaStream_t stream) {
+  if (kKind != kDense && moe_gemv_warps(p.rows_cap, p.Kp) == kWideCtaWarps)
+    launch_gemv_warps<kKind, kKind == kDense ? kCtaWarps : kWideCtaWarps>(p, n_slots, tiles, stream);
+  else
+    launch_gemv_warps<kKind, kCtaWarps>(p, n_slots, tiles, stream);
 }
 
 void set_k(GemvParams& p, const QuantFormat& f, int64_t K) {
@@ -516,7 +539,7 @@ int quant_gemv_max_rows(int64_t n_in) {
   return n_in % 8 != 0 ? 0 : rows;
 }
 
-int quant_gemv_smem_bytes(int rows, int64_t n_in) { return x_bytes(rows, kp_of(n_in)) + kStaticSmem; }
+int quant_gemv_moe_warps(int rows, int64_t n_in) { return moe_gemv_warps(rows, kp_of(n_in)); }
 
 void launch_quant_gemv_linears(const bf16* x, const GemvPart* parts, int n_parts, const QuantFormat& f, int64_t rows,
                                int64_t n_in, cudaStream_t stream) {
