@@ -513,6 +513,8 @@ int moe_gemv_warps(int rows, int kp) {
   return blocks_fit_sm(x + static_smem(kWideCtaWarps), 2) ? kWideCtaWarps : 0;
 }
 
+// Dense launches always take 4-warp CTAs (the ternary keeps their 8-warp instances from
+// being compiled at all).
 template <int kKind>
 void launch_gemv(const GemvParams& p, int n_slots, int64_t tiles, cudaStream_t stream) {
   if (kKind != kDense && moe_gemv_warps(p.rows_cap, p.Kp) == kWideCtaWarps)
