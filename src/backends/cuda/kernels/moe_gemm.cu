@@ -42,6 +42,7 @@
 #include "backends/cuda/kernels/kernels.h"
 #include "backends/cuda/kernels/pdl.cuh"
 #include "backends/cuda/kernels/smem.cuh"
+#include "backends/cuda/kernels/tile_grid.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -88,7 +89,7 @@ struct GemmParams {
   MoeShape s;
   bf16* act;                      // up output [n_pairs, d_ff]
   float* y;                       // down output [n_pairs, d_model]
-  int n_fast;                     // the grid's x is the n tile, y the tile (launch_gemm)
+  bool n_fast;                    // the grid's order (tile_grid.cuh)
 };
 
 // Stored row (non-transposed) of fused column f of expert e's up weights.
@@ -103,9 +104,9 @@ template <typename C, bool kUp, bool kTrans>
 __global__ void __launch_bounds__(C::kThreads) moe_gemm_kernel(const GemmParams p) {
   constexpr int kBK = C::kBK;
   extern __shared__ __align__(128) unsigned char smem[];
-  const int4 tile = p.tiles[p.n_fast ? blockIdx.y : blockIdx.x];
+  const int4 tile = p.tiles[grid_row_tile(p.n_fast)];
   if (tile.x < 0) return;
-  const int row0 = tile.y, rows = tile.z, n0 = int(p.n_fast ? blockIdx.x : blockIdx.y) * C::kBNF;
+  const int row0 = tile.y, rows = tile.z, n0 = grid_n_tile(p.n_fast) * C::kBNF;
   const ExpertWeights ew = p.experts[tile.x];
   const bf16* w_base = kUp ? ew.gate_up : ew.down;  // the transposed layouts read one matrix
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
@@ -205,15 +206,9 @@ template <typename C, bool kUp, bool kTrans>
 void launch_gemm(GemmParams p, int n_slots, cudaStream_t stream) {
   const auto kernel = moe_gemm_kernel<C, kUp, kTrans>;
   prepare_smem(kernel, C::kSmemBytes);
-  // The n tile as the grid's fast index: a tile's CTAs are dispatched together and share
-  // its rows' activations in L2, and an expert's tiles follow one another and share its
-  // weights (with the tile fast, the CTAs in flight spanned one n tile of every expert and
-  // the activations were read from DRAM again for each n tile). H100, the op bench's bf16
-  // layers: gpt-oss-120b 2048 tokens 3155 -> 2614 us, Qwen3-30B-A3B 885 -> 770, the
-  // DeepSeek-like shape 12072 -> 9960; 512 and 8192 tokens 0-7% faster.
-  const unsigned n_tiles = unsigned((p.NF + C::kBNF - 1) / C::kBNF);
-  p.n_fast = n_slots <= 65535;
-  const dim3 grid = p.n_fast ? dim3(n_tiles, unsigned(n_slots)) : dim3(unsigned(n_slots), n_tiles);
+  const TileGrid g = moe_tile_grid(n_slots, (p.NF + C::kBNF - 1) / C::kBNF);
+  p.n_fast = g.n_fast;
+  const dim3 grid = g.grid;
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
   KILN_CUDA_LAUNCH_CHECK();
 }
