@@ -1,6 +1,7 @@
 #include "backends/cuda/quant_pack.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -140,6 +141,22 @@ Result<PackedQuant> pack_quantized(const formats::QuantizedTensor& q) {
     KILN_RETURN_IF_ERROR(need(top <= kQuantMaxE8m0, q,
                               "a scale of 2^" + std::to_string(top - 127) + " (the GEMV takes MXFP4 scales up to 2^" +
                                   std::to_string(kQuantMaxE8m0 - 127) + ")"));
+  }
+  if (q.kind == QuantKind::kNvfp4) {
+    // NVFP4 block scales are unsigned e4m3: the SM120 tensor cores read a scale byte as a
+    // ue4m3 (quant_gemm_sm120.cu), where a sign bit set would not negate the block. Refused
+    // on every device, so that no checkpoint loads here and computes otherwise there.
+    const auto* s = q.scale.as<uint8_t>();
+    int64_t bad = 0;
+    while (bad < q.scale.numel() && (s[bad] & 0x80) == 0) ++bad;
+    if (bad < q.scale.numel()) {
+      char byte[8];
+      std::snprintf(byte, sizeof byte, "0x%02x", unsigned(s[bad]));
+      return need(false, q,
+                  "a block scale with its sign bit set (" + std::string(byte) + ", scale " +
+                      std::to_string(bad % (n_in / 16)) + " of row " + std::to_string(bad / (n_in / 16)) +
+                      "; NVFP4 scales are unsigned e4m3)");
+    }
   }
 
   // Codes: rows copied as they are, the padding set to the code of zero.

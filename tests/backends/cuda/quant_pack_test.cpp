@@ -135,5 +135,18 @@ TEST(CudaQuantPack, Mxfp4ScalesBeyondTheGemvRangeFailClearly) {
   EXPECT_NE(p.status().message().find("a scale of 2^28"), std::string::npos) << p.status().message();
 }
 
+// NVFP4 block scales are unsigned e4m3 (the SM120 tensor cores read them as ue4m3): a
+// scale byte with the sign bit set fails the pack, naming the byte and its row.
+TEST(CudaQuantPack, Nvfp4ScalesWithTheSignBitSetFailClearly) {
+  std::mt19937 rng(11);
+  auto q = cuda::random_quantized({QuantKind::kNvfp4}, 16, 128, rng);
+  ASSERT_TRUE(pack_quantized(q).ok());
+  q.scale.as<uint8_t>()[8 * 3 + 2] = 0xb8;  // -1.0 in e4m3: row 3, scale 2
+  auto p = pack_quantized(q);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("sign bit set (0xb8, scale 2 of row 3"), std::string::npos)
+      << p.status().message();
+}
+
 }  // namespace
 }  // namespace kiln
