@@ -146,15 +146,16 @@ Result<PackedQuant> pack_quantized(const formats::QuantizedTensor& q) {
     // NVFP4 block scales are unsigned e4m3: the SM120 tensor cores read a scale byte as a
     // ue4m3 (quant_gemm_sm120.cu), where a sign bit set would not negate the block. Refused
     // on every device, so that no checkpoint loads here and computes otherwise there.
-    const auto* s = q.scale.as<uint8_t>();
-    int64_t bad = 0;
-    while (bad < q.scale.numel() && (s[bad] & 0x80) == 0) ++bad;
-    if (bad < q.scale.numel()) {
+    const uint8_t* s = q.scale.as<uint8_t>();
+    const uint8_t* end = s + q.scale.numel();
+    const uint8_t* neg = std::find_if(s, end, [](uint8_t b) { return (b & 0x80) != 0; });
+    if (neg != end) {
+      const int64_t i = neg - s, per_row = n_in / 16;
       char byte[8];
-      std::snprintf(byte, sizeof byte, "0x%02x", unsigned(s[bad]));
+      std::snprintf(byte, sizeof byte, "0x%02x", unsigned(*neg));
       return need(false, q,
                   "a block scale with its sign bit set (" + std::string(byte) + ", scale " +
-                      std::to_string(bad % (n_in / 16)) + " of row " + std::to_string(bad / (n_in / 16)) +
+                      std::to_string(i % per_row) + " of row " + std::to_string(i / per_row) +
                       "; NVFP4 scales are unsigned e4m3)");
     }
   }
