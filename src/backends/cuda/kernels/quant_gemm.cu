@@ -438,9 +438,13 @@ __global__ void dequantize_kernel(QuantMat w, QuantFormat f, int64_t n_out, int6
 // read a k tile ahead into registers, one of each per thread, and stored in one buffer
 // behind the stage's barrier; a second barrier orders that store before the promotion.
 //
-// Tile: 64 rows (moe_grouped_bm's prefill tiles) x 128 fused columns, 2 x 2 warps of
-// 32 x 64, 2 stages of 24 KiB codes + 768 B of scales: 49,920 B, so that two CTAs fit
-// an SM120 SM's 100 KB (each block also takes 1 KB of it). Three stages with the scales
+// Tile: 64 rows (moe_grouped_bm's prefill tiles) x 128 fused columns, 2 stages of 24 KiB
+// codes + 768 B of scales: 49,920 B, so that two CTAs fit an SM120 SM's 100 KB (each block
+// also takes 1 KB of it). MoE launches run 4 x 2 warps of 16 x 64: twice the warps per SM
+// of 2 x 2 warps of 32 x 64 (255 registers), and in an expert's last tile the warps past
+// its rows skip their mmas (MoE layers at 2048 tokens 3-9% faster on an H100; 2 x 4 warps
+// of 32 x 32, skipping by 32 rows, gained half as much). Dense shapes keep 2 x 2 warps,
+// 2% faster to 7% slower with 4 x 2 (docs/PERF.md, "FP8 W8A8 prefill GEMMs"). Three stages with the scales
 // staged (76 KB: one CTA there) were 12-19 points of the e4m3 peak slower on an H100 held
 // to 100 KB per SM, and on its full 228 KB (two CTAs either way, by registers) 0-3 points
 // faster for the MoE layers, the same or slower for dense shapes (docs/PERF.md, "FP8 W8A8
@@ -451,14 +455,25 @@ __global__ void dequantize_kernel(QuantMat w, QuantFormat f, int64_t n_out, int6
 #define KILN_FP8_MMA 0
 #endif
 
-constexpr int kF8BM = 64, kF8BN = 128, kF8WarpsN = 2, kF8Threads = 128, kF8Stages = 2;
-constexpr int kF8MT = 2, kF8NT = 8;  // m16 and n8 tiles per warp (32 x 64)
+constexpr int kF8BM = 64, kF8BN = 128, kF8Stages = 2;
 constexpr int kF8ABytes = kF8BM * kKTile, kF8BBytes = kF8BN * kKTile;
 constexpr int kF8StageBytes = kF8ABytes + kF8BBytes;
 constexpr int kF8SmemBytes = kF8Stages * kF8StageBytes + (kF8BM + kF8BN) * 4;  // + the scales
 static_assert(kF8SmemBytes <= 101376, "must fit the SM120 per-block shared memory");
 static_assert(2 * (kF8SmemBytes + 1024) <= 102400, "two CTAs per SM120 SM");
-static_assert(kF8BN == kF8Threads && kF8BM <= kF8Threads, "one thread per tile row and column reads its scales");
+
+// The warps: kWarpsM in M x 2 in N. MoE launches take 4 x 2 warps of 16 x 64 (two CTAs per
+// SM by registers, 128), dense ones 2 x 2 of 32 x 64 (255 registers).
+template <int kWarpsM_>
+struct F8Config {
+  static constexpr int kWarpsM = kWarpsM_, kWarpsN = 2, kThreads = 32 * kWarpsM * kWarpsN;
+  static constexpr int kMT = kF8BM / 16 / kWarpsM, kNT = kF8BN / 8 / kWarpsN;  // m16 and n8 tiles per warp
+  static constexpr int kChunkRows = kThreads / 8;  // tile rows one pass of 16-byte chunks covers
+  static_assert(kF8BN <= kThreads && kF8BM <= kThreads, "one thread per tile row and column reads its scales");
+  static_assert(kMT >= 1 && kNT % 2 == 0 && kF8BM % kChunkRows == 0, "whole m16 tiles; pairs of n8 tiles; whole passes");
+};
+using F8Moe = F8Config<4>;
+using F8Dense = F8Config<2>;
 
 __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
 #if KILN_FP8_MMA
@@ -471,32 +486,33 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], 
 #endif
 }
 
-template <bool kUp>
-__global__ void __launch_bounds__(kF8Threads) quant_gemm_w8a8_kernel(const QGemmParams p) {
+template <typename C, bool kUp>
+__global__ void __launch_bounds__(C::kThreads, 2) quant_gemm_w8a8_kernel(const QGemmParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   int row0, rows;
   const QuantExpert* ew;
   if (!cta_tile(p, kF8BM, row0, rows, ew)) return;
   const int n0 = grid_n_tile(p.n_fast) * kF8BN;
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
-  const int wm = warp / kF8WarpsN, wn = warp % kF8WarpsN;
+  const int wm = warp / C::kWarpsN, wn = warp % C::kWarpsN;
   const uint32_t s0 = smem_u32(smem);
   // The activation row of tile row r: a token (dense, or up: the pair's token) or a sorted pair.
   const auto a_row = [&](int r) -> int64_t {
     return p.tiles == nullptr ? row0 + r : kUp ? p.perm[row0 + r] / p.top_k : row0 + r;
   };
-  // Chunks this thread copies: tile rows tid / 8 + 16 i, chunk tid % 8 (A: 4, B: 8).
+  // Chunks this thread copies: tile rows tid / 8 + C::kChunkRows i, chunk tid % 8.
   const int ch = tid % 8;
-  const uint8_t* a_src[kF8BM / 16];
+  constexpr int kAPasses = kF8BM / C::kChunkRows, kBPasses = kF8BN / C::kChunkRows;
+  const uint8_t* a_src[kAPasses];
 #pragma unroll
-  for (int i = 0; i < kF8BM / 16; ++i) {
-    const int r = tid / 8 + 16 * i;
+  for (int i = 0; i < kAPasses; ++i) {
+    const int r = tid / 8 + C::kChunkRows * i;
     a_src[i] = r < rows ? p.a_codes + a_row(r) * p.a_code_row + ch * 16 : nullptr;
   }
-  const uint8_t* b_src[kF8BN / 16];
+  const uint8_t* b_src[kBPasses];
 #pragma unroll
-  for (int i = 0; i < kF8BN / 16; ++i) {
-    const int f = n0 + tid / 8 + 16 * i;
+  for (int i = 0; i < kBPasses; ++i) {
+    const int f = n0 + tid / 8 + C::kChunkRows * i;
     const uint8_t* sc;
     b_src[i] = nullptr;
     if (f < p.NF) {
@@ -506,9 +522,9 @@ __global__ void __launch_bounds__(kF8Threads) quant_gemm_w8a8_kernel(const QGemm
   }
   // Scales this thread reads: tile row tid's activation scale, fused column n0 + tid's
   // weight scale (f32, one per 128 inputs).
-  const float* as_src = tid < rows ? p.a_scales + a_row(tid) * p.a_scale_row : nullptr;
+  const float* as_src = tid < rows && tid < kF8BM ? p.a_scales + a_row(tid) * p.a_scale_row : nullptr;
   const float* ws_src = nullptr;
-  if (n0 + tid < p.NF) {
+  if (tid < kF8BN && n0 + tid < p.NF) {
     const uint8_t *codes, *scales;
     b_row<kUp>(p, ew, n0 + tid, codes, scales);
     ws_src = reinterpret_cast<const float*>(scales);
@@ -516,12 +532,12 @@ __global__ void __launch_bounds__(kF8Threads) quant_gemm_w8a8_kernel(const QGemm
   const auto load_stage = [&](int stage, int kt) {
     const uint32_t sa = s0 + stage * kF8StageBytes, sb = sa + kF8ABytes;
 #pragma unroll
-    for (int i = 0; i < kF8BM / 16; ++i)
-      cp_async_16(sa + swz<64>(tid / 8 + 16 * i, ch), a_src[i] ? a_src[i] + int64_t(kt) * kKTile : p.a_codes,
+    for (int i = 0; i < kAPasses; ++i)
+      cp_async_16(sa + swz<64>(tid / 8 + C::kChunkRows * i, ch), a_src[i] ? a_src[i] + int64_t(kt) * kKTile : p.a_codes,
                   a_src[i] != nullptr);
 #pragma unroll
-    for (int i = 0; i < kF8BN / 16; ++i)
-      cp_async_16(sb + swz<64>(tid / 8 + 16 * i, ch),
+    for (int i = 0; i < kBPasses; ++i)
+      cp_async_16(sb + swz<64>(tid / 8 + C::kChunkRows * i, ch),
                   b_src[i] ? b_src[i] + int64_t(kt) * kQuantUnitRows * kKTile : p.a_codes, b_src[i] != nullptr);
   };
   float* const scales = reinterpret_cast<float*>(smem + kF8Stages * kF8StageBytes);  // [kF8BM + kF8BN]
@@ -531,8 +547,11 @@ __global__ void __launch_bounds__(kF8Threads) quant_gemm_w8a8_kernel(const QGemm
     if (ws_src) ws_next = __ldg(ws_src + kt * kQuantUnitRows);  // (unit-major: one f32 per row and block)
   };
 
-  float acc[kF8MT][kF8NT][4] = {};
+  float acc[C::kMT][C::kNT][4] = {};
   const int n_k = int(p.a_code_row / kKTile);
+  // A warp whose 16 rows all lie past the tile's (a MoE expert's last tile) skips its mmas,
+  // leaving the SM's tensor cores to the other CTA.
+  const bool live = wm * C::kMT * 16 < rows;
 #pragma unroll
   for (int st = 0; st < kF8Stages - 1; ++st) {
     if (st < n_k) load_stage(st, st);
@@ -546,47 +565,49 @@ __global__ void __launch_bounds__(kF8Threads) quant_gemm_w8a8_kernel(const QGemm
     if (next < n_k) load_stage(next % kF8Stages, next);
     cp_async_commit();
     if (tid < kF8BM) scales[tid] = as_next;
-    scales[kF8BM + tid] = ws_next;
+    if (tid < kF8BN) scales[kF8BM + tid] = ws_next;
     if (kt + 1 < n_k) read_scales(kt + 1);
     const int stage = kt % kF8Stages;
     const uint32_t sa = s0 + stage * kF8StageBytes, sb = sa + kF8ABytes;
-    float part[kF8MT][kF8NT][4] = {};
+    float part[C::kMT][C::kNT][4] = {};
+    if (live) {
 #pragma unroll
-    for (int kk = 0; kk < kKTile / 32; ++kk) {
-      uint32_t af[kF8MT][4];
+      for (int kk = 0; kk < kKTile / 32; ++kk) {
+        uint32_t af[C::kMT][4];
 #pragma unroll
-      for (int mt = 0; mt < kF8MT; ++mt)
-        attn::ldmatrix_x4(sa + swz<64>((wm * kF8MT + mt) * 16 + lane % 8 + ((lane / 8) % 2) * 8, kk * 2 + lane / 16),
-                          af[mt]);
+        for (int mt = 0; mt < C::kMT; ++mt)
+          attn::ldmatrix_x4(sa + swz<64>((wm * C::kMT + mt) * 16 + lane % 8 + ((lane / 8) % 2) * 8, kk * 2 + lane / 16),
+                            af[mt]);
 #pragma unroll
-      for (int nn = 0; nn < kF8NT / 2; ++nn) {
-        uint32_t b[4];
-        attn::ldmatrix_x4(sb + swz<64>(wn * kF8NT * 8 + nn * 16 + lane % 8 + (lane / 16) * 8, kk * 2 + (lane / 8) % 2),
-                          b);
+        for (int nn = 0; nn < C::kNT / 2; ++nn) {
+          uint32_t b[4];
+          attn::ldmatrix_x4(sb + swz<64>(wn * C::kNT * 8 + nn * 16 + lane % 8 + (lane / 16) * 8, kk * 2 + (lane / 8) % 2),
+                            b);
 #pragma unroll
-        for (int mt = 0; mt < kF8MT; ++mt) {
-          mma_e4m3(part[mt][2 * nn], af[mt], b[0], b[1]);
-          mma_e4m3(part[mt][2 * nn + 1], af[mt], b[2], b[3]);
+          for (int mt = 0; mt < C::kMT; ++mt) {
+            mma_e4m3(part[mt][2 * nn], af[mt], b[0], b[1]);
+            mma_e4m3(part[mt][2 * nn + 1], af[mt], b[2], b[3]);
+          }
         }
       }
     }
     __syncthreads();  // the k tile's scales stored
     // The k tile's partial sums, scaled by row x column and added up in fp32.
 #pragma unroll
-    for (int mt = 0; mt < kF8MT; ++mt)
+    for (int mt = 0; mt < C::kMT; ++mt)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const float sa_r = scales[(wm * kF8MT + mt) * 16 + lane / 4 + half * 8];
+        const float sa_r = scales[(wm * C::kMT + mt) * 16 + lane / 4 + half * 8];
 #pragma unroll
-        for (int nt = 0; nt < kF8NT; ++nt) {
-          const float* sw = scales + kF8BM + wn * kF8NT * 8 + nt * 8 + 2 * (lane % 4);
+        for (int nt = 0; nt < C::kNT; ++nt) {
+          const float* sw = scales + kF8BM + wn * C::kNT * 8 + nt * 8 + 2 * (lane % 4);
           acc[mt][nt][2 * half] += part[mt][nt][2 * half] * (sa_r * sw[0]);
           acc[mt][nt][2 * half + 1] += part[mt][nt][2 * half + 1] * (sa_r * sw[1]);
         }
       }
   }
   cp_async_wait<0>();
-  store_tile<kUp>(p, ew, row0, rows, n0 + wn * kF8NT * 8, wm * kF8MT * 16, lane, 1.0f, acc);
+  store_tile<kUp>(p, ew, row0, rows, n0 + wn * C::kNT * 8, wm * C::kMT * 16, lane, 1.0f, acc);
 }
 
 // One warp per (row, 128-input block), 4 inputs per lane: codes [rows, Kp] (zero past K)
@@ -631,12 +652,12 @@ void quantize_act(QGemmParams& p, const bf16* x, int64_t rows, int64_t k, uint8_
   KILN_CUDA_LAUNCH_CHECK();
 }
 
-template <bool kUp>
+template <typename C, bool kUp>
 void launch_w8a8(QGemmParams p, int grid_x, cudaStream_t stream) {
-  const auto kernel = quant_gemm_w8a8_kernel<kUp>;
+  const auto kernel = quant_gemm_w8a8_kernel<C, kUp>;
   prepare_smem(kernel, kF8SmemBytes);
   const dim3 grid = cta_grid(p, grid_x, (p.NF + kF8BN - 1) / kF8BN);
-  kernel<<<grid, kF8Threads, kF8SmemBytes, stream>>>(p);
+  kernel<<<grid, C::kThreads, kF8SmemBytes, stream>>>(p);
   KILN_CUDA_LAUNCH_CHECK();
 }
 
@@ -724,7 +745,7 @@ void launch_quant_linear_w8a8(const bf16* x, const QuantMat& w, const QuantForma
   p.out = out;
   set_rows(p, f, n_in);
   quantize_act(p, x, rows, n_in, static_cast<uint8_t*>(act_scratch), stream);
-  launch_w8a8<false>(p, int((rows + kF8BM - 1) / kF8BM), stream);
+  launch_w8a8<F8Dense, false>(p, int((rows + kF8BM - 1) / kF8BM), stream);
 }
 
 void launch_moe_grouped_quant_w8a8(const bf16* x, const QuantExpert* table, const QuantFormat& f,
@@ -737,11 +758,11 @@ void launch_moe_grouped_quant_w8a8(const bf16* x, const QuantExpert* table, cons
   QGemmParams p = moe_up_params(x, table, f, experts, s, n_pairs, n_experts, top_k, kF8BM, sc, &n_slots, stream);
   // x per token for the up GEMM, then (the same buffer, stream-ordered) act per pair.
   quantize_act(p, x, n_pairs / top_k, s.d_model, static_cast<uint8_t*>(act_scratch), stream);
-  launch_w8a8<true>(p, n_slots, stream);
+  launch_w8a8<F8Moe, true>(p, n_slots, stream);
   p.NF = int(s.d_model);
   set_rows(p, f, s.d_ff);
   quantize_act(p, sc.act, n_pairs, s.d_ff, static_cast<uint8_t*>(act_scratch), stream);
-  launch_w8a8<false>(p, n_slots, stream);
+  launch_w8a8<F8Moe, false>(p, n_slots, stream);
 }
 
 size_t moe_w8a8_act_bytes(const MoeShape& s, int64_t n_pairs, int top_k) {
