@@ -549,9 +549,10 @@ __global__ void __launch_bounds__(C::kThreads, 2) quant_gemm_w8a8_kernel(const Q
 
   float acc[C::kMT][C::kNT][4] = {};
   const int n_k = int(p.a_code_row / kKTile);
-  // A warp whose 16 rows all lie past the tile's (a MoE expert's last tile) skips its mmas,
-  // leaving the SM's tensor cores to the other CTA.
-  const bool live = wm * C::kMT * 16 < rows;
+  // A warp whose rows all lie past the tile's (a MoE expert's last tile), or whose columns
+  // all lie past NF (gpt-oss's 2880-wide down GEMM), skips its mmas, leaving the SM's
+  // tensor cores to the other CTA.
+  const bool live = wm * C::kMT * 16 < rows && n0 + wn * C::kNT * 8 < p.NF;
 #pragma unroll
   for (int st = 0; st < kF8Stages - 1; ++st) {
     if (st < n_k) load_stage(st, st);
