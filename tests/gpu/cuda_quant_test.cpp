@@ -166,7 +166,11 @@ TEST_F(CudaQuant, MoeMatchesCpuForEveryFormat) {
   for (const QuantCase& c : cuda::quant_cases()) {
     const bool gpt_oss = c.kind == formats::QuantKind::kMxfp4;
     const int n_experts = gpt_oss ? 8 : 16, top_k = gpt_oss ? 4 : 4;
-    const int64_t d_model = gpt_oss ? 2880 : 1024, d_ff = gpt_oss ? 2880 : 768;
+    // FP8 (block scales over ceil(K / 128) blocks): 1088 = 8.5 x 128, so the W8A8 down GEMM's
+    // last 128-column tile is half empty, as at gpt-oss's 2880 (4-bit groups need whole k tiles).
+    const bool fp8 = c.kind == formats::QuantKind::kFp8Block || c.kind == formats::QuantKind::kFp8Channel ||
+                     c.kind == formats::QuantKind::kFp8Tensor;
+    const int64_t d_model = gpt_oss ? 2880 : fp8 ? 1088 : 1024, d_ff = gpt_oss ? 2880 : 768;
     SCOPED_TRACE(c.name());
     ops::MoeExperts ec, eg;
     ec.d_ff = eg.d_ff = d_ff;
@@ -221,8 +225,8 @@ TEST_F(CudaQuant, MoeMatchesCpuForEveryFormat) {
 }
 
 // The W8A8 GEMMs at prefill shapes of DeepSeek-V3 / Kimi K2 (q_a, o, a shared expert's
-// up and down) and GLM-4.5-Air, at 97 and 300 rows (whole and partial 64-row tiles), with
-// the bound of the header against the emulating reference; and against the W8A16
+// up and down), GLM-4.5-Air and MLA's kv_a, at 84 and 300 rows (whole and partial 64-row
+// tiles), with the bound of the header against the emulating reference; and against the W8A16
 // reference their error is what quantizing the activations costs (about 2^-5 of a
 // typical output), several times the W8A8 bound: so a kernel that ignored the activation
 // scales or skipped the quantization would fail one. An all-zero activation block (scale
@@ -230,9 +234,12 @@ TEST_F(CudaQuant, MoeMatchesCpuForEveryFormat) {
 // of K check the per-block promotion where a scale is degenerate (no NaN, no skipped block).
 TEST_F(CudaQuant, W8a8LinearMatchesTheEmulatingReferenceAtPrefillShapes) {
   const QuantCase block{formats::QuantKind::kFp8Block, 128, 128, DType::kF32};
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1536, 7168}, {7168, 2048}, {4096, 4096}, {1408, 2048}};
+  // 576 outputs (MLA's kv_a): the last 128-column tile half empty, whose second warp column
+  // skips its mmas; 64 + 20 rows: the last row tile's second warp row skips them too.
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1536, 7168}, {7168, 2048}, {4096, 4096}, {1408, 2048},
+                                                           {576, 7168}};
   for (auto [n_out, n_in] : shapes) {
-    for (const int rows : {64 + 33, 4 * 64 + 44}) {
+    for (const int rows : {64 + 20, 4 * 64 + 44}) {
       SCOPED_TRACE(::testing::Message() << n_out << "x" << n_in << " rows " << rows);
       ops::Weight wc, wg;
       make_weight(block, n_out, n_in, true, wc, wg, [&](formats::QuantizedTensor& q) {
