@@ -50,6 +50,11 @@ void add_common(CLI::App* cmd, CommonOptions& o, bool model_option) {
       ->check(CLI::Range(1, 64));
   cmd->add_flag("--enable-expert-parallel", o.expert_parallel,
                 "place routed experts whole across the tensor-parallel ranks instead of splitting each");
+  cmd->add_option("--watchdog-timeout", o.watchdog_timeout,
+                  "seconds a step with several ranks may go without any rank making progress before it is "
+                  "aborted with an error naming the stalled rank (0: never)")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
 }
 
 runtime::EngineOptions engine_options(const CommonOptions& o) {
@@ -63,7 +68,8 @@ runtime::EngineOptions engine_options(const CommonOptions& o) {
           .num_layers = o.num_layers,
           .parallel = {.tensor_parallel = o.tensor_parallel,
                        .pipeline_parallel = o.pipeline_parallel,
-                       .expert_parallel = o.expert_parallel}};
+                       .expert_parallel = o.expert_parallel,
+                       .watchdog_seconds = o.watchdog_timeout}};
 }
 
 Result<std::unique_ptr<ops::Backend>> make_backend(const CommonOptions& o) {
@@ -99,16 +105,13 @@ Result<std::vector<std::unique_ptr<ops::Backend>>> make_backends(const CommonOpt
 }
 
 #ifdef KILN_HAVE_NCCL
-namespace {
-
-// NCCL communicators for CUDA ranks: the world (pipeline hand-offs, logits to rank 0)
-// on each backend's device and stream, split into one tensor-parallel group per stage.
 Result<runtime::CommWorld> cuda_comm_world(const std::vector<ops::Backend*>& backends,
                                            const runtime::ParallelConfig& parallel) {
   std::vector<comm::NcclRank> ranks;
   for (ops::Backend* b : backends) ranks.push_back({.device = cuda::device_of(*b), .stream = cuda::stream_of(*b)});
   struct Groups {
     std::vector<std::unique_ptr<comm::NcclCommunicator>> world, tp;
+    ~Groups() { tp.clear(); }  // the split groups before the world they came from
   };
   auto g = std::make_shared<Groups>();
   KILN_ASSIGN_OR_RETURN(g->world, comm::NcclCommunicator::create_group(ranks));
@@ -129,8 +132,6 @@ Result<runtime::CommWorld> cuda_comm_world(const std::vector<ops::Backend*>& bac
   c.owner = g;
   return c;
 }
-
-}  // namespace
 #endif
 
 Result<std::unique_ptr<runtime::Engine>> load_engine(const std::string& dir, const CommonOptions& o,

@@ -29,6 +29,7 @@ struct CommonOptions {
   int tensor_parallel = 1;
   int pipeline_parallel = 1;
   bool expert_parallel = false;
+  double watchdog_timeout = 60.0;  // seconds; 0: off
 };
 
 // --backend, --threads, --device, --smem-cap, --block-size, --prefill-chunk,
@@ -48,6 +49,14 @@ Result<std::unique_ptr<runtime::Engine>> load_engine(const std::string& dir, con
 
 // The engine options the common options set.
 runtime::EngineOptions engine_options(const CommonOptions& o);
+
+#ifdef KILN_HAVE_NCCL
+// NCCL communicators for CUDA ranks (a runtime::CommFactory): the world (pipeline
+// hand-offs, logits to rank 0) on each backend's device and stream, split into one
+// tensor-parallel group per stage.
+Result<runtime::CommWorld> cuda_comm_world(const std::vector<ops::Backend*>& backends,
+                                           const runtime::ParallelConfig& parallel);
+#endif
 
 // Prints "kiln: error: ..." to stderr; returns the exit code 1.
 int fail(const Status& s);

@@ -1,6 +1,7 @@
 #include "model/build.h"
 
 #include <cmath>
+#include <tuple>
 
 #include "model/rope.h"
 
@@ -103,20 +104,24 @@ Result<Mla> load_mla(WeightLoader& w, const formats::ModelConfig& c, const std::
   return m;
 }
 
-Result<int64_t> tp_part_of(const Shard& sh, int64_t n, const std::string& what) {
-  if (n % sh.tp_size != 0) {
-    return unsupported("tensor-parallel size " + std::to_string(sh.tp_size) + " does not divide the " +
-                       std::to_string(n) + " " + what);
+Result<std::pair<int64_t, int64_t>> ffn_columns(const WeightLoader& w, const std::string& down, int64_t d_ff,
+                                                const std::string& what) {
+  const Shard& sh = w.shard();
+  const int64_t unit = w.input_cut_unit(down);
+  const auto cols = sh.split_units(d_ff, unit);
+  if (cols.second <= 0) {
+    return unsupported("tensor-parallel size " + std::to_string(sh.tp_size) + " leaves rank " +
+                       std::to_string(sh.tp_rank) + " none of the " + std::to_string(d_ff) + " " + what + " (" +
+                       std::to_string((d_ff + unit - 1) / unit) + " blocks of " + std::to_string(unit) + ")");
   }
-  return n / sh.tp_size;
+  return cols;
 }
 
 Result<Mlp> load_mlp(WeightLoader& w, const std::string& prefix, int64_t d_model, int64_t d_ff) {
   // Tensor parallelism: gate / up split by output (column parallel), down by input (row
   // parallel); each rank's down gives a partial sum the ranks add.
-  const Shard& sh = w.shard();
-  KILN_ASSIGN_OR_RETURN(const int64_t part, tp_part_of(sh, d_ff, "intermediate columns of " + prefix));
-  const int64_t f0 = sh.tp_rank * part;
+  KILN_ASSIGN_OR_RETURN(const auto cols, ffn_columns(w, prefix + ".down_proj", d_ff, "intermediate columns of " + prefix));
+  const auto [f0, part] = cols;
   Mlp m;
   KILN_ASSIGN_OR_RETURN(m.gate, w.linear(prefix + ".gate_proj", d_ff, d_model, false, Part::rows(f0, part)));
   KILN_ASSIGN_OR_RETURN(m.up, w.linear(prefix + ".up_proj", d_ff, d_model, false, Part::rows(f0, part)));
@@ -130,9 +135,10 @@ Result<ops::MoeExperts> load_experts(WeightLoader& w, const std::string& prefix,
   const Shard& sh = w.shard();
   const auto [first, count] = sh.experts(n_experts);
   int64_t part = d_ff, f0 = 0;
-  if (!sh.expert_parallel) {
-    KILN_ASSIGN_OR_RETURN(part, tp_part_of(sh, d_ff, "intermediate columns of the experts of " + prefix));
-    f0 = sh.tp_rank * part;
+  if (!sh.expert_parallel && count > 0) {
+    KILN_ASSIGN_OR_RETURN(const auto cols, ffn_columns(w, prefix + "." + std::to_string(first) + ".down_proj", d_ff,
+                                                       "intermediate columns of the experts of " + prefix));
+    std::tie(f0, part) = cols;
   }
   ops::MoeExperts ex;
   ex.d_ff = part;

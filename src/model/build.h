@@ -23,8 +23,12 @@ Result<Attention> load_attention(WeightLoader& w, const formats::ModelConfig& c,
                                  const std::string& prefix, const AttentionOptions& opt);
 // prefix = "model.layers.N.self_attn" (DeepSeek naming)
 Result<Mla> load_mla(WeightLoader& w, const formats::ModelConfig& c, const std::string& prefix);
-// d_ff / tensor-parallel size, or an error naming `what` when it does not divide.
-Result<int64_t> tp_part_of(const Shard& shard, int64_t d_ff, const std::string& what);
+// This rank's columns [first, first + count) of an MLP's d_ff under tensor parallelism:
+// whole scale blocks of `down` (the projection whose inputs the cut splits, so gate / up
+// rows follow it), unevenly where they do not divide (Shard::split_units); an error
+// naming `what` when a rank would hold none.
+Result<std::pair<int64_t, int64_t>> ffn_columns(const WeightLoader& w, const std::string& down, int64_t d_ff,
+                                                const std::string& what);
 // prefix = "model.layers.N.mlp": gate_proj / up_proj / down_proj
 Result<Mlp> load_mlp(WeightLoader& w, const std::string& prefix, int64_t d_model, int64_t d_ff);
 // Per-expert tensors prefix.E.{gate,up,down}_proj.weight (Qwen3-MoE, GLM, DeepSeek, Kimi).

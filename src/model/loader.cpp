@@ -156,6 +156,16 @@ Result<formats::QuantizedTensor> cut_quantized(const formats::QuantizedTensor& q
 
 }  // namespace
 
+int64_t WeightLoader::input_cut_unit(const std::string& name) const {
+  if (!quant_.is_quantized(name)) return 1;
+  switch (quant_.kind) {
+    case formats::QuantKind::kMxfp4: return 32;
+    case formats::QuantKind::kNvfp4: return 16;
+    case formats::QuantKind::kInt4Group: return std::max<int64_t>(1, quant_.group_size);
+    default: return 1;
+  }
+}
+
 bool Part::whole() const {
   for (const auto& [begin, count] : dims)
     if (begin != 0 || count != -1) return false;
@@ -194,6 +204,7 @@ Result<Tensor> slice_part(const Tensor& t, const Part& part) {
 
 Tensor WeightLoader::uploaded(const Tensor& t) {
   Tensor out = backend_.upload(t);
+  device_bytes_ += uint64_t(out.nbytes());
   bytes_done_ += uint64_t(t.nbytes());
   if (progress_ && ckpt_) progress_(bytes_done_, ckpt_->total_bytes());
   return out;
@@ -224,6 +235,7 @@ Tensor WeightLoader::generated(const std::string& name, const Shape& full, const
     stddev = float(1.0 / std::sqrt(double(full.dims[1])));  // [n_out, n_in] or [experts, n_in, n_out]
   }
   backend_.fill_random({.out = t, .seed = dummy_seed(name, 0, *ranges), .mean = mean, .stddev = stddev});
+  device_bytes_ += uint64_t(t.nbytes());
   used_.insert(name);
   return t;
 }
@@ -283,6 +295,7 @@ Result<Tensor> WeightLoader::host_typed(const std::string& name, std::initialize
 
 Result<formats::QuantizedTensor> WeightLoader::uploaded(const formats::QuantizedTensor& q) {
   KILN_ASSIGN_OR_RETURN(formats::QuantizedTensor out, backend_.upload_quantized(q));
+  device_bytes_ += uint64_t(out.nbytes());
   bytes_done_ += uint64_t(q.nbytes());
   if (progress_ && ckpt_) progress_(bytes_done_, ckpt_->total_bytes());
   return out;

@@ -38,6 +38,18 @@ struct Shard {
     const int64_t begin = std::min(n, part * tp_rank);
     return {begin, std::min(n, begin + part) - begin};
   }
+  // This rank's part [begin, begin + count) of n columns split over the tensor-parallel
+  // group in whole units of `unit` columns (a quantized weight's scale block along the
+  // cut): the first (units % tp_size) ranks hold one unit more, so gpt-oss-120b's d_ff of
+  // 2880 (90 MXFP4 blocks of 32) at TP4 is 23 / 23 / 22 / 22 blocks; n divisible by
+  // tp_size * unit gives even parts. The last unit may be partial; a rank may get none.
+  std::pair<int64_t, int64_t> split_units(int64_t n, int64_t unit) const {
+    const int64_t units = (n + unit - 1) / unit, each = units / tp_size, extra = units % tp_size;
+    const int64_t u0 = each * tp_rank + std::min<int64_t>(tp_rank, extra);
+    const int64_t u1 = u0 + each + (tp_rank < extra ? 1 : 0);
+    const int64_t begin = std::min(n, u0 * unit);
+    return {begin, std::min(n, u1 * unit) - begin};
+  }
   // The routed experts this rank holds under expert parallelism: [begin, begin + count).
   std::pair<int64_t, int64_t> experts(int64_t n) const {
     if (!expert_parallel) return {0, n};
@@ -82,6 +94,10 @@ class WeightLoader {
   void set_shard(const Shard& s) { shard_ = s; }
 
   bool has(const std::string& name) const { return ckpt_ != nullptr && ckpt_->has(name); }
+  // The columns a tensor-parallel cut of the linear `name`'s inputs must keep together:
+  // its quantized format's scale block along the inputs (MXFP4 32, NVFP4 16, INT4 its
+  // group size), 1 where any cut works (bf16; FP8 grids are refined at the cut).
+  int64_t input_cut_unit(const std::string& name) const;
 
   // A float tensor (f32 / bf16 / f16) of exactly `shape` in the checkpoint, cut to `part`.
   Result<Tensor> tensor(const std::string& name, const Shape& shape, const Part& part = {});
@@ -105,6 +121,10 @@ class WeightLoader {
   Result<std::vector<formats::QuantizedTensor>> mxfp4_experts(const std::string& name, int64_t n_experts,
                                                                int64_t n_out, int64_t n_in, int64_t first,
                                                                int64_t count, const Part& part = {});
+
+  // Bytes of the tensors this loader has put on the backend (as the backend holds them:
+  // bf16 matrices, packed quantized layouts), to compare with what the allocator took.
+  uint64_t device_bytes() const { return device_bytes_; }
 
   // Checkpoint tensors no block asked for (e.g. an MTP layer kiln skips), other than
   // those under a skipped prefix (another rank's part of the model).
@@ -151,6 +171,7 @@ class WeightLoader {
   std::vector<std::string> skipped_;
   std::function<void(uint64_t, uint64_t)> progress_;
   uint64_t bytes_done_ = 0;
+  uint64_t device_bytes_ = 0;
   std::shared_ptr<ThreadPool> pool_;  // dummy quantized weights' generation, made when first needed
   Tensor uploaded(const Tensor& t);
 };

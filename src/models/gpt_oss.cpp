@@ -6,6 +6,8 @@
 // BF16 checkpoints store experts input-major: gate_up_proj [E, d_model, 2*d_ff],
 // down_proj [E, d_ff, d_model]; the MXFP4 release stores them output-major as
 // *_blocks [E, rows, K/32, 16] + *_scales [E, rows, K/32] (formats/quant.h).
+#include <tuple>
+
 #include "model/build.h"
 #include "models/registry.h"
 
@@ -22,15 +24,16 @@ Result<model::CausalLM> build_gpt_oss(const formats::ModelConfig& c, model::Weig
                                                          .o_bias = c.attention_bias,
                                                          .sinks = true}));
     const std::string e = p + ".mlp.experts";
-    // Tensor parallelism splits every expert's d_ff (gate/up rows stay interleaved:
-    // rows [2 f0, 2 (f0 + part)) are gate and up of columns [f0, f0 + part)); expert
-    // parallelism gives each rank whole experts. The down bias is added on one rank.
+    // Tensor parallelism splits every expert's d_ff in whole MXFP4 blocks, unevenly where
+    // they do not divide (gate/up rows stay interleaved: rows [2 f0, 2 (f0 + part)) are
+    // gate and up of columns [f0, f0 + part)); expert parallelism gives each rank whole
+    // experts. The down bias is added on one rank.
     const model::Shard& sh = w.shard();
     const auto [first, count] = sh.experts(n_exp);
     int64_t part = d_ff, f0 = 0;
     if (!sh.expert_parallel) {
-      KILN_ASSIGN_OR_RETURN(part, model::tp_part_of(sh, d_ff, "intermediate columns of " + e));
-      f0 = sh.tp_rank * part;
+      KILN_ASSIGN_OR_RETURN(const auto cols, model::ffn_columns(w, e, d_ff, "intermediate columns of " + e));
+      std::tie(f0, part) = cols;
     }
     const bool down_bias_here = sh.expert_parallel || sh.tp_rank == 0;
     model::Moe moe;

@@ -94,6 +94,7 @@ Status Engine::load_weights(const std::string& model_dir, const EngineOptions& o
   };
   KILN_RETURN_IF_ERROR(runner_->build(config_.n_layers, [&](int rank, const model::Shard& shard) -> Result<model::CausalLM> {
     ops::Backend& be = runner_->backend(rank);
+    const auto before = be.memory_info();
     model::WeightLoader loader = dummy ? model::WeightLoader::dummy(be, /*seed=*/20261123, quant)
                                        : model::WeightLoader(*ckpt, be, quant);
     loader.set_shard(shard);
@@ -103,6 +104,12 @@ Status Engine::load_weights(const std::string& model_dir, const EngineOptions& o
     KILN_ASSIGN_OR_RETURN(model::CausalLM lm, models::build_model(config_, loader));
     KILN_RETURN_IF_ERROR(model::check_backend_support(lm, be));
     if (rank == 0) unused = loader.unused();
+    if (before) {  // what the allocator took for the weights, against their bytes
+      const int64_t took = be.memory_info()->in_use - before->in_use, bytes = int64_t(loader.device_bytes());
+      KILN_LOG(kInfo, "rank " << rank << " weights: " << mib(bytes) << " of tensors, " << mib(took)
+                              << " of device memory (" << (bytes > 0 ? 100.0 * double(took - bytes) / double(bytes) : 0.0)
+                              << "% over)");
+    }
     return lm;
   }));
   for (const model::PathRecord& r : model::path_records(runner_->model(0), runner_->backend(0))) {

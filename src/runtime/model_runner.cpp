@@ -1,62 +1,118 @@
 #include "runtime/model_runner.h"
 
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
 
 #include "comm/local_group.h"
+#include "core/log.h"
 
 namespace kiln::runtime {
 
 // Ranks 1..n-1's threads: each waits for a job, runs it with its rank, reports done.
+// The state lives in a shared block the threads hold too, so that a rank stuck in its
+// job (the watchdog gave up on it) can be left behind without touching freed memory.
 struct ModelRunner::Threads {
-  std::mutex m;
-  std::condition_variable job_ready, job_done;
-  uint64_t generation = 0;
-  int pending = 0;
-  bool stop = false;
-  const std::function<void(int)>* job = nullptr;
+  struct Shared {
+    std::mutex m;
+    std::condition_variable job_ready, job_done;
+    uint64_t generation = 0;
+    int pending = 0;
+    bool stop = false;
+    std::shared_ptr<const std::function<void(int)>> job;
+  };
+  std::shared_ptr<Shared> s = std::make_shared<Shared>();
   std::vector<std::thread> threads;
 
   explicit Threads(int world) {
-    for (int r = 1; r < world; ++r) threads.emplace_back([this, r] { loop(r); });
+    for (int r = 1; r < world; ++r) threads.emplace_back([s = s, r] { loop(*s, r); });
   }
   ~Threads() {
+    {
+      std::lock_guard<std::mutex> lock(s->m);
+      s->stop = true;
+    }
+    s->job_ready.notify_all();
+    // A rank still in a job the watchdog gave up on is left to the process's exit.
+    const bool stuck = !wait_idle(std::chrono::seconds(5));
+    for (std::thread& t : threads) stuck ? t.detach() : t.join();
+  }
+  static void loop(Shared& s, int rank) {
+    uint64_t seen = 0;
+    for (;;) {
+      std::shared_ptr<const std::function<void(int)>> j;
+      {
+        std::unique_lock<std::mutex> lock(s.m);
+        s.job_ready.wait(lock, [&] { return s.stop || s.generation != seen; });
+        if (s.stop) return;
+        seen = s.generation;
+        j = s.job;
+      }
+      (*j)(rank);
+      std::lock_guard<std::mutex> lock(s.m);
+      if (--s.pending == 0) s.job_done.notify_all();
+    }
+  }
+  // Waits up to `limit` for every rank's job to end; false if some rank is still in it.
+  bool wait_idle(std::chrono::milliseconds limit) {
+    std::unique_lock<std::mutex> lock(s->m);
+    return s->job_done.wait_for(lock, limit, [&] { return s->pending == 0; });
+  }
+  // fn(0) here, fn(r) on thread r, all at once; returns when every rank has finished, or
+  // false when `give_up()` has held for `grace` and some rank is still in its job.
+  bool run_all(std::shared_ptr<const std::function<void(int)>> fn, const std::function<bool()>& give_up,
+               std::chrono::milliseconds grace) {
+    {
+      std::lock_guard<std::mutex> lock(s->m);
+      s->job = fn;
+      s->pending = int(threads.size());
+      ++s->generation;
+    }
+    s->job_ready.notify_all();
+    (*fn)(0);
+    std::unique_lock<std::mutex> lock(s->m);
+    auto since = std::chrono::steady_clock::time_point::max();
+    while (!s->job_done.wait_for(lock, std::chrono::milliseconds(100), [&] { return s->pending == 0; })) {
+      if (since == std::chrono::steady_clock::time_point::max() && give_up()) since = std::chrono::steady_clock::now();
+      if (std::chrono::steady_clock::now() - since > grace) return false;
+    }
+    return true;
+  }
+};
+
+// The watchdog: a thread that, while a step is in flight, aborts the world when no rank
+// has moved for the timeout (comm/progress.h), naming the rank that holds the others up.
+struct ModelRunner::Watchdog {
+  std::mutex m;
+  std::condition_variable wake;
+  bool stop = false;
+  std::atomic<bool> fired{false};
+  std::string reason;  // the abort's, under m
+  std::thread thread;
+
+  Watchdog(std::shared_ptr<comm::ProgressBoard> board, double timeout_s, std::function<void(const std::string&)> abort) {
+    thread = std::thread([this, board = std::move(board), timeout_s, abort = std::move(abort)] {
+      std::unique_lock<std::mutex> lock(m);
+      while (!stop) {
+        wake.wait_for(lock, std::chrono::milliseconds(100));
+        if (stop || fired.load() || board->idle_seconds() < timeout_s) continue;
+        reason = board->describe_stall();
+        fired.store(true);
+        lock.unlock();
+        KILN_LOG(kError, reason << "; aborting every rank");
+        abort(reason);
+        lock.lock();
+      }
+    });
+  }
+  ~Watchdog() {
     {
       std::lock_guard<std::mutex> lock(m);
       stop = true;
     }
-    job_ready.notify_all();
-    for (std::thread& t : threads) t.join();
-  }
-  void loop(int rank) {
-    uint64_t seen = 0;
-    for (;;) {
-      const std::function<void(int)>* j = nullptr;
-      {
-        std::unique_lock<std::mutex> lock(m);
-        job_ready.wait(lock, [&] { return stop || generation != seen; });
-        if (stop) return;
-        seen = generation;
-        j = job;
-      }
-      (*j)(rank);
-      std::lock_guard<std::mutex> lock(m);
-      if (--pending == 0) job_done.notify_all();
-    }
-  }
-  // fn(0) here, fn(r) on thread r, all at once; returns when every rank has finished.
-  void run_all(const std::function<void(int)>& fn) {
-    {
-      std::lock_guard<std::mutex> lock(m);
-      job = &fn;
-      pending = int(threads.size());
-      ++generation;
-    }
-    job_ready.notify_all();
-    fn(0);
-    std::unique_lock<std::mutex> lock(m);
-    job_done.wait(lock, [&] { return pending == 0; });
+    wake.notify_all();
+    thread.join();
   }
 };
 
@@ -106,12 +162,28 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(std::vector<std::unique
   }
   if (parallel.world() > 1) {
     KILN_ASSIGN_OR_RETURN(r->comms_, comms ? comms(raw, parallel) : local_comm_world(raw, parallel));
+    // Every collective reports to the board the watchdog reads.
+    r->board_ = std::make_shared<comm::ProgressBoard>(parallel.world());
+    for (int w = 0; w < parallel.world(); ++w) {
+      for (auto* list : {&r->comms_.world, &r->comms_.tp}) {
+        comm::Communicator*& c = (*list)[size_t(w)];
+        if (c == nullptr) continue;
+        r->watched_.push_back(std::make_unique<comm::WatchedCommunicator>(c, r->board_, w));
+        c = r->watched_.back().get();
+      }
+    }
+    if (parallel.watchdog_seconds > 0) {
+      r->watchdog_ = std::make_unique<Watchdog>(r->board_, parallel.watchdog_seconds, r->comms_.abort);
+    }
   }
   r->threads_ = std::make_unique<Threads>(parallel.world());
   return r;
 }
 
-ModelRunner::~ModelRunner() = default;
+ModelRunner::~ModelRunner() {
+  watchdog_.reset();
+  threads_.reset();
+}
 
 model::Shard ModelRunner::shard(int rank, int64_t n_layers) const {
   const int tp = parallel_.tensor_parallel, pp = parallel_.pipeline_parallel, stage = rank / tp;
@@ -124,25 +196,45 @@ model::Shard ModelRunner::shard(int rank, int64_t n_layers) const {
           .last_stage = stage == pp - 1};
 }
 
-Status ModelRunner::run(const std::function<void(int rank)>& fn) {
-  std::vector<std::string> failed(ranks_.size());
-  std::vector<char> aborted(ranks_.size(), 0);
-  const std::function<void(int)> guarded = [&](int r) {
+Status ModelRunner::run(const std::function<void(int rank)>& fn, bool watched_step) {
+  if (stuck_) return internal_error(*stuck_);
+  // Per-call state, shared with the rank threads: a rank the watchdog gives up on may
+  // still be inside its job when this returns.
+  struct Outcome {
+    std::vector<std::string> failed;
+    std::vector<char> aborted;
+  };
+  auto out = std::make_shared<Outcome>();
+  out->failed.resize(ranks_.size());
+  out->aborted.assign(ranks_.size(), 0);
+  if (board_ && watched_step) board_->step_begin();
+  auto guarded = std::make_shared<const std::function<void(int)>>([this, out, &fn](int r) {
     try {
       backend(r).bind_thread();
       fn(r);
     } catch (const comm::CommAborted& e) {
-      failed[size_t(r)] = e.what();
-      aborted[size_t(r)] = 1;
+      out->failed[size_t(r)] = e.what();
+      out->aborted[size_t(r)] = 1;
     } catch (const std::exception& e) {
-      failed[size_t(r)] = "rank " + std::to_string(r) + " failed: " + e.what();
-      if (comms_.abort) comms_.abort(failed[size_t(r)]);
+      out->failed[size_t(r)] = "rank " + std::to_string(r) + " failed: " + e.what();
+      if (comms_.abort) comms_.abort(out->failed[size_t(r)]);
     }
-  };
-  threads_->run_all(guarded);
+    if (board_) board_->rank_done(r);
+  });
+  const auto gave_up = [this] { return watchdog_ && watchdog_->fired.load(); };
+  if (!threads_->run_all(guarded, gave_up, kStuckGrace)) {
+    std::string reason;
+    {
+      std::lock_guard<std::mutex> lock(watchdog_->m);
+      reason = watchdog_->reason;
+    }
+    stuck_ = reason + "; a rank did not return within " + std::to_string(kStuckGrace.count() / 1000) +
+             " s of the abort: the runner cannot go on";
+    return internal_error(*stuck_);
+  }
   for (int pass = 0; pass < 2; ++pass)  // a rank's own failure before the aborts it caused
-    for (size_t r = 0; r < failed.size(); ++r)
-      if (!failed[r].empty() && aborted[r] == pass) return internal_error(failed[r]);
+    for (size_t r = 0; r < out->failed.size(); ++r)
+      if (!out->failed[r].empty() && out->aborted[r] == pass) return internal_error(out->failed[r]);
   return Status::Ok();
 }
 
@@ -241,7 +333,11 @@ Result<Tensor> ModelRunner::forward(const ops::BatchMeta& batch, std::vector<KvC
     // Sent after the last micro-batch, so no stage waits on rank 0 mid-pipeline.
     if (gathered.defined()) comms_.world[size_t(r)]->send(gathered, 0);
     if (hand_over && r == 0) comms_.world[0]->recv(logits_, last);
-  }));
+    // Each rank waits for its device inside the watched step: a GPU stuck in a
+    // collective is then a rank that does not finish (rank 0 samples next and would wait
+    // for its stream anyway; the others have nothing to do until the next step).
+    be.synchronize();
+  }, /*watched_step=*/true));
   if (pp == 1) return result;
   return hand_over ? logits_ : backend(0).alloc(backend(0).activation_dtype(), {0, vocab});
 }

@@ -9,11 +9,15 @@
 // r = stage * tp + tp_rank; stage s holds layers [s * L / pp, (s + 1) * L / pp).
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/progress.h"
 #include "core/status.h"
 #include "model/blocks.h"
 #include "model/loader.h"
@@ -26,6 +30,10 @@ struct ParallelConfig {
   int tensor_parallel = 1;    // --tensor-parallel-size
   int pipeline_parallel = 1;  // --pipeline-parallel-size
   bool expert_parallel = false;  // --enable-expert-parallel: experts split whole over the tensor-parallel group
+  // --watchdog-timeout: a step in which no rank moves (enters or leaves a collective, or
+  // finishes) for this long is aborted with an error naming the rank that holds the
+  // others up (0: no watchdog). Applies with several ranks.
+  double watchdog_seconds = 60.0;
   int world() const { return tensor_parallel * pipeline_parallel; }
 };
 
@@ -74,7 +82,17 @@ class ModelRunner {
 
   // Runs fn(rank) on every rank's thread at once (rank 0 on this one); the first
   // failure, after every rank has stopped (the others are aborted out of collectives).
-  Status run(const std::function<void(int rank)>& fn);
+  // With watched_step, the watchdog aborts it when no rank moves for its timeout (a
+  // forward step is watched; loading is not). When a rank is still in fn kStuckGrace
+  // after such an abort, the error says so and every later run fails at once (the
+  // process should exit: that rank's thread may still touch fn's captures).
+  Status run(const std::function<void(int rank)>& fn, bool watched_step = false);
+  static constexpr std::chrono::milliseconds kStuckGrace{10000};
+
+  // World rank r's communicators as the model uses them (watched): its world and its
+  // tensor-parallel group's; null with one rank.
+  comm::Communicator* world_comm(int rank) const { return comms_.world.empty() ? nullptr : comms_.world[size_t(rank)]; }
+  comm::Communicator* tp_comm(int rank) const { return comms_.tp.empty() ? nullptr : comms_.tp[size_t(rank)]; }
 
  private:
   struct Rank {
@@ -82,11 +100,16 @@ class ModelRunner {
     model::CausalLM model;
   };
   struct Threads;
+  struct Watchdog;
   ModelRunner() = default;
 
   ParallelConfig parallel_;
   std::vector<Rank> ranks_;
-  CommWorld comms_;
+  CommWorld comms_;  // its world / tp entries are the watched wrappers below
+  std::shared_ptr<comm::ProgressBoard> board_;
+  std::vector<std::unique_ptr<comm::WatchedCommunicator>> watched_;
+  std::unique_ptr<Watchdog> watchdog_;
+  std::optional<std::string> stuck_;  // set when a rank did not return after an abort
   std::unique_ptr<Threads> threads_;
   std::vector<ops::BatchMeta> micro_;  // the current step's micro-batches
   Tensor logits_;                      // a pipeline's gathered logits (rank 0)

@@ -11,29 +11,13 @@
 
 #include <gtest/gtest.h>
 
+#include "temp_dir.h"
+
 namespace kiln::formats {
 namespace {
 
-namespace fs = std::filesystem;
 
-// A fresh directory under /tmp, removed with everything in it at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/kiln_safetensors_XXXXXX";
-    KILN_CHECK(::mkdtemp(tmpl) != nullptr) << "mkdtemp failed";
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using testing::TempDir;
 
 // Host tensor with a byte pattern that differs per tensor (seed) and per byte, never
 // all zero. BOOL gets 0/1 bytes since other values are not valid bools.
@@ -98,7 +82,7 @@ void expect_error(const Status& s, StatusCode code, std::initializer_list<std::s
 Status open_status(const std::string& path) { return SafetensorsFile::open(path).status(); }
 
 TEST(Safetensors, RoundTripKeepsDtypesShapesAndBytes) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   // Odd-sized u8 and bool tensors first so later tensors start unaligned, as in real files.
   std::vector<std::pair<std::string, Tensor>> in = {
       {"u8.odd", pattern_tensor(DType::kU8, {3}, 1)},
@@ -149,7 +133,7 @@ TEST(Safetensors, RoundTripKeepsDtypesShapesAndBytes) {
 }
 
 TEST(Safetensors, ViewsOutliveTheFileObject) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   Tensor src = pattern_tensor(DType::kBF16, {16, 8}, 3);
   ASSERT_TRUE(write_safetensors(dir.file("a.safetensors"), {{"w", src}}).ok());
   Tensor view;
@@ -162,7 +146,7 @@ TEST(Safetensors, ViewsOutliveTheFileObject) {
 }
 
 TEST(Safetensors, MetadataRoundTrips) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   const std::map<std::string, std::string> meta = {{"format", "pt"},
                                                    {"note", "caf\xc3\xa9 \"quoted\""}};
   ASSERT_TRUE(write_safetensors(dir.file("m.safetensors"),
@@ -176,7 +160,7 @@ TEST(Safetensors, MetadataRoundTrips) {
 }
 
 TEST(Safetensors, HeaderIsPaddedWithSpacesToAMultipleOf8) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   for (int len = 1; len <= 8; ++len) {  // name lengths covering every residue mod 8
     const std::string path = dir.file("p" + std::to_string(len) + ".safetensors");
     ASSERT_TRUE(write_safetensors(
@@ -217,7 +201,7 @@ TEST(Safetensors, DtypeStringsMapBothWays) {
 }
 
 TEST(Safetensors, ShardedCheckpointWithIndexLoadsBothShards) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   Tensor a = pattern_tensor(DType::kBF16, {4, 8}, 1);
   Tensor b = pattern_tensor(DType::kF32, {8}, 2);
   Tensor c = pattern_tensor(DType::kI64, {2}, 3);
@@ -250,7 +234,7 @@ TEST(Safetensors, ShardedCheckpointWithIndexLoadsBothShards) {
 }
 
 TEST(Safetensors, CheckpointWithoutIndexUsesEverySafetensorsFile) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   Tensor a = pattern_tensor(DType::kF16, {3, 3}, 4);
   Tensor b = pattern_tensor(DType::kU8, {5}, 5);
   ASSERT_TRUE(write_safetensors(dir.file("part-a.safetensors"), {{"a", a}}).ok());
@@ -266,7 +250,7 @@ TEST(Safetensors, CheckpointWithoutIndexUsesEverySafetensorsFile) {
 }
 
 TEST(Safetensors, CheckpointPrefersModelSafetensorsOverOtherFiles) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   ASSERT_TRUE(
       write_safetensors(dir.file("model.safetensors"), {{"w", pattern_tensor(DType::kF32, {2}, 1)}})
           .ok());
@@ -282,20 +266,20 @@ TEST(Safetensors, CheckpointPrefersModelSafetensorsOverOtherFiles) {
 // --- corrupt files: every case is a Status naming the file or tensor and the problem ---
 
 TEST(Safetensors, FileShorterThan8BytesIsCorrupt) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   write_bytes(dir.file("short.safetensors"), "\x05\x01\x02");
   expect_error(open_status(dir.file("short.safetensors")), StatusCode::kCorrupt,
                {"short.safetensors", "shorter", "3"});
 }
 
 TEST(Safetensors, MissingFileIsNotFound) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   expect_error(open_status(dir.file("nope.safetensors")), StatusCode::kNotFound,
                {"nope.safetensors"});
 }
 
 TEST(Safetensors, TruncatedDataIsCorrupt) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   const std::string path = dir.file("t.safetensors");
   write_two(path);
   const std::string bytes = read_bytes(path);
@@ -305,7 +289,7 @@ TEST(Safetensors, TruncatedDataIsCorrupt) {
 }
 
 TEST(Safetensors, HeaderLengthPastEndOfFileIsCorrupt) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   const std::string path = dir.file("h.safetensors");
   write_two(path);
   std::string bytes = read_bytes(path);
@@ -316,7 +300,7 @@ TEST(Safetensors, HeaderLengthPastEndOfFileIsCorrupt) {
 }
 
 TEST(Safetensors, AbsurdHeaderLengthIsCorrupt) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   const std::string path = dir.file("h.safetensors");
   write_two(path);
   std::string bytes = read_bytes(path);
@@ -327,7 +311,7 @@ TEST(Safetensors, AbsurdHeaderLengthIsCorrupt) {
 }
 
 TEST(Safetensors, InvalidJsonHeaderIsCorrupt) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   const std::string path = dir.file("j.safetensors");
   write_two(path);
   edit_header(path, "\"beta\":{", "\"beta\":{{");
@@ -335,7 +319,7 @@ TEST(Safetensors, InvalidJsonHeaderIsCorrupt) {
 }
 
 TEST(Safetensors, HeaderThatIsNotAnObjectIsCorrupt) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   const std::string path = dir.file("j.safetensors");
   write_bytes(path, le64(8) + "[1, 2]  ");
   expect_error(open_status(path), StatusCode::kCorrupt,
@@ -343,7 +327,7 @@ TEST(Safetensors, HeaderThatIsNotAnObjectIsCorrupt) {
 }
 
 TEST(Safetensors, EntryMissingDataOffsetsIsCorrupt) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   const std::string path = dir.file("e.safetensors");
   write_two(path);
   edit_header(path, ",\"data_offsets\":[24,32]", "");
@@ -352,7 +336,7 @@ TEST(Safetensors, EntryMissingDataOffsetsIsCorrupt) {
 }
 
 TEST(Safetensors, EntryWithWrongJsonTypesIsCorrupt) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   const std::string path = dir.file("e.safetensors");
   write_two(path);
   edit_header(path, "\"shape\":[4]", "\"shape\":\"4\"");
@@ -367,7 +351,7 @@ TEST(Safetensors, EntryWithWrongJsonTypesIsCorrupt) {
 }
 
 TEST(Safetensors, NegativeDimIsCorrupt) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   const std::string path = dir.file("d.safetensors");
   write_two(path);
   edit_header(path, "\"shape\":[2,3]", "\"shape\":[-2,-3]");
@@ -376,7 +360,7 @@ TEST(Safetensors, NegativeDimIsCorrupt) {
 }
 
 TEST(Safetensors, NonIntegerDimIsCorrupt) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   const std::string path = dir.file("d.safetensors");
   write_two(path);
   edit_header(path, "\"shape\":[2,3]", "\"shape\":[2,3.5]");
@@ -385,7 +369,7 @@ TEST(Safetensors, NonIntegerDimIsCorrupt) {
 }
 
 TEST(Safetensors, UnknownDtypeIsUnsupported) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   const std::string path = dir.file("q.safetensors");
   write_two(path);
   edit_header(path, "\"BF16\"", "\"Q7\"");
@@ -397,7 +381,7 @@ TEST(Safetensors, UnknownDtypeIsUnsupported) {
 }
 
 TEST(Safetensors, OverlappingOffsetsAreCorrupt) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   const std::string path = dir.file("o.safetensors");
   write_two(path);
   edit_header(path, "[24,32]", "[20,28]");
@@ -406,7 +390,7 @@ TEST(Safetensors, OverlappingOffsetsAreCorrupt) {
 }
 
 TEST(Safetensors, OffsetsPastTheDataSectionAreCorrupt) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   const std::string path = dir.file("r.safetensors");
   write_two(path);
   edit_header(path, "\"shape\":[4],\"data_offsets\":[24,32]",
@@ -416,7 +400,7 @@ TEST(Safetensors, OffsetsPastTheDataSectionAreCorrupt) {
 }
 
 TEST(Safetensors, OffsetsWithBeginAfterEndAreCorrupt) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   const std::string path = dir.file("r.safetensors");
   write_two(path);
   edit_header(path, "[24,32]", "[32,24]");
@@ -425,7 +409,7 @@ TEST(Safetensors, OffsetsWithBeginAfterEndAreCorrupt) {
 }
 
 TEST(Safetensors, ByteSizeNotMatchingShapeIsCorrupt) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   const std::string path = dir.file("s.safetensors");
   write_two(path);
   edit_header(path, "\"shape\":[2,3]", "\"shape\":[2,4]");
@@ -434,7 +418,7 @@ TEST(Safetensors, ByteSizeNotMatchingShapeIsCorrupt) {
 }
 
 TEST(Safetensors, ShapeWhoseElementCountOverflowsIsCorrupt) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   const std::string path = dir.file("s.safetensors");
   write_two(path);
   // 2^32 * 2^32 wraps to 0 in u64; it must not pass as a zero-size tensor.
@@ -444,7 +428,7 @@ TEST(Safetensors, ShapeWhoseElementCountOverflowsIsCorrupt) {
 }
 
 TEST(Safetensors, NonStringMetadataIsCorrupt) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   const std::string path = dir.file("m.safetensors");
   ASSERT_TRUE(
       write_safetensors(path, {{"x", pattern_tensor(DType::kU8, {2}, 1)}}, {{"format", "pt"}})
@@ -457,20 +441,20 @@ TEST(Safetensors, NonStringMetadataIsCorrupt) {
 // --- checkpoint directories ---
 
 TEST(Safetensors, MissingDirectoryIsNotFound) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   expect_error(Checkpoint::open(dir.file("absent")).status(), StatusCode::kNotFound,
                {"absent", "does not exist"});
 }
 
 TEST(Safetensors, DirectoryWithoutSafetensorsIsNotFound) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   write_bytes(dir.file("config.json"), "{}");
   expect_error(Checkpoint::open(dir.path()).status(), StatusCode::kNotFound,
                {dir.path(), "no .safetensors"});
 }
 
 TEST(Safetensors, IndexWithoutWeightMapIsCorrupt) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   ASSERT_TRUE(
       write_safetensors(dir.file("s1.safetensors"), {{"a", pattern_tensor(DType::kF32, {2}, 1)}})
           .ok());
@@ -483,7 +467,7 @@ TEST(Safetensors, IndexWithoutWeightMapIsCorrupt) {
 }
 
 TEST(Safetensors, MissingShardIsNotFound) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   ASSERT_TRUE(
       write_safetensors(dir.file("s1.safetensors"), {{"a", pattern_tensor(DType::kF32, {2}, 1)}})
           .ok());
@@ -494,7 +478,7 @@ TEST(Safetensors, MissingShardIsNotFound) {
 }
 
 TEST(Safetensors, TensorInIndexButNotInShardIsCorrupt) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   ASSERT_TRUE(
       write_safetensors(dir.file("s1.safetensors"), {{"a", pattern_tensor(DType::kF32, {2}, 1)}})
           .ok());
@@ -506,7 +490,7 @@ TEST(Safetensors, TensorInIndexButNotInShardIsCorrupt) {
 }
 
 TEST(Safetensors, SameTensorInTwoFilesIsCorrupt) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   ASSERT_TRUE(
       write_safetensors(dir.file("s1.safetensors"), {{"a", pattern_tensor(DType::kF32, {2}, 1)}})
           .ok());
@@ -523,14 +507,14 @@ TEST(Safetensors, SameTensorInTwoFilesIsCorrupt) {
 }
 
 TEST(Safetensors, ShardNameLeavingTheDirectoryIsCorrupt) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   ASSERT_TRUE(write_safetensors_index(dir.path(), {{"a", "../elsewhere.safetensors"}}).ok());
   expect_error(Checkpoint::open(dir.path()).status(), StatusCode::kCorrupt,
                {"elsewhere.safetensors", "'a'"});
 }
 
 TEST(Safetensors, MissingTensorIsNotFoundNamingTensorAndDirectory) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   write_two(dir.file("model.safetensors"));
   auto ckpt = Checkpoint::open(dir.path());
   ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
@@ -539,7 +523,7 @@ TEST(Safetensors, MissingTensorIsNotFoundNamingTensorAndDirectory) {
 }
 
 TEST(Safetensors, ShapeMismatchNamesTensorAndBothShapes) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   write_two(dir.file("model.safetensors"));
   auto ckpt = Checkpoint::open(dir.path());
   ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
@@ -549,7 +533,7 @@ TEST(Safetensors, ShapeMismatchNamesTensorAndBothShapes) {
 }
 
 TEST(Safetensors, WriterRejectsDuplicateNamesAndDeviceTensors) {
-  TempDir dir;
+  TempDir dir("kiln_safetensors");
   Tensor a = pattern_tensor(DType::kF32, {2}, 1);
   expect_error(write_safetensors(dir.file("w.safetensors"), {{"a", a}, {"a", a}}),
                StatusCode::kInvalidArgument, {"'a'", "duplicate"});

@@ -33,6 +33,8 @@ NEAR_TIE = 0.25
 
 
 def start(kiln, model, tokenizer, extra):
+    # KILN_SERVE_ARGS: more flags for every server (e.g. "--tensor-parallel-size 2").
+    extra = [*extra, *os.environ.get("KILN_SERVE_ARGS", "").split()]
     cmd = [kiln, "serve", model, "--tokenizer", tokenizer, "--backend", "cuda", "--smem-cap", SMEM_CAP,
            "--port", "0", "--max-num-seqs", "64", "--max-model-len", "1024", *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -146,6 +148,8 @@ def check(kiln, fixture, tokenizer):
         stderr = proc.stderr.read()
     summary["exit"] = rc
     summary["startup_log"] = [l for l in stderr.splitlines() if "KV cache" in l or "self-test" in l.lower()][:4]
+    if rc != 0:
+        summary["stderr_tail"] = stderr.splitlines()[-12:]
     return summary
 
 

@@ -57,9 +57,15 @@ NcclCommunicator::~NcclCommunicator() {
   }
   std::lock_guard<std::timed_mutex> lock(call_mu_);
   if (comm_ == nullptr) return;
-  // A healthy communicator finishes its queued work; a failed world's may wait on a
-  // dead peer forever, so it is aborted instead.
-  const ncclResult_t r = world_->failed.load() ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
+  // Aborted, never destroyed: ncclCommDestroy of a rank that has communicated is
+  // collective (it waits for its peers' destroy), so one thread destroying the ranks of
+  // a group one after another waits forever; seen on 2 H100s with NCCL 2.28 as `kiln
+  // serve --tensor-parallel-size 2` not exiting after SIGTERM and a test process hanging
+  // in ~NcclCommunicator. ncclCommAbort is local; the owner has let the rank's stream
+  // drain first (cudaStreamSynchronize below), so no queued work is cut off.
+  cudaSetDevice(where_.device);
+  cudaStreamSynchronize(where_.stream);
+  const ncclResult_t r = ncclCommAbort(comm_);
   if (r != ncclSuccess) KILN_LOG(kWarn, "nccl: destroying rank " << rank_ << ": " << ncclGetErrorString(r));
   comm_ = nullptr;
 }

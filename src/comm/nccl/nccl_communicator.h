@@ -27,6 +27,9 @@
 //   that moment (only a first collective's connection setup waits for peers on the
 //   host) aborts its own communicator when the call returns. CUDA graphs that recorded
 //   collectives of an aborted communicator must not be replayed.
+// - The destructor drains the rank's stream and aborts its communicator (ncclCommAbort)
+//   instead of ncclCommDestroy, which waits for every peer's destroy and so hangs when
+//   one thread releases the ranks of a group one after another.
 // - Any NCCL error (including an asynchronous one, ncclCommGetAsyncError) aborts the
 //   world the same way and throws CommAborted with ncclGetErrorString and
 //   ncclGetLastError.
