@@ -111,7 +111,6 @@ Result<runtime::CommWorld> cuda_comm_world(const std::vector<ops::Backend*>& bac
   for (ops::Backend* b : backends) ranks.push_back({.device = cuda::device_of(*b), .stream = cuda::stream_of(*b)});
   struct Groups {
     std::vector<std::unique_ptr<comm::NcclCommunicator>> world, tp;
-    ~Groups() { tp.clear(); }  // the split groups before the world they came from
   };
   auto g = std::make_shared<Groups>();
   KILN_ASSIGN_OR_RETURN(g->world, comm::NcclCommunicator::create_group(ranks));

@@ -33,9 +33,8 @@ class ProgressBoard {
 
   // Seconds since anything moved, while a step is in flight (0 between steps).
   double idle_seconds() const;
-  // Which rank holds the others up, and where each one is, in words:
-  // "rank 1 made no progress for 30 s: it issued 3 collectives this step (last all_reduce,
-  // finished); waiting: rank 0 in all_reduce #4".
+  // Which rank holds the others up, and where each one is, in words: "watchdog: rank 1
+  // made no progress for 30 s (past all_reduce #3); rank 0 waiting in all_reduce #4".
   std::string describe_stall() const;
 
  private:

@@ -157,13 +157,8 @@ Result<formats::QuantizedTensor> cut_quantized(const formats::QuantizedTensor& q
 }  // namespace
 
 int64_t WeightLoader::input_cut_unit(const std::string& name) const {
-  if (!quant_.is_quantized(name)) return 1;
-  switch (quant_.kind) {
-    case formats::QuantKind::kMxfp4: return 32;
-    case formats::QuantKind::kNvfp4: return 16;
-    case formats::QuantKind::kInt4Group: return std::max<int64_t>(1, quant_.group_size);
-    default: return 1;
-  }
+  // quant_config sets group_size for the block formats only (MXFP4 32, NVFP4 16, INT4).
+  return quant_.is_quantized(name) ? std::max<int64_t>(1, quant_.group_size) : 1;
 }
 
 bool Part::whole() const {

@@ -67,11 +67,6 @@ Result<std::unique_ptr<runtime::Engine>> load(const std::string& dir, const Layo
   return runtime::Engine::load(dir, std::move(backends), opt);
 }
 
-std::vector<std::string> fixtures() {
-  std::vector<std::string> v = testing::all_fixtures();
-  for (const std::string& q : testing::quant_fixtures()) v.push_back(q);
-  return v;
-}
 
 class CudaParallel : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
@@ -128,7 +123,7 @@ TEST_P(CudaParallel, SameLogitsAndTokensAsOneGpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaParallel,
-                         ::testing::Combine(::testing::ValuesIn(fixtures()),
+                         ::testing::Combine(::testing::ValuesIn(testing::every_fixture()),
                                             ::testing::Range(0, int(std::size(kLayouts)))),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + kLayouts[std::get<1>(info.param)].name;

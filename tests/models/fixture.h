@@ -81,4 +81,11 @@ inline const std::vector<std::string>& quant_fixtures() {
   return kNames;
 }
 
+// Every fixture: all_fixtures() then quant_fixtures().
+inline std::vector<std::string> every_fixture() {
+  std::vector<std::string> v = all_fixtures();
+  v.insert(v.end(), quant_fixtures().begin(), quant_fixtures().end());
+  return v;
+}
+
 }  // namespace kiln::testing

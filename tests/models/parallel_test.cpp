@@ -36,11 +36,6 @@ Result<std::unique_ptr<runtime::Engine>> load(const std::string& fixture, const 
                                {.block_size = 4, .max_model_len = 256, .parallel = p});
 }
 
-std::vector<std::string> all_fixtures() {
-  std::vector<std::string> v = testing::all_fixtures();
-  for (const std::string& q : testing::quant_fixtures()) v.push_back(q);
-  return v;
-}
 
 class Parallel : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
@@ -77,7 +72,7 @@ TEST_P(Parallel, SameLogitsAndTokensAsOneRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Parallel,
-                         ::testing::Combine(::testing::ValuesIn(all_fixtures()),
+                         ::testing::Combine(::testing::ValuesIn(testing::every_fixture()),
                                             ::testing::Range(0, int(std::size(kLayouts)))),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + kLayouts[std::get<1>(info.param)].name;
