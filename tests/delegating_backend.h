@@ -21,6 +21,11 @@ class DelegatingBackend : public ops::Backend {
   Result<formats::QuantizedTensor> upload_quantized(const formats::QuantizedTensor& q) override {
     return inner_->upload_quantized(q);
   }
+  Result<int64_t> quantized_bytes(const formats::QuantizedTensor& q) const override {
+    return inner_->quantized_bytes(q);
+  }
+  void after_collective(Tensor& t) override { inner_->after_collective(t); }
+  void release_step_memory() override { inner_->release_step_memory(); }
   Status supports_kv_cache(DType d) const override { return inner_->supports_kv_cache(d); }
   void embedding(const ops::EmbeddingArgs& a) override { inner_->embedding(a); }
   void rms_norm(const ops::RmsNormArgs& a) override { inner_->rms_norm(a); }

@@ -119,7 +119,9 @@ Tensor CausalLM::forward(ops::Backend& be, const ops::BatchMeta& batch, std::vec
 Tensor CausalLM::step_ops(ops::Backend& be, const ops::BatchMeta& batch, std::vector<LayerKv>& kv) const {
   const int64_t n_tokens = batch.n_tokens();
   const auto reduce = [&](Tensor& partial) {
-    if (tp != nullptr) tp->all_reduce(partial);
+    if (tp == nullptr) return;
+    tp->all_reduce(partial);
+    be.after_collective(partial);
   };
   Tensor residual = act(be, {n_tokens, d_model});
   if (first_stage) {

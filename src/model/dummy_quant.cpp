@@ -1,6 +1,7 @@
 #include "model/dummy_quant.h"
 
 #include <algorithm>
+#include <atomic>
 #include <array>
 #include <cmath>
 #include <functional>
@@ -155,6 +156,17 @@ void fill_e2m1_row(uint8_t* row, int64_t n_in, uint64_t s, const CodeTable& code
 
 double random_code_rms(QuantKind kind) { return code_table(kind).rms; }
 
+Tensor unbacked_tensor(DType dtype, Shape shape) {
+  // defined(), never dereferenced, and distinct per tensor (a tied lm_head is told from an
+  // untied one by its address).
+  static std::atomic<uintptr_t> next{uintptr_t{1} << 44};
+  Tensor t;
+  t.data = reinterpret_cast<void*>(next.fetch_add(uintptr_t{1} << 12));
+  t.dtype = dtype;
+  t.shape = shape;
+  return t;
+}
+
 formats::QuantizedTensor random_quantized(const RandomQuantArgs& a, ThreadPool* pool) {
   formats::QuantizedTensor q;
   q.kind = a.kind;
@@ -166,31 +178,36 @@ formats::QuantizedTensor random_quantized(const RandomQuantArgs& a, ThreadPool* 
   const CodeTable& codes = code_table(a.kind);
   const double base = double(a.stddev) / codes.rms;  // the scale that gives `stddev` on average
   const auto& j = jitter();
+  // shapes_only: the same tensors unbacked, no values made.
+  const auto make = [&](DType dtype, Shape shape) {
+    return a.shapes_only ? unbacked_tensor(dtype, shape) : host_tensor(dtype, shape);
+  };
   switch (a.kind) {
     case QuantKind::kFp8Block:
     case QuantKind::kFp8Channel:
     case QuantKind::kFp8Tensor: {
-      q.data = host_tensor(DType::kF8E4M3, {n_out, n_in});
+      KILN_CHECK(a.kind != QuantKind::kFp8Block || (a.block_n > 0 && a.block_k > 0))
+          << "fp8-block needs a block, got " << a.block_n << " x " << a.block_k;
+      q.data = make(DType::kF8E4M3, {n_out, n_in});
+      q.scale = a.kind == QuantKind::kFp8Tensor    ? make(DType::kF32, {1})
+                : a.kind == QuantKind::kFp8Channel ? make(DType::kF32, {n_out, 1})
+                                                   : make(DType::kF32, {ceil_div(n_out, a.block_n), ceil_div(n_in, a.block_k)});
+      if (a.shapes_only) break;
       uint8_t* data = q.data.as<uint8_t>();
       for_rows(n_out, n_in, pool, [&](int64_t o) { fill_bytes(data + o * n_in, n_in, row_stream(a.seed, kCodes, o), codes); });
       if (a.kind == QuantKind::kFp8Tensor) {
-        q.scale = host_tensor(DType::kF32, {1});
         q.scale.as<float>()[0] = float(base);
         break;
       }
-      KILN_CHECK(a.kind == QuantKind::kFp8Channel || (a.block_n > 0 && a.block_k > 0))
-          << "fp8-block needs a block, got " << a.block_n << " x " << a.block_k;
-      q.scale = a.kind == QuantKind::kFp8Channel
-                    ? host_tensor(DType::kF32, {n_out, 1})
-                    : host_tensor(DType::kF32, {ceil_div(n_out, a.block_n), ceil_div(n_in, a.block_k)});
       const uint64_t s = row_stream(a.seed, kScales, 0);
       for (int64_t i = 0; i < q.scale.numel(); ++i) q.scale.as<float>()[i] = float(base) * j[word(s, uint64_t(i)) & 0xff];
       break;
     }
     case QuantKind::kMxfp4: {
       KILN_CHECK(n_in % 32 == 0) << "mxfp4 n_in " << n_in;
-      q.data = host_tensor(DType::kU8, {n_out, n_in / 32, 16});
-      q.scale = host_tensor(DType::kU8, {n_out, n_in / 32});  // e8m0, as the gpt-oss release ships it
+      q.data = make(DType::kU8, {n_out, n_in / 32, 16});
+      q.scale = make(DType::kU8, {n_out, n_in / 32});  // e8m0, as the gpt-oss release ships it
+      if (a.shapes_only) break;
       // Scale 2^e, e = lo or lo + 1 with P(lo + 1) = p so that E[4^e] = base^2 = 4^t.
       const double t = std::log2(base), lo = std::floor(t);
       const auto p_hi = uint32_t((std::exp2(2.0 * (t - lo)) - 1.0) / 3.0 * 65536.0);
@@ -209,9 +226,10 @@ formats::QuantizedTensor random_quantized(const RandomQuantArgs& a, ThreadPool* 
     case QuantKind::kNvfp4: {
       KILN_CHECK(n_in % 16 == 0) << "nvfp4 n_in " << n_in;
       const CodeTable& block = nvfp4_block_scales();
-      q.data = host_tensor(DType::kU8, {n_out, n_in / 2});
-      q.scale = host_tensor(DType::kF8E4M3, {n_out, n_in / 16});
-      q.scale2 = host_tensor(DType::kF32, {1});
+      q.data = make(DType::kU8, {n_out, n_in / 2});
+      q.scale = make(DType::kF8E4M3, {n_out, n_in / 16});
+      q.scale2 = make(DType::kF32, {1});
+      if (a.shapes_only) break;
       q.scale2.as<float>()[0] = float(base / block.rms);
       uint8_t* data = q.data.as<uint8_t>();
       uint8_t* scale = q.scale.as<uint8_t>();
@@ -225,8 +243,9 @@ formats::QuantizedTensor random_quantized(const RandomQuantArgs& a, ThreadPool* 
     case QuantKind::kInt4Group: {
       KILN_CHECK(n_in % 8 == 0 && a.block_k > 0) << "int4 n_in " << n_in << " group " << a.block_k;
       const int64_t groups = ceil_div(n_in, a.block_k);
-      q.data = host_tensor(DType::kI32, {n_out, n_in / 8});
-      q.scale = host_tensor(DType::kBF16, {n_out, groups});  // compressed-tensors ships the model dtype
+      q.data = make(DType::kI32, {n_out, n_in / 8});
+      q.scale = make(DType::kBF16, {n_out, groups});  // compressed-tensors ships the model dtype
+      if (a.shapes_only) break;
       int32_t* data = q.data.as<int32_t>();
       uint16_t* scale = q.scale.as<uint16_t>();
       for_rows(n_out, n_in / 2, pool, [&](int64_t o) {

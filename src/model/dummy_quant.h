@@ -30,7 +30,12 @@ struct RandomQuantArgs {
   int32_t block_n = 0, block_k = 0;  // kFp8Block's block; kInt4Group: block_k = group size
   float stddev = 0.0f;               // of the dequantized weight
   uint64_t seed = 0;
+  bool shapes_only = false;          // the tensors' dtypes and shapes, unbacked (no memory, no values)
 };
+
+// A tensor with a dtype and a shape and no memory, for sizing a model that is never run
+// (WeightLoader::sizing): its data is a non-null address of its own that must never be read.
+Tensor unbacked_tensor(DType dtype, Shape shape);
 
 // Host tensors: FP8 e4m3 codes with fp32 scales (block [ceil(n_out/bn), ceil(n_in/bk)],
 // channel [n_out, 1], tensor [1]); MXFP4 u8 [n_out, n_in/32, 16] + e8m0 u8 [n_out, n_in/32];

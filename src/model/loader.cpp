@@ -84,6 +84,12 @@ Result<CutGrid> cut_grid(const formats::QuantizedTensor& q, const std::vector<st
     };
     if (q.kind == formats::QuantKind::kFp8Block) grid.block_n = refine(q.block_n, row0, rows, q.n_out);
     grid.block_k = refine(q.block_k, col0, cols, q.n_in);
+    // Square FP8 blocks stay square: an expert's gate / up (cut by rows) and its down (cut
+    // by columns, at the same d_ff offsets) then share one grid, as the GPU MoE kernels
+    // take one format for all three (a 128 x 128 grid cut at 64 is 64 x 64 in each).
+    if (q.kind == formats::QuantKind::kFp8Block && q.block_n == q.block_k) {
+      grid.block_n = grid.block_k = std::gcd(grid.block_n, grid.block_k);
+    }
     if (q.kind == formats::QuantKind::kInt4Group && grid.block_k != q.block_k && grid.block_k % 8 != 0) {
       return unsupported("cannot split " + name + " (int4-group) at inputs [" + std::to_string(col0) + ", " +
                          std::to_string(col0 + cols) + "): eight inputs share a packed word");
@@ -218,7 +224,13 @@ Tensor WeightLoader::generated(const std::string& name, const Shape& full, const
   auto ranges = part_ranges(full, part);
   KILN_CHECK(ranges.ok()) << name << ": " << ranges.status().to_string();
   const Shape shape = part_shape(*ranges);
-  Tensor t = backend_.alloc_weight(shape.rank >= 2 ? DType::kBF16 : DType::kF32, shape);
+  const DType dtype = shape.rank >= 2 ? DType::kBF16 : DType::kF32;
+  if (sizing_) {
+    device_bytes_ += uint64_t(unbacked_tensor(dtype, shape).nbytes());
+    used_.insert(name);
+    return unbacked_tensor(dtype, shape);
+  }
+  Tensor t = backend_.alloc_weight(dtype, shape);
   const bool norm = name.find("norm") != std::string::npos;
   const bool vector = shape.rank < 2;
   float mean = 0.0f, stddev = 0.02f;
@@ -257,14 +269,15 @@ Result<formats::QuantizedTensor> WeightLoader::generated_quantized(const std::st
   KILN_ASSIGN_OR_RETURN(const CutGrid grid, cut_grid(whole, *ranges, name));
   const int64_t rows = (*ranges)[0].second, cols = (*ranges)[1].second;
   // Tensors of a few MiB and more (a full-size model's) are made on every core.
-  if (!pool_ && rows * cols >= (int64_t(4) << 20)) pool_ = std::make_shared<ThreadPool>(0);
+  if (!pool_ && !sizing_ && rows * cols >= (int64_t(4) << 20)) pool_ = std::make_shared<ThreadPool>(0);
   return random_quantized({.kind = kind,
                            .n_out = rows,
                            .n_in = cols,
                            .block_n = int32_t(grid.block_n),
                            .block_k = int32_t(grid.block_k),
                            .stddev = float(1.0 / std::sqrt(double(n_in))),  // the whole matrix's fan-in
-                           .seed = dummy_seed(name, salt, *ranges)},
+                           .seed = dummy_seed(name, salt, *ranges),
+                           .shapes_only = sizing_},
                           rows * cols >= (int64_t(1) << 20) ? pool_.get() : nullptr);
 }
 
@@ -289,6 +302,14 @@ Result<Tensor> WeightLoader::host_typed(const std::string& name, std::initialize
 }
 
 Result<formats::QuantizedTensor> WeightLoader::uploaded(const formats::QuantizedTensor& q) {
+  if (sizing_) {
+    int64_t bytes = int64_t(q.nbytes());
+    if (held_bytes_) {
+      KILN_ASSIGN_OR_RETURN(bytes, held_bytes_(q));
+    }
+    device_bytes_ += uint64_t(bytes);
+    return q;
+  }
   KILN_ASSIGN_OR_RETURN(formats::QuantizedTensor out, backend_.upload_quantized(q));
   device_bytes_ += uint64_t(out.nbytes());
   bytes_done_ += uint64_t(q.nbytes());

@@ -89,6 +89,21 @@ class WeightLoader {
     return WeightLoader(backend, seed, std::move(quant));
   }
 
+  // A dummy loader that makes every tensor at its shape without memory or values (model/
+  // dummy_quant.h's unbacked_tensor): a model bound with it is never run, only measured
+  // (what each rank of a layout would hold: device_bytes(), CausalLM::kv_layouts()) on a
+  // machine that need not have the memory, as `kiln inspect` and `kiln serve` do. The
+  // backend only names where the weights would go.
+  // `held_bytes`: what the device would hold for a quantized weight (its packed layout);
+  // null counts the checkpoint layout's bytes.
+  using HeldBytes = std::function<Result<int64_t>(const formats::QuantizedTensor&)>;
+  static WeightLoader sizing(ops::Backend& backend, formats::QuantConfig quant = {}, HeldBytes held_bytes = nullptr) {
+    WeightLoader w(backend, 0, std::move(quant));
+    w.sizing_ = true;
+    w.held_bytes_ = std::move(held_bytes);
+    return w;
+  }
+
   const formats::QuantConfig& quant() const { return quant_; }
   const Shard& shard() const { return shard_; }
   void set_shard(const Shard& s) { shard_ = s; }
@@ -165,6 +180,8 @@ class WeightLoader {
   const formats::Checkpoint* ckpt_;  // null in dummy mode
   ops::Backend& backend_;
   uint64_t dummy_seed_ = 0;
+  bool sizing_ = false;  // sizing(): shapes only
+  HeldBytes held_bytes_;
   formats::QuantConfig quant_;
   Shard shard_;
   std::set<std::string> used_;

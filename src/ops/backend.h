@@ -378,6 +378,10 @@ class Backend {
   // Copy host fp32 values into a backend tensor of activation dtype.
   virtual void from_host_f32(const float* src, Tensor& t) = 0;
   virtual void synchronize() {}
+  // Called on a tensor a collective (an all-reduce over the ranks) has just written: a
+  // backend that emulates a storage precision (the CPU reference's bf16-activation mode)
+  // rounds it as it rounds its ops' outputs, as a GPU's bf16 all-reduce does.
+  virtual void after_collective(Tensor& t) {}
   // Called on a thread before it uses this backend (a rank's thread with several GPUs in
   // one process: a GPU backend makes its device current there).
   virtual void bind_thread() {}
@@ -398,10 +402,18 @@ class Backend {
     begin_step(batch);
     return ops();
   }
+  // Drops what past steps keep (after the work queued so far): the steps run_step
+  // recorded and the last step's scratch. Before the communicators the recordings'
+  // collectives use are released (NCCL does not free a communicator while a CUDA graph
+  // that captured one of its collectives lives), and after a step run only to measure.
+  virtual void release_step_memory() {}
   // A quantized weight in its checkpoint layout (host tensors, formats/quant.h) made
   // usable by this backend's ops. The default uploads each tensor as it is (the CPU
   // reference reads the checkpoint layout); a GPU backend repacks it into its kernels'
   // layout (QuantizedTensor::packed_group > 0) or says which format or shape it cannot run.
+  // The bytes upload_quantized's result would take on this backend, from q's shapes and
+  // dtypes alone (sizing a model before loading it: runtime/sizing.h).
+  virtual Result<int64_t> quantized_bytes(const formats::QuantizedTensor& q) const { return int64_t(q.nbytes()); }
   virtual Result<formats::QuantizedTensor> upload_quantized(const formats::QuantizedTensor& q) {
     formats::QuantizedTensor out = q;
     for (Tensor* t : {&out.data, &out.scale, &out.scale2})

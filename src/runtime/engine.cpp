@@ -14,6 +14,7 @@
 #include "model/inspect.h"
 #include "model/loader.h"
 #include "models/registry.h"
+#include "runtime/sizing.h"
 
 namespace kiln::runtime {
 namespace {
@@ -81,6 +82,7 @@ Status Engine::load_weights(const std::string& model_dir, const EngineOptions& o
   KILN_ASSIGN_OR_RETURN(quant, std::filesystem::is_regular_file(model_dir)  // dummy: a config .json
                                    ? formats::parse_quant_config(config_.raw.dump(), "", model_dir)
                                    : formats::load_quant_config(model_dir));
+  if (backend_->memory_info()) KILN_RETURN_IF_ERROR(check_layout_fits(quant, options));
   std::vector<std::string> unused;
   // Progress over every rank's loader (each reads its part): their bytes summed.
   std::mutex progress_mu;
@@ -124,6 +126,39 @@ Status Engine::load_weights(const std::string& model_dir, const EngineOptions& o
   return Status::Ok();
 }
 
+Status Engine::check_layout_fits(const formats::QuantConfig& quant, const EngineOptions& o) {
+  SizingOptions so{.parallel = o.parallel,
+                   .kv_dtype = o.kv_cache_dtype,
+                   .max_num_batched_tokens = o.max_num_batched_tokens > 0 ? o.max_num_batched_tokens
+                                                                          : std::max(2048, o.max_num_seqs),
+                   .max_num_seqs = o.max_num_seqs};
+  so.held_bytes = [this](const formats::QuantizedTensor& q) { return backend_->quantized_bytes(q); };
+  Result<std::vector<RankSizing>> sizes = size_layout(config_, quant, *backend_, so);
+  if (!sizes.ok()) {  // the load itself names what is wrong, if anything is
+    KILN_LOG(kWarn, "could not size the layout before loading: " << sizes.status().to_string());
+    return Status::Ok();
+  }
+  for (const RankSizing& r : *sizes) {
+    const ops::MemoryInfo mem = *runner_->backend(r.rank).memory_info();
+    const int64_t reserve = std::max<int64_t>(kDeviceReserveBytes, mem.device_total / 64);
+    const int64_t need = r.weight_bytes + r.activation_bytes + reserve;
+    KILN_LOG(kInfo, "rank " << r.rank << " sized: " << mib(r.weight_bytes) << " of weights, about "
+                            << mib(r.activation_bytes) << " of activations, " << mib(reserve) << " kept; "
+                            << mib(mem.available) << " free");
+    if (need > mem.available) {
+      return Status(StatusCode::kResourceExhausted,
+                    "this layout does not fit: rank " + std::to_string(r.rank) + " needs " + mib(r.weight_bytes) +
+                        " of weights + about " + mib(r.activation_bytes) + " of activations + " + mib(reserve) +
+                        " kept for the runtime, and its GPU has " + mib(mem.available) + " free (tensor parallel " +
+                        std::to_string(o.parallel.tensor_parallel) + " x pipeline parallel " +
+                        std::to_string(o.parallel.pipeline_parallel) +
+                        "); use more GPUs, a quantized checkpoint or fewer --max-num-batched-tokens (`kiln inspect "
+                        "--tensor-parallel-size N` sizes a layout without a GPU)");
+    }
+  }
+  return Status::Ok();
+}
+
 Status Engine::size_kv_cache(const EngineOptions& o) {
   const int32_t bs = o.block_size;
   if (bs <= 0) return invalid_argument("block size must be positive (got " + std::to_string(bs) + ")");
@@ -157,6 +192,9 @@ Status Engine::size_kv_cache(const EngineOptions& o) {
   if (kv_bytes <= 0) {
     if (backend_->memory_info()) {
       const int64_t peak = measure_activation_peak();
+      // The measured step's scratch back to the cache: held, it was counted twice (out of
+      // what is available and again in the peak) and reported as weights.
+      for (int r = 0; r < runner_->world(); ++r) runner_->backend(r).release_step_memory();
       ops::MemoryInfo mem = *backend_->memory_info();
       for (int r = 1; r < runner_->world(); ++r) mem.available = std::min(mem.available, runner_->backend(r).memory_info()->available);
       // Device memory that grows outside the backend's allocator while serving: the
@@ -172,7 +210,7 @@ Status Engine::size_kv_cache(const EngineOptions& o) {
                           " available");
       }
       kv_bytes = int64_t(double(o.gpu_memory_utilization) * double(free_bytes));
-      KILN_LOG(kInfo, "memory: " << mib(mem.in_use) << " of weights, " << mib(peak) << " activation peak, "
+      KILN_LOG(kInfo, "memory: " << mib(mem.in_use) << " of weights and buffers, " << mib(peak) << " activation peak, "
                                  << mib(reserve) << " kept for the runtime, " << mib(mem.available)
                                  << " available; KV cache " << o.gpu_memory_utilization << " of what remains");
     } else {

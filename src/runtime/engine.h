@@ -165,6 +165,10 @@ class Engine {
   Status check_prompt(const std::vector<int32_t>& prompt, int64_t extra_tokens) const;
   Status size_kv_cache(const EngineOptions& options);
   Status load_weights(const std::string& model_dir, const EngineOptions& options);
+  // On devices that report their memory: each rank's weights and an estimate of its
+  // activations sized from the shapes alone (runtime/sizing.h) against what the device has
+  // free, so a layout that cannot fit is refused before minutes of loading.
+  Status check_layout_fits(const formats::QuantConfig& quant, const EngineOptions& options);
   // The activation memory of the largest step the scheduler can make (GPU sizing).
   int64_t measure_activation_peak();
   Tensor forward(ops::BatchMeta&& batch);

@@ -181,15 +181,26 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(std::vector<std::unique
 }
 
 ModelRunner::~ModelRunner() {
+  // The recorded steps go first: NCCL's abort (the communicators' release, below as
+  // comms_, or a watchdog's abort still in progress) waits until every CUDA graph that
+  // captured one of the communicator's collectives is destroyed, so releasing them
+  // after the communicators hung the process at exit once a decode step had been
+  // recorded (seen on 2 H100s: `kiln serve --tensor-parallel-size 2` after serving).
+  // A rank left stuck by an abort may still be using its backend: not touched.
+  if (!stuck_) {
+    for (Rank& r : ranks_) r.backend->release_step_memory();
+  }
   watchdog_.reset();
   threads_.reset();
 }
 
-model::Shard ModelRunner::shard(int rank, int64_t n_layers) const {
-  const int tp = parallel_.tensor_parallel, pp = parallel_.pipeline_parallel, stage = rank / tp;
+model::Shard ModelRunner::shard(int rank, int64_t n_layers) const { return shard_of(parallel_, rank, n_layers); }
+
+model::Shard shard_of(const ParallelConfig& parallel, int rank, int64_t n_layers) {
+  const int tp = parallel.tensor_parallel, pp = parallel.pipeline_parallel, stage = rank / tp;
   return {.tp_rank = rank % tp,
           .tp_size = tp,
-          .expert_parallel = parallel_.expert_parallel && tp > 1,
+          .expert_parallel = parallel.expert_parallel && tp > 1,
           .layer_begin = n_layers * stage / pp,
           .layer_end = n_layers * (stage + 1) / pp,
           .first_stage = stage == 0,

@@ -115,6 +115,10 @@ class ModelRunner {
   Tensor logits_;                      // a pipeline's gathered logits (rank 0)
 };
 
+// World rank `rank`'s part of a model of n_layers decoder layers under `parallel`: its
+// tensor-parallel slice and its pipeline stage's layers.
+model::Shard shard_of(const ParallelConfig& parallel, int rank, int64_t n_layers);
+
 // The sequences [begin, end) of `b` as a batch of their own (their tokens, block
 // tables and logit rows, rebased).
 ops::BatchMeta batch_slice(const ops::BatchMeta& b, int32_t begin, int32_t end);

@@ -13,34 +13,15 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/bench_op.h"
+#include "run_kiln.h"
 
 namespace kiln {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct KilnRun {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-// Runs `kiln args` (stdout and stderr captured).
-KilnRun run_kiln(const std::string& args) {
-  const fs::path err_path = fs::temp_directory_path() / ("kiln_bench_op_err_" + std::to_string(::getpid()));
-  const std::string cmd = std::string(KILN_BINARY) + " " + args + " 2>" + err_path.string();
-  KilnRun r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[65536];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream f(err_path);
-  r.err.assign(std::istreambuf_iterator<char>(f), {});
-  fs::remove(err_path);
-  return r;
-}
+using testing::KilnRun;
+using testing::run_kiln;
 
 TEST(BenchOpCli, BadOptionsAreRefusedWithAMessageNamingThem) {
   struct Case {

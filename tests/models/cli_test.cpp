@@ -8,35 +8,14 @@
 #include <gtest/gtest.h>
 
 #include "fixture.h"
+#include "run_kiln.h"
 
 namespace kiln {
 namespace {
 
-struct KilnRun {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-// Runs `env kiln args` in a shell; env is "" or "VAR=value ".
-KilnRun run_kiln_env(const std::string& env, const std::string& args) {
-  const std::string err_path = std::filesystem::temp_directory_path() /
-                               ("kiln_cli_err_" + std::to_string(::getpid()));
-  const std::string cmd = env + std::string(KILN_BINARY) + " " + args + " 2>" + err_path;
-  KilnRun r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[65536];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream f(err_path);
-  r.err.assign(std::istreambuf_iterator<char>(f), {});
-  std::filesystem::remove(err_path);
-  return r;
-}
-
-KilnRun run_kiln(const std::string& args) { return run_kiln_env("", args); }
+using testing::KilnRun;
+using testing::run_kiln;
+using testing::run_kiln_env;
 
 std::string join(const std::vector<int32_t>& v) {
   std::string s;

@@ -23,6 +23,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "fixture.h"
+#include "run_kiln.h"
 #include "runtime/engine.h"
 #include "runtime/kv_cache.h"
 
@@ -153,27 +154,8 @@ TEST(KvCacheFp8Capacity, TheEngineSizesTheCacheByItsBytesPerToken) {
 
 // ---- the CLI ------------------------------------------------------------------------
 
-struct KilnRun {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-KilnRun run_kiln(const std::string& args) {
-  const std::string err_path =
-      std::filesystem::temp_directory_path() / ("kiln_kv_fp8_err_" + std::to_string(::getpid()));
-  KilnRun r;
-  FILE* p = ::popen((std::string(KILN_BINARY) + " " + args + " 2>" + err_path).c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[65536];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream f(err_path);
-  r.err.assign(std::istreambuf_iterator<char>(f), {});
-  std::filesystem::remove(err_path);
-  return r;
-}
+using testing::KilnRun;
+using testing::run_kiln;
 
 TEST(KvCacheFp8Cli, GenerateTakesTheOptionAndRefusesUnknownDtypes) {
   for (const char* name : {"deepseek_v3", "gpt_oss"}) {

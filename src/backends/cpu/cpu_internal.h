@@ -106,6 +106,9 @@ class CpuBackend final : public ops::Backend {
   void moe(const ops::MoeArgs& a) override;                   // cpu_moe.cpp
   void sample(const ops::SampleArgs& a) override;             // cpu_sampling.cpp
   void fill_random(const ops::FillRandomArgs& a) override;
+  void after_collective(Tensor& t) override {
+    if (t.dtype == DType::kF32) round_output(t);
+  }
 
  private:
   // In bf16-activation mode, rounds the values an op wrote to bf16 (CpuOptions).

@@ -37,6 +37,16 @@ class CudaBackend final : public ops::Backend {
   void to_host_f32(const Tensor& t, float* out) override;
   void from_host_f32(const float* src, Tensor& t) override;
   void synchronize() override { KILN_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  Result<int64_t> quantized_bytes(const formats::QuantizedTensor& q) const override;
+  void release_step_memory() override {
+    int previous = 0;  // callable from any rank's thread: its device stays current
+    cudaGetDevice(&previous);
+    cudaSetDevice(info_.index);
+    cudaStreamSynchronize(stream_);
+    release_graphs();
+    op_scratch_.clear();
+    cudaSetDevice(previous);
+  }
   std::string weight_path(const ops::Weight& w, bool expert) const override;
   void bind_thread() override { KILN_CUDA_CHECK(cudaSetDevice(info().index)); }
   std::optional<ops::MemoryInfo> memory_info() override;

@@ -27,6 +27,11 @@ QuantFormat quant_format(const formats::QuantizedTensor& q) {
   return f;
 }
 
+Result<int64_t> CudaBackend::quantized_bytes(const formats::QuantizedTensor& q) const {
+  KILN_ASSIGN_OR_RETURN(const PackedQuant p, packed_layout(q));
+  return packed_bytes(p);
+}
+
 Result<formats::QuantizedTensor> CudaBackend::upload_quantized(const formats::QuantizedTensor& q) {
   if (!quantized_disabled_.empty()) {
     return unsupported("quantized weights are disabled on this GPU: the start-up self-test failed (" +

@@ -59,8 +59,7 @@ float packed_scale(DType dtype, const uint8_t* b) {
   return 0.0f;
 }
 
-Result<PackedQuant> pack_quantized(const formats::QuantizedTensor& q) {
-  KILN_CHECK(q.data.device == Device::kHost) << "pack_quantized reads host tensors";
+Result<PackedQuant> packed_layout(const formats::QuantizedTensor& q) {
   PackedQuant p;
   p.kind = q.kind;
   p.n_out = q.n_out;
@@ -75,7 +74,6 @@ Result<PackedQuant> pack_quantized(const formats::QuantizedTensor& q) {
     case QuantKind::kNvfp4:
       p.value = QuantValue::kE2m1, p.bits = 4, p.group = 16, p.scale_dtype = DType::kF8E4M3;
       p.has_scale2 = true;
-      p.scale2 = q.scale2.dtype == DType::kF32 ? q.scale2.as<float>()[0] : host_scale(q.scale2, 0);
       break;
     case QuantKind::kInt4Group: {
       KILN_RETURN_IF_ERROR(need(q.block_k >= 8 && (q.block_k <= 64 ? 64 % q.block_k == 0 : q.block_k % 64 == 0), q,
@@ -133,6 +131,16 @@ Result<PackedQuant> pack_quantized(const formats::QuantizedTensor& q) {
                                 std::to_string(kQuantKTile) + " inputs (at most " +
                                 std::to_string(kQuantMaxTileScaleBytes) + ")"));
   KILN_CHECK_EQ(p.tile_scale_bytes() % 4, 0);
+  return p;
+}
+
+Result<PackedQuant> pack_quantized(const formats::QuantizedTensor& q) {
+  KILN_CHECK(q.data.device == Device::kHost) << "pack_quantized reads host tensors";
+  KILN_ASSIGN_OR_RETURN(PackedQuant p, packed_layout(q));
+  const int64_t n_out = q.n_out, n_in = q.n_in;
+  if (q.kind == QuantKind::kNvfp4) {
+    p.scale2 = q.scale2.dtype == DType::kF32 ? q.scale2.as<float>()[0] : host_scale(q.scale2, 0);
+  }
   if (q.kind == QuantKind::kMxfp4) {
     int top = 0;  // the largest exponent field but NaN (255)
     const auto* e = q.scale.as<uint8_t>();

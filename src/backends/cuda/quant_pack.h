@@ -64,6 +64,13 @@ struct PackedQuant {
 // The packed form of a checkpoint-layout quantized weight (host tensors), or why
 // this layout cannot hold it (a clear unsupported error).
 Result<PackedQuant> pack_quantized(const formats::QuantizedTensor& q);
+// The same checks and sizes, codes and scales left empty: reads only the tensors'
+// shapes and dtypes (sizing a model without its values or a GPU).
+Result<PackedQuant> packed_layout(const formats::QuantizedTensor& q);
+// Bytes of the packed codes, scales and scale2 the CUDA backend holds for `q`.
+inline int64_t packed_bytes(const PackedQuant& p) {
+  return p.rows() * (p.code_row_bytes() + p.scale_row_bytes()) + (p.has_scale2 ? 4 : 0);
+}
 
 // value(code) * scale of element (o, k) of the packed form, scale2 not applied: what
 // the kernels put into their bf16 tiles before rounding.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <thread>
 
 #include <cuda_runtime.h>
@@ -36,6 +37,30 @@ ncclDataType_t sum_type(const Tensor& t, const char* what) {
   return t.dtype == DType::kF32 ? ncclFloat32 : ncclBfloat16;
 }
 
+// ncclCommAbort of `comm` on a thread of its own, waited for at most `wait`. The call
+// stops the communicator's kernels at once (its abort flag), but then waits until every
+// CUDA graph that captured one of its collectives has been destroyed, which may be
+// later (a watchdog's abort in the middle of serving) or never (a rank left stuck): a
+// thread still waiting after `wait` is left to finish on its own. True if it finished.
+bool abort_bounded(ncclComm_t comm, int device, int rank, std::chrono::milliseconds wait) {
+  struct Done {
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  auto done = std::make_shared<Done>();
+  std::thread([comm, device, rank, done] {
+    cudaSetDevice(device);
+    const ncclResult_t r = ncclCommAbort(comm);
+    if (r != ncclSuccess) KILN_LOG(kWarn, "nccl: aborting rank " << rank << ": " << ncclGetErrorString(r));
+    std::lock_guard<std::mutex> lock(done->m);
+    done->done = true;
+    done->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(done->m);
+  return done->cv.wait_for(lock, wait, [&] { return done->done; });
+}
+
 void register_member(NcclWorld& w, NcclCommunicator* c) {
   std::lock_guard<std::mutex> lock(w.m);
   w.members.push_back(c);
@@ -59,14 +84,20 @@ NcclCommunicator::~NcclCommunicator() {
   if (comm_ == nullptr) return;
   // Aborted, never destroyed: ncclCommDestroy of a rank that has communicated is
   // collective (it waits for its peers' destroy), so one thread destroying the ranks of
-  // a group one after another waits forever; seen on 2 H100s with NCCL 2.28 as `kiln
-  // serve --tensor-parallel-size 2` not exiting after SIGTERM and a test process hanging
-  // in ~NcclCommunicator. ncclCommAbort is local; the owner has let the rank's stream
-  // drain first (cudaStreamSynchronize below), so no queued work is cut off.
+  // a group one after another waits forever. ncclCommAbort is local, but it too waits
+  // for the CUDA graphs that captured the communicator's collectives to be destroyed
+  // (their owner releases them first: ModelRunner). The rank's stream drains first, so
+  // no queued work is cut off; an abort that still does not finish is reported and left
+  // to the process's exit rather than hanging it (seen on 2 H100s with NCCL 2.28: `kiln
+  // serve --tensor-parallel-size 2` not exiting after SIGTERM once a decode step had
+  // been recorded).
   cudaSetDevice(where_.device);
   cudaStreamSynchronize(where_.stream);
-  const ncclResult_t r = ncclCommAbort(comm_);
-  if (r != ncclSuccess) KILN_LOG(kWarn, "nccl: destroying rank " << rank_ << ": " << ncclGetErrorString(r));
+  if (!abort_bounded(comm_, where_.device, rank_, kReleaseWait)) {
+    KILN_LOG(kWarn, "nccl: rank " << rank_ << "'s communicator did not finish its release in "
+                                  << kReleaseWait.count() / 1000 << " s (a CUDA graph that captured its "
+                                  << "collectives still lives?); left to the process's exit");
+  }
   comm_ = nullptr;
 }
 
@@ -157,8 +188,9 @@ Result<std::vector<std::unique_ptr<NcclCommunicator>>> NcclCommunicator::split_g
 
 void NcclCommunicator::abort_locked() {
   if (comm_ == nullptr) return;
-  const ncclResult_t r = ncclCommAbort(comm_);
-  if (r != ncclSuccess) KILN_LOG(kWarn, "nccl: aborting rank " << rank_ << ": " << ncclGetErrorString(r));
+  // Not waited for past kAbortWait: the kernels stop at once, the release may wait for
+  // the recorded steps (see abort_bounded).
+  abort_bounded(comm_, where_.device, rank_, kAbortWait);
   comm_ = nullptr;
 }
 

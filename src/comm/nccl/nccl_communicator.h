@@ -29,7 +29,10 @@
 //   collectives of an aborted communicator must not be replayed.
 // - The destructor drains the rank's stream and aborts its communicator (ncclCommAbort)
 //   instead of ncclCommDestroy, which waits for every peer's destroy and so hangs when
-//   one thread releases the ranks of a group one after another.
+//   one thread releases the ranks of a group one after another. Both wait until every
+//   CUDA graph that captured one of the communicator's collectives is destroyed: release
+//   those first (ops::Backend::release_step_memory); an abort still waiting after
+//   kReleaseWait is logged and left to the process's exit instead of hanging it.
 // - Any NCCL error (including an asynchronous one, ncclCommGetAsyncError) aborts the
 //   world the same way and throws CommAborted with ncclGetErrorString and
 //   ncclGetLastError.
@@ -65,6 +68,8 @@ class NcclCommunicator final : public Communicator {
   // How long abort waits for a rank's NCCL call in progress before leaving that rank's
   // communicator to the rank itself (see above).
   static constexpr std::chrono::milliseconds kAbortWait{500};
+  // How long the destructor waits for its communicator's release (see above).
+  static constexpr std::chrono::milliseconds kReleaseWait{10000};
 
   // The communicators of a group of ranks.size() ranks of this process (rank r on
   // ranks[r].device; the devices distinct), made together (ncclCommInitAll) from one

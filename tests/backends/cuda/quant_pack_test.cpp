@@ -39,6 +39,11 @@ TEST(CudaQuantPack, EveryFormatDecodesToTheReferenceValues) {
       EXPECT_EQ(p->rows(), (n_out + 15) / 16 * 16) << "rows padded to whole 16-row units";
       EXPECT_EQ(p->codes.size(), size_t(p->rows() * p->code_row_bytes()));
       EXPECT_EQ(p->scales.size(), size_t(p->rows() * p->scale_row_bytes()));
+      // What sizing counts from the shapes alone (runtime/sizing.h) is what is packed.
+      auto layout = cuda::packed_layout(q);
+      ASSERT_TRUE(layout.ok()) << layout.status().to_string();
+      EXPECT_EQ(cuda::packed_bytes(*layout),
+                int64_t(p->codes.size() + p->scales.size()) + (p->has_scale2 ? 4 : 0));
       std::vector<float> ref(static_cast<size_t>(n_in));
       int64_t mismatches = 0, nonzero = 0;
       for (int64_t o = 0; o < n_out; ++o) {

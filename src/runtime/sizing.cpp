@@ -1,0 +1,56 @@
+#include "runtime/sizing.h"
+
+#include <algorithm>
+
+#include "model/loader.h"
+#include "models/registry.h"
+
+namespace kiln::runtime {
+namespace {
+
+// The largest step's buffers on one rank, estimated from the config and the rank's shard
+// (bf16 activations): per token, one layer's widest set of live tensors (residual, norm
+// output, q / k / v, attention output, the MLP's or the routed experts' gate / up /
+// product for the tokens' top-k experts, the router's fp32 logits), plus the fp32 logits
+// of max_num_seqs rows (this rank's vocabulary slice, and the whole vocabulary gathered on
+// rank 0). One layer's: the ops release a layer's buffers before the next layer's.
+int64_t activation_estimate(const formats::ModelConfig& c, const model::Shard& sh, const SizingOptions& o,
+                            int rank) {
+  const int64_t tp = sh.tp_size, tokens = o.max_num_batched_tokens, rows = o.max_num_seqs;
+  const int64_t heads = std::max<int64_t>(1, c.n_heads / tp), kv_heads = std::max<int64_t>(1, c.n_kv_heads / tp);
+  const bool mla = c.d_latent > 0;
+  const int64_t d_qk = mla ? c.d_nope + c.d_rope : c.d_head, d_v = mla ? c.d_v : c.d_head;
+  int64_t attn = heads * d_qk + heads * d_v + (mla ? c.d_latent + c.d_rope : 2 * kv_heads * c.d_head);
+  if (mla) attn += heads * c.d_latent * 4;  // the MLA kernels' fp32 scratch, 2 floats per latent value
+  const int64_t dense_ff = c.d_ff > 0 ? 3 * ((c.d_ff + tp - 1) / tp) : 0;
+  int64_t moe_ff = 0;
+  if (c.n_experts > 0) {
+    const int64_t ff = sh.expert_parallel ? c.d_ff_expert : (c.d_ff_expert + tp - 1) / tp;
+    moe_ff = 3 * ff * c.n_experts_active + 3 * ff * c.n_shared_experts + 2 * c.n_experts;  // router in fp32
+  }
+  const int64_t per_token = 2 * (4 * c.d_model + attn + std::max(dense_ff, moe_ff));
+  const int64_t vocab_part = (c.vocab_size + tp - 1) / tp;
+  const int64_t logits = rows * vocab_part * 4 + (rank == 0 ? rows * c.vocab_size * 4 : 0);
+  return tokens * per_token + logits;
+}
+
+}  // namespace
+
+Result<std::vector<RankSizing>> size_layout(const formats::ModelConfig& config, const formats::QuantConfig& quant,
+                                            ops::Backend& host, const SizingOptions& o) {
+  std::vector<RankSizing> out;
+  for (int rank = 0; rank < o.parallel.world(); ++rank) {
+    const model::Shard shard = shard_of(o.parallel, rank, config.n_layers);
+    model::WeightLoader loader = model::WeightLoader::sizing(host, quant, o.held_bytes);
+    loader.set_shard(shard);
+    Result<model::CausalLM> lm = models::build_model(config, loader);
+    if (!lm.ok()) return lm.status().with_context("rank " + std::to_string(rank) + " of the layout");
+    out.push_back({.rank = rank,
+                   .weight_bytes = int64_t(loader.device_bytes()),
+                   .kv_bytes_per_token = KvCache::bytes_per_token(lm->kv_layouts(), DType::kBF16, o.kv_dtype),
+                   .activation_bytes = activation_estimate(config, shard, o, rank)});
+  }
+  return out;
+}
+
+}  // namespace kiln::runtime
