@@ -104,7 +104,10 @@ Result<int> HttpServer::start() {
   // cpp-httplib listens with a backlog of 5: a burst of new connections (64 clients at once)
   // overflows it and the kernel resets some. Listening again only raises the backlog.
   if (listen_fd_ >= 0) ::listen(listen_fd_, SOMAXCONN);
-  thread_ = std::thread([this] { http_->listen_after_bind(); });
+  thread_ = std::thread([this] {
+    http_->listen_after_bind();
+    listener_exited_ = true;
+  });
   return port;
 }
 
@@ -121,8 +124,14 @@ void HttpServer::drain(std::chrono::milliseconds timeout) {
 }
 
 void HttpServer::stop() {
-  if (http_) http_->stop();
-  if (thread_.joinable()) thread_.join();
+  if (!thread_.joinable()) return;
+  // cpp-httplib's stop() does nothing until listen_after_bind() has marked the server
+  // running, and the listener then blocks in accept() for good: a stop soon after start()
+  // (a model that fails to load at once) waits for the listener to be up first.
+  while (!http_->is_running() && !listener_exited_.load())
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  http_->stop();
+  thread_.join();
 }
 
 bool HttpServer::authorized(const httplib::Request& req) const {

@@ -60,6 +60,7 @@ class HttpServer {
   // Graceful stop: new generation requests get 503; waits until the requests in flight
   // have finished (at most `timeout`).
   void drain(std::chrono::milliseconds timeout);
+  // Closes the listener and joins its thread, however soon after start() it comes.
   void stop();
   int in_flight() const { return in_flight_.load(); }
 
@@ -75,6 +76,7 @@ class HttpServer {
   ServerOptions options_;
   std::unique_ptr<httplib::Server> http_;
   std::thread thread_;
+  std::atomic<bool> listener_exited_{false};
   int listen_fd_ = -1;
   std::atomic<runtime::AsyncEngine*> engine_{nullptr};
   std::atomic<const ServedModel*> model_{nullptr};
