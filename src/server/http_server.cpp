@@ -10,6 +10,7 @@
 #include "core/log.h"
 #include "server/anthropic_api.h"
 #include "server/chat_page.h"
+#include "server/client_connection.h"
 #include "server/job.h"
 #include "server/openai_api.h"
 
@@ -20,6 +21,8 @@ constexpr auto kPumpWait = std::chrono::milliseconds(50);
 // A streaming reply with nothing to send for this long gets an SSE comment, so a client
 // that went away is noticed (the write fails) even while a long prompt is prefilled.
 constexpr auto kKeepAlive = std::chrono::seconds(2);
+// The status counted for a request whose client hung up before its reply (nginx's).
+constexpr int kClientClosed = 499;
 
 // %XX-escapes decoded (the test hook's header carries newlines that way).
 std::string percent_decode(const std::string& s) {
@@ -167,8 +170,20 @@ void HttpServer::generate(const httplib::Request& req, httplib::Response& res, P
   std::shared_ptr<JobRun> run = std::move(std::get<std::unique_ptr<JobRun>>(started));
   ++in_flight_;
 
+  // The connection is watched between engine events (at least every kPumpWait): a client
+  // that hangs up has its request cancelled, and the engine frees its blocks before its
+  // next step. A streaming reply would also notice at its next write, but that may be a
+  // long prefill (kKeepAlive) away.
+  const ClientConnection client = ClientConnection::find(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
   if (!run->streaming()) {
-    while (!run->done()) run->pump(kPumpWait);
+    while (!run->done()) {
+      run->pump(kPumpWait);
+      if (!run->done() && client.gone()) {
+        run->cancel();
+        --in_flight_;
+        return send_error(req, res, kClientClosed, "the client closed the connection");  // never read
+      }
+    }
     res.set_content(run->finish(), "application/json");
     --in_flight_;
     return;
@@ -179,7 +194,8 @@ void HttpServer::generate(const httplib::Request& req, httplib::Response& res, P
   auto last_write = std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
   res.set_chunked_content_provider(
       "text/event-stream",
-      [run, first, last_write](size_t, httplib::DataSink& sink) {
+      [run, first, last_write, client](size_t, httplib::DataSink& sink) {
+        if (!run->done() && client.gone()) return false;
         std::string out;
         if (*first) {
           *first = false;

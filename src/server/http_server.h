@@ -10,9 +10,10 @@
 //   POST /v1/messages/count_tokens       Anthropic
 //
 // Every request is validated on its worker thread; whatever is wrong with it comes back
-// as a 4xx in the error format of the API it called, never as a crash. A streaming client
-// that goes away has its request cancelled (its KV blocks are free before the engine's
-// next step).
+// as a 4xx in the error format of the API it called, never as a crash. A client that goes
+// away, streaming or not, has its request cancelled: its connection is watched between
+// engine events (at least every 50 ms), and its KV blocks are free before the engine's
+// next step (ClientConnection).
 #pragma once
 
 #include <atomic>
