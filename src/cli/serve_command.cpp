@@ -135,22 +135,24 @@ Result<std::string> dummy_tokenizer(const std::string& model) {
   return dir;
 }
 
-// SIGINT / SIGTERM arrive here (blocked in every other thread).
+// SIGINT / SIGTERM arrive on one thread of their own (blocked in every other thread),
+// which outlives serve(): what it reads is global. Before the model is ready a signal
+// exits at once (128 + the signal); after, the first one drains.
 std::atomic<int> g_signals{0};
+std::atomic<bool> g_ready{false};
+sigset_t g_stop_signals;
 
 Status serve(ServeOptions o, const ServeHooks& hooks) {
   std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is a failed write, not a dead server
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);  // threads started from here inherit it
-  std::atomic<bool> ready{false};
-  std::thread signals([&] {
+  sigemptyset(&g_stop_signals);
+  sigaddset(&g_stop_signals, SIGINT);
+  sigaddset(&g_stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &g_stop_signals, nullptr);  // threads started from here inherit it
+  std::thread signals([] {
     while (true) {
       int sig = 0;
-      if (sigwait(&stop_signals, &sig) != 0) continue;
-      if (g_signals.fetch_add(1) > 0 || !ready.load()) {
+      if (sigwait(&g_stop_signals, &sig) != 0) continue;
+      if (g_signals.fetch_add(1) > 0 || !g_ready.load()) {
         std::fprintf(stderr, "\nkiln: stopped\n");
         std::_Exit(128 + sig);
       }
@@ -226,7 +228,7 @@ Status serve(ServeOptions o, const ServeHooks& hooks) {
                e.prefix_caching() ? "on" : "off");
   runtime::AsyncEngine async(std::move(engine), {.max_queued_requests = o.max_queued_requests});
   http.set_ready(&async, model.get());
-  ready = true;
+  g_ready = true;
   std::printf("kiln: serving %s at http://%s:%d/v1 (OpenAI /v1/chat/completions, Anthropic /v1/messages)\n",
               model->name().c_str(), o.host.c_str(), port);
   std::fflush(stdout);

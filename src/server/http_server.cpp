@@ -1,6 +1,7 @@
 #include "server/http_server.h"
 
 #include <httplib.h>
+#include <malloc.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include "core/log.h"
 #include "server/anthropic_api.h"
 #include "server/chat_page.h"
+#include "server/client_connection.h"
 #include "server/job.h"
 #include "server/openai_api.h"
 
@@ -20,6 +22,13 @@ constexpr auto kPumpWait = std::chrono::milliseconds(50);
 // A streaming reply with nothing to send for this long gets an SSE comment, so a client
 // that went away is noticed (the write fails) even while a long prompt is prefilled.
 constexpr auto kKeepAlive = std::chrono::seconds(2);
+// A large body (a long prompt) leaves its worker thread's malloc arena holding what
+// tokenizing and templating it took, freed but kept by glibc (a 4 MiB prompt: about
+// 100 MiB); with an arena per thread (up to 8 per core) kiln's resident memory grew by
+// GBs under the fuzzer. After such a request the free pages go back (malloc_trim, a few ms).
+constexpr size_t kTrimAfterBodyBytes = 256 << 10;
+// The status counted for a request whose client hung up before its reply (nginx's).
+constexpr int kClientClosed = 499;
 
 // %XX-escapes decoded (the test hook's header carries newlines that way).
 std::string percent_decode(const std::string& s) {
@@ -104,7 +113,10 @@ Result<int> HttpServer::start() {
   // cpp-httplib listens with a backlog of 5: a burst of new connections (64 clients at once)
   // overflows it and the kernel resets some. Listening again only raises the backlog.
   if (listen_fd_ >= 0) ::listen(listen_fd_, SOMAXCONN);
-  thread_ = std::thread([this] { http_->listen_after_bind(); });
+  thread_ = std::thread([this] {
+    http_->listen_after_bind();
+    listener_exited_ = true;
+  });
   return port;
 }
 
@@ -121,8 +133,14 @@ void HttpServer::drain(std::chrono::milliseconds timeout) {
 }
 
 void HttpServer::stop() {
-  if (http_) http_->stop();
-  if (thread_.joinable()) thread_.join();
+  if (!thread_.joinable()) return;
+  // cpp-httplib's stop() does nothing until listen_after_bind() has marked the server
+  // running, and the listener then blocks in accept() for good: a stop soon after start()
+  // (a model that fails to load at once) waits for the listener to be up first.
+  while (!http_->is_running() && !listener_exited_.load())
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  http_->stop();
+  thread_.join();
 }
 
 bool HttpServer::authorized(const httplib::Request& req) const {
@@ -158,8 +176,20 @@ void HttpServer::generate(const httplib::Request& req, httplib::Response& res, P
   std::shared_ptr<JobRun> run = std::move(std::get<std::unique_ptr<JobRun>>(started));
   ++in_flight_;
 
+  // The connection is watched between engine events (at least every kPumpWait): a client
+  // that hangs up has its request cancelled, and the engine frees its blocks before its
+  // next step. A streaming reply would also notice at its next write, but that may be a
+  // long prefill (kKeepAlive) away.
+  const ClientConnection client = ClientConnection::find(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
   if (!run->streaming()) {
-    while (!run->done()) run->pump(kPumpWait);
+    while (!run->done()) {
+      run->pump(kPumpWait);
+      if (!run->done() && client.gone()) {
+        run->cancel();
+        --in_flight_;
+        return send_error(req, res, kClientClosed, "the client closed the connection");  // never read
+      }
+    }
     res.set_content(run->finish(), "application/json");
     --in_flight_;
     return;
@@ -170,7 +200,8 @@ void HttpServer::generate(const httplib::Request& req, httplib::Response& res, P
   auto last_write = std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
   res.set_chunked_content_provider(
       "text/event-stream",
-      [run, first, last_write](size_t, httplib::DataSink& sink) {
+      [run, first, last_write, client](size_t, httplib::DataSink& sink) {
+        if (!run->done() && client.gone()) return false;
         std::string out;
         if (*first) {
           *first = false;
@@ -222,9 +253,14 @@ void HttpServer::routes() {
     KILN_LOG(kError, "internal error on " << req.method << " " << req.path << ": " << what);
     send_error(req, res, 500, "internal server error: " + what);
   });
-  http_->set_logger([this](const Request&, const Response& res) {
-    std::lock_guard<std::mutex> lock(status_mu_);
-    ++status_counts_[res.status];
+  http_->set_logger([this](const Request& req, const Response& res) {
+    {
+      std::lock_guard<std::mutex> lock(status_mu_);
+      ++status_counts_[res.status];
+    }
+#ifdef __GLIBC__
+    if (req.body.size() >= kTrimAfterBodyBytes) malloc_trim(0);
+#endif
   });
 
   http_->Get("/", [](const Request&, Response& res) { res.set_content(chat_page_html(), "text/html; charset=utf-8"); });

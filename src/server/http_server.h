@@ -10,9 +10,10 @@
 //   POST /v1/messages/count_tokens       Anthropic
 //
 // Every request is validated on its worker thread; whatever is wrong with it comes back
-// as a 4xx in the error format of the API it called, never as a crash. A streaming client
-// that goes away has its request cancelled (its KV blocks are free before the engine's
-// next step).
+// as a 4xx in the error format of the API it called, never as a crash. A client that goes
+// away, streaming or not, has its request cancelled: its connection is watched between
+// engine events (at least every 50 ms), and its KV blocks are free before the engine's
+// next step (ClientConnection).
 #pragma once
 
 #include <atomic>
@@ -60,6 +61,7 @@ class HttpServer {
   // Graceful stop: new generation requests get 503; waits until the requests in flight
   // have finished (at most `timeout`).
   void drain(std::chrono::milliseconds timeout);
+  // Closes the listener and joins its thread, however soon after start() it comes.
   void stop();
   int in_flight() const { return in_flight_.load(); }
 
@@ -75,6 +77,7 @@ class HttpServer {
   ServerOptions options_;
   std::unique_ptr<httplib::Server> http_;
   std::thread thread_;
+  std::atomic<bool> listener_exited_{false};
   int listen_fd_ = -1;
   std::atomic<runtime::AsyncEngine*> engine_{nullptr};
   std::atomic<const ServedModel*> model_{nullptr};

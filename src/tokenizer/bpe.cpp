@@ -291,6 +291,10 @@ void Bpe::merge_heap(std::vector<Symbol>& syms) const {
     if (left.prev >= 0) push(left.prev);
     push(top.pos);
   }
+  if (heap.capacity() > kMaxKeptSymbols) {
+    std::vector<Entry>().swap(heap);
+    std::vector<uint8_t>().swap(removed);
+  }
 }
 
 void Bpe::merge_word(std::string_view word, std::vector<int32_t>& out, bool force_heap) const {
@@ -303,6 +307,7 @@ void Bpe::merge_word(std::string_view word, std::vector<int32_t>& out, bool forc
     merge_heap(syms);
   }
   for (int32_t i = 0; i >= 0; i = syms[size_t(i)].next) out.push_back(syms[size_t(i)].id);
+  if (syms.capacity() > kMaxKeptSymbols) std::vector<Symbol>().swap(syms);
 }
 
 void Bpe::encode_word(std::string_view word, std::vector<int32_t>& out) const {

@@ -90,6 +90,9 @@ class Bpe {
   // every entry is a long word. Guarded: encode() may run on several threads.
   static constexpr size_t kMaxCachedWordBytes = 256;
   static constexpr size_t kCacheCapacity = 50000;
+  // The per-thread merge buffers are freed after a word longer than this (a 4 MiB word
+  // takes about 100 MB): the server tokenizes on hundreds of threads.
+  static constexpr size_t kMaxKeptSymbols = size_t(1) << 16;
   mutable std::mutex cache_mutex_;
   mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache_;
 };

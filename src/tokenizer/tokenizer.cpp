@@ -241,10 +241,17 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
     }
   }
   if (m.post_processor) m.post_processor->process(ids, add_special_tokens);
-  if (s.pieces.text.capacity() > (size_t(1) << 20) || s.normalized.capacity() > (size_t(1) << 20)) {
+  // After a very long text every buffer goes: each of the server's hundreds of worker
+  // threads would otherwise keep the size of the longest prompt it ever tokenized.
+  constexpr size_t kKeepBytes = size_t(1) << 20;
+  if (text.size() > kKeepBytes || s.pieces.text.capacity() > kKeepBytes || s.normalized.capacity() > kKeepBytes) {
+    s.raw_segments = std::vector<Segment>();
+    s.norm_segments = std::vector<Segment>();
+    s.normalized = std::string();
     s.pieces = Pieces();
     s.pre.tmp = Pieces();
-    s.normalized = std::string();
+    s.pre.spans = decltype(s.pre.spans)();
+    s.pre.matches = decltype(s.pre.matches)();
   }
   return ids;
 }
