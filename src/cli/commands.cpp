@@ -139,8 +139,8 @@ int cmd_generate(const CommonOptions& o, const std::string& tokens_arg, const Ge
 int run_cli(int argc, char** argv, const ServeHooks& hooks) {
   CLI::App app{"kiln: serve large Mixture-of-Experts checkpoints on consumer GPUs"};
   app.require_subcommand(1);
-  app.set_help_all_flag("--help-all");
-  app.set_version_flag("--version", "kiln " + version_string());
+  app.set_help_all_flag("--help-all", "print the help of every command and exit");
+  app.set_version_flag("--version", "kiln " + version_string(), "print the version and exit");
   // Every option's help shows its default (subcommands inherit this from app).
   app.option_defaults()->always_capture_default();
 
@@ -153,7 +153,8 @@ int run_cli(int argc, char** argv, const ServeHooks& hooks) {
   CommonOptions gen_opt;
   GenerateOptions gen;
   CLI::App* generate = app.add_subcommand(
-      "generate", "generate tokens (without --model: the built-in demo model)");
+      "generate", "generate from a prompt: text (--prompt) or token ids (--tokens); without --model: the built-in demo "
+                  "model");
   add_common(generate, gen_opt);
   std::string gen_tokens;
   CLI::Option* gen_tokens_opt = generate->add_option(
