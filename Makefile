@@ -1,18 +1,25 @@
 # kiln: the README's commands.
-#   make run    - build, then serve the built-in demo model on http://127.0.0.1:8000
+#   make run    - install what serving needs, build the kiln binary alone, then serve the
+#                 built-in demo model on http://127.0.0.1:8000 (MODEL=, PORT=, ARGS= change it)
 #   make check  - install dependencies, build, run the test suite (what CI runs)
+# KILN_CUDA=OFF (or ON) on either decides whether the CUDA backend is built; unset, CMake
+# builds it wherever nvcc is found (CMakeLists.txt).
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
+MODEL ?=
+PORT ?=
+ARGS ?=
+cuda_flag = $(if $(KILN_CUDA),-DKILN_CUDA=$(KILN_CUDA))
 
-.PHONY: all build test check run deps asan clean
+.PHONY: all build test check run deps deps-serve asan clean
 
 all: build
 
-$(BUILD)/CMakeCache.txt:
-	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
-
-build: $(BUILD)/CMakeCache.txt
+# Configured every time (seconds on an existing build directory) so that KILN_TESTS is ON
+# here even where `make run` configured the directory without tests.
+build:
+	cmake -S . -B $(BUILD) $(CMAKE_FLAGS) $(cuda_flag) -DKILN_TESTS=ON
 	cmake --build $(BUILD) -j $(JOBS)
 
 # CPU tests (GPU tests carry the label "gpu" and run on the GPU machine).
@@ -22,10 +29,17 @@ test: build
 deps:
 	scripts/install-deps
 
+deps-serve:
+	scripts/install-deps --serve
+
 check: deps test
 
-run: build
-	$(BUILD)/bin/kiln serve
+# A new build directory is configured without tests (GoogleTest is not needed to serve);
+# an existing one keeps its setting. Only the kiln target is built.
+run: deps-serve
+	cmake -S . -B $(BUILD) $(CMAKE_FLAGS) $(cuda_flag) $(if $(wildcard $(BUILD)/CMakeCache.txt),,-DKILN_TESTS=OFF)
+	cmake --build $(BUILD) -j $(JOBS) --target kiln
+	$(BUILD)/bin/kiln serve $(if $(MODEL),--model $(MODEL)) $(if $(PORT),--port $(PORT)) $(ARGS)
 
 # The whole suite under AddressSanitizer + UBSan (docs/TESTING.md).
 asan:

@@ -405,7 +405,7 @@ void add_bench_op_command(CLI::App& bench, Subcommands& commands) {
                   "shared memory per block every kernel must fit, bytes (default 101376: what an RTX 50 / PRO 6000 "
                   "runs; 0: the device's limit)")
       ->check(CLI::Range(0, 1 << 20));
-  cmd->add_option("--iters", a->options.iters, "timed calls per case, median reported (default 20)")
+  cmd->add_option("--iters", a->options.iters, "timed calls per case, median reported")
       ->check(CLI::Range(1, 100000));
   cmd->add_option("--only", a->options.only, "keep the cases whose label (\"<op> <shape> rows <n>\") contains this");
   cmd->add_option("--json", a->json_path, "write the measured ceilings and every row to this file");

@@ -642,28 +642,28 @@ void add_bench_command(CLI::App& app, Subcommands& commands) {
   auto o = std::make_shared<BenchOptions>();
   CLI::App* cmd = bench->add_subcommand(
       "serve", "load-test an OpenAI-compatible server: TTFT, TPOT, ITL and throughput per concurrency level");
-  cmd->add_option("--url", o->url, "the server, http://HOST:PORT[/v1] (default http://127.0.0.1:8000)");
+  cmd->add_option("--url", o->url, "the server, http://HOST:PORT[/v1]");
   cmd->add_option("--model", o->model, "the model id to request (default: the first of GET /v1/models)");
   cmd->add_option("--endpoint", o->endpoint, "completions (token-id prompts, exact input length) or chat")
       ->check(CLI::IsMember({"completions", "chat"}));
-  cmd->add_option("--input-len", o->input_len, "prompt tokens (chat: words; default 512)")->check(CLI::PositiveNumber);
-  cmd->add_option("--output-len", o->output_len, "max_tokens of every request (default 128)")->check(CLI::PositiveNumber);
+  cmd->add_option("--input-len", o->input_len, "prompt tokens (chat: words)")->check(CLI::PositiveNumber);
+  cmd->add_option("--output-len", o->output_len, "max_tokens of every request")->check(CLI::PositiveNumber);
   cmd->add_option("--random-range-ratio", o->random_range_ratio,
                   "prompt lengths uniform in [len * (1 - ratio), len]")->check(CLI::Range(0.0, 0.999));
   cmd->add_option("--num-prompts", o->num_prompts,
                   "requests per level (default: max(8, 4 * C); with --request-rate max(8, 10 * R))")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--concurrency", o->concurrency, "comma list of levels: requests in flight at most (default 1)")
+  cmd->add_option("--concurrency", o->concurrency, "comma list of levels: requests in flight at most")
       ->delimiter(',')
       ->check(CLI::Range(1, kMaxConcurrency));
   cmd->add_option("--request-rate", o->request_rate, "Poisson arrivals at R requests/s instead of fixed concurrency")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--warmup", o->warmup, "requests before each level, not counted (default 2)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--warmup", o->warmup, "requests before each level, not counted")->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", o->seed, "seed of the prompts and arrival times");
-  cmd->add_option("--vocab", o->vocab, "token ids of completions prompts are drawn from [0, N) (default 256)")
+  cmd->add_option("--vocab", o->vocab, "token ids of completions prompts are drawn from [0, N)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--api-key", o->api_key, "sent as Authorization: Bearer KEY");
-  cmd->add_option("--timeout", o->timeout_s, "seconds to wait for each read of a response (default 600)")->check(CLI::PositiveNumber);
+  cmd->add_option("--timeout", o->timeout_s, "seconds to wait for each read of a response")->check(CLI::PositiveNumber);
   cmd->add_option("--json", o->json_path, "write every level's config, summary and requests to this file");
   cmd->add_option("--html", o->html_path, "write a self-contained HTML report (charts, table) to this file");
   commands.emplace_back(cmd, [o] { return run_bench(*o); });

@@ -1,22 +1,27 @@
 #include "cli/commands.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "cli/build_info.h"
 #include "cli/common.h"
 #include "cli/demo.h"
 #include "cli/demo_tokenizer.h"
+#include "cli/parse_errors.h"
 #include "cli/render_command.h"
 #include "cli/subcommand.h"
 #include "cli/tokenize_commands.h"
 #include "core/log.h"
 #include "runtime/engine.h"
+#include "tokenizer/tokenizer.h"
 
 namespace kiln::cli {
 namespace {
@@ -43,13 +48,17 @@ Result<std::vector<int32_t>> parse_tokens(const std::string& s) {
   return out;
 }
 
+// --model, else the built-in demo model.
+Result<std::string> model_dir(const CommonOptions& o) {
+  if (!o.model.empty()) return o.model;
+  KILN_ASSIGN_OR_RETURN(std::string dir, ensure_demo_model());
+  KILN_LOG(kInfo, "no --model given: using the built-in demo model in " << dir);
+  return dir;
+}
+
 Result<std::unique_ptr<runtime::Engine>> open_engine(const CommonOptions& o) {
   // One sequence at a time: a KV cache for one full-length sequence is enough.
-  std::string dir = o.model;
-  if (dir.empty()) {
-    KILN_ASSIGN_OR_RETURN(dir, ensure_demo_model());
-    KILN_LOG(kInfo, "no --model given: using the built-in demo model in " << dir);
-  }
+  KILN_ASSIGN_OR_RETURN(const std::string dir, model_dir(o));
   runtime::EngineOptions options = engine_options(o);
   options.max_num_seqs = 1;
   return load_engine(dir, o, options);
@@ -69,14 +78,30 @@ int cmd_logits(const CommonOptions& o, const std::string& tokens_arg) {
 }
 
 struct GenerateOptions {
+  std::string prompt;  // --prompt: text in, text out (used when has_prompt; it may be empty)
+  bool has_prompt = false;
   int max_tokens = 16;
   runtime::SamplingParams sampling;
   bool ignore_eos = false;
   bool stats = false;
 };
 
+// --prompt TEXT: the text encoded as /v1/completions does (the post-processor's special
+// tokens added, no chat template); the generated ids decoded without special tokens.
 int cmd_generate(const CommonOptions& o, const std::string& tokens_arg, const GenerateOptions& g) {
-  auto tokens = parse_tokens(tokens_arg.empty() ? std::string("1,2,3,4,5,6,7,8") : tokens_arg);
+  std::optional<tokenizer::Tokenizer> tok;
+  Result<std::vector<int32_t>> tokens = std::vector<int32_t>{};
+  if (g.has_prompt) {
+    auto dir = model_dir(o);
+    if (!dir.ok()) return fail(dir.status());
+    auto loaded = tokenizer::Tokenizer::load(*dir);
+    if (!loaded.ok()) return fail(loaded.status().with_context("--prompt needs the model's tokenizer"));
+    tok = std::move(loaded).value();
+    tokens = tok->encode(g.prompt, /*add_special_tokens=*/true);
+    if (tokens->empty()) return fail(invalid_argument("--prompt encodes to no tokens"));
+  } else {
+    tokens = parse_tokens(tokens_arg.empty() ? std::string("1,2,3,4,5,6,7,8") : tokens_arg);
+  }
   if (!tokens.ok()) return fail(tokens.status());
   auto engine = open_engine(o);
   if (!engine.ok()) return fail(engine.status());
@@ -84,19 +109,23 @@ int cmd_generate(const CommonOptions& o, const std::string& tokens_arg, const Ge
   auto result = (*engine)->generate(*tokens, g.max_tokens, g.sampling, g.ignore_eos);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!result.ok()) return fail(result.status());
-  nlohmann::json out = {{"tokens", result->tokens}};
-  if (g.sampling.logprobs >= 0) {
-    // One entry per generated token: its logprob and the top alternatives.
-    nlohmann::json lps = nlohmann::json::array();
-    for (const runtime::SampledToken& t : result->logprobs) {
-      nlohmann::json top = nlohmann::json::array();
-      for (size_t j = 0; j < t.top_ids.size(); ++j)
-        top.push_back({{"id", t.top_ids[j]}, {"logprob", t.top_logprobs[j]}});
-      lps.push_back({{"token", t.token}, {"logprob", t.logprob}, {"top", std::move(top)}});
+  if (tok) {
+    std::cout << tok->decode(result->tokens, /*skip_special_tokens=*/true) << "\n";
+  } else {
+    nlohmann::json out = {{"tokens", result->tokens}};
+    if (g.sampling.logprobs >= 0) {
+      // One entry per generated token: its logprob and the top alternatives.
+      nlohmann::json lps = nlohmann::json::array();
+      for (const runtime::SampledToken& t : result->logprobs) {
+        nlohmann::json top = nlohmann::json::array();
+        for (size_t j = 0; j < t.top_ids.size(); ++j)
+          top.push_back({{"id", t.top_ids[j]}, {"logprob", t.top_logprobs[j]}});
+        lps.push_back({{"token", t.token}, {"logprob", t.logprob}, {"top", std::move(top)}});
+      }
+      out["logprobs"] = std::move(lps);
     }
-    out["logprobs"] = std::move(lps);
+    std::cout << out.dump() << "\n";
   }
-  std::cout << out.dump() << "\n";
   if (g.stats) {
     const size_t n = result->tokens.size();
     std::fprintf(stderr, "kiln: %zu prompt + %zu generated tokens in %.3f s (%.1f tok/s overall)\n",
@@ -110,7 +139,10 @@ int cmd_generate(const CommonOptions& o, const std::string& tokens_arg, const Ge
 int run_cli(int argc, char** argv, const ServeHooks& hooks) {
   CLI::App app{"kiln: serve large Mixture-of-Experts checkpoints on consumer GPUs"};
   app.require_subcommand(1);
-  app.set_help_all_flag("--help-all");
+  app.set_help_all_flag("--help-all", "print the help of every command and exit");
+  app.set_version_flag("--version", "kiln " + version_string(), "print the version and exit");
+  // Every option's help shows its default (subcommands inherit this from app).
+  app.option_defaults()->always_capture_default();
 
   CommonOptions logits_opt;
   std::string logits_tokens;
@@ -121,10 +153,16 @@ int run_cli(int argc, char** argv, const ServeHooks& hooks) {
   CommonOptions gen_opt;
   GenerateOptions gen;
   CLI::App* generate = app.add_subcommand(
-      "generate", "generate tokens (without --model: the built-in demo model)");
+      "generate", "generate from a prompt: text (--prompt) or token ids (--tokens); without --model: the built-in demo "
+                  "model");
   add_common(generate, gen_opt);
   std::string gen_tokens;
-  generate->add_option("--tokens", gen_tokens, "prompt token ids, comma separated (default 1,2,...,8)");
+  CLI::Option* gen_tokens_opt = generate->add_option(
+      "--tokens", gen_tokens, "prompt token ids, comma separated (default 1,2,...,8); prints {\"tokens\": [...]}");
+  CLI::Option* gen_prompt_opt = generate->add_option(
+      "--prompt", gen.prompt,
+      "prompt text, encoded with the model's tokenizer (no chat template); prints the generated text");
+  gen_prompt_opt->excludes(gen_tokens_opt);
   generate->add_option("--max-tokens", gen.max_tokens, "tokens to generate")->check(CLI::NonNegativeNumber);
   generate->add_option("--temperature", gen.sampling.temperature, "0: greedy")->check(CLI::NonNegativeNumber);
   generate->add_option("--top-k", gen.sampling.top_k, "0: off")->check(CLI::NonNegativeNumber);
@@ -132,7 +170,8 @@ int run_cli(int argc, char** argv, const ServeHooks& hooks) {
   generate->add_option("--min-p", gen.sampling.min_p, "0: off")->check(CLI::Range(0.0, 1.0));
   generate->add_option("--seed", gen.sampling.seed, "sampling seed");
   generate->add_option("--logprobs", gen.sampling.logprobs,
-                       "print each token's logprob and N top alternatives (0..20; -1: none)");
+                       "print each token's logprob and N top alternatives (0..20; -1: none; JSON: not with --prompt)")
+      ->excludes(gen_prompt_opt);
   generate->add_flag("--ignore-eos", gen.ignore_eos, "do not stop at end-of-sequence tokens");
   generate->add_flag("--stats", gen.stats, "print timing to stderr");
 
@@ -153,24 +192,29 @@ int run_cli(int argc, char** argv, const ServeHooks& hooks) {
   add_render_command(app, more);
 
   if (argc > 1 && argv[1][0] != '-') {
-    bool known = false;
+    std::vector<std::string> commands;
     std::string names;
     for (const CLI::App* sub : app.get_subcommands({})) {
-      known = known || sub->get_name() == argv[1];
+      commands.push_back(sub->get_name());
       names += (names.empty() ? "" : ", ") + sub->get_name();
     }
-    if (!known) {
-      std::fprintf(stderr, "kiln: error: unknown command '%s' (commands: %s)\n", argv[1], names.c_str());
-      return 2;
+    if (std::find(commands.begin(), commands.end(), argv[1]) == commands.end()) {
+      const std::string near = nearest_name(argv[1], commands);
+      std::fprintf(stderr, "kiln: error: unknown command '%s'%s (commands: %s)\n", argv[1],
+                   near.empty() ? "" : (": did you mean " + near + "?").c_str(), names.c_str());
+      return kUsageExitCode;
     }
   }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return report_parse_error(app, e, argc, argv);
   }
   if (logits->parsed()) return cmd_logits(logits_opt, logits_tokens);
-  if (generate->parsed()) return cmd_generate(gen_opt, gen_tokens, gen);
+  if (generate->parsed()) {
+    gen.has_prompt = gen_prompt_opt->count() > 0;
+    return cmd_generate(gen_opt, gen_tokens, gen);
+  }
   for (const auto& [cmd, run] : more)
     if (cmd->parsed()) return run();
   if (demo->parsed()) {
@@ -189,7 +233,7 @@ int run_cli(int argc, char** argv, const ServeHooks& hooks) {
     std::printf("%s\n", demo_dir.c_str());
     return 0;
   }
-  return 2;
+  return kUsageExitCode;
 }
 
 }  // namespace kiln::cli

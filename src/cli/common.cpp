@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "backends/cpu/cpu_backend.h"
+#include "cli/build_info.h"
 #ifdef KILN_HAVE_CUDA
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/selftest.h"
@@ -18,7 +19,8 @@ namespace kiln::cli {
 
 void add_common(CLI::App* cmd, CommonOptions& o, bool model_option) {
   if (model_option) cmd->add_option("--model", o.model, "checkpoint directory (config.json + *.safetensors)");
-  cmd->add_option("--backend", o.backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--backend", o.backend, "auto (cuda when this build has it and a GPU is present, else cpu), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_option("--threads", o.threads, "CPU threads (0: all)");
   cmd->add_option("--device", o.device, "CUDA device index");
   cmd->add_option("--smem-cap", o.smem_cap,
@@ -72,7 +74,14 @@ runtime::EngineOptions engine_options(const CommonOptions& o) {
                        .watchdog_seconds = o.watchdog_timeout}};
 }
 
-Result<std::unique_ptr<ops::Backend>> make_backend(const CommonOptions& o) {
+CommonOptions with_backend_chosen(const CommonOptions& o) {
+  CommonOptions out = o;
+  out.backend = choose_backend(o.backend).backend;
+  return out;
+}
+
+Result<std::unique_ptr<ops::Backend>> make_backend(const CommonOptions& options) {
+  const CommonOptions o = with_backend_chosen(options);
   if (o.backend == "cpu") return cpu::make_cpu_backend(o.threads);
 #ifdef KILN_HAVE_CUDA
   if (o.backend == "cuda") {
@@ -87,7 +96,8 @@ Result<std::unique_ptr<ops::Backend>> make_backend(const CommonOptions& o) {
   return unsupported("the " + o.backend + " backend is not part of this build (CUDA was not found at build time)");
 }
 
-Result<std::vector<std::unique_ptr<ops::Backend>>> make_backends(const CommonOptions& o) {
+Result<std::vector<std::unique_ptr<ops::Backend>>> make_backends(const CommonOptions& options) {
+  const CommonOptions o = with_backend_chosen(options);
   const int world = o.tensor_parallel * o.pipeline_parallel;
   std::vector<std::unique_ptr<ops::Backend>> out;
   for (int r = 0; r < world; ++r) {
@@ -133,8 +143,9 @@ Result<runtime::CommWorld> cuda_comm_world(const std::vector<ops::Backend*>& bac
 }
 #endif
 
-Result<std::unique_ptr<runtime::Engine>> load_engine(const std::string& dir, const CommonOptions& o,
+Result<std::unique_ptr<runtime::Engine>> load_engine(const std::string& dir, const CommonOptions& common,
                                                      const runtime::EngineOptions& options) {
+  const CommonOptions o = with_backend_chosen(common);
   KILN_ASSIGN_OR_RETURN(auto backends, make_backends(o));
   runtime::EngineOptions e = options;
 #ifdef KILN_HAVE_NCCL

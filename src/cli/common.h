@@ -16,7 +16,7 @@ namespace kiln::cli {
 
 struct CommonOptions {
   std::string model;
-  std::string backend = "cpu";
+  std::string backend = "auto";  // auto | cpu | cuda (choose_backend, build_info.h)
   int threads = 0;
   int device = 0;
   int smem_cap = 0;
@@ -38,7 +38,11 @@ struct CommonOptions {
 // the model as an argument.
 void add_common(CLI::App* cmd, CommonOptions& o, bool model_option = true);
 
-// The backend of o.backend; a CUDA backend has passed its start-up self-test.
+// o with --backend auto replaced by the backend it chooses on this machine.
+CommonOptions with_backend_chosen(const CommonOptions& o);
+
+// The backend of o.backend (auto: chosen first); a CUDA backend has passed its start-up
+// self-test.
 Result<std::unique_ptr<ops::Backend>> make_backend(const CommonOptions& o);
 // One backend per rank of the parallel options (CUDA: devices --device, --device + 1, ...;
 // CPU: the threads shared out), each self-tested.
@@ -58,7 +62,8 @@ Result<runtime::CommWorld> cuda_comm_world(const std::vector<ops::Backend*>& bac
                                            const runtime::ParallelConfig& parallel);
 #endif
 
-// Prints "kiln: error: ..." to stderr; returns the exit code 1.
+// Prints "kiln: error: ..." to stderr; returns the exit code 1 (2 is a command-line parse
+// error: parse_errors.h).
 int fail(const Status& s);
 
 }  // namespace kiln::cli

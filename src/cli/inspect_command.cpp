@@ -193,25 +193,34 @@ void add_inspect_command(CLI::App& app, Subcommands& commands) {
                                                 "size, what each rank of a layout would hold, and the kernel paths "
                                                 "its layers take on a backend");
   cmd->add_option("--model", o.model, "checkpoint directory, or a config .json (sized without weights)")->required();
-  cmd->add_option("--backend", o.backend, "the backend whose kernel paths to list: cpu or cuda")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--backend", o.backend, "the backend whose kernel paths to list: auto, cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
   cmd->add_option("--device", o.device, "CUDA device index");
   cmd->add_option("--smem-cap", o.smem_cap, "shared memory per block every CUDA kernel must fit (bytes)");
   cmd->add_option("--tensor-parallel-size,--tp", o.tensor_parallel, "ranks each holding a slice of every layer")
-      ->check(CLI::Range(1, 64));
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   cmd->add_option("--pipeline-parallel-size,--pp", o.pipeline_parallel, "pipeline stages, each a run of layers")
-      ->check(CLI::Range(1, 64));
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   cmd->add_flag("--enable-expert-parallel", o.expert_parallel, "routed experts whole across the tensor-parallel ranks");
-  cmd->add_option("--kv-cache-dtype", o.kv_cache_dtype, "bf16 or fp8")->check(CLI::IsMember({"bf16", "fp8"}));
-  cmd->add_option("--max-model-len", o.max_model_len, "sequence length for the KV-per-sequence column (0: config)");
+  cmd->add_option("--kv-cache-dtype", o.kv_cache_dtype, "bf16 or fp8")
+      ->check(CLI::IsMember({"bf16", "fp8"}))
+      ->capture_default_str();
+  cmd->add_option("--max-model-len", o.max_model_len, "sequence length for the KV-per-sequence column (0: config)")
+      ->capture_default_str();
   cmd->add_option("--num-layers", o.num_layers, "the first N decoder layers only (0: all)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("--max-num-seqs", io->max_num_seqs, "sequences per step, as kiln serve's")->capture_default_str();
   cmd->add_option("--max-num-batched-tokens", io->max_num_batched_tokens,
-                  "tokens per step, as kiln serve's (0: max(2048, max-num-seqs))");
+                  "tokens per step, as kiln serve's (0: max(2048, max-num-seqs))")
+      ->capture_default_str();
   cmd->add_option("--gpu-memory", io->gpu_memory_gib,
                   "GiB of each GPU: also print what is left for the KV cache per rank (exit status 3 if a rank "
-                  "does not fit)");
+                  "does not fit)")
+      ->capture_default_str();
   commands.emplace_back(cmd, [io] { return run_inspect(*io); });
 }
 

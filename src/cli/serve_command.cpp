@@ -17,6 +17,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cli/build_info.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/demo.h"
@@ -196,7 +197,10 @@ Status serve(ServeOptions o, const ServeHooks& hooks) {
                                                    .reasoning_parser = o.reasoning_parser,
                                                    .generation_config_dir = dir}));
   const int world = o.common.tensor_parallel * o.common.pipeline_parallel;
-  std::fprintf(stderr, "kiln: loading %s on %s%s\n", dir.c_str(), o.common.backend.c_str(),
+  const BackendChoice backend = choose_backend(o.common.backend);
+  o.common.backend = backend.backend;
+  std::fprintf(stderr, "kiln: loading %s on %s%s%s\n", dir.c_str(), backend.backend.c_str(),
+               backend.why.empty() ? "" : (" (" + backend.why + ")").c_str(),
                world > 1 ? (" x " + std::to_string(world) + " ranks (tensor-parallel " +
                             std::to_string(o.common.tensor_parallel) + ", pipeline " +
                             std::to_string(o.common.pipeline_parallel) +
@@ -252,11 +256,12 @@ void add_serve_command(CLI::App& app, Subcommands& commands, const ServeHooks& h
   auto o = std::make_shared<ServeOptions>();
   CLI::App* cmd = app.add_subcommand("serve", "serve a model over the OpenAI and Anthropic HTTP APIs "
                                               "(without MODEL: the built-in demo model)");
-  cmd->add_option("model", o->common.model, "checkpoint directory, or org/name in the Hugging Face cache");
+  cmd->add_option("model,--model", o->common.model,
+                  "checkpoint directory, or org/name in the Hugging Face cache (MODEL or --model MODEL)");
   add_common(cmd, o->common, /*model_option=*/false);
   cmd->add_option("--tokenizer", o->tokenizer, "directory with tokenizer.json and the chat template (default: MODEL)");
   cmd->add_option("--served-model-name", o->served_model_name, "the model id clients send (default: MODEL)");
-  cmd->add_option("--host", o->host, "address to listen on (default 127.0.0.1: this machine only)");
+  cmd->add_option("--host", o->host, "address to listen on (127.0.0.1: this machine only; 0.0.0.0: every interface)");
   cmd->add_option("--port", o->port, "port (0: any free port)")->check(CLI::Range(0, 65535));
   cmd->add_option("--api-key", o->api_key, "require this key (Authorization: Bearer KEY, or x-api-key)");
   cmd->add_option("--max-num-seqs", o->max_num_seqs, "sequences in the running batch at most")->check(CLI::PositiveNumber);

@@ -148,6 +148,10 @@ TEST(BenchServe, ReportsEveryLevelAgainstTheDemoServer) {
   DemoServer server(dir);  // stopped before tmp is removed
   const std::string url = server.wait_for_url(std::chrono::seconds(60));
   ASSERT_FALSE(url.empty()) << "kiln serve printed no ready line within 60 s:\n" << server.log();
+  // No --backend: the start-up line names the backend --backend auto chose, and why.
+  EXPECT_NE(server.log().find(KILN_BINARY_HAS_CUDA ? " (auto: " : " on cpu (auto: this build has no CUDA backend)"),
+            std::string::npos)
+      << server.log();
   const fs::path json_path = dir / "bench.json";
   const BenchRun r = bench("--url " + url + " --input-len 32 --output-len 8 --concurrency 1,4 --num-prompts 8 --json " +
                            json_path.string());

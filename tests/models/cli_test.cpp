@@ -1,9 +1,12 @@
 // The CLI contract: JSON on stdout, errors on stderr with a non-zero exit code.
 #include <sys/wait.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include <gtest/gtest.h>
 
@@ -95,6 +98,133 @@ TEST(Cli, GenerateWithoutModelRunsTheBuiltInDemo) {
   KilnRun missing = run_kiln_env("KILN_DEMO_MODEL=/nonexistent ", cmd);
   EXPECT_NE(missing.exit_code, 0);
   EXPECT_NE(missing.err.find("models/kiln-demo"), std::string::npos) << missing.err;
+}
+
+// The line of `help` that describes `option` ("" when none does).
+std::string help_line(const std::string& help, const std::string& option) {
+  std::istringstream in(help);
+  for (std::string line; std::getline(in, line);) {
+    const size_t b = line.find_first_not_of(' ');
+    if (b == std::string::npos || line.compare(b, option.size(), option) != 0) continue;
+    const size_t end = b + option.size();  // "--port" must not match "--port-file"
+    if (end == line.size() || (!std::isalnum(static_cast<unsigned char>(line[end])) && line[end] != '-')) return line;
+  }
+  return "";
+}
+
+TEST(Cli, AMistypedFlagGetsASuggestionAndExitCode2) {
+  KilnRun r = run_kiln("serve --prot 8000");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_EQ(r.err.rfind("kiln: error: serve: unknown option --prot (did you mean --port?)", 0), 0u) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  KilnRun g = run_kiln("generate --max-token 4");
+  EXPECT_EQ(g.exit_code, 2) << g.err;
+  EXPECT_NE(g.err.find("unknown option --max-token (did you mean --max-tokens?)"), std::string::npos) << g.err;
+  KilnRun far = run_kiln("generate --frobnicate");
+  EXPECT_EQ(far.exit_code, 2) << far.err;
+  EXPECT_NE(far.err.find("unknown option --frobnicate;"), std::string::npos) << far.err;  // nothing near it
+  EXPECT_EQ(far.err.find("did you mean"), std::string::npos) << far.err;
+  KilnRun cmd = run_kiln("serv");
+  EXPECT_EQ(cmd.exit_code, 2) << cmd.err;
+  EXPECT_NE(cmd.err.find("kiln: error: unknown command 'serv': did you mean serve?"), std::string::npos) << cmd.err;
+}
+
+TEST(Cli, EveryParseErrorIsAKilnErrorWithExitCode2) {
+  struct Case {
+    std::string args, expect;
+  } cases[] = {
+      {"", "a command is required (logits, generate"},
+      {"bench", "bench: a command is required (serve, report, op)"},
+      {"--frobnicate", "unknown option --frobnicate"},
+      {"serve --port 70000", "--port"},
+      {"serve --backend gpu", "--backend"},
+      {"generate --max-tokens", "--max-tokens"},  // its value is missing
+      {"generate --max-tokens many", "--max-tokens"},
+      {"generate --prompt hi --tokens 1,2", "excludes"},
+      {"detokenize --model x", "--ids is required"},
+      {"serve a b", "unexpected argument: b"},
+  };
+  for (const Case& c : cases) {
+    KilnRun r = run_kiln(c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args << "\nstderr: " << r.err;
+    EXPECT_EQ(r.err.rfind("kiln: error: ", 0), 0u) << c.args << "\nstderr: " << r.err;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.args << "\nstderr: " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << c.args << "\nstderr: " << r.err;
+    EXPECT_TRUE(r.out.empty()) << c.args << "\nstdout: " << r.out;
+  }
+}
+
+TEST(Cli, HelpShowsTheDefaults) {
+  KilnRun serve = run_kiln("serve --help");
+  ASSERT_EQ(serve.exit_code, 0) << serve.err;
+  for (const auto& [option, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--port", "8000"},
+           {"--host", "127.0.0.1"},
+           {"--max-num-seqs", "256"},
+           {"--block-size", "16"},
+           {"--backend", "auto"},
+           {"--kv-cache-dtype", "bf16"},
+           {"--gpu-memory-utilization", "0.9"},
+           {"--max-request-bytes", "32MiB"},
+       }) {
+    const std::string line = help_line(serve.out, option);
+    ASSERT_FALSE(line.empty()) << option << "\n" << serve.out;
+    EXPECT_NE(line.find("=" + value), std::string::npos) << line;
+  }
+  KilnRun generate = run_kiln("generate --help");
+  ASSERT_EQ(generate.exit_code, 0) << generate.err;
+  EXPECT_NE(help_line(generate.out, "--max-tokens").find("=16"), std::string::npos) << generate.out;
+  EXPECT_NE(help_line(generate.out, "--temperature").find("=0"), std::string::npos) << generate.out;
+}
+
+TEST(Cli, VersionPrintsTheProjectVersion) {
+  KilnRun r = run_kiln("--version");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_GT(r.out.size(), 5u);
+  EXPECT_EQ(r.out.rfind("kiln ", 0), 0u) << r.out;
+  EXPECT_TRUE(std::isdigit(static_cast<unsigned char>(r.out[5]))) << r.out;
+}
+
+TEST(Cli, ServeTakesTheModelAsAnArgumentOrAnOption) {
+  // Both forms reach the model lookup, which names the directory it did not find.
+  for (const std::string args : {"serve /nonexistent/kiln-model --port 0", "serve --model /nonexistent/kiln-model --port 0"}) {
+    KilnRun r = run_kiln(args);
+    EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find("kiln: error: "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("/nonexistent/kiln-model"), std::string::npos) << args << "\n" << r.err;
+  }
+}
+
+TEST(Cli, GeneratePromptPrintsTheTextOfTheTokensItsIdsGive) {
+  KilnRun demo = run_kiln("demo-model");
+  ASSERT_EQ(demo.exit_code, 0) << demo.err;
+  const std::string dir = demo.out.substr(0, demo.out.find('\n'));
+  KilnRun ids = run_kiln("tokenize --model " + dir + " --text 'Tell me a story'");
+  ASSERT_EQ(ids.exit_code, 0) << ids.err;
+  const auto prompt = nlohmann::json::parse(ids.out).get<std::vector<int32_t>>();
+  KilnRun text = run_kiln("generate --prompt 'Tell me a story' --max-tokens 12 --ignore-eos");
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  KilnRun tokens = run_kiln("generate --tokens " + join(prompt) + " --max-tokens 12 --ignore-eos");
+  ASSERT_EQ(tokens.exit_code, 0) << tokens.err;
+  const auto generated = nlohmann::json::parse(tokens.out)["tokens"].get<std::vector<int32_t>>();
+  ASSERT_EQ(generated.size(), 12u);
+  KilnRun detok = run_kiln("detokenize --model " + dir + " --skip-special --ids " + join(generated));
+  ASSERT_EQ(detok.exit_code, 0) << detok.err;
+  const std::string expected = nlohmann::json::parse(detok.out).get<std::string>();
+  EXPECT_FALSE(expected.empty());
+  EXPECT_EQ(text.out, expected + "\n");
+}
+
+TEST(Cli, DoctorWithoutTheCudaBackendSaysWhatRunsHere) {
+  if (KILN_BINARY_HAS_CUDA) GTEST_SKIP() << "this kiln has the CUDA backend: scripts/gpu-check runs kiln doctor";
+  KilnRun r = run_kiln("doctor --threads 1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("kiln               ", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find("CUDA backend       not in this build"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("CPU backend        "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("CPU backend        1 thread (--threads 1; "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("NVIDIA driver      "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--backend auto     cpu (auto: this build has no CUDA backend)"), std::string::npos) << r.out;
 }
 
 }  // namespace
