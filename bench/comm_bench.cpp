@@ -6,7 +6,12 @@
 //   build-gpu/bin/comm_bench [--iters 50] [--gpus N]
 //
 // Run it with NCCL_P2P_DISABLE=1 to see a PCIe machine without peer-to-peer (consumer
-// cards): NCCL then stages through host memory.
+// cards): NCCL then stages through host memory, and kiln's one-shot path is off.
+//
+// Two groups over the same GPUs: one sends every sum to NCCL (KILN_ONESHOT_MAX_BYTES=0),
+// the other every sum up to the staging capacity (4 MiB) to the one-shot all-reduce over
+// peer memory (comm/nccl/peer_all_reduce.h), so each row compares the two; the crossover
+// kiln picks (PeerAllReduce::default_max_bytes) comes from this table.
 //
 // Timing. One thread per rank (the layout kiln runs), each with a stream of its own;
 // the ranks meet at a host barrier, then each enqueues --iters all-reduces and
@@ -33,6 +38,7 @@
 #include <cuda_runtime.h>
 
 #include "comm/nccl/nccl_communicator.h"
+#include "comm/nccl/peer_all_reduce.h"
 
 namespace {
 
@@ -88,7 +94,7 @@ int main(int argc, char** argv) {
 
   std::vector<Case> cases;
   for (int64_t d : {2048, 4096, 7168})
-    for (int64_t t : {1, 8, 16, 32, 64}) cases.push_back({t, d});
+    for (int64_t t : {1, 8, 16, 32, 64, 128, 256}) cases.push_back({t, d});
   for (int64_t t : {512, 2048, 8192}) cases.push_back({t, 7168});
   size_t max_bytes = 0;
   for (const Case& c : cases) max_bytes = std::max(max_bytes, size_t(c.tokens * c.d_model * 2));
@@ -102,18 +108,28 @@ int main(int argc, char** argv) {
     BENCH_CUDA(cudaMalloc(&buffers[size_t(r)], max_bytes));
     BENCH_CUDA(cudaMemset(buffers[size_t(r)], 0, max_bytes));  // bf16 zeros: sums stay finite
   }
-  auto group = NcclCommunicator::create_group(ranks);
-  if (!group.ok()) {
-    std::fprintf(stderr, "comm_bench: %s\n", group.status().to_string().c_str());
-    return 1;
+  // The NCCL-only group, then the one-shot group (up to its capacity).
+  std::vector<std::unique_ptr<NcclCommunicator>> groups[2];
+  for (int k = 0; k < 2; ++k) {
+    setenv("KILN_ONESHOT_MAX_BYTES", k == 0 ? "0" : std::to_string(kiln::comm::PeerAllReduce::kCapacity).c_str(), 1);
+    auto group = NcclCommunicator::create_group(ranks);
+    if (!group.ok()) {
+      std::fprintf(stderr, "comm_bench: %s\n", group.status().to_string().c_str());
+      return 1;
+    }
+    groups[k] = std::move(group).value();
   }
-  std::vector<std::unique_ptr<NcclCommunicator>> comms = std::move(group).value();
+  const size_t one_shot_max = groups[1][0]->one_shot_max_bytes();
+  std::printf("# one-shot all-reduce: %s\n", one_shot_max > 0 ? ("up to " + std::to_string(one_shot_max) +
+                                                                    " bytes").c_str()
+                                                               : "not available (see the log line above)");
 
-  std::printf("\n| tokens | d_model | bytes | eager us | graph us | algbw GB/s (graph) | busbw GB/s (graph) |\n");
-  std::printf("|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::printf("\n| tokens | d_model | bytes | NCCL eager us | NCCL graph us | NCCL busbw GB/s (graph) | "
+              "one-shot eager us | one-shot graph us | one-shot / NCCL (graph) |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   std::barrier sync(n);
-  for (const Case& c : cases) {
-    const size_t bytes = size_t(c.tokens * c.d_model * 2);
+  // Slowest rank's eager and graph time per all-reduce, in us.
+  auto measure = [&](std::vector<std::unique_ptr<NcclCommunicator>>& comms, const Case& c) {
     std::vector<double> eager(static_cast<size_t>(n)), graph(static_cast<size_t>(n));
     std::vector<std::thread> threads;
     for (int r = 0; r < n; ++r) {
@@ -150,16 +166,26 @@ int main(int argc, char** argv) {
       });
     }
     for (std::thread& th : threads) th.join();
-    const double eager_us = *std::max_element(eager.begin(), eager.end()) / iters * 1e6;
-    const double graph_us = *std::max_element(graph.begin(), graph.end()) / iters * 1e6;
-    const double algbw = double(bytes) / (graph_us * 1e-6) / 1e9;
-    const double busbw = algbw * 2.0 * (n - 1) / n;
+    return std::pair{*std::max_element(eager.begin(), eager.end()) / iters * 1e6,
+                     *std::max_element(graph.begin(), graph.end()) / iters * 1e6};
+  };
+  for (const Case& c : cases) {
+    const size_t bytes = size_t(c.tokens * c.d_model * 2);
+    const auto [eager_us, graph_us] = measure(groups[0], c);
+    const double busbw = double(bytes) / (graph_us * 1e-6) / 1e9 * 2.0 * (n - 1) / n;
     std::printf("| %lld | %lld | %zu | %.1f | %.1f | ", static_cast<long long>(c.tokens),
                 static_cast<long long>(c.d_model), bytes, eager_us, graph_us);
-    if (n == 1) std::printf("- | - |\n");
-    else std::printf("%.1f | %.1f |\n", algbw, busbw);
+    if (n == 1) std::printf("- | ");
+    else std::printf("%.1f | ", busbw);
+    if (bytes <= one_shot_max) {
+      const auto [one_eager, one_graph] = measure(groups[1], c);
+      std::printf("%.1f | %.1f | %.2f |\n", one_eager, one_graph, one_graph / graph_us);
+    } else {
+      std::printf("- | - | - |\n");
+    }
   }
-  comms.clear();
+  groups[0].clear();
+  groups[1].clear();
   for (int r = 0; r < n; ++r) {
     BENCH_CUDA(cudaSetDevice(r));
     BENCH_CUDA(cudaFree(buffers[size_t(r)]));

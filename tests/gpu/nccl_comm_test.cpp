@@ -11,6 +11,8 @@
 #ifdef KILN_HAVE_NCCL
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -85,6 +87,10 @@ Tensor device_tensor(ops::Backend& b, DType dtype, const std::vector<float>& v) 
   }
   b.synchronize();
   KILN_CHECK(cudaMemcpy(t.data, host.data(), host.size(), cudaMemcpyHostToDevice) == cudaSuccess);
+  // A copy from pageable memory may return before its DMA lands, and the backend's stream
+  // does not wait for the legacy stream: without this, a collective could read the end
+  // of the buffer before it is written (seen on the one-shot path's largest message).
+  KILN_CHECK(cudaDeviceSynchronize() == cudaSuccess);
   return t;
 }
 
@@ -317,6 +323,98 @@ TEST(NcclComm, AbortFailsEveryLaterCollectiveWithTheReason) {
       }
     }
   });
+}
+
+// The one-shot all-reduce over peer memory (the small sums of decode steps): the
+// Communicator contract's sum, fp32 in rank order rounded once, bit for bit, on values
+// where NCCL's ring of bf16 additions would round differently at 3+ ranks; messages of
+// many sizes interleaved (the staging halves alternate; an element's block is fixed),
+// a partial last 16 bytes, and replays of a recorded graph (the call count lives on
+// the GPU).
+float fraction(int r, int64_t i) { return float((i * 37 + r * 101) % 1000) / 997.0f - 0.5f; }
+
+TEST(NcclComm, OneShotAllReduceSumsInFp32InRankOrder) {
+  const int n = visible_gpus();
+  if (n < 2) GTEST_SKIP() << "the one-shot path needs 2 GPUs; " << n << " visible";
+  Group g;
+  make_group(n, &g);
+  if (HasFatalFailure()) return;
+  const size_t max_bytes = g.comms[0]->one_shot_max_bytes();
+  if (max_bytes == 0) GTEST_SKIP() << "no one-shot path on these GPUs (no peer access, or turned off): see the log";
+  std::printf("one-shot all-reduce over %d GPUs: up to %zu bytes\n", n, max_bytes);
+  // Element counts: one, a partial vector, decode-sized, and the largest the path takes.
+  std::vector<int64_t> counts = {1, 7, 8, 4099, 64 * 2048};
+  counts.push_back(int64_t(max_bytes / 4));  // f32: the whole capacity
+  on_ranks(n, [&](int r) {
+    ops::Backend& b = *g.backends[size_t(r)];
+    NcclCommunicator& c = *g.comms[size_t(r)];
+    for (int round = 0; round < 3; ++round) {
+      for (int64_t count : counts) {
+        for (DType dtype : {DType::kBF16, DType::kF32}) {
+          std::vector<float> in(static_cast<size_t>(count));
+          for (int64_t i = 0; i < count; ++i) in[size_t(i)] = fraction(r, i + round);
+          Tensor t = device_tensor(b, dtype, in);
+          c.all_reduce(t);
+          std::vector<float> want(static_cast<size_t>(count), 0.0f);
+          for (int q = 0; q < n; ++q)
+            for (int64_t i = 0; i < count; ++i) {
+              const float v = fraction(q, i + round);
+              want[size_t(i)] += dtype == DType::kF32 ? v : bf16_to_f32(f32_to_bf16(v));
+            }
+          if (dtype == DType::kBF16)
+            for (float& w : want) w = bf16_to_f32(f32_to_bf16(w));
+          expect_same(host_values(b, t), want,
+                      "one-shot " + std::string(dtype_name(dtype)) + " x " + std::to_string(count) + " round " +
+                          std::to_string(round) + " rank " + std::to_string(r));
+        }
+      }
+    }
+    // Two sums recorded in one graph and replayed three times: every replay sums again
+    // (all ranks hold the same S after the first, n S after the second, ...).
+    const int64_t m = 4099;
+    Tensor t = device_tensor(b, DType::kF32, rank_input(r, m));
+    b.synchronize();
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    const cudaStream_t s = cuda::stream_of(b);
+    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+    c.all_reduce(t);
+    c.all_reduce(t);
+    CUDA_OK(cudaStreamEndCapture(s, &graph));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 3; ++replay) CUDA_OK(cudaGraphLaunch(exec, s));
+    std::vector<float> want(static_cast<size_t>(m), 0.0f);
+    for (int q = 0; q < n; ++q)
+      for (int64_t i = 0; i < m; ++i) want[size_t(i)] += value(q, i);
+    for (float& w : want) w *= std::pow(float(n), 5.0f);  // 6 sums: S, then x n five times
+    expect_same(host_values(b, t), want, "replayed one-shot sums, rank " + std::to_string(r));
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  });
+}
+
+// A rank waiting in the one-shot all-reduce for a peer that never comes is released by
+// the group's abort: its stream drains and the next collective throws CommAborted.
+TEST(NcclComm, OneShotWaitForAMissingPeerEndsOnAbort) {
+  if (visible_gpus() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  Group g;
+  make_group(2, &g);
+  if (HasFatalFailure()) return;
+  if (g.comms[0]->one_shot_max_bytes() == 0) GTEST_SKIP() << "no one-shot path on these GPUs";
+  ops::Backend& b = *g.backends[0];
+  cudaSetDevice(0);
+  Tensor t = device_tensor(b, DType::kBF16, rank_input(0, 256));
+  g.comms[0]->all_reduce(t);  // rank 1 never joins
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(cudaStreamQuery(cuda::stream_of(b)), cudaErrorNotReady) << "the sum finished without its peer";
+  g.comms[1]->abort("rank 1 is gone: test");
+  const auto t0 = std::chrono::steady_clock::now();
+  while (cudaStreamQuery(cuda::stream_of(b)) == cudaErrorNotReady &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(cudaStreamQuery(cuda::stream_of(b)), cudaSuccess) << "rank 0 still waits 10 s after the abort";
+  EXPECT_THROW(g.comms[0]->all_reduce(t), CommAborted);
 }
 
 }  // namespace

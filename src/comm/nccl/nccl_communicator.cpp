@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include "comm/nccl/peer_all_reduce.h"
 #include "core/log.h"
 
 namespace kiln::comm {
@@ -66,6 +67,19 @@ void register_member(NcclWorld& w, NcclCommunicator* c) {
   w.members.push_back(c);
 }
 
+// The one-shot all-reduce for a group of `devices` (in rank order), logged either way.
+std::vector<std::unique_ptr<PeerAllReduce>> make_peer_group(const std::vector<int>& devices) {
+  std::string why_not;
+  auto peers = PeerAllReduce::create_group(devices, &why_not);
+  if (peers.empty()) {
+    KILN_LOG(kInfo, "nccl: every all-reduce of the group of " << devices.size() << " goes to NCCL (" << why_not << ")");
+  } else {
+    KILN_LOG(kInfo, "nccl: all-reduces of up to " << peers[0]->max_bytes() / 1024 << " KiB over the group of "
+                                                   << devices.size() << " take the one-shot path over peer memory");
+  }
+  return peers;
+}
+
 }  // namespace
 
 NcclCommunicator::NcclCommunicator(ncclComm* comm, int rank, int size, NcclRank where,
@@ -121,10 +135,12 @@ Result<std::vector<std::unique_ptr<NcclCommunicator>>> NcclCommunicator::create_
     return internal_error("nccl: creating a group of " + std::to_string(n) + " GPUs: " + nccl_error(r, nullptr));
   }
   auto world = std::make_shared<NcclWorld>();
+  std::vector<std::unique_ptr<PeerAllReduce>> peers = make_peer_group(devices);
   std::vector<std::unique_ptr<NcclCommunicator>> out;
   for (int i = 0; i < n; ++i) {
     out.push_back(std::unique_ptr<NcclCommunicator>(new NcclCommunicator(comms[size_t(i)], i, n, ranks[size_t(i)],
                                                                          world)));
+    if (!peers.empty()) out.back()->peer_ = std::move(peers[size_t(i)]);
   }
   KILN_LOG(kInfo, "nccl: group of " << n << " GPUs (NCCL " << NCCL_MAJOR << "." << NCCL_MINOR << "." << NCCL_PATCH
                                      << ")");
@@ -183,6 +199,19 @@ Result<std::vector<std::unique_ptr<NcclCommunicator>>> NcclCommunicator::split_g
     out[i] = std::unique_ptr<NcclCommunicator>(
         new NcclCommunicator(comms[i], rank, size, world[i]->where_, world[i]->world_));
   }
+  // Each sub-group's one-shot all-reduce, over its members' GPUs in sub-group rank order.
+  std::vector<int> done;
+  for (size_t i = 0; i < n; ++i) {
+    if (out[i] == nullptr || std::find(done.begin(), done.end(), colors[i]) != done.end()) continue;
+    done.push_back(colors[i]);
+    std::vector<NcclCommunicator*> members(size_t(out[i]->size()), nullptr);
+    for (size_t j = 0; j < n; ++j)
+      if (out[j] != nullptr && colors[j] == colors[i]) members[size_t(out[j]->rank())] = out[j].get();
+    std::vector<int> devices;
+    for (NcclCommunicator* m : members) devices.push_back(m->device());
+    std::vector<std::unique_ptr<PeerAllReduce>> peers = make_peer_group(devices);
+    for (size_t k = 0; k < peers.size(); ++k) members[k]->peer_ = std::move(peers[k]);
+  }
   return out;
 }
 
@@ -203,6 +232,9 @@ void NcclCommunicator::abort(const std::string& reason) {
     world_->failed.store(true);
     KILN_LOG(kWarn, "nccl: rank " << rank_ << " of " << size_ << " aborts its group: " << reason);
   }
+  // Kernels of a one-shot all-reduce waiting for a peer end first (they hold no lock).
+  for (NcclCommunicator* c : world_->members)
+    if (c->peer_ != nullptr) c->peer_->abort();
   for (NcclCommunicator* c : world_->members) {
     std::unique_lock<std::timed_mutex> member(c->call_mu_, std::defer_lock);
     if (member.try_lock_for(kAbortWait)) {
@@ -248,10 +280,21 @@ void NcclCommunicator::check(const Tensor& t, const char* what) const {
       << what << ": NCCL rank " << rank_ << " takes tensors on its device " << where_.device;
 }
 
+size_t NcclCommunicator::one_shot_max_bytes() const { return peer_ == nullptr ? 0 : peer_->max_bytes(); }
+
 void NcclCommunicator::all_reduce(Tensor& t) {
   check(t, "all_reduce");
   const ncclDataType_t type = sum_type(t, "all_reduce");
   const size_t n = size_t(t.numel());
+  const bool f32 = t.dtype == DType::kF32;
+  if (peer_ != nullptr && peer_->takes(t.data, int64_t(n), f32)) {
+    if (world_->failed.load()) raise_aborted();
+    const cudaError_t e = peer_->all_reduce(t.data, int64_t(n), f32, where_.stream);
+    if (e == cudaSuccess) return;
+    abort("one-shot all_reduce on rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": " +
+          cudaGetErrorString(e));
+    raise_aborted();
+  }
   run("all_reduce", [&](ncclComm_t c) { return ncclAllReduce(t.data, t.data, n, type, ncclSum, c, where_.stream); });
 }
 

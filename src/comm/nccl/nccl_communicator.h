@@ -11,11 +11,14 @@
 // ranks of one group on one thread would deadlock at the first collective).
 //
 // Differences from the Communicator contract (communicator.h):
-// - Sums: NCCL adds in the tensor's dtype, in the order of its ring / tree algorithm,
-//   not in fp32 in rank order: a bf16 all_reduce rounds to bf16 after every step of
-//   the reduction (size - 1 roundings per element on a ring), where LocalGroup rounds
-//   the fp32 sum once. All ranks still get the same bits. Sum in fp32 tensors where
-//   that matters.
+// - Sums: an all_reduce of at most PeerAllReduce's max_bytes (the decode steps' small
+//   messages) goes to the one-shot all-reduce over peer memory (peer_all_reduce.h)
+//   where every pair of the group's GPUs has peer access: it adds in fp32 in rank order
+//   as the contract says. Larger ones, and every sum of a group without peer access,
+//   go to NCCL, which adds in the tensor's dtype in the order of its ring / tree
+//   algorithm: a bf16 all_reduce rounds to bf16 after every step of the reduction
+//   (size - 1 roundings per element on a ring), where LocalGroup rounds the fp32 sum
+//   once. All ranks still get the same bits either way. reduce_scatter is NCCL's.
 // - send is asynchronous on the host, as the contract allows, but NCCL's send kernel
 //   holds the sender's stream until the peer's recv has started: work queued after a
 //   send waits for the peer.
@@ -55,6 +58,7 @@ struct ncclComm;  // nccl.h's ncclComm_t is ncclComm*
 
 namespace kiln::comm {
 
+class PeerAllReduce;
 struct NcclWorld;  // nccl_communicator.cpp: the failure state a world and its splits share
 
 // Where one rank runs: its GPU and the stream its collectives are enqueued on.
@@ -92,6 +96,8 @@ class NcclCommunicator final : public Communicator {
   std::string name() const override { return "nccl"; }
   int device() const { return where_.device; }
   cudaStream_t stream() const { return where_.stream; }
+  // The largest all_reduce that takes the one-shot path (0: none does).
+  size_t one_shot_max_bytes() const;
 
   void all_reduce(Tensor& t) override;
   void all_gather(const Tensor& in, Tensor& out) override;
@@ -118,6 +124,7 @@ class NcclCommunicator final : public Communicator {
   int rank_ = 0, size_ = 0;
   NcclRank where_;
   std::shared_ptr<NcclWorld> world_;
+  std::unique_ptr<PeerAllReduce> peer_;  // null: every sum goes to NCCL
 };
 
 }  // namespace kiln::comm

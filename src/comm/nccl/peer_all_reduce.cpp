@@ -1,0 +1,170 @@
+#include "comm/nccl/peer_all_reduce.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include <cuda_runtime.h>
+
+#include "core/log.h"
+
+namespace kiln::comm {
+
+struct PeerAllReduce::Shared {
+  std::vector<int> devices;
+  std::vector<void*> staging;       // per rank: 2 x kCapacity bytes on its device
+  std::vector<uint32_t*> flags;     // per rank: [kPeerReduceBlocks][kMaxRanks]
+  std::vector<uint32_t*> counters;  // per rank: [kPeerReduceBlocks]
+  int* abort_flag = nullptr;        // mapped, portable host memory
+  size_t max_bytes = 0;
+
+  ~Shared() {
+    int previous = 0;
+    cudaGetDevice(&previous);
+    for (size_t r = 0; r < devices.size(); ++r) {
+      cudaSetDevice(devices[r]);
+      if (r < staging.size()) cudaFree(staging[r]);
+      if (r < flags.size()) cudaFree(flags[r]);
+      if (r < counters.size()) cudaFree(counters[r]);
+    }
+    if (abort_flag != nullptr) cudaFreeHost(abort_flag);
+    cudaSetDevice(previous);
+  }
+};
+
+namespace {
+
+// KILN_ONESHOT_MAX_BYTES, or the default for `ranks`; at most the staging capacity.
+size_t configured_max_bytes(int ranks) {
+  const size_t fallback = PeerAllReduce::default_max_bytes(ranks);
+  const char* v = std::getenv("KILN_ONESHOT_MAX_BYTES");
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(v, &end, 10);
+  if (end == v || *end != '\0') {
+    KILN_LOG(kWarn, "KILN_ONESHOT_MAX_BYTES=" << v << " is not a byte count; using the default " << fallback);
+    return fallback;
+  }
+  return std::min<size_t>(size_t(n), PeerAllReduce::kCapacity);
+}
+
+std::string cuda_error(const char* what, cudaError_t e) { return std::string(what) + ": " + cudaGetErrorString(e); }
+
+}  // namespace
+
+std::vector<std::unique_ptr<PeerAllReduce>> PeerAllReduce::create_group(const std::vector<int>& devices,
+                                                                        std::string* why_not) {
+  std::vector<std::unique_ptr<PeerAllReduce>> none;
+  const int n = int(devices.size());
+  if (n < 2 || n > kMaxRanks) {
+    *why_not = "a group of " + std::to_string(n) + " (the one-shot path takes 2 to " + std::to_string(kMaxRanks) + ")";
+    return none;
+  }
+  if (const char* p2p = std::getenv("NCCL_P2P_DISABLE"); p2p != nullptr && std::strcmp(p2p, "0") != 0) {
+    *why_not = std::string("NCCL_P2P_DISABLE=") + p2p + " asks for no peer-to-peer traffic";
+    return none;
+  }
+  auto shared = std::make_shared<Shared>();
+  shared->max_bytes = configured_max_bytes(n);
+  if (shared->max_bytes == 0) {
+    *why_not = "KILN_ONESHOT_MAX_BYTES=0";
+    return none;
+  }
+  for (int a : devices) {
+    for (int b : devices) {
+      if (a == b) continue;
+      int can = 0;
+      if (cudaDeviceCanAccessPeer(&can, a, b) != cudaSuccess || can == 0) {
+        cudaGetLastError();
+        *why_not = "GPU " + std::to_string(a) + " has no peer access to GPU " + std::to_string(b);
+        return none;
+      }
+    }
+  }
+  int previous = 0;
+  cudaGetDevice(&previous);
+  std::string error;
+  shared->devices = devices;
+  const size_t flag_bytes = size_t(kPeerReduceBlocks) * kMaxRanks * sizeof(uint32_t);
+  const size_t counter_bytes = size_t(kPeerReduceBlocks) * sizeof(uint32_t);
+  for (int r = 0; r < n && error.empty(); ++r) {
+    cudaSetDevice(devices[size_t(r)]);
+    for (int peer : devices) {
+      if (peer == devices[size_t(r)]) continue;
+      const cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+      if (e == cudaErrorPeerAccessAlreadyEnabled) {
+        cudaGetLastError();
+      } else if (e != cudaSuccess) {
+        error = cuda_error(("enabling peer access from GPU " + std::to_string(devices[size_t(r)]) + " to GPU " +
+                            std::to_string(peer)).c_str(), e);
+        break;
+      }
+    }
+    void *staging = nullptr, *flags = nullptr, *counters = nullptr;
+    cudaError_t e = cudaMalloc(&staging, 2 * kCapacity);
+    if (e == cudaSuccess) e = cudaMalloc(&flags, flag_bytes);
+    if (e == cudaSuccess) e = cudaMalloc(&counters, counter_bytes);
+    if (e == cudaSuccess) e = cudaMemset(flags, 0, flag_bytes);
+    if (e == cudaSuccess) e = cudaMemset(counters, 0, counter_bytes);
+    shared->staging.push_back(staging);
+    shared->flags.push_back(static_cast<uint32_t*>(flags));
+    shared->counters.push_back(static_cast<uint32_t*>(counters));
+    if (e != cudaSuccess && error.empty()) error = cuda_error("allocating the one-shot buffers", e);
+  }
+  if (error.empty()) {
+    const cudaError_t e = cudaHostAlloc(reinterpret_cast<void**>(&shared->abort_flag), sizeof(int),
+                                        cudaHostAllocMapped | cudaHostAllocPortable);
+    if (e != cudaSuccess) error = cuda_error("allocating the one-shot abort flag", e);
+    else *shared->abort_flag = 0;
+  }
+  if (error.empty()) {  // the memsets above ran on the legacy streams: done before any use
+    for (int d : devices) {
+      cudaSetDevice(d);
+      if (const cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess && error.empty()) {
+        error = cuda_error("preparing the one-shot buffers", e);
+      }
+    }
+  }
+  cudaSetDevice(previous);
+  if (!error.empty()) {
+    cudaGetLastError();
+    *why_not = error;
+    return none;
+  }
+  std::vector<std::unique_ptr<PeerAllReduce>> out;
+  for (int r = 0; r < n; ++r) out.push_back(std::unique_ptr<PeerAllReduce>(new PeerAllReduce(shared, r)));
+  return out;
+}
+
+PeerAllReduce::~PeerAllReduce() = default;
+
+size_t PeerAllReduce::max_bytes() const { return shared_->max_bytes; }
+
+bool PeerAllReduce::takes(const void* data, int64_t n, bool f32) const {
+  const size_t bytes = size_t(n) * (f32 ? 4 : 2);
+  return n > 0 && bytes <= shared_->max_bytes && reinterpret_cast<uintptr_t>(data) % 16 == 0;
+}
+
+cudaError_t PeerAllReduce::all_reduce(void* data, int64_t n, bool f32, cudaStream_t stream) {
+  const Shared& s = *shared_;
+  PeerReduceLaunch l{};
+  for (size_t r = 0; r < s.devices.size(); ++r) {
+    l.staging[r] = s.staging[r];
+    l.flags[r] = s.flags[r];
+  }
+  l.counters = s.counters[size_t(rank_)];
+  l.abort = s.abort_flag;
+  l.data = data;
+  l.n = n;
+  l.capacity = kCapacity;
+  l.rank = rank_;
+  l.size = int(s.devices.size());
+  l.f32 = f32;
+  return launch_peer_all_reduce(l, stream);
+}
+
+void PeerAllReduce::abort() {
+  if (shared_->abort_flag != nullptr) *static_cast<volatile int*>(shared_->abort_flag) = 1;
+}
+
+}  // namespace kiln::comm
