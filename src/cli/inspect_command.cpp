@@ -113,6 +113,12 @@ int print_ranks(const formats::ModelConfig& config, const formats::QuantConfig& 
   std::printf("(KV per sequence: one of %lld tokens; activations: an estimate of the largest step's buffers, which "
               "kiln serve measures once loaded%s)\n",
               (long long)max_len, gpu > 0 ? "; left for KV: after the weights, activations and the runtime's reserve" : "");
+  if (!fits) {
+    std::printf("does not fit in %.0f GiB per GPU: use more GPUs, a quantized checkpoint, or fewer "
+                "--max-num-batched-tokens (the activations grow with the step's tokens: every MoE layer's "
+                "scratch lives to the step's end)\n",
+                io.gpu_memory_gib);
+  }
   return fits ? 0 : 3;
 }
 

@@ -7,7 +7,10 @@
 // sums half of K, the partial sums meet in a bf16 all-reduce), and on the MoE fixtures
 // those alone flip near-tied expert choices against one GPU (docs/GPU-TESTS.md: one GPU
 // against the fp32 CPU differs by up to 0.36 x max|logit| on gpt_oss for that reason).
-// The reference rounds at the same points, the all-reduce included, so the bound is
+// The reference rounds at the same points, the all-reduce included (the one-shot
+// all-reduce sums in fp32 in rank order as the CPU does; NCCL's larger sums do not), and
+// a row may instead match the CPU on one rank (a near-tie the reference's split flipped:
+// either_reference_error), so the bound is
 // cuda_family_test's (2e-2 x max|logit|, or twice one GPU's own error against the CPU on
 // the fixture where that is larger): a wrong shard (head, column, expert, scale block)
 // is off by O(1). Prefill logits on the warp attention kernels (fp32 softmax, as the
@@ -20,6 +23,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdlib>
 #include <cstdio>
@@ -100,6 +104,32 @@ Result<std::unique_ptr<runtime::Engine>> load_reference(const std::string& dir, 
   return runtime::Engine::load(dir, std::move(backends), options(l));
 }
 
+// Row by row (one row per prompt position), the split GPU's logits against the CPU
+// split alike, or against the CPU on one rank where that is closer: on the MoE fixtures
+// the reference's own split flips near-tied expert choices of single tokens against one
+// rank (kimi_k2 0.444, deepseek_v3 0.199, gpt_oss_d64 0.06-0.13 of max|logit| on the CPU
+// alone, every shard exact in fp32: docs/GPU-TESTS.md), and the GPU's split may fall on
+// either side of such a tie. A wrong shard is off in every row against both. Returns the
+// worst row's error over the split reference's max |logit|; *second counts the rows
+// closer to the one-rank reference.
+double either_reference_error(const std::vector<std::vector<float>>& have,
+                              const std::vector<std::vector<float>>& split,
+                              const std::vector<std::vector<float>>& one, int* second) {
+  double max_ref = 0.0, worst = 0.0;
+  *second = 0;
+  for (size_t r = 0; r < split.size(); ++r) {
+    double d_split = 0.0, d_one = 0.0;
+    for (size_t i = 0; i < split[r].size(); ++i) {
+      max_ref = std::max(max_ref, std::abs(double(split[r][i])));
+      d_split = std::max(d_split, std::abs(double(have[r][i]) - double(split[r][i])));
+      d_one = std::max(d_one, std::abs(double(have[r][i]) - double(one[r][i])));
+    }
+    if (d_one < d_split) ++*second;
+    worst = std::max(worst, std::min(d_split, d_one));
+  }
+  return worst / max_ref;
+}
+
 class CudaParallel : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(CudaParallel, MatchesTheCpuSplitAlike) {
@@ -137,7 +167,10 @@ TEST_P(CudaParallel, MatchesTheCpuSplitAlike) {
   auto want = (*ref)->logits(prompt), have = (*many)->logits(prompt);
   auto want_one = (*ref_one)->logits(prompt), have_one = (*one)->logits(prompt);
   ASSERT_TRUE(want.ok() && have.ok() && want_one.ok() && have_one.ok());
-  const double err = testing::relative_error(*have, *want), err_one = testing::relative_error(*have_one, *want_one);
+  int rows_one = 0;
+  const double err = either_reference_error(*have, *want, *want_one, &rows_one);
+  const double err_split = testing::relative_error(*have, *want);
+  const double err_one = testing::relative_error(*have_one, *want_one);
   const double tol = std::max(kTol, 2 * err_one);
   EXPECT_LT(err, tol) << fixture << " " << layout.name << " (one GPU against the CPU: " << err_one << ")";
   const double vs_one_gpu = testing::relative_error(*have, *have_one);
@@ -168,9 +201,11 @@ TEST_P(CudaParallel, MatchesTheCpuSplitAlike) {
                                   << d.at << " with a top-2 margin of " << d.top2_gap;
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("%s %s: max rel err %.3g vs the CPU split alike (bound %.3g; one GPU vs CPU %.3g; split vs one GPU %.3g), "
+  std::printf("%s %s: max rel err %.3g vs the CPU split alike or one rank, row by row (%d of %zu rows nearer one "
+              "rank; %.3g against the split alone; bound %.3g; one GPU vs CPU %.3g; split vs one GPU %.3g), "
               "%d of 3 greedy runs diverged from one GPU at a near-tie, %.1f s\n",
-              fixture.c_str(), layout.name, err, tol, err_one, vs_one_gpu, diverged, secs);
+              fixture.c_str(), layout.name, err, rows_one, want->size(), err_split, tol, err_one, vs_one_gpu, diverged,
+              secs);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaParallel,
