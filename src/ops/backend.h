@@ -309,7 +309,18 @@ struct SampleArgs {
   std::span<const int32_t> penalty_start;    // [n_rows + 1]
   std::span<const int32_t> penalty_tokens;   // [penalty_start[n_rows]]
   std::span<const int32_t> penalty_counts;   // [penalty_start[n_rows]]
+  // Optional token masks (structured output): empty, or token_mask_words(vocab) 32-bit
+  // words per row, bit t % 32 of word t / 32 set where token t may be sampled (a row of
+  // all ones is unconstrained; every row allows at least one token). Applied after the
+  // penalties: a masked token's logit becomes -inf, so the sample, its logprob and the
+  // alternatives are those of the constrained distribution.
+  std::span<const uint32_t> allowed;  // [n_rows * token_mask_words(vocab)] or empty
 };
+
+inline int64_t token_mask_words(int64_t vocab) { return (vocab + 31) / 32; }
+inline bool token_allowed(std::span<const uint32_t> row_mask, int64_t t) {
+  return (row_mask[size_t(t / 32)] >> (t % 32)) & 1u;
+}
 
 // The contract of SampleArgs, checked by every backend at entry (a violation is a bug in
 // the caller: the engine validates request parameters before they get here).
@@ -329,6 +340,18 @@ inline void check_sample_args(const SampleArgs& a) {
     KILN_CHECK(a.uniform[r] >= 0.0f && a.uniform[r] < 1.0f) << "sample: uniform " << a.uniform[r] << " row " << r;
     KILN_CHECK(p.top_k >= 0 && p.top_p > 0.0f && p.top_p <= 1.0f && p.min_p >= 0.0f && p.min_p <= 1.0f)
         << "sample: row " << r << " top_k " << p.top_k << " top_p " << p.top_p << " min_p " << p.min_p;
+  }
+  if (!a.allowed.empty()) {
+    const size_t words = size_t(token_mask_words(vocab));
+    KILN_CHECK_EQ(a.allowed.size(), n_rows * words) << "sample: token masks";
+    for (size_t r = 0; r < n_rows; ++r) {
+      const auto row = a.allowed.subspan(r * words, words);
+      // Whole words first; the last word counts only its bits below vocab.
+      const uint32_t tail = vocab % 32 == 0 ? ~0u : (1u << (vocab % 32)) - 1u;
+      bool any = (row[words - 1] & tail) != 0;
+      for (size_t w = 0; w + 1 < words && !any; ++w) any = row[w] != 0;
+      KILN_CHECK(any) << "sample: row " << r << "'s token mask allows no token";
+    }
   }
   if (a.penalties.empty()) {
     KILN_CHECK(a.penalty_tokens.empty() && a.penalty_counts.empty()) << "sample: penalty tokens without penalties";

@@ -3,9 +3,11 @@
 // double-precision loops written here, never from the backend itself.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstdint>
 #include <random>
 #include <set>
+#include <span>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -223,6 +225,62 @@ TEST(CpuSampling, RowsAreIndependentOfEachOtherAndOfTheThreadCount) {
   for (int r = 0; r < rows; ++r) {
     const std::vector<float> row(v.begin() + r * vocab, v.begin() + (r + 1) * vocab);
     EXPECT_EQ(sample_one(*one, row_tensor(row), params[size_t(r)], uniform[size_t(r)]), a[size_t(r)]) << r;
+  }
+}
+
+// Token masks (structured output): sampling under a mask is sampling the same logits with
+// the masked tokens at -inf -- the token, its logprob (of the constrained distribution) and
+// the alternatives, bit for bit -- and never yields a masked token; greedy takes the best
+// allowed token. Masks dense, sparse, a single token, and all ones (unconstrained).
+TEST(CpuSampling, TokenMasksSampleTheLogitsWithTheMaskedAtMinusInfinity) {
+  std::mt19937 rng(21);
+  const int rows = 24, vocab = 1003;  // not a multiple of 32: the last word is partial
+  const size_t words = size_t(ops::token_mask_words(vocab));
+  std::vector<float> v = random_values(rng, rows * vocab, 5.0f);
+  const Tensor t = make_tensor(DType::kF32, {rows, vocab}, v);
+  std::vector<uint32_t> allowed(rows * words, 0u);
+  std::vector<float> masked = v;
+  std::vector<SamplingParams> params;
+  std::vector<float> uniform;
+  std::uniform_int_distribution<int> token(0, vocab - 1);
+  for (int r = 0; r < rows; ++r) {
+    uint32_t* row = allowed.data() + size_t(r) * words;
+    switch (r % 4) {
+      case 0: for (size_t w = 0; w < words; ++w) row[w] = 0xa5a5f00fu; break;  // dense
+      case 1: for (int k = 0; k < 9; ++k) { const int x = token(rng); row[x / 32] |= 1u << (x % 32); } break;
+      case 2: { const int x = token(rng); row[x / 32] |= 1u << (x % 32); } break;  // one token
+      default: for (size_t w = 0; w < words; ++w) row[w] = ~0u;                 // unconstrained
+    }
+    for (int i = 0; i < vocab; ++i)
+      if (!ops::token_allowed(std::span<const uint32_t>(row, words), i))
+        masked[size_t(r * vocab + i)] = -std::numeric_limits<float>::infinity();
+    params.push_back({.temperature = r % 3 ? 0.6f + 0.2f * float(r % 5) : 0.0f, .top_k = r % 5 ? 0 : 20,
+                      .top_p = r % 7 ? 1.0f : 0.8f, .min_p = r % 2 ? 0.02f : 0.0f});
+    uniform.push_back(float(r) / float(rows));
+  }
+  const Tensor pre = make_tensor(DType::kF32, {rows, vocab}, masked);
+  std::vector<int32_t> a(rows), b(rows), ids_a(rows * 4), ids_b(rows * 4);
+  std::vector<float> lp_a(rows), lp_b(rows), top_a(rows * 4), top_b(rows * 4);
+  auto be = make_cpu_backend(2);
+  be->sample({.logits = t, .params = params, .uniform = uniform, .n_top = 4, .tokens = a, .logprobs = lp_a,
+              .top_ids = ids_a, .top_logprobs = top_a, .allowed = allowed});
+  be->sample({.logits = pre, .params = params, .uniform = uniform, .n_top = 4, .tokens = b, .logprobs = lp_b,
+              .top_ids = ids_b, .top_logprobs = top_b});
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(lp_a, lp_b);
+  EXPECT_EQ(ids_a, ids_b);
+  EXPECT_EQ(top_a, top_b);
+  for (int r = 0; r < rows; ++r) {
+    const std::span<const uint32_t> row(allowed.data() + size_t(r) * words, words);
+    EXPECT_TRUE(ops::token_allowed(row, a[size_t(r)])) << "row " << r << " sampled masked token " << a[size_t(r)];
+    EXPECT_TRUE(std::isfinite(lp_a[size_t(r)])) << "row " << r;
+    if (params[size_t(r)].temperature == 0.0f) {  // greedy: the best allowed token
+      int best = -1;
+      for (int i = 0; i < vocab; ++i)
+        if (ops::token_allowed(row, i) && (best < 0 || v[size_t(r * vocab + i)] > v[size_t(r * vocab + best)])) best = i;
+      EXPECT_EQ(a[size_t(r)], best) << "row " << r;
+    }
+    if (r % 4 == 2) EXPECT_EQ(lp_a[size_t(r)], 0.0f) << "a single allowed token has probability 1";
   }
 }
 

@@ -12,6 +12,8 @@
 // antitone in min_p, and the two extreme reference calls bound it. Logprobs: log Z has the
 // same relative error, and both sides round to fp32 once: kSampleTol + 2^-23 |logprob|.
 #include <algorithm>
+#include <span>
+#include <limits>
 #include <chrono>
 #include <cmath>
 #include <string>
@@ -32,12 +34,12 @@ struct Outputs {
 };
 
 Outputs run_sample(ops::Backend& be, const Tensor& logits, const std::vector<ops::SamplingParams>& params,
-                   const std::vector<float>& uniform, int n_top) {
+                   const std::vector<float>& uniform, int n_top, std::span<const uint32_t> allowed = {}) {
   const size_t rows = params.size();
   Outputs o{std::vector<int32_t>(rows, -1), std::vector<int32_t>(rows * size_t(n_top), -1),
             std::vector<float>(rows, NAN), std::vector<float>(rows * size_t(n_top), NAN)};
   be.sample({.logits = logits, .params = params, .uniform = uniform, .n_top = n_top, .tokens = o.tokens,
-             .logprobs = o.logprobs, .top_ids = o.top_ids, .top_logprobs = o.top_logprobs});
+             .logprobs = o.logprobs, .top_ids = o.top_ids, .top_logprobs = o.top_logprobs, .allowed = allowed});
   return o;
 }
 
@@ -55,7 +57,9 @@ double log_sum_exp(const float* row, int64_t vocab) {
   return m + std::log(s);
 }
 
-bool logprob_close(double got, double ref) { return std::abs(got - ref) <= kSampleTol + std::abs(ref) * 0x1p-23; }
+bool logprob_close(double got, double ref) {
+  return got == ref || std::abs(got - ref) <= kSampleTol + std::abs(ref) * 0x1p-23;  // == : both -inf (masked)
+}
 
 class CudaSampling : public gpu_testing::GpuTest {
  protected:
@@ -64,11 +68,27 @@ class CudaSampling : public gpu_testing::GpuTest {
   // alternatives. Counts into *ambiguous the rows where the bounds differ (the draw or a
   // filter sits within the tolerance of a boundary) and into *differ those where the token
   // is not the reference's.
-  void check(const Tensor& logits, const std::vector<ops::SamplingParams>& params, const std::vector<float>& uniform,
-             int n_top, const std::string& what, int* ambiguous = nullptr, int* differ = nullptr) {
-    const int64_t rows = logits.dim(0), vocab = logits.dim(1);
-    const Tensor device = to_gpu(logits);
-    const Outputs got = run_sample(*gpu_, device, params, uniform, n_top);
+  // With token masks (`allowed`), the GPU samples the unmasked logits under the masks and
+  // the reference is the CPU on the same logits with the masked ones set to -inf (the
+  // masks' contract; the CPU's own masks are checked against that in cpu_sampling_test).
+  void check(const Tensor& unmasked, const std::vector<ops::SamplingParams>& params, const std::vector<float>& uniform,
+             int n_top, const std::string& what, int* ambiguous = nullptr, int* differ = nullptr,
+             std::span<const uint32_t> allowed = {}) {
+    const int64_t rows = unmasked.dim(0), vocab = unmasked.dim(1);
+    const Tensor device = to_gpu(unmasked);
+    const Outputs got = run_sample(*gpu_, device, params, uniform, n_top, allowed);
+    Tensor logits = unmasked;
+    std::vector<float> masked;
+    if (!allowed.empty()) {
+      masked.assign(unmasked.as<float>(), unmasked.as<float>() + rows * vocab);
+      const size_t words = size_t(ops::token_mask_words(vocab));
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t t = 0; t < vocab; ++t)
+          if (!ops::token_allowed(allowed.subspan(size_t(r) * words, words), t))
+            masked[size_t(r * vocab + t)] = -std::numeric_limits<float>::infinity();
+      logits = host_tensor(DType::kF32, {rows, vocab});
+      std::copy(masked.begin(), masked.end(), logits.as<float>());
+    }
     const Outputs ref = run_sample(*cpu_, logits, params, uniform, n_top);
     std::vector<ops::SamplingParams> p_lo = params, p_hi = params;
     std::vector<float> u_lo = uniform, u_hi = uniform;
@@ -227,6 +247,39 @@ TEST_F(CudaSampling, IsDeterministicAndRecordsItsTime) {
 // Penalties (repetition, presence, frequency) rewrite the listed logits in place before
 // sampling: each rewritten bf16 logit is the formula of ops::apply_penalty on the stored
 // value, rounded once to bf16, and greedy then picks the reference's token.
+// Structured output's token masks at the model vocabularies: dense masks (half the
+// tokens), sparse ones (a handful, as a JSON grammar allows after `{"`), and a single
+// allowed token, under every sampling mix: the GPU's tokens, logprobs and alternatives are
+// the CPU's on the logits with the masked ones at -inf, and never a masked token.
+TEST_F(CudaSampling, TokenMasksSampleTheConstrainedDistribution) {
+  for (int64_t vocab : {int64_t(151936), int64_t(201088), int64_t(1000)}) {
+    const int64_t rows = int64_t(std::size(kMixes)) * 3;
+    const Tensor logits = random({rows, vocab}, 8.0f);
+    const size_t words = size_t(ops::token_mask_words(vocab));
+    std::vector<uint32_t> allowed(size_t(rows) * words, 0u);
+    std::vector<ops::SamplingParams> params;
+    std::uniform_int_distribution<int64_t> any_token(0, vocab - 1);
+    for (int64_t r = 0; r < rows; ++r) {
+      params.push_back(kMixes[size_t(r) % std::size(kMixes)].params);
+      uint32_t* row = allowed.data() + size_t(r) * words;
+      const int kind = int(r / int64_t(std::size(kMixes)));
+      if (kind == 0) {  // dense: every other word's bits
+        for (size_t w = 0; w < words; ++w) row[w] = w % 2 == 0 ? 0x5555aaaau : 0u;
+        row[0] |= 1u;
+      } else {  // sparse (12 tokens) or one token
+        for (int k = 0; k < (kind == 1 ? 12 : 1); ++k) {
+          const int64_t t = any_token(rng_);
+          row[size_t(t / 32)] |= 1u << (t % 32);
+        }
+      }
+    }
+    int ambiguous = 0, differ = 0;
+    check(logits, params, uniforms(rows), 5, "masked vocab " + std::to_string(vocab), &ambiguous, &differ, allowed);
+    std::printf("token masks, vocab %lld: %d of %lld rows near a boundary, %d differ\n", (long long)vocab, ambiguous,
+                (long long)rows, differ);
+  }
+}
+
 TEST_F(CudaSampling, PenaltiesRewriteTheListedLogitsExactly) {
   const int64_t rows = 4, vocab = 5000;
   Tensor logits = random({rows, vocab}, 6.0f);

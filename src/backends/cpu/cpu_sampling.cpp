@@ -4,6 +4,7 @@
 // parameters and uniform.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -107,6 +108,12 @@ void CpuBackend::sample(const ops::SampleArgs& a) {
           row[size_t(tok)] = x;
           a.logits.as<float>()[r * vocab + tok] = x;
         }
+      }
+      if (!a.allowed.empty()) {  // structured output: the constrained distribution
+        const size_t words = size_t(ops::token_mask_words(vocab));
+        const auto mask = a.allowed.subspan(ru * words, words);
+        for (int32_t i = 0; i < vocab; ++i)
+          if (!ops::token_allowed(mask, i)) row[size_t(i)] = -std::numeric_limits<float>::infinity();
       }
       const int32_t tok = sample_row(row.data(), vocab, a.params[ru], a.uniform[ru]);
       a.tokens[ru] = tok;

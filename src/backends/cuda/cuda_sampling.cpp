@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "backends/cuda/cuda_backend_impl.h"
+#include "backends/cuda/kernels/token_mask.h"
 
 namespace kiln::cuda {
 
@@ -53,6 +54,12 @@ void CudaBackend::sample(const ops::SampleArgs& a) {
                                     cudaMemcpyHostToDevice, stream_));
     launch_apply_penalties(static_cast<bf16*>(a.logits.data), vocab, entries_d, int64_t(entries.size()), prow_d,
                            stream_);
+  }
+  if (!a.allowed.empty()) {  // structured output: masked tokens to -inf, after the penalties
+    const int64_t words = ops::token_mask_words(vocab);
+    auto* masks_d = scratch<uint32_t>(n_rows * words, keep);
+    KILN_CUDA_CHECK(cudaMemcpyAsync(masks_d, a.allowed.data(), a.allowed.size_bytes(), cudaMemcpyHostToDevice, stream_));
+    launch_apply_token_mask(static_cast<uint16_t*>(a.logits.data), n_rows, vocab, masks_d, words, stream_);
   }
   launch_sample(a.logits.as<bf16>(), n_rows, vocab, rows_d, n_top, tokens_d, want_logprobs ? logprobs_d : nullptr,
                 top_ids_d, top_logprobs_d, stream_);
