@@ -161,7 +161,7 @@ TEST(ServeStartup, AMissingModelDirectoryFailsBeforeListening) {
   const Exit e = run_serve("/nonexistent/kiln-model", {}, kExitLimit);
   ASSERT_FALSE(e.timed_out) << e.output;
   EXPECT_EQ(e.code, 1) << e.output;
-  EXPECT_NE(e.output.find("kiln: error: no model directory /nonexistent/kiln-model"), std::string::npos) << e.output;
+  EXPECT_NE(e.output.find("kiln: error: not found: no model directory /nonexistent/kiln-model"), std::string::npos) << e.output;
   EXPECT_EQ(e.output.find("listening"), std::string::npos) << e.output;
 }
 
