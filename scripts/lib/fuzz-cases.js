@@ -332,7 +332,7 @@ function generate(total, seed, ctx) {
           // line it cannot parse (no path, so either error format).
           const method = r.pick(["GET", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD", "TRACE", "BREW"]);
           return [`method ${method}`, httpBytes({ method, path: p, body }), method === "BREW" ? "any" : undefined, false,
-            method === "HEAD"];
+            method === "HEAD", false, method === "OPTIONS"];
         },
         () => ["request line", Buffer.from(r.pick(["GARBAGE\r\n\r\n", `POST ${p}\r\n\r\n`, `POST ${p} HTTP/9.9\r\n\r\n`,
           `post ${p} HTTP/1.1\r\nhost: x\r\n\r\n`, `POST  ${p} HTTP/1.1\r\n\r\n`, `POST http://127.0.0.1${p} HTTP/1.1\r\n\r\n`,
@@ -353,12 +353,12 @@ function generate(total, seed, ctx) {
         () => ["content type", httpBytes({ path: p, body, headers: { "content-type": r.pick(["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "", "application/json; charset=latin1"]) } })],
         () => ["too large", httpBytes({ path: p, body, contentLength: r.pick([33 << 20, 2 ** 40]) }), endpoints[name].api, true, false, false],
       ];
-      const [what, raw, api, incomplete, head, endAfter = incomplete] = cases[op]();
+      const [what, raw, api, incomplete, head, endAfter = incomplete, options = false] = cases[op]();
       // A request the server cannot read to its end may be closed without an answer (or
       // the answer cut by the reset of a close with unread bytes); the client then closes
       // its side (else the server waits for its read timeout).
       add("http", `${name}: ${what}`, api === "any" ? "?" : name, raw,
-        { api: api ?? endpoints[name].api, mayClose: !!incomplete, endAfter: !!endAfter, head: !!head });
+        { api: api ?? endpoints[name].api, mayClose: !!incomplete, endAfter: !!endAfter, head: !!head, options });
     }],
     // 9. Slow clients: a request in pieces (answered), or cut short and left.
     [5, () => {
@@ -410,6 +410,7 @@ function stalledClients(n, ctx) {
 function validAnswer(c, res) {
   const type = res.headers["content-type"] ?? "";
   if (c.endpoint === "?" || !(c.endpoint in endpoints)) return null;  // another route answered (GET /v1/models ...)
+  if (c.options) return res.status === 204 && res.body === "" ? null : `OPTIONS answered ${res.status}: ${res.body.slice(0, 200)}`;
   if (/text\/event-stream/.test(type)) {
     const events = [];
     for (const block of res.body.split("\n\n")) {

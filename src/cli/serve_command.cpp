@@ -1,7 +1,9 @@
 // `kiln serve [MODEL]`: the OpenAI / Anthropic HTTP server over the continuous-batching
-// engine. The port is bound first (/health answers 503 while loading), then the
-// tokenizer, the backend (the CUDA self-test), the weights (a progress bar) and the KV
-// cache; one ready line with the URL follows. SIGINT / SIGTERM drain the requests in
+// engine. What is quick to check comes first (the model directory, config.json and its
+// architecture, the tokenizer), so a model that cannot serve fails before the "listening"
+// line; then the port is bound (/health answers 503 while loading), then the backend (the
+// CUDA self-test), the weights (a progress bar) and the KV cache; one ready line with the
+// URL follows. SIGINT / SIGTERM drain the requests in
 // flight, then exit; a second signal exits at once.
 #include <pthread.h>
 #include <signal.h>
@@ -26,6 +28,7 @@
 #include "cli/subcommand.h"
 #include "core/log.h"
 #include "formats/hf_config.h"
+#include "models/registry.h"
 #include "runtime/async_engine.h"
 #include "server/http_server.h"
 #include "server/served_model.h"
@@ -51,7 +54,34 @@ struct ServeOptions {
   std::string tool_call_parser = "auto";
   std::string reasoning_parser = "auto";
   double shutdown_timeout = 60.0;
+  // CORS. "*" by default, as vLLM: kiln listens on 127.0.0.1 unless --host says otherwise,
+  // so only pages open in this machine's browser can reach it, and the server keeps nothing
+  // a page could read but the answers to its own requests (no history, no files); a page
+  // could already make it generate without CORS (a "simple" POST), just not read the
+  // reply. With --api-key a page needs the key too. "" or none: no origin but the server's
+  // own (the chat page at /).
+  std::string allowed_origins = "*";
+  double log_stats_interval = 10.0;
 };
+
+// "--allowed-origins" as a list: comma-separated, trimmed, trailing '/' dropped (browsers
+// send an origin without one); "" or "none" is no origin.
+Result<std::vector<std::string>> parse_origins(const std::string& s) {
+  std::vector<std::string> out;
+  if (s == "none") return out;
+  std::stringstream ss(s);
+  std::string o;
+  while (std::getline(ss, o, ',')) {
+    while (!o.empty() && std::isspace(static_cast<unsigned char>(o.front()))) o.erase(o.begin());
+    while (!o.empty() && (std::isspace(static_cast<unsigned char>(o.back())) || o.back() == '/')) o.pop_back();
+    if (o.empty()) continue;
+    if (o != "*" && o.find("://") == std::string::npos) {
+      return invalid_argument("--allowed-origins \"" + o + "\": an origin is scheme://host[:port], e.g. http://localhost:3000, or *");
+    }
+    out.push_back(o);
+  }
+  return out;
+}
 
 // "1073741824", "512MiB", "4G", "1.5GB" -> bytes (K/M/G/T, binary).
 Result<int64_t> parse_bytes(const std::string& s, const char* flag) {
@@ -180,22 +210,35 @@ Status serve(ServeOptions o, const ServeHooks& hooks) {
   if (!o.kv_cache_memory.empty()) {
     KILN_ASSIGN_OR_RETURN(kv_bytes, parse_bytes(o.kv_cache_memory, "--kv-cache-memory"));
   }
+  KILN_ASSIGN_OR_RETURN(std::vector<std::string> origins, parse_origins(o.allowed_origins));
 
-  server::HttpServer http({.host = o.host,
-                           .port = o.port,
-                           .api_key = o.api_key,
-                           .max_body_bytes = size_t(max_body),
-                           .http_threads = o.http_threads > 0 ? o.http_threads : o.max_num_seqs + 64,
-                           .test_output_header = hooks.test_output_header});
-  KILN_ASSIGN_OR_RETURN(const int port, http.start());
-  std::fprintf(stderr, "kiln: listening on %s:%d (/health says 503 until the model is loaded)\n", o.host.c_str(), port);
-
+  // Checked before the port is bound (milliseconds): config.json, its architecture, the
+  // tokenizer and chat template. The weights are checked as they load.
+  {
+    const std::string config_path = std::filesystem::is_regular_file(dir) ? dir : dir + "/config.json";
+    std::ifstream f(config_path);
+    if (!f) return not_found("cannot read " + config_path);
+    std::stringstream text;
+    text << f.rdbuf();
+    KILN_ASSIGN_OR_RETURN(const formats::ModelConfig config, formats::parse_config(text.str(), config_path));
+    KILN_RETURN_IF_ERROR(models::check_architecture(config.architecture));
+  }
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<server::ServedModel> model,
                         server::ServedModel::load(tokenizer_dir,
                                                   {.name = o.served_model_name,
                                                    .tool_call_parser = o.tool_call_parser,
                                                    .reasoning_parser = o.reasoning_parser,
                                                    .generation_config_dir = dir}));
+
+  server::HttpServer http({.host = o.host,
+                           .port = o.port,
+                           .api_key = o.api_key,
+                           .max_body_bytes = size_t(max_body),
+                           .http_threads = o.http_threads > 0 ? o.http_threads : o.max_num_seqs + 64,
+                           .allowed_origins = std::move(origins),
+                           .test_output_header = hooks.test_output_header});
+  KILN_ASSIGN_OR_RETURN(const int port, http.start());
+  std::fprintf(stderr, "kiln: listening on %s:%d (/health says 503 until the model is loaded)\n", o.host.c_str(), port);
   const int world = o.common.tensor_parallel * o.common.pipeline_parallel;
   const BackendChoice backend = choose_backend(o.common.backend);
   o.common.backend = backend.backend;
@@ -230,7 +273,9 @@ Status serve(ServeOptions o, const ServeHooks& hooks) {
                double(e.kv_cache_bytes()) / (1 << 20), (long long)o.common.block_size,
                (long long)e.max_model_len(), e.scheduler_config().max_num_seqs, e.scheduler_config().max_num_batched_tokens,
                e.prefix_caching() ? "on" : "off");
-  runtime::AsyncEngine async(std::move(engine), {.max_queued_requests = o.max_queued_requests});
+  runtime::AsyncEngine async(std::move(engine),
+                            {.max_queued_requests = o.max_queued_requests,
+                             .stats_log_interval = std::chrono::milliseconds(int64_t(o.log_stats_interval * 1000))});
   http.set_ready(&async, model.get());
   g_ready = true;
   std::printf("kiln: serving %s at http://%s:%d/v1 (OpenAI /v1/chat/completions, Anthropic /v1/messages)\n",
@@ -281,6 +326,13 @@ void add_serve_command(CLI::App& app, Subcommands& commands, const ServeHooks& h
                   "auto (from the chat template), none, hermes, glm45, kimi_k2, deepseek_v3, harmony");
   cmd->add_option("--reasoning-parser", o->reasoning_parser, "auto (<think> in the template), think, none");
   cmd->add_option("--shutdown-timeout", o->shutdown_timeout, "seconds to let requests finish after SIGINT/SIGTERM");
+  cmd->add_option("--allowed-origins", o->allowed_origins,
+                  "CORS: origins whose web pages may call the API, comma-separated (http://localhost:3000,...), "
+                  "* for any, none for the server's own page only. * by default: on 127.0.0.1 that is pages in "
+                  "this machine's browser (README: Browsers and CORS)");
+  cmd->add_option("--log-stats-interval", o->log_stats_interval,
+                  "seconds between the engine's info lines while it works (KILN_LOG=info; 0: none)")
+      ->check(CLI::Range(0.0, 86400.0));
   commands.emplace_back(cmd, [o, hooks] {
     const Status s = serve(*o, hooks);
     return s.ok() ? 0 : fail(s);

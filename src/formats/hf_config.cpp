@@ -1,5 +1,7 @@
 #include "formats/hf_config.h"
 
+#include "formats/json_error.h"
+
 #include <fstream>
 #include <sstream>
 
@@ -165,7 +167,7 @@ int64_t ModelConfig::sliding_window_of_layer(int64_t i) const {
 
 Result<ModelConfig> parse_config(const std::string& json_text, const std::string& source) {
   json root = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded()) return corrupt(source + ": not valid JSON");
+  if (root.is_discarded()) return corrupt(source + ": not valid JSON at " + json_error(json_text));
   if (!root.is_object()) return corrupt(source + ": top level should be a JSON object");
 
   ModelConfig c;
@@ -263,7 +265,8 @@ Result<ModelConfig> load_config(const std::string& dir) {
   std::stringstream gs;
   gs << g.rdbuf();
   const json gen = json::parse(gs.str(), nullptr, /*allow_exceptions=*/false);
-  if (gen.is_discarded() || !gen.is_object()) return corrupt(gen_path + " is not a JSON object");
+  if (gen.is_discarded()) return corrupt(gen_path + ": not valid JSON at " + json_error(gs.str()));
+  if (!gen.is_object()) return corrupt(gen_path + " is not a JSON object");
   KILN_RETURN_IF_ERROR(Reader(gen, gen_path).get_int_list("eos_token_id", &c.generation_eos_token_ids));
   return c;
 }

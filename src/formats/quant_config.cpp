@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "formats/json_error.h"
+
 namespace kiln::formats {
 namespace {
 
@@ -124,7 +126,7 @@ Result<json> read_json_file(const std::string& path) {
   std::stringstream ss;
   ss << f.rdbuf();
   json j = json::parse(ss.str(), nullptr, false);
-  if (j.is_discarded()) return corrupt(path + ": not valid JSON");
+  if (j.is_discarded()) return corrupt(path + ": not valid JSON at " + json_error(ss.str()));
   return j;
 }
 
@@ -144,12 +146,13 @@ Result<QuantConfig> parse_quant_config(const std::string& config_json, const std
                                        const std::string& source) {
   QuantConfig c;
   json cfg = json::parse(config_json, nullptr, false);
-  if (cfg.is_discarded() || !cfg.is_object()) return corrupt(source + ": not valid JSON");
+  if (cfg.is_discarded()) return corrupt(source + ": not valid JSON at " + json_error(config_json));
+  if (!cfg.is_object()) return corrupt(source + ": top level should be a JSON object");
   json q = cfg.value("quantization_config", json());
   const std::string src = source + " (quantization_config)";
   if (q.is_null() && !hf_quant_json.empty()) {
     q = json::parse(hf_quant_json, nullptr, false);
-    if (q.is_discarded()) return corrupt("hf_quant_config.json: not valid JSON");
+    if (q.is_discarded()) return corrupt("hf_quant_config.json: not valid JSON at " + json_error(hf_quant_json));
     if (!q.contains("quant_method")) q["quant_method"] = "modelopt";
   }
   if (q.is_null()) return c;

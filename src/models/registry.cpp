@@ -22,13 +22,19 @@ std::vector<std::string> supported_architectures() {
   return out;
 }
 
+Status check_architecture(const std::string& architecture) {
+  for (const auto& [name, fn] : kRegistry)
+    if (architecture == name) return Status::Ok();
+  std::string list;
+  for (const auto& [name, fn] : kRegistry) list += (list.empty() ? "" : ", ") + std::string(name);
+  return unsupported("architecture \"" + architecture + "\" is not supported; supported: " + list);
+}
+
 Result<model::CausalLM> build_model(const formats::ModelConfig& config, model::WeightLoader& loader) {
   for (const auto& [name, fn] : kRegistry) {
     if (config.architecture == name) return fn(config, loader);
   }
-  std::string list;
-  for (const auto& [name, fn] : kRegistry) list += (list.empty() ? "" : ", ") + std::string(name);
-  return unsupported("architecture \"" + config.architecture + "\" is not supported; supported: " + list);
+  return check_architecture(config.architecture);
 }
 
 }  // namespace kiln::models

@@ -19,6 +19,8 @@ using Builder = Result<model::CausalLM> (*)(const formats::ModelConfig&, model::
 // Builds the model for config.architecture, or an error listing the supported ones.
 Result<model::CausalLM> build_model(const formats::ModelConfig& config, model::WeightLoader& loader);
 std::vector<std::string> supported_architectures();
+// Ok when a family builds `architecture`, else the error listing the supported ones.
+Status check_architecture(const std::string& architecture);
 
 // Family builders (one file each).
 Result<model::CausalLM> build_llama(const formats::ModelConfig&, model::WeightLoader&);

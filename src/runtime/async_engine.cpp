@@ -1,6 +1,7 @@
 #include "runtime/async_engine.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "core/log.h"
 
@@ -169,6 +170,33 @@ void AsyncEngine::publish_stats() {
   stats_ = s;
 }
 
+void AsyncEngine::log_stats(Clock::time_point now, bool restart) {
+  if (options_.stats_log_interval.count() <= 0 || log_level() < LogLevel::kInfo) return;
+  const EngineStats e = engine_->stats();
+  const double seconds = std::chrono::duration<double>(now - log_start_).count();
+  if (!restart && now - log_start_ >= options_.stats_log_interval) {
+    int32_t inbox = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      inbox = int32_t(inbox_.size());
+    }
+    const double kv_pct = e.kv_blocks_total > 0 ? 100.0 * e.kv_blocks_used / e.kv_blocks_total : 0.0;
+    char line[256];
+    std::snprintf(line, sizeof(line),
+                  "engine: running %d seqs, waiting %d seqs, KV cache %.1f%% used, prompt %.1f tok/s, "
+                  "generation %.1f tok/s (last %.1f s)",
+                  e.running, e.waiting + inbox, kv_pct, double(e.prompt_tokens - log_prompt_tokens_) / seconds,
+                  double(e.generated_tokens - log_generated_tokens_) / seconds, seconds);
+    KILN_LOG(kInfo, line);
+    restart = true;
+  }
+  if (restart) {
+    log_start_ = now;
+    log_prompt_tokens_ = e.prompt_tokens;
+    log_generated_tokens_ = e.generated_tokens;
+  }
+}
+
 AsyncEngineStats AsyncEngine::stats() const {
   std::lock_guard<std::mutex> lock(stats_mu_);
   return stats_;
@@ -179,9 +207,12 @@ void AsyncEngine::loop() {
     decltype(inbox_) inbox;
     std::vector<std::pair<uint64_t, int32_t>> cancels;
     bool stopping = false;
+    // Work after an idle wait starts a new stats interval: idle time is not averaged in.
+    const bool was_idle = engine_->idle();
     {
       std::unique_lock<std::mutex> lock(mu_);
       wake_.wait(lock, [&] { return stopping_ || !inbox_.empty() || !cancels_.empty() || !engine_->idle(); });
+      if (was_idle) log_stats(Clock::now(), /*restart=*/true);  // takes no lock when restarting
       inbox.swap(inbox_);
       cancels.swap(cancels_);
       stopping = stopping_;
@@ -230,6 +261,7 @@ void AsyncEngine::loop() {
     dispatch(outs);
     engine_waiting_ = engine_->stats().waiting_requests;
     publish_stats();
+    log_stats(Clock::now(), /*restart=*/false);
   }
 }
 

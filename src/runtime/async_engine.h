@@ -88,6 +88,9 @@ class RequestStream {
 struct AsyncEngineOptions {
   int32_t max_queued_requests = 1024;  // submitted but not yet running, at most
   size_t stream_capacity = 1 << 16;    // events buffered per request, at most
+  // While there is work, an info line this often: running, waiting, KV cache use, prompt
+  // and generation tok/s over the interval (vLLM's). Zero: never.
+  std::chrono::milliseconds stats_log_interval{10000};
 };
 
 // Counters and gauges, copied out under a lock after every step.
@@ -128,6 +131,8 @@ class AsyncEngine {
   // Drops streams whose every sample has ended.
   void drop_ended_streams(Clock::time_point now);
   void publish_stats();
+  // The interval's info line, when it has run its length (engine thread).
+  void log_stats(Clock::time_point now, bool restart);
 
   std::unique_ptr<Engine> engine_;
   AsyncEngineOptions options_;
@@ -146,6 +151,10 @@ class AsyncEngine {
   // Engine thread only: the streams of requests in the engine, and finished samples by reason.
   std::unordered_map<uint64_t, std::shared_ptr<RequestStream>> streams_;
   int64_t finished_by_reason_[5] = {};
+
+  // Engine thread only: the stats log's interval, its start and counters there.
+  Clock::time_point log_start_{};
+  int64_t log_prompt_tokens_ = 0, log_generated_tokens_ = 0;
 
   mutable std::mutex stats_mu_;
   AsyncEngineStats stats_;

@@ -63,7 +63,7 @@ ApiResult<ordered_json> convert_message(const ordered_json& m, size_t index) {
       }
       out.push_back({{"role", "tool"}, {"tool_call_id", b["tool_use_id"]}, {"content", result}});
     } else {
-      return bad_request(bat + " has type '" + json_excerpt(b["type"]) + "', which a " + role +
+      return bad_request(bat + " has type '" + type.substr(0, 60) + "', which a " + role +
                              " message cannot carry here (this model takes text, tool_use and tool_result blocks)",
                          "messages");
     }
@@ -159,6 +159,7 @@ std::string stop_reason(const SampleText& s) {
 // the open block.
 class MessagesWriter final : public ResponseWriter {
  public:
+  const std::string& id() const override { return id_; }
   MessagesWriter(std::string model, bool stream, int64_t input_tokens)
       : id_(random_id("msg_")), model_(std::move(model)), stream_(stream), input_tokens_(input_tokens) {}
 
@@ -254,7 +255,7 @@ class MessagesWriter final : public ResponseWriter {
 // The prompt a messages body renders to, and the parser options for the reply.
 ApiResult<std::string> render(const ordered_json& body, const PlanContext& ctx, ChatInput& in) {
   if (!body.is_object()) return bad_request("the request body must be a JSON object");
-  if (auto e = check_model_name(body, ctx.model, true)) return *e;
+  if (auto e = check_model_name(body, ctx.model)) return *e;
   auto input = chat_input(body);
   if (auto* e = std::get_if<ApiError>(&input)) return *e;
   in = std::move(std::get<ChatInput>(input));

@@ -6,9 +6,12 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
+#include <string_view>
 #include <variant>
 
 #include "core/log.h"
+#include "formats/json_error.h"
 #include "server/anthropic_api.h"
 #include "server/chat_page.h"
 #include "server/client_connection.h"
@@ -58,7 +61,7 @@ std::variant<ordered_json, std::string> parse_body(const std::string& body) {
         return true;
       },
       /*allow_exceptions=*/false);
-  if (j.is_discarded()) return std::string("the request body is not valid JSON (UTF-8)");
+  if (j.is_discarded()) return "the request body is not valid JSON (UTF-8) at " + formats::json_error(body);
   if (depth > kMaxJsonDepth)
     return "the request body nests JSON " + std::to_string(depth) + " levels deep (at most " +
            std::to_string(kMaxJsonDepth) + ")";
@@ -67,11 +70,60 @@ std::variant<ordered_json, std::string> parse_body(const std::string& body) {
 
 bool is_anthropic(const std::string& path) { return path.rfind("/v1/messages", 0) == 0; }
 
-std::string status_message(int status) {
+// Every route and the methods it takes (HEAD with GET: cpp-httplib answers it), for 405's
+// Allow header and CORS preflights. routes() registers the handlers.
+struct RouteMethods {
+  const char* path;
+  bool prefix;  // path and anything after it
+  const char* methods;
+};
+constexpr RouteMethods kRouteMethods[] = {
+    {"/", false, "GET, HEAD"},
+    {"/health", false, "GET, HEAD"},
+    {"/metrics", false, "GET, HEAD"},
+    {"/v1/models", false, "GET, HEAD"},
+    {"/v1/models/", true, "GET, HEAD"},
+    {"/v1/chat/completions", false, "POST"},
+    {"/v1/completions", false, "POST"},
+    {"/v1/messages", false, "POST"},
+    {"/v1/messages/count_tokens", false, "POST"},
+};
+
+// The methods `path` takes ("GET, HEAD", "POST"), or nullptr for no such route.
+const char* route_methods(const std::string& path) {
+  for (const RouteMethods& r : kRouteMethods) {
+    if (r.prefix ? path.size() > std::strlen(r.path) && path.rfind(r.path, 0) == 0 : path == r.path) return r.methods;
+  }
+  return nullptr;
+}
+
+bool takes_method(const char* methods, const std::string& method) {
+  const std::string_view list = methods;
+  for (size_t at = 0; at < list.size();) {
+    size_t end = list.find(", ", at);
+    if (end == std::string_view::npos) end = list.size();
+    if (list.substr(at, end - at) == method) return true;
+    at = end + 2;
+  }
+  return false;
+}
+
+// A request's method and path for a message, cut short: a path can be long, and anything.
+std::string method_and_path(const httplib::Request& req) {
+  const std::string path = req.path.size() > 200 ? req.path.substr(0, 200) + "..." : req.path;
+  return req.method + " " + path;
+}
+
+// Request headers a browser may send cross-origin: the APIs' own, and the ones their
+// official clients add (x-stainless-*, ...) are mirrored from the preflight's list.
+constexpr const char* kCorsHeaders = "Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta";
+constexpr int kCorsMaxAgeSeconds = 600;
+
+std::string status_message(const httplib::Request& req, int status) {
   switch (status) {
     case 400: return "the request could not be parsed";
-    case 404: return "no such endpoint";
-    case 405: return "method not allowed";
+    case 404: return "no such endpoint: " + method_and_path(req);
+    case 405: return "method not allowed: " + method_and_path(req);
     case 413: return "the request body is too large";
     case 414: return "the request URI is too long";
     case 431: return "the request headers are too large";
@@ -148,6 +200,45 @@ bool HttpServer::authorized(const httplib::Request& req) const {
   const std::string bearer = req.get_header_value("Authorization");
   if (bearer == "Bearer " + options_.api_key) return true;
   return req.get_header_value("x-api-key") == options_.api_key;
+}
+
+bool HttpServer::origin_allowed(const std::string& origin) const {
+  for (const std::string& o : options_.allowed_origins)
+    if (o == "*" || o == origin) return true;
+  return false;
+}
+
+bool HttpServer::allow_origin(const httplib::Request& req, httplib::Response& res) const {
+  if (!req.has_header("Origin")) return false;
+  const std::string origin = req.get_header_value("Origin");
+  if (!origin_allowed(origin)) return false;
+  const bool any = std::find(options_.allowed_origins.begin(), options_.allowed_origins.end(), "*") !=
+                   options_.allowed_origins.end();
+  res.set_header("Access-Control-Allow-Origin", any ? "*" : origin);
+  if (!any) res.set_header("Vary", "Origin");  // the answer depends on the origin: caches keep one per origin
+  return true;
+}
+
+void HttpServer::preflight(const httplib::Request& req, httplib::Response& res, const char* methods) {
+  const std::string allow = std::string(methods) + ", OPTIONS";
+  res.set_header("Allow", allow);
+  if (!req.has_header("Origin")) {  // a plain OPTIONS, not a browser's preflight
+    res.status = 204;
+    return;
+  }
+  if (!allow_origin(req, res)) {
+    send_error(req, res, 403,
+               "origin " + req.get_header_value("Origin").substr(0, 200) +
+                   " is not allowed (kiln serve --allowed-origins lists the origins that are)");
+    return;
+  }
+  res.status = 204;
+  res.set_header("Access-Control-Allow-Methods", allow);
+  std::string headers = kCorsHeaders;
+  if (const std::string asked = req.get_header_value("Access-Control-Request-Headers"); !asked.empty())
+    headers += ", " + asked.substr(0, 2000);
+  res.set_header("Access-Control-Allow-Headers", headers);
+  res.set_header("Access-Control-Max-Age", std::to_string(kCorsMaxAgeSeconds));
 }
 
 void HttpServer::send_error(const httplib::Request& req, httplib::Response& res, int status,
@@ -233,14 +324,31 @@ void HttpServer::routes() {
   using HR = httplib::Server::HandlerResponse;
 
   http_->set_pre_routing_handler([this](const Request& req, Response& res) {
+    const char* methods = route_methods(req.path);
+    // A CORS preflight carries no credentials: answered before the API key is checked.
+    if (req.method == "OPTIONS" && methods != nullptr) {
+      preflight(req, res, methods);
+      return HR::Handled;
+    }
     if (req.path.rfind("/v1/", 0) == 0 && !authorized(req)) {
       send_error(req, res, 401, "invalid or missing API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')");
       return HR::Handled;
     }
+    if (methods != nullptr && !takes_method(methods, req.method)) {
+      res.set_header("Allow", std::string(methods) + ", OPTIONS");
+      send_error(req, res, 405, "method not allowed: " + method_and_path(req) + " (this endpoint takes " + methods + ")");
+      return HR::Handled;
+    }
     return HR::Unhandled;
   });
+  // Every response, errors and streams included, names the request's origin when it is
+  // allowed (headers are written after this handler).
+  http_->set_post_routing_handler([this](const Request& req, Response& res) {
+    if (req.method == "OPTIONS") return;  // preflight() set its own
+    allow_origin(req, res);
+  });
   http_->set_error_handler([this](const Request& req, Response& res) {
-    if (res.body.empty()) send_error(req, res, res.status, status_message(res.status));
+    if (res.body.empty()) send_error(req, res, res.status, status_message(req, res.status));
   });
   http_->set_exception_handler([this](const Request& req, Response& res, std::exception_ptr ep) {
     std::string what = "unknown exception";

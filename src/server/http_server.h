@@ -8,7 +8,12 @@
 //   POST /v1/completions                 OpenAI
 //   POST /v1/messages                    Anthropic (SSE when "stream": true)
 //   POST /v1/messages/count_tokens       Anthropic
+//   OPTIONS on any of these              CORS preflight: 204 for an allowed Origin, else 403
 //
+// "model" may be left out of a request (the served model). An unknown path is a 404 that
+// names it, another method on a known path a 405 with an Allow header, both in the error
+// format of the API the path belongs to. Every response to an allowed Origin carries
+// Access-Control-Allow-Origin (ServerOptions::allowed_origins).
 // Every request is validated on its worker thread; whatever is wrong with it comes back
 // as a 4xx in the error format of the API it called, never as a crash. A client that goes
 // away, streaming or not, has its request cancelled: its connection is watched between
@@ -22,6 +27,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "runtime/async_engine.h"
 #include "server/metrics_text.h"
@@ -42,6 +48,9 @@ struct ServerOptions {
   size_t max_body_bytes = 32u << 20;
   int http_threads = 64;           // concurrent connections served (more wait in line)
   int32_t max_n = 64;              // parallel samples per request at most
+  // CORS: origins ("http://localhost:3000") whose pages may call the API from a browser;
+  // "*" is any. Empty: none (same-origin pages only, such as the chat page at /).
+  std::vector<std::string> allowed_origins;
   // Tests only: a request's "X-Kiln-Test-Output" header text (%XX-escaped) is what every
   // sample of it emits (the model still runs). Set only by the test server binary; `kiln serve` has no
   // flag or variable that sets it.
@@ -68,6 +77,11 @@ class HttpServer {
  private:
   void routes();
   bool authorized(const httplib::Request& req) const;
+  bool origin_allowed(const std::string& origin) const;
+  // Sets Access-Control-Allow-Origin when the request has an allowed Origin; false when not.
+  bool allow_origin(const httplib::Request& req, httplib::Response& res) const;
+  // OPTIONS on a route: 204 with the CORS headers for an allowed origin, 403 for another.
+  void preflight(const httplib::Request& req, httplib::Response& res, const char* methods);
   void send_error(const httplib::Request& req, httplib::Response& res, int status, const std::string& message,
                   const std::string& param = {});
   // Parses the body and runs `plan` (chat, completion or messages), then answers.

@@ -24,6 +24,8 @@ struct Usage {
 class ResponseWriter {
  public:
   virtual ~ResponseWriter() = default;
+  // The response's id ("chatcmpl-...", "cmpl-...", "msg_..."), also in the request's log line.
+  virtual const std::string& id() const = 0;
   // Streaming: SSE text before any delta (Anthropic's message_start).
   virtual std::string start() { return {}; }
   // What sample `choice` added. Streaming: the SSE events for it; else collects it and
@@ -60,6 +62,8 @@ class JobRun {
  private:
   JobRun(Job job) : job_(std::move(job)) {}
   void take(size_t stream, const runtime::StreamEvent& e, std::string& out);
+  // The request's info line, once: id, tokens, TTFT, output tok/s, finish reasons.
+  void log_finished(const Usage& usage, bool cancelled);
 
   Job job_;
   std::vector<std::shared_ptr<runtime::RequestStream>> streams_;
@@ -67,6 +71,9 @@ class JobRun {
   int32_t n_ = 1;
   int64_t prompt_tokens_ = 0;
   size_t n_ended_ = 0;
+  runtime::Clock::time_point started_ = runtime::Clock::now();
+  runtime::Clock::time_point first_token_{}, last_token_{};  // as this thread saw them arrive
+  bool logged_ = false;
 };
 
 }  // namespace kiln::server

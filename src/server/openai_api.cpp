@@ -164,6 +164,7 @@ ApiResult<ordered_json> chat_tools(const ordered_json& tools) {
 
 class ChatWriter final : public ResponseWriter {
  public:
+  const std::string& id() const override { return id_; }
   ChatWriter(std::string model, bool stream, bool include_usage, bool logprobs, int32_t n_choices)
       : id_(random_id("chatcmpl-")), model_(std::move(model)), created_(unix_time()), stream_(stream),
         include_usage_(include_usage), logprobs_(logprobs), choices_(size_t(n_choices)) {}
@@ -256,6 +257,7 @@ class ChatWriter final : public ResponseWriter {
 
 class CompletionWriter final : public ResponseWriter {
  public:
+  const std::string& id() const override { return id_; }
   CompletionWriter(std::string model, bool stream, bool include_usage, int32_t logprobs, int32_t n,
                    std::vector<std::string> echo)
       : id_(random_id("cmpl-")), model_(std::move(model)), created_(unix_time()), stream_(stream),
@@ -387,7 +389,7 @@ ApiResult<std::vector<std::vector<int32_t>>> completion_prompts(const ordered_js
 
 ApiResult<Job> plan_chat(const ordered_json& body, const PlanContext& ctx) {
   if (!body.is_object()) return bad_request("the request body must be a JSON object");
-  if (auto e = check_model_name(body, ctx.model, true)) return *e;
+  if (auto e = check_model_name(body, ctx.model)) return *e;
   if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty()) {
     return bad_request("'messages' must be a non-empty list of messages", "messages");
   }
@@ -456,7 +458,7 @@ ApiResult<Job> plan_chat(const ordered_json& body, const PlanContext& ctx) {
 
 ApiResult<Job> plan_completion(const ordered_json& body, const PlanContext& ctx) {
   if (!body.is_object()) return bad_request("the request body must be a JSON object");
-  if (auto e = check_model_name(body, ctx.model, true)) return *e;
+  if (auto e = check_model_name(body, ctx.model)) return *e;
   if (!body.contains("prompt") || body["prompt"].is_null()) return bad_request("'prompt' is required", "prompt");
   Job job;
   runtime::Request base;

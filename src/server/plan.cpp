@@ -5,13 +5,12 @@
 
 namespace kiln::server {
 
-std::optional<ApiError> check_model_name(const ordered_json& body, const ServedModel& model, bool required) {
-  if (!body.contains("model") || body["model"].is_null()) {
-    if (!required) return std::nullopt;
-    return bad_request("'model' is required (this server serves \"" + model.name() + "\")", "model");
-  }
-  if (!body["model"].is_string()) return bad_request("'model' must be a string", "model");
+std::optional<ApiError> check_model_name(const ordered_json& body, const ServedModel& model) {
+  // Absent, null or "": the served model, as vLLM and llama.cpp's server take it.
+  if (!body.contains("model") || body["model"].is_null()) return std::nullopt;
+  if (!body["model"].is_string()) return bad_request("'model' must be a string, got " + json_excerpt(body["model"]), "model");
   const std::string& name = body["model"].get_ref<const std::string&>();
+  if (name.empty()) return std::nullopt;
   if (name != model.name()) {
     return ApiError{.status = 404,
                     .message = "The model '" + name.substr(0, 200) + "' does not exist; this server serves '" +
@@ -92,8 +91,7 @@ ApiResult<std::string> content_text(const ordered_json& content, const std::stri
     }
     const std::string& type = part["type"].get_ref<const std::string&>();
     if (type != "text") {
-      return bad_request(at + " has type '" + json_excerpt(part["type"]) +
-                         "': this model takes text only (parts of type 'text')");
+      return bad_request(at + " has type '" + type.substr(0, 60) + "': this model takes text only (parts of type 'text')");
     }
     if (!part.contains("text") || !part["text"].is_string()) return bad_request(at + ".text must be a string");
     if (!out.empty()) out += "\n";

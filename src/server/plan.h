@@ -24,8 +24,9 @@ struct PlanContext {
   int32_t max_n = 64;             // parallel samples per request at most
 };
 
-// The model a request names must be the one served (404 otherwise).
-std::optional<ApiError> check_model_name(const ordered_json& body, const ServedModel& model, bool required);
+// The model a request names must be the one served (404 otherwise); a request that names
+// none ("model" absent, null or "") gets the served model.
+std::optional<ApiError> check_model_name(const ordered_json& body, const ServedModel& model);
 
 // Reads the sampling fields shared by the OpenAI endpoints (and Anthropic's subset):
 // temperature, top_p, top_k, min_p, seed, the penalties, stop_token_ids, ignore_eos.

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/log.h"
+#include "formats/json_error.h"
 #include "tokenizer/harmony.h"
 
 namespace kiln::server {
@@ -81,7 +82,8 @@ Status ServedModel::load_sampling_defaults(const std::string& dir) {
   std::stringstream ss;
   ss << f.rdbuf();
   const ordered_json g = ordered_json::parse(ss.str(), nullptr, false);
-  if (g.is_discarded() || !g.is_object()) return corrupt(path + " is not a JSON object");
+  if (g.is_discarded()) return corrupt(path + ": not valid JSON at " + formats::json_error(ss.str()));
+  if (!g.is_object()) return corrupt(path + " is not a JSON object");
   // do_sample false means greedy, whatever temperature says.
   const bool greedy = g.contains("do_sample") && g["do_sample"].is_boolean() && !g["do_sample"].get<bool>();
   auto number = [&](const char* key, double& out) {

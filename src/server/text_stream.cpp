@@ -4,6 +4,18 @@
 
 namespace kiln::server {
 
+const char* end_reason_name(EndReason r) {
+  switch (r) {
+    case EndReason::kNone: return "none";
+    case EndReason::kEos: return "eos";
+    case EndReason::kStopString: return "stop_string";
+    case EndReason::kStopToken: return "stop_token";
+    case EndReason::kLength: return "length";
+    case EndReason::kAbort: return "abort";
+  }
+  return "none";
+}
+
 std::string StopMatcher::push(std::string_view text, bool include_stop) {
   if (matched_) return {};
   held_.append(text);

@@ -54,6 +54,8 @@ enum class EndReason {
   kLength,      // max_tokens or the context length
   kAbort,       // cancelled by the server (overloaded, shutting down)
 };
+// "eos", "stop_string", "stop_token", "length", "abort" ("none" while running): for logs.
+const char* end_reason_name(EndReason r);
 
 struct SampleOptions {
   bool skip_special_tokens = true;

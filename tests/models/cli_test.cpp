@@ -166,6 +166,8 @@ TEST(Cli, HelpShowsTheDefaults) {
            {"--kv-cache-dtype", "bf16"},
            {"--gpu-memory-utilization", "0.9"},
            {"--max-request-bytes", "32MiB"},
+           {"--allowed-origins", "*"},
+           {"--log-stats-interval", "10"},
        }) {
     const std::string line = help_line(serve.out, option);
     ASSERT_FALSE(line.empty()) << option << "\n" << serve.out;
@@ -193,6 +195,15 @@ TEST(Cli, ServeTakesTheModelAsAnArgumentOrAnOption) {
     EXPECT_NE(r.err.find("kiln: error: "), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("/nonexistent/kiln-model"), std::string::npos) << args << "\n" << r.err;
   }
+}
+
+TEST(Cli, ServeRefusesAnOriginWithoutAScheme) {
+  KilnRun r = run_kiln("serve --allowed-origins http://ok.example,localhost:3000 --port 0");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("kiln: error: invalid argument: --allowed-origins \"localhost:3000\": an origin is scheme://host[:port]"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("listening"), std::string::npos) << r.err;
 }
 
 TEST(Cli, GeneratePromptPrintsTheTextOfTheTokensItsIdsGive) {

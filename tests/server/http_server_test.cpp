@@ -77,6 +77,40 @@ TEST(HttpServer, AnswersHealthAndRequestsWith503WhileLoading) {
   http.stop();
 }
 
+// CORS, 404 and 405 need no model: they answer while it loads, in each API's format.
+TEST(HttpServer, PreflightsAndWrongPathsAnswerWhileLoading) {
+  HttpServer http({.port = 0, .allowed_origins = {"http://app.example"}});
+  auto port = http.start();
+  ASSERT_TRUE(port.ok()) << port.status().to_string();
+  httplib::Client c("127.0.0.1", *port);
+  auto ok = c.Options("/v1/messages", {{"Origin", "http://app.example"}, {"Access-Control-Request-Method", "POST"}});
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 204);
+  EXPECT_EQ(ok->get_header_value("Access-Control-Allow-Origin"), "http://app.example");
+  EXPECT_EQ(ok->get_header_value("Access-Control-Allow-Methods"), "POST, OPTIONS");
+  EXPECT_NE(ok->get_header_value("Access-Control-Allow-Headers").find("anthropic-version"), std::string::npos);
+  auto refused = c.Options("/v1/messages", {{"Origin", "http://other.example"}});
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 403);
+  EXPECT_FALSE(refused->has_header("Access-Control-Allow-Origin"));
+  EXPECT_EQ(json::parse(refused->body)["error"]["type"], "permission_error");
+  // The loading 503 still names the allowed origin: a page can read why.
+  auto loading = c.Post("/v1/chat/completions", {{"Origin", "http://app.example"}}, kChat, "application/json");
+  ASSERT_TRUE(loading);
+  EXPECT_EQ(loading->status, 503);
+  EXPECT_EQ(loading->get_header_value("Access-Control-Allow-Origin"), "http://app.example");
+  auto get = c.Get("/v1/messages/count_tokens");
+  ASSERT_TRUE(get);
+  EXPECT_EQ(get->status, 405);
+  EXPECT_EQ(get->get_header_value("Allow"), "POST, OPTIONS");
+  EXPECT_EQ(json::parse(get->body)["type"], "error");
+  auto missing = c.Post("/v1/embeddings", "{}", "application/json");
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 404);
+  EXPECT_EQ(json::parse(missing->body)["error"]["message"], "no such endpoint: POST /v1/embeddings");
+  http.stop();
+}
+
 TEST(HttpServer, AFullQueueIs429InEachApisFormat) {
   Served s = load(/*max_num_seqs=*/1, /*max_queued=*/1);
   HttpServer http({.port = 0});

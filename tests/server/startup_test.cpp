@@ -98,6 +98,8 @@ struct BadModel {
   std::string kind;
   std::function<void(const fs::path&)> spoil;
   std::string expect;  // in the error message
+  // Found before the port is bound: no "listening" line (the weights are read after it).
+  bool before_listening = true;
 };
 
 std::vector<BadModel> bad_models() {
@@ -107,7 +109,7 @@ std::vector<BadModel> bad_models() {
          const std::string c = read_file(d / "config.json");
          write_file(d / "config.json", c.substr(0, c.size() / 2));
        },
-       "config.json"},
+       "config.json: not valid JSON at line "},
       {"an unsupported architecture",
        [](const fs::path& d) {
          std::string c = read_file(d / "config.json");
@@ -123,7 +125,10 @@ std::vector<BadModel> bad_models() {
        "tokenizer"},
       {"truncated weights",
        [](const fs::path& d) { fs::resize_file(d / "model.safetensors", fs::file_size(d / "model.safetensors") / 2); },
-       "model.safetensors"},
+       "model.safetensors", /*before_listening=*/false},
+      {"no config.json",
+       [](const fs::path& d) { fs::remove(d / "config.json"); },
+       "has no config.json"},
   };
 }
 
@@ -143,10 +148,21 @@ TEST(ServeStartup, ABadModelAlwaysExitsNonZeroWithTheError) {
       ASSERT_NE(e.output.find("error"), std::string::npos) << bad.kind << ", run " << i << ":\n" << e.output;
       ASSERT_NE(e.output.find(bad.expect), std::string::npos) << bad.kind << ", run " << i << ":\n" << e.output;
       ASSERT_EQ(e.output.find("serving"), std::string::npos) << bad.kind << ", run " << i << ":\n" << e.output;
+      if (bad.before_listening) {
+        ASSERT_EQ(e.output.find("listening"), std::string::npos) << bad.kind << ", run " << i << ":\n" << e.output;
+      }
     }
     std::printf("%s: %d runs, each exited non-zero with the error, slowest %.2f s\n", bad.kind.c_str(), kRunsPerKind,
                 slowest);
   }
+}
+
+TEST(ServeStartup, AMissingModelDirectoryFailsBeforeListening) {
+  const Exit e = run_serve("/nonexistent/kiln-model", {}, kExitLimit);
+  ASSERT_FALSE(e.timed_out) << e.output;
+  EXPECT_EQ(e.code, 1) << e.output;
+  EXPECT_NE(e.output.find("kiln: error: not found: no model directory /nonexistent/kiln-model"), std::string::npos) << e.output;
+  EXPECT_EQ(e.output.find("listening"), std::string::npos) << e.output;
 }
 
 // A dummy model of a few hundred MB of random weights takes seconds to make on the CPU:

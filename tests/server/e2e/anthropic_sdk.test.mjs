@@ -37,6 +37,18 @@ test("a message comes back as text content with usage", async () => {
   assert.ok(m.usage.output_tokens >= 1 && m.usage.output_tokens <= 10);
 });
 
+test("a message without a model gets the served one; a wrong model is not_found_error", async () => {
+  const m = await client.messages.create({ max_tokens: 3, messages: [{ role: "user", content: "Hi" }] });
+  assert.equal(m.model, "kiln-demo");
+  assert.equal(m.usage.output_tokens, 3);
+  const streamed = await client.messages.stream({ max_tokens: 3, messages: [{ role: "user", content: "Hi" }] }).finalMessage();
+  assert.equal(streamed.model, "kiln-demo");
+  const counted = await client.messages.countTokens({ messages: [{ role: "user", content: "Hi" }] });
+  assert.ok(counted.input_tokens > 0);
+  await assert.rejects(client.messages.create({ model: "claude-x", max_tokens: 3, messages: [{ role: "user", content: "Hi" }] }),
+    (e) => e instanceof NotFoundError && e.error?.error?.type === "not_found_error" && /'claude-x' does not exist/.test(e.message));
+});
+
 test("streaming: the SDK's accumulated message equals the events, in Anthropic's order", async () => {
   const output = "A short tale about a kiln.<|im_end|>";
   const stream = client.messages.stream(

@@ -25,9 +25,10 @@ process.on("exit", () => {
 // API tests again with "--tensor-parallel-size 2").
 const extraArgs = (process.env.KILN_TEST_SERVER_ARGS ?? "").split(/\s+/).filter(Boolean);
 
-export async function startServer(args = [], { timeoutMs = 120000 } = {}) {
+// env: more environment variables for this server (KILN_LOG: "info").
+export async function startServer(args = [], { timeoutMs = 120000, env = {} } = {}) {
   const proc = spawn(binary, ["serve", "--port", "0", "--threads", "2", ...args, ...extraArgs], {
-    env: process.env,
+    env: { ...process.env, ...env },
     stdio: ["ignore", "pipe", "pipe"],
   });
   running.add(proc);

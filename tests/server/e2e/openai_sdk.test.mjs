@@ -28,6 +28,31 @@ test("models lists the served model", async () => {
   await assert.rejects(client.models.retrieve("other"), NotFoundError);
 });
 
+test("a request without a model gets the served one (chat and completions)", async () => {
+  // The client does not insist on a model; llama.cpp tutorials leave it out.
+  const chat = await client.chat.completions.create({ messages: [{ role: "user", content: "Hi" }], max_tokens: 3 });
+  assert.equal(chat.model, "kiln-demo");
+  assert.equal(chat.usage.completion_tokens, 3);
+  const completion = await client.completions.create({ prompt: "Once", max_tokens: 3 });
+  assert.equal(completion.model, "kiln-demo");
+  assert.equal(completion.usage.completion_tokens, 3);
+  const stream = await client.chat.completions.create({ messages: [{ role: "user", content: "Hi" }], max_tokens: 3, stream: true });
+  let chunks = 0;
+  for await (const chunk of stream) {
+    assert.equal(chunk.model, "kiln-demo");
+    ++chunks;
+  }
+  assert.ok(chunks >= 2, `${chunks} chunks`);
+  // null and "" mean the same (vLLM's reading); a wrong name is still a 404 naming it.
+  for (const model of [null, ""]) {
+    const r = await client.chat.completions.create({ model, messages: [{ role: "user", content: "Hi" }], max_tokens: 2 });
+    assert.equal(r.model, "kiln-demo");
+  }
+  await assert.rejects(client.chat.completions.create({ model: "gpt-4o", messages: [{ role: "user", content: "Hi" }], max_tokens: 2 }),
+    (e) => e instanceof NotFoundError && e.code === "model_not_found" && /'gpt-4o' does not exist/.test(e.message));
+  await assert.rejects(client.completions.create({ model: "gpt-4o", prompt: "x", max_tokens: 2 }), NotFoundError);
+});
+
 test("chat completion returns text, usage and a finish reason", async () => {
   const r = await client.chat.completions.create({
     model: "kiln-demo",
