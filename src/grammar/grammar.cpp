@@ -131,6 +131,18 @@ Sequence Grammar::literal(std::string_view s) {
   return seq;
 }
 
+std::vector<Sequence> Grammar::utf8_multibyte() {
+  auto r = [](unsigned lo, unsigned hi) { return Element::byte_set(ByteSet::range(lo, hi)); };
+  const Element cont = r(0x80, 0xBF);
+  return {{r(0xC2, 0xDF), cont},
+          {Element::byte(0xE0), r(0xA0, 0xBF), cont},
+          {Element::byte_set(ByteSet::range(0xE1, 0xEC).add(0xEE, 0xEF)), cont, cont},
+          {Element::byte(0xED), r(0x80, 0x9F), cont},  // no surrogates
+          {Element::byte(0xF0), r(0x90, 0xBF), cont, cont},
+          {r(0xF1, 0xF3), cont, cont, cont},
+          {Element::byte(0xF4), r(0x80, 0x8F), cont, cont}};
+}
+
 Sequence Grammar::cat(std::initializer_list<Sequence> parts) {
   Sequence out;
   for (const Sequence& p : parts) out.insert(out.end(), p.begin(), p.end());

@@ -89,6 +89,9 @@ class Grammar {
 
   // The bytes of `s`, one element each.
   static Sequence literal(std::string_view s);
+  // The well-formed UTF-8 encodings of U+0080..U+10FFFF (no surrogates, no overlongs) as
+  // alternatives of byte sets: 2, 3 and 4-byte forms.
+  static std::vector<Sequence> utf8_multibyte();
   // Concatenation helper: cat({a, b}, c) appends.
   static Sequence cat(std::initializer_list<Sequence> parts);
 
