@@ -62,6 +62,9 @@ Result<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::compile(const Gr
 namespace detail {
 namespace {
 
+// Sets up to this size are left unsorted and scanned linearly on completion.
+constexpr size_t kSortedSetMin = 32;
+
 // The set builder: items of the new set k are appended to upper.items from `start`.
 struct SetBuilder {
   const CompiledGrammar& g;
@@ -132,16 +135,23 @@ struct SetBuilder {
         // Complete: advance the items of set `origin` that wait on this rule. (origin == k
         // is an empty match, already advanced at prediction time.)
         std::span<const Item> older = set(it.origin);
-        auto first = std::lower_bound(older.begin(), older.end(), p.value,
-                                      [&](const Item& x, uint32_t r) { return g.waits[x.pos] < r; });
         ws.tmp.clear();
-        for (auto w = first; w != older.end() && g.waits[w->pos] == p.value; ++w) ws.tmp.push_back(*w);
+        if (older.size() <= kSortedSetMin) {
+          for (const Item& w : older)
+            if (g.waits[w.pos] == p.value) ws.tmp.push_back(w);
+        } else {
+          auto first = std::lower_bound(older.begin(), older.end(), p.value,
+                                        [&](const Item& x, uint32_t r) { return g.waits[x.pos] < r; });
+          for (auto w = first; w != older.end() && g.waits[w->pos] == p.value; ++w) ws.tmp.push_back(*w);
+        }
         for (const Item& w : ws.tmp) add(w.pos + 1, w.origin);
       }
     }
-    // Sort by the rule each item waits on, for the binary search of later completions.
-    std::sort(upper.items.begin() + static_cast<ptrdiff_t>(start), upper.items.end(),
-              [&](const Item& a, const Item& b) { return g.waits[a.pos] < g.waits[b.pos]; });
+    // Sort large sets by the rule each item waits on, for the binary search of later
+    // completions; small ones are scanned (cheaper than sorting them).
+    if (upper.items.size() - start > kSortedSetMin)
+      std::sort(upper.items.begin() + static_cast<ptrdiff_t>(start), upper.items.end(),
+                [&](const Item& a, const Item& b) { return g.waits[a.pos] < g.waits[b.pos]; });
     upper.begin.push_back(static_cast<uint32_t>(upper.items.size()));
   }
 };

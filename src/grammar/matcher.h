@@ -5,8 +5,8 @@
 // (alternative, dot, origin) alive after byte i. One byte costs a scan of the last set and
 // the closure (predict / complete) of the new one; with the left-recursive repetition the
 // front ends emit, a set holds O(grammar nesting depth) items, independent of input length.
-// Completion looks up the items waiting on a rule in an older set by binary search: every
-// finished set is sorted by the rule its items wait on.
+// Completion looks up the items waiting on a rule in an older set: a linear scan of a small
+// set, a binary search in a large one (those are sorted by the rule their items wait on).
 //
 // Empty rules follow Aycock and Horspool: predicting a nullable rule also advances the dot
 // past it, so a completion whose origin is the current set never needs to be revisited.
