@@ -1,0 +1,208 @@
+#include "grammar/grammar.h"
+
+#include <bit>
+#include <cstdio>
+
+#include "core/check.h"
+
+namespace kiln::grammar {
+
+int ByteSet::count() const {
+  int n = 0;
+  for (uint64_t w : bits) n += std::popcount(w);
+  return n;
+}
+
+namespace {
+
+std::string byte_text(unsigned b, bool in_class) {
+  if (b >= 0x21 && b < 0x7f && b != '\\' && b != '"' && !(in_class && (b == ']' || b == '-' || b == '^')))
+    return std::string(1, static_cast<char>(b));
+  switch (b) {
+    case ' ': return " ";
+    case '\\': return "\\\\";
+    case '"': return "\\\"";
+    case '\n': return "\\n";
+    case '\t': return "\\t";
+    case '\r': return "\\r";
+    default: break;
+  }
+  if (in_class && (b == ']' || b == '-' || b == '^')) return std::string("\\") + static_cast<char>(b);
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "\\x%02X", b);
+  return buf;
+}
+
+}  // namespace
+
+std::string ByteSet::to_string() const {
+  if (count() == 1) {
+    for (unsigned b = 0; b < 256; ++b)
+      if (has(b)) return "\"" + byte_text(b, false) + "\"";
+  }
+  if (count() == 256) return "[\\x00-\\xFF]";
+  // Print the shorter of the set and its complement.
+  bool negate = count() > 128;
+  const ByteSet s = negate ? complement() : *this;
+  std::string out = negate ? "[^" : "[";
+  for (unsigned b = 0; b < 256;) {
+    if (!s.has(b)) {
+      ++b;
+      continue;
+    }
+    unsigned e = b;
+    while (e + 1 < 256 && s.has(e + 1)) ++e;
+    out += byte_text(b, true);
+    if (e > b) out += (e > b + 1 ? "-" : "") + byte_text(e, true);
+    b = e + 1;
+  }
+  return out + "]";
+}
+
+uint32_t Grammar::add_rule(std::string name, std::vector<Sequence> alternatives) {
+  std::string unique = name;
+  for (int i = 2; names_.count(unique); ++i) unique = name + "_" + std::to_string(i);
+  names_.insert(unique);
+  rules_.push_back({.name = std::move(unique), .alternatives = std::move(alternatives)});
+  return static_cast<uint32_t>(rules_.size() - 1);
+}
+
+void Grammar::set_alternatives(uint32_t rule, std::vector<Sequence> alternatives) {
+  KILN_CHECK_LT(rule, rules_.size());
+  rules_[rule].alternatives = std::move(alternatives);
+}
+
+Element Grammar::alternation(std::string name, std::vector<Sequence> alternatives) {
+  return Element::ref(add_rule(std::move(name), std::move(alternatives)));
+}
+
+Element Grammar::optional(std::string name, Sequence body) {
+  return alternation(std::move(name), {std::move(body), {}});
+}
+
+Element Grammar::star(std::string name, Sequence body) {
+  // S ::= S body | <empty>   (left recursion: constant Earley items per byte)
+  uint32_t s = add_rule(std::move(name));
+  Sequence rec{Element::ref(s)};
+  rec.insert(rec.end(), body.begin(), body.end());
+  set_alternatives(s, {std::move(rec), {}});
+  return Element::ref(s);
+}
+
+Element Grammar::plus(std::string name, Sequence body) {
+  // P ::= P body | body
+  uint32_t p = add_rule(std::move(name));
+  Sequence rec{Element::ref(p)};
+  rec.insert(rec.end(), body.begin(), body.end());
+  set_alternatives(p, {std::move(rec), std::move(body)});
+  return Element::ref(p);
+}
+
+Element Grammar::repeat(std::string name, Sequence body, uint32_t min, std::optional<uint32_t> max) {
+  KILN_CHECK(!max || *max >= min) << name << ": {" << min << "," << *max << "}";
+  if (!max && min == 0) return star(std::move(name), std::move(body));
+  if (!max && min == 1) return plus(std::move(name), std::move(body));
+  // Counting rules C_0 ::= <empty>, C_i ::= C_{i-1} body, all left-linear so that after i
+  // copies the recognizer holds a constant number of items, whatever the bound.
+  const uint32_t top_count = max ? *max : min;
+  std::vector<uint32_t> counts{add_rule(name + "_0", {{}})};
+  for (uint32_t i = 1; i <= top_count; ++i) {
+    Sequence seq{Element::ref(counts.back())};
+    seq.insert(seq.end(), body.begin(), body.end());
+    counts.push_back(add_rule(name + "_" + std::to_string(i), {std::move(seq)}));
+  }
+  uint32_t top = add_rule(std::move(name));
+  std::vector<Sequence> alts;
+  if (max) {
+    for (uint32_t i = min; i <= *max; ++i) alts.push_back({Element::ref(counts[i])});
+  } else {  // R ::= C_min | R body
+    alts.push_back({Element::ref(counts[min])});
+    Sequence rec{Element::ref(top)};
+    rec.insert(rec.end(), body.begin(), body.end());
+    alts.push_back(std::move(rec));
+  }
+  set_alternatives(top, std::move(alts));
+  return Element::ref(top);
+}
+
+Sequence Grammar::literal(std::string_view s) {
+  Sequence seq;
+  for (char c : s) seq.push_back(Element::byte(static_cast<uint8_t>(c)));
+  return seq;
+}
+
+std::vector<Sequence> Grammar::utf8_multibyte() {
+  auto r = [](unsigned lo, unsigned hi) { return Element::byte_set(ByteSet::range(lo, hi)); };
+  const Element cont = r(0x80, 0xBF);
+  return {{r(0xC2, 0xDF), cont},
+          {Element::byte(0xE0), r(0xA0, 0xBF), cont},
+          {Element::byte_set(ByteSet::range(0xE1, 0xEC).add(0xEE, 0xEF)), cont, cont},
+          {Element::byte(0xED), r(0x80, 0x9F), cont},  // no surrogates
+          {Element::byte(0xF0), r(0x90, 0xBF), cont, cont},
+          {r(0xF1, 0xF3), cont, cont, cont},
+          {Element::byte(0xF4), r(0x80, 0x8F), cont, cont}};
+}
+
+Sequence Grammar::cat(std::initializer_list<Sequence> parts) {
+  Sequence out;
+  for (const Sequence& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
+size_t Grammar::n_elements() const {
+  size_t n = 0;
+  for (const Rule& r : rules_)
+    for (const Sequence& a : r.alternatives) n += a.size();
+  return n;
+}
+
+Status Grammar::validate() const {
+  if (start_ >= rules_.size()) return internal_error("grammar has no start rule");
+  for (const Rule& r : rules_)
+    for (const Sequence& a : r.alternatives)
+      for (const Element& e : a)
+        if (e.kind == Element::Kind::kRule && e.rule >= rules_.size())
+          return internal_error("rule " + r.name + " refers to rule " + std::to_string(e.rule) +
+                                " of " + std::to_string(rules_.size()));
+  return Status::Ok();
+}
+
+std::string Grammar::to_string() const {
+  auto print_rule = [&](const Rule& r) {
+    std::string out = r.name + " ::=";
+    if (r.alternatives.empty()) out += " <nothing>";
+    for (size_t a = 0; a < r.alternatives.size(); ++a) {
+      if (a) out += " |";
+      const Sequence& seq = r.alternatives[a];
+      if (seq.empty()) out += " \"\"";
+      for (size_t i = 0; i < seq.size();) {
+        const Element& e = seq[i];
+        if (e.kind == Element::Kind::kRule) {
+          out += " " + rules_[e.rule].name;
+          ++i;
+          continue;
+        }
+        if (e.bytes.count() != 1) {
+          out += " " + e.bytes.to_string();
+          ++i;
+          continue;
+        }
+        // Merge a run of single bytes into one quoted literal.
+        std::string lit;
+        for (; i < seq.size() && seq[i].kind == Element::Kind::kBytes && seq[i].bytes.count() == 1; ++i) {
+          std::string one = seq[i].bytes.to_string();
+          lit += one.substr(1, one.size() - 2);
+        }
+        out += " \"" + lit + "\"";
+      }
+    }
+    return out + "\n";
+  };
+  std::string out;
+  if (start_ < rules_.size()) out += print_rule(rules_[start_]);
+  for (uint32_t r = 0; r < rules_.size(); ++r)
+    if (r != start_) out += print_rule(rules_[r]);
+  return out;
+}
+
+}  // namespace kiln::grammar

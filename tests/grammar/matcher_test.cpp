@@ -1,0 +1,154 @@
+// The Earley matcher on small hand-written grammars: recursion (left, right, nested),
+// empty rules, repetition bounds, all-or-nothing accept, rollback.
+#include "grammar/matcher.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+namespace kiln::grammar {
+namespace {
+
+std::shared_ptr<const CompiledGrammar> compile(const Grammar& g) {
+  auto cg = CompiledGrammar::compile(g);
+  EXPECT_TRUE(cg.ok()) << cg.status().to_string();
+  return std::move(cg).value();
+}
+
+bool matches(const std::shared_ptr<const CompiledGrammar>& g, std::string_view s) {
+  Matcher m(g);
+  return m.accept(s) && m.is_complete();
+}
+
+// S ::= "(" S ")" S | <empty>   (balanced parentheses)
+std::shared_ptr<const CompiledGrammar> parens() {
+  Grammar g;
+  uint32_t s = g.add_rule("s");
+  g.set_alternatives(s, {Grammar::cat({Grammar::literal("("), {Element::ref(s)}, Grammar::literal(")"),
+                                       {Element::ref(s)}}),
+                         {}});
+  g.set_start(s);
+  return compile(g);
+}
+
+bool balanced(std::string_view s) {
+  int d = 0;
+  for (char c : s) {
+    d += c == '(' ? 1 : -1;
+    if (d < 0) return false;
+  }
+  return d == 0;
+}
+
+TEST(Matcher, BalancedParenthesesAgainstACounter) {
+  auto g = parens();
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::string s;
+    const int n = static_cast<int>(rng() % 12);
+    for (int i = 0; i < n; ++i) s += (rng() & 1) ? '(' : ')';
+    EXPECT_EQ(matches(g, s), balanced(s)) << s;
+  }
+}
+
+TEST(Matcher, PrefixesAreAcceptedButNotComplete) {
+  auto g = parens();
+  Matcher m(g);
+  EXPECT_TRUE(m.is_complete());  // the empty string is a sentence
+  EXPECT_TRUE(m.accept("(("));
+  EXPECT_FALSE(m.is_complete());
+  EXPECT_TRUE(m.can_continue());
+  EXPECT_FALSE(m.accept("))x"));  // all or nothing: the two ')' are not kept
+  EXPECT_EQ(m.n_bytes(), 2u);
+  EXPECT_TRUE(m.accept("))"));
+  EXPECT_TRUE(m.is_complete());
+  EXPECT_FALSE(m.accept(")"));
+}
+
+TEST(Matcher, LeftRecursiveExpression) {
+  // e ::= e "+" t | t ; t ::= t "*" f | f ; f ::= [0-9] | "(" e ")"
+  Grammar g;
+  uint32_t e = g.add_rule("e"), t = g.add_rule("t"), f = g.add_rule("f");
+  g.set_alternatives(e, {{Element::ref(e), Element::byte('+'), Element::ref(t)}, {Element::ref(t)}});
+  g.set_alternatives(t, {{Element::ref(t), Element::byte('*'), Element::ref(f)}, {Element::ref(f)}});
+  g.set_alternatives(f, {{Element::byte_set(ByteSet::range('0', '9'))},
+                         {Element::byte('('), Element::ref(e), Element::byte(')')}});
+  g.set_start(e);
+  auto cg = compile(g);
+  for (const char* ok : {"1", "1+2", "1+2*3", "(1+2)*3", "((4))", "1*2*3+4+5*(6+7)"}) EXPECT_TRUE(matches(cg, ok)) << ok;
+  for (const char* bad : {"", "+", "1+", "(1", "1)", "12", "1**2", "()"}) EXPECT_FALSE(matches(cg, bad)) << bad;
+}
+
+TEST(Matcher, NullableChainsAndEmptyRules) {
+  // s ::= a b c "x" ; a ::= "" | "a" ; b ::= a a ; c ::= b | "c"
+  Grammar g;
+  uint32_t a = g.add_rule("a", {{}, Grammar::literal("a")});
+  uint32_t b = g.add_rule("b", {{Element::ref(a), Element::ref(a)}});
+  uint32_t c = g.add_rule("c", {{Element::ref(b)}, Grammar::literal("c")});
+  uint32_t s = g.add_rule("s", {{Element::ref(a), Element::ref(b), Element::ref(c), Element::byte('x')}});
+  g.set_start(s);
+  auto cg = compile(g);
+  for (const char* ok : {"x", "ax", "aax", "aaax", "aaaaax", "cx", "aaacx"}) EXPECT_TRUE(matches(cg, ok)) << ok;
+  for (const char* bad : {"", "aaaaaax", "ccx", "xa", "acax"}) EXPECT_FALSE(matches(cg, bad)) << bad;
+}
+
+TEST(Matcher, RepeatBoundsAndStarPlusOptional) {
+  for (uint32_t lo : {0u, 1u, 3u}) {
+    for (std::optional<uint32_t> hi : {std::optional<uint32_t>{}, std::optional<uint32_t>{3}, std::optional<uint32_t>{5}}) {
+      if (hi && *hi < lo) continue;
+      Grammar g;
+      Element r = g.repeat("r", Grammar::literal("ab"), lo, hi);
+      g.set_start(g.add_rule("s", {{Element::byte('<'), r, Element::byte('>')}}));
+      auto cg = compile(g);
+      for (uint32_t n = 0; n < 9; ++n) {
+        std::string s = "<";
+        for (uint32_t i = 0; i < n; ++i) s += "ab";
+        s += ">";
+        EXPECT_EQ(matches(cg, s), n >= lo && (!hi || n <= *hi)) << s << " {" << lo << "," << hi.value_or(99) << "}";
+      }
+    }
+  }
+  Grammar g;
+  Element o = g.optional("o", Grammar::literal("-"));
+  Element p = g.plus("p", {Element::byte_set(ByteSet::range('0', '9'))});
+  Element st = g.star("st", Grammar::literal("_"));
+  g.set_start(g.add_rule("s", {{o, p, st}}));
+  auto cg = compile(g);
+  for (const char* ok : {"1", "-1", "123__", "-0_"}) EXPECT_TRUE(matches(cg, ok)) << ok;
+  for (const char* bad : {"-", "_", "--1", "1_2"}) EXPECT_FALSE(matches(cg, bad)) << bad;
+  EXPECT_NE(g.to_string().find("s ::="), std::string::npos) << g.to_string();
+}
+
+TEST(Matcher, RollbackRestoresEarlierStates) {
+  auto g = parens();
+  Matcher m(g);
+  ASSERT_TRUE(m.accept("("));
+  ASSERT_TRUE(m.accept("(("));
+  ASSERT_TRUE(m.accept(")"));
+  EXPECT_EQ(m.n_accepts(), 3);
+  m.rollback(2);
+  EXPECT_EQ(m.n_bytes(), 1u);
+  EXPECT_TRUE(m.accept(")"));
+  EXPECT_TRUE(m.is_complete());
+  m.rollback(2);
+  EXPECT_EQ(m.n_bytes(), 0u);
+  EXPECT_TRUE(m.is_complete());
+}
+
+TEST(Matcher, LongInputsKeepSetsSmall) {
+  // 100k bytes of a star: the last set's size does not grow with the input.
+  Grammar g;
+  Element st = g.star("chars", {Element::byte_set(ByteSet::range('a', 'z'))});
+  g.set_start(g.add_rule("s", {{Element::byte('"'), st, Element::byte('"')}}));
+  auto cg = compile(g);
+  Matcher m(cg);
+  ASSERT_TRUE(m.accept("\""));
+  std::string chunk(1000, 'q');
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(m.accept(chunk));
+  EXPECT_FALSE(m.is_complete());
+  ASSERT_TRUE(m.accept("\""));
+  EXPECT_TRUE(m.is_complete());
+}
+
+}  // namespace
+}  // namespace kiln::grammar

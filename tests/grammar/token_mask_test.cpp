@@ -1,0 +1,233 @@
+// Token masks: fill_mask equals trying every token with accept + rollback, rollback
+// restores masks exactly, EOS only when complete, generated documents pass token by token
+// through a toy vocabulary; and a timing print (not asserted) for a ~30k-token vocabulary.
+#include "grammar/token_mask.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <unordered_map>
+
+#include "grammar/json_instances.h"
+#include "grammar/json_schema.h"
+
+namespace kiln::grammar {
+namespace {
+
+using testing::ojson;
+
+const char* kSchema = R"({"type":"object","properties":{"name":{"type":"string","maxLength":12},
+    "age":{"type":"integer","minimum":0,"maximum":150},"tags":{"type":"array","items":{"type":"string"}},
+    "kind":{"enum":["cat","dog","cow"]},"score":{"type":"number"},
+    "child":{"anyOf":[{"$ref":"#"},{"type":"null"}]}},"required":["name","kind"],"additionalProperties":false})";
+
+std::shared_ptr<const CompiledGrammar> schema_grammar(const char* text) {
+  auto g = json_schema_text_to_grammar(text);
+  EXPECT_TRUE(g.ok()) << g.status().to_string();
+  return CompiledGrammar::compile(*g).value();
+}
+
+// All 256 single bytes, n random strings (JSON-ish pieces, random bytes, UTF-8), and a few
+// empty (special) tokens; the last one is EOS.
+std::vector<std::string> toy_vocab(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::string> v;
+  for (int b = 0; b < 256; ++b) v.push_back(std::string(1, static_cast<char>(b)));
+  static const char* kPieces[] = {"{", "}", "[", "]", "\"", ":", ",", " ", "name", "age", "kind", "tags", "cat", "dog",
+                                  "1", "0", "9", "-", ".", "e", "true", "null", "\\", "n", "u", "é", "😀", "ch", "ild"};
+  while (v.size() < n + 256) {
+    std::string s;
+    const int len = 1 + static_cast<int>(rng() % 6);
+    for (int i = 0; i < len; ++i) {
+      if (rng() % 5 == 0) s += static_cast<char>(rng() % 256);
+      else s += kPieces[rng() % (sizeof kPieces / sizeof *kPieces)];
+    }
+    v.push_back(s);
+  }
+  v.push_back("");
+  v.push_back("");  // EOS
+  return v;
+}
+
+std::vector<uint32_t> brute_force_mask(Matcher& m, const std::vector<std::string>& vocab, uint32_t eos) {
+  std::vector<uint32_t> mask((vocab.size() + 31) / 32, 0);
+  for (uint32_t t = 0; t < vocab.size(); ++t) {
+    bool ok;
+    if (vocab[t].empty()) {
+      ok = t == eos && m.is_complete();
+    } else {
+      ok = m.accept(vocab[t]);
+      if (ok) m.rollback(1);
+    }
+    if (ok) mask[t >> 5] |= 1u << (t & 31);
+  }
+  return mask;
+}
+
+// Greedy longest-match tokenization (the vocabulary holds every single byte).
+std::vector<uint32_t> tokenize(const std::string& doc, const std::vector<std::string>& vocab) {
+  std::unordered_map<std::string, uint32_t> ids;
+  size_t max_len = 0;
+  for (uint32_t t = 0; t < vocab.size(); ++t) {
+    if (!vocab[t].empty()) ids.emplace(vocab[t], t);
+    max_len = std::max(max_len, vocab[t].size());
+  }
+  std::vector<uint32_t> out;
+  for (size_t i = 0; i < doc.size();) {
+    for (size_t len = std::min(max_len, doc.size() - i); len > 0; --len) {
+      auto it = ids.find(doc.substr(i, len));
+      if (it != ids.end()) {
+        out.push_back(it->second);
+        i += len;
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+bool bit(const std::vector<uint32_t>& mask, uint32_t t) { return (mask[t >> 5] >> (t & 31)) & 1; }
+
+TEST(TokenMask, EqualsBruteForceAlongGeneratedDocuments) {
+  auto g = schema_grammar(kSchema);
+  const std::vector<std::string> vocab = toy_vocab(3000, 5);
+  const uint32_t eos = static_cast<uint32_t>(vocab.size() - 1);
+  TokenMasker masker(vocab, eos);
+  const ojson schema = ojson::parse(kSchema);
+  testing::InstanceGenerator gen(schema, 99);
+  int n_states = 0;
+  for (int d = 0; d < 8; ++d) {
+    const std::string doc = gen.serialize(gen.generate(schema));
+    const std::vector<uint32_t> tokens = tokenize(doc, vocab);
+    Matcher m(g);
+    std::vector<uint32_t> mask(masker.mask_words());
+    for (size_t i = 0; i <= tokens.size(); ++i) {
+      masker.fill_mask(m, mask.data());
+      ASSERT_EQ(mask, brute_force_mask(m, vocab, eos)) << doc << " after " << i << " tokens";
+      ++n_states;
+      if (i == tokens.size()) break;
+      ASSERT_TRUE(bit(mask, tokens[i])) << "token '" << vocab[tokens[i]] << "' of " << doc << " masked out";
+      ASSERT_TRUE(m.accept(vocab[tokens[i]]));
+    }
+    EXPECT_TRUE(m.is_complete());
+    EXPECT_TRUE(bit(mask, eos));
+  }
+  std::printf("[ masks ] %d states compared with brute force over %zu tokens\n", n_states, vocab.size());
+}
+
+TEST(TokenMask, RollbackRestoresMasksExactly) {
+  auto g = schema_grammar(kSchema);
+  const std::vector<std::string> vocab = toy_vocab(2000, 6);
+  const uint32_t eos = static_cast<uint32_t>(vocab.size() - 1);
+  TokenMasker masker(vocab, eos);
+  const ojson schema = ojson::parse(kSchema);
+  testing::InstanceGenerator gen(schema, 7);
+  const std::string doc = gen.serialize(gen.generate(schema));
+  const std::vector<uint32_t> tokens = tokenize(doc, vocab);
+  Matcher m(g);
+  std::vector<std::vector<uint32_t>> masks;
+  for (uint32_t t : tokens) {
+    masks.emplace_back(masker.mask_words());
+    masker.fill_mask(m, masks.back().data());
+    ASSERT_TRUE(m.accept(vocab[t]));
+  }
+  // Roll back 1, 2, 3... tokens at a time from the end, comparing with the masks recorded.
+  std::vector<uint32_t> mask(masker.mask_words());
+  for (size_t k = 1; k <= 3 && m.n_accepts() > 0; ++k) {
+    const int n = std::min<int>(static_cast<int>(k), m.n_accepts());
+    m.rollback(n);
+    masker.fill_mask(m, mask.data());
+    ASSERT_EQ(mask, masks[m.n_accepts()]);
+    // Re-accept a different acceptable token, then roll it back too: still the same mask.
+    for (uint32_t t = 0; t < vocab.size(); ++t) {
+      if (!vocab[t].empty() && bit(mask, t) && t != tokens[m.n_accepts()]) {
+        ASSERT_TRUE(m.accept(vocab[t]));
+        m.rollback(1);
+        break;
+      }
+    }
+    masker.fill_mask(m, mask.data());
+    ASSERT_EQ(mask, masks[m.n_accepts()]);
+  }
+}
+
+TEST(TokenMask, EosOnlyWhenCompleteAndSpecialTokensNever) {
+  auto g = schema_grammar(R"({"type":"integer"})");
+  const std::vector<std::string> vocab = {"1", "2", "", "-", "12", ""};
+  TokenMasker masker(vocab, 5);
+  Matcher m(g);
+  uint32_t mask = 0;
+  masker.fill_mask(m, &mask);
+  EXPECT_EQ(mask, 0b011011u);  // 1 2 - 12; not the special token 2, not EOS
+  ASSERT_TRUE(m.accept("1"));
+  masker.fill_mask(m, &mask);
+  EXPECT_EQ(mask, 0b110011u);  // digits and EOS
+}
+
+// A ~30k-token vocabulary shaped like a BPE one: words with and without a leading space,
+// digits, punctuation runs, UTF-8 pieces.
+std::vector<std::string> bpe_like_vocab(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::string> v;
+  for (int b = 0; b < 256; ++b) v.push_back(std::string(1, static_cast<char>(b)));
+  const std::string letters = "etaoinshrdlcumwfgypbvkjxqz";
+  static const char* kPunct[] = {"\"", "\":", "\",", "{", "}", "[", "]", ", ", ": ", "\":\"", "\\n", ".", "-", "_", "()", "\n"};
+  static const char* kUtf8[] = {"é", "ü", "日", "本", "😀", "ñ", "ß"};
+  while (v.size() < n) {
+    std::string s;
+    switch (rng() % 10) {
+      case 0: s = std::to_string(rng() % 1000); break;
+      case 1: s = kPunct[rng() % 16]; s += kPunct[rng() % 16]; break;
+      case 2: s = kUtf8[rng() % 7]; break;
+      default: {
+        if (rng() & 1) s = " ";
+        const int len = 2 + static_cast<int>(rng() % 8);
+        for (int i = 0; i < len; ++i) s += letters[std::min<size_t>(rng() % 26, rng() % 26)];
+        if (rng() % 4 == 0) s[s[0] == ' ' ? 1 : 0] = static_cast<char>(std::toupper(s[s[0] == ' ' ? 1 : 0]));
+      }
+    }
+    v.push_back(s);
+  }
+  return v;
+}
+
+// This thread's CPU time: the machine is shared, wall time would count other jobs.
+double thread_cpu_us() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+TEST(TokenMask, BenchMaskTimePerStep) {
+  auto g = schema_grammar(kSchema);
+  const std::vector<std::string> vocab = bpe_like_vocab(30000, 11);
+  const auto t0 = std::chrono::steady_clock::now();
+  TokenMasker masker(vocab, std::nullopt);
+  const double build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const ojson schema = ojson::parse(kSchema);
+  testing::InstanceGenerator gen(schema, 3);
+  std::vector<double> us;
+  std::vector<uint32_t> mask(masker.mask_words());
+  for (int d = 0; d < 4; ++d) {
+    const std::string doc = gen.serialize(gen.generate(schema));
+    const std::vector<uint32_t> tokens = tokenize(doc, vocab);
+    Matcher m(g);
+    for (uint32_t t : tokens) {
+      const double a = thread_cpu_us();
+      masker.fill_mask(m, mask.data());
+      us.push_back(thread_cpu_us() - a);
+      ASSERT_TRUE(bit(mask, t));
+      ASSERT_TRUE(m.accept(vocab[t]));
+    }
+  }
+  std::sort(us.begin(), us.end());
+  std::printf("[ bench ] vocab %zu tokens, trie %zu nodes built in %.1f ms; fill_mask over %zu steps: "
+              "p50 %.0f us, p99 %.0f us, max %.0f us (thread CPU time)\n",
+              vocab.size(), masker.n_nodes(), build_ms, us.size(), us[us.size() / 2], us[us.size() * 99 / 100],
+              us.back());
+}
+
+}  // namespace
+}  // namespace kiln::grammar
