@@ -33,6 +33,21 @@ class ByteLevelDecoder final : public Decoder {
     }
     tokens.assign(1, utf8_lossy(bytes));
   }
+  void token_bytes(std::string& token, bool* joined) const override {
+    const ByteLevelAlphabet& alphabet = ByteLevelAlphabet::get();
+    std::string bytes;
+    size_t i = 0;
+    while (i < token.size()) {
+      const int b = alphabet.byte_of(utf8_next(token, i));
+      if (b < 0) {  // not byte-level: its own UTF-8, as decode_chain keeps it
+        *joined = true;
+        return;
+      }
+      bytes.push_back(char(b));
+    }
+    token = std::move(bytes);
+    *joined = true;
+  }
 };
 
 class ReplaceDecoder final : public Decoder {
@@ -52,6 +67,11 @@ class ReplaceDecoder final : public Decoder {
       out.append(t, prev, std::string::npos);
       t = std::move(out);
     }
+  }
+  void token_bytes(std::string& token, bool*) const override {
+    std::vector<std::string> one{std::move(token)};
+    decode_chain(one);
+    token = std::move(one[0]);
   }
 
  private:
@@ -91,6 +111,9 @@ class ByteFallbackDecoder final : public Decoder {
     tokens.swap(out);
   }
   bool has_byte_fallback() const override { return true; }
+  void token_bytes(std::string& token, bool*) const override {
+    if (auto b = parse_byte_token(token)) token.assign(1, char(*b));
+  }
 };
 
 class FuseDecoder final : public Decoder {
@@ -100,6 +123,7 @@ class FuseDecoder final : public Decoder {
     for (const std::string& t : tokens) all += t;
     tokens.assign(1, std::move(all));
   }
+  void token_bytes(std::string&, bool* joined) const override { *joined = true; }
 };
 
 // Removes up to `start` leading and `stop` trailing occurrences of one character per token.
@@ -124,6 +148,12 @@ class StripDecoder final : public Decoder {
       t = t.substr(b, e - b);
     }
   }
+  void token_bytes(std::string& token, bool* joined) const override {
+    if (*joined) return;  // strips the whole text's ends, not a token's in the middle
+    std::vector<std::string> one{std::move(token)};
+    decode_chain(one);
+    token = std::move(one[0]);
+  }
 
  private:
   uint32_t content_;
@@ -135,6 +165,9 @@ class SequenceDecoder final : public Decoder {
   explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> parts) : parts_(std::move(parts)) {}
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (const auto& p : parts_) p->decode_chain(tokens);
+  }
+  void token_bytes(std::string& token, bool* joined) const override {
+    for (const auto& p : parts_) p->token_bytes(token, joined);
   }
   bool has_byte_fallback() const override {
     for (const auto& p : parts_) {

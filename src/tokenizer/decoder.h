@@ -21,6 +21,12 @@ class Decoder {
  public:
   virtual ~Decoder() = default;
   virtual void decode_chain(std::vector<std::string>& tokens) const = 0;
+  // The bytes one token contributes in the middle of a decoded text (structured output's
+  // vocabulary): this step applied to the token alone, raw (no lossy UTF-8; a <0xNN> token
+  // is its byte). A step that joins the tokens (Fuse, ByteLevel) sets *joined; a later step
+  // then acts on the whole text, so one that touches only its ends (Strip) leaves a token
+  // in the middle alone.
+  virtual void token_bytes(std::string& token, bool* joined) const = 0;
   // True if the chain contains ByteFallback: a run of <0xNN> tokens then decodes as a
   // whole (all U+FFFD if any byte of it is invalid), so a stream must not cut inside it.
   virtual bool has_byte_fallback() const { return false; }

@@ -276,6 +276,16 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
   return out;
 }
 
+std::optional<std::string> Tokenizer::token_bytes(int32_t id) const {
+  const Impl& m = *impl_;
+  const std::string* t = m.token_of(id);
+  if (t == nullptr || m.special_contents.count(*t) > 0) return std::nullopt;
+  std::string bytes = *t;
+  bool joined = false;
+  if (m.decoder) m.decoder->token_bytes(bytes, &joined);
+  return bytes;
+}
+
 std::optional<std::string> Tokenizer::id_to_token(int32_t id) const {
   const std::string* t = impl_->token_of(id);
   return t ? std::optional<std::string>(*t) : std::nullopt;

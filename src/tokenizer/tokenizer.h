@@ -48,6 +48,11 @@ class Tokenizer {
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = true) const;
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
 
+  // The bytes token `id` adds in the middle of a decoded text, raw (a piece of a UTF-8
+  // character stays a piece; a SentencePiece word keeps its leading space, which decode
+  // strips only at the text's start): what structured output's grammar matches tokens by.
+  // nullopt for special tokens and unknown ids. Without a decoder, the token's string.
+  std::optional<std::string> token_bytes(int32_t id) const;
   std::optional<std::string> id_to_token(int32_t id) const;
   std::optional<int32_t> token_to_id(std::string_view token) const;
   bool is_special(int32_t id) const;

