@@ -11,6 +11,7 @@
 #include "core/log.h"
 #include "formats/quant_config.h"
 #include "formats/safetensors.h"
+#include "grammar/token_mask.h"
 #include "model/inspect.h"
 #include "model/loader.h"
 #include "models/registry.h"
@@ -30,6 +31,7 @@ const char* finish_reason_name(FinishReason r) {
     case FinishReason::kNone: return "none";
     case FinishReason::kEos: return "eos";
     case FinishReason::kStopToken: return "stop_token";
+    case FinishReason::kGrammar: return "grammar";
     case FinishReason::kLength: return "length";
     case FinishReason::kCancelled: return "cancelled";
   }
@@ -433,10 +435,22 @@ Status Engine::check_request(const Request& r) const {
 Status Engine::add_request(uint64_t id, std::shared_ptr<const Request> r) {
   KILN_RETURN_IF_ERROR(check_request(*r));
   if (r->max_tokens < 1) return invalid_argument("max_tokens must be at least 1");
+  if (const OutputConstraint* c = r->constraint.get()) {
+    if (c->grammar == nullptr || c->masker == nullptr || c->token_bytes == nullptr)
+      return invalid_argument("structured output without a grammar or a vocabulary");
+    if (c->masker->vocab_size() > size_t(config_.vocab_size) || c->token_bytes->size() != c->masker->vocab_size())
+      return invalid_argument("structured output's vocabulary (" + std::to_string(c->masker->vocab_size()) +
+                              " tokens) does not fit the model's " + std::to_string(config_.vocab_size));
+  }
   KILN_CHECK(requests_.count(id) == 0) << "request id " << id << " is in use";
   RequestState& st = requests_[id];
   st.request = r;
   st.n_unfinished = r->n;
+  std::vector<int32_t> end_ids;  // structured output: allowed once the output is complete
+  if (r->constraint != nullptr) {
+    if (!r->ignore_eos) end_ids = eos_ids_;
+    end_ids.insert(end_ids.end(), r->stop_token_ids.begin(), r->stop_token_ids.end());
+  }
   // Samples after the first wait for its prompt blocks when there are full ones to share.
   const bool share = r->n > 1 && blocks_->prefix_caching() && int32_t(r->prompt.size()) > kv_[0].block_size;
   for (int32_t i = 0; i < r->n; ++i) {
@@ -446,6 +460,7 @@ Status Engine::add_request(uint64_t id, std::shared_ptr<const Request> r) {
     seq->tokens = r->prompt;
     seq->n_prompt = int32_t(r->prompt.size());
     seq->sampler.observe_prompt(r->prompt);
+    if (r->constraint != nullptr) seq->sampler.constrain(r->constraint, end_ids);
     if (i > 0 && share) seq->wait_for = st.seqs.front().get();
     scheduler_->add(seq.get());
     st.seqs.push_back(std::move(seq));
@@ -525,6 +540,7 @@ std::vector<StepOutput> Engine::step() {
     FinishReason f = FinishReason::kNone;
     if (!r.ignore_eos && contains(eos_ids_, t.token)) f = FinishReason::kEos;
     else if (contains(r.stop_token_ids, t.token)) f = FinishReason::kStopToken;
+    else if (seq.sampler.grammar_done()) f = FinishReason::kGrammar;
     else if (seq.n_generated() >= r.max_tokens || seq.n_tokens() >= max_model_len_) f = FinishReason::kLength;
     outs.push_back({.request_id = seq.request_id, .sample_index = seq.sample_index, .token = std::move(t),
                     .finish = f});

@@ -4,7 +4,16 @@
 #include <cmath>
 #include <string>
 
+#include "core/log.h"
+#include "grammar/matcher.h"
+#include "grammar/token_mask.h"
+
 namespace kiln::runtime {
+
+Sampler::Sampler(const SamplingParams& p) : params_(p), rng_(p.seed) {}
+Sampler::~Sampler() = default;
+Sampler::Sampler(Sampler&&) noexcept = default;
+Sampler& Sampler::operator=(Sampler&&) noexcept = default;
 
 Status validate(const SamplingParams& p, int64_t vocab) {
   if (!(p.temperature >= 0.0f && std::isfinite(p.temperature))) {
@@ -38,6 +47,40 @@ void Sampler::observe_prompt(std::span<const int32_t> tokens) {
 
 void Sampler::observe_generated(int32_t token) {
   if (params_.has_penalties()) ++seen_[token];
+  if (matcher_ == nullptr || std::find(end_ids_.begin(), end_ids_.end(), token) != end_ids_.end()) return;
+  const std::vector<std::string>& bytes = *constraint_->token_bytes;
+  // The mask allowed only tokens the grammar accepts; a token it does not (the engine's
+  // test hook forcing outputs) leaves the matcher where it was.
+  if (token < 0 || size_t(token) >= bytes.size() || !matcher_->accept(bytes[size_t(token)])) {
+    KILN_LOG(kWarn, "structured output: token " << token << " does not follow the grammar; not advanced");
+  }
+}
+
+void Sampler::constrain(std::shared_ptr<const OutputConstraint> c, std::vector<int32_t> end_ids) {
+  matcher_ = std::make_unique<grammar::Matcher>(c->grammar);
+  constraint_ = std::move(c);
+  end_ids_ = std::move(end_ids);
+}
+
+void Sampler::fill_mask(std::span<uint32_t> row) const {
+  KILN_CHECK(matcher_ != nullptr) << "fill_mask of an unconstrained sampler";
+  const grammar::TokenMasker& masker = *constraint_->masker;
+  KILN_CHECK_GE(row.size(), masker.mask_words()) << "token mask row";
+  masker.fill_mask(*matcher_, row.data());
+  const auto allow = [&](int32_t t) {
+    if (t >= 0 && size_t(t) / 32 < row.size()) row[size_t(t) / 32] |= 1u << (t % 32);
+  };
+  if (matcher_->is_complete())
+    for (int32_t t : end_ids_) allow(t);
+  if (std::any_of(row.begin(), row.end(), [](uint32_t w) { return w != 0; })) return;
+  for (int32_t t : end_ids_) allow(t);
+  if (std::any_of(row.begin(), row.end(), [](uint32_t w) { return w != 0; })) return;
+  KILN_LOG(kWarn, "structured output: no token continues the grammar and the sequence has no end id; unconstrained");
+  std::fill(row.begin(), row.end(), ~0u);
+}
+
+bool Sampler::grammar_done() const {
+  return matcher_ != nullptr && matcher_->is_complete() && !matcher_->can_continue();
 }
 
 void Sampler::penalty_list(std::vector<int32_t>& tokens, std::vector<int32_t>& counts) const {
@@ -82,6 +125,17 @@ std::vector<SampledToken> sample_rows(ops::Backend& backend, const Tensor& logit
       penalty_start.push_back(int32_t(penalty_tokens.size()));
     }
   }
+  // Structured output: a mask per row, all ones for the rows without a constraint.
+  std::vector<uint32_t> allowed;
+  if (std::any_of(samplers.begin(), samplers.end(), [](const Sampler* s) { return s->constrained(); })) {
+    const size_t words = size_t(ops::token_mask_words(logits.dim(1)));
+    allowed.assign(n * words, 0u);
+    for (size_t r = 0; r < n; ++r) {
+      const std::span<uint32_t> row(allowed.data() + r * words, words);
+      if (samplers[r]->constrained()) samplers[r]->fill_mask(row);
+      else std::fill(row.begin(), row.end(), ~0u);
+    }
+  }
   std::vector<int32_t> tokens(n), top_ids(n * size_t(n_top));
   std::vector<float> logprobs(any_logprobs ? n : 0), top_logprobs(n * size_t(n_top));
   backend.sample({.logits = logits,
@@ -95,7 +149,8 @@ std::vector<SampledToken> sample_rows(ops::Backend& backend, const Tensor& logit
                   .penalties = penalties,
                   .penalty_start = penalty_start,
                   .penalty_tokens = penalty_tokens,
-                  .penalty_counts = penalty_counts});
+                  .penalty_counts = penalty_counts,
+                  .allowed = allowed});
   std::vector<SampledToken> out(n);
   for (size_t r = 0; r < n; ++r) {
     out[r].token = tokens[r];

@@ -7,8 +7,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -16,7 +18,23 @@
 #include "core/tensor.h"
 #include "ops/backend.h"
 
+namespace kiln::grammar {
+class CompiledGrammar;
+class Matcher;
+class TokenMasker;
+}  // namespace kiln::grammar
+
 namespace kiln::runtime {
+
+// Structured output: the grammar every sample of a request follows, with the model's
+// vocabulary as the grammar engine needs it (the caller builds both: src/grammar and
+// Tokenizer::token_bytes). The masker is built without an end-of-sequence id: the sampler
+// allows the sequence's own end ids once the output is complete.
+struct OutputConstraint {
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
+  std::shared_ptr<const grammar::TokenMasker> masker;
+  std::shared_ptr<const std::vector<std::string>> token_bytes;  // id -> bytes ("" for specials)
+};
 
 struct SamplingParams {
   float temperature = 0.0f;  // 0: greedy (argmax, lowest id on ties)
@@ -50,7 +68,10 @@ struct SampledToken {
 
 class Sampler {
  public:
-  explicit Sampler(const SamplingParams& p) : params_(p), rng_(p.seed) {}
+  explicit Sampler(const SamplingParams& p);
+  ~Sampler();
+  Sampler(Sampler&&) noexcept;
+  Sampler& operator=(Sampler&&) noexcept;
 
   // Samples one token from logits [1, vocab] (backend activation tensor) on `backend`.
   SampledToken sample(ops::Backend& backend, const Tensor& logits);
@@ -73,10 +94,25 @@ class Sampler {
   // generated counts) for the sample op.
   void penalty_list(std::vector<int32_t>& tokens, std::vector<int32_t>& counts) const;
 
+  // Structured output: from now on every sample follows c's grammar (a matcher advanced by
+  // each generated token); end_ids (the sequence's end-of-sequence and stop ids) are
+  // allowed exactly when the output so far is complete.
+  void constrain(std::shared_ptr<const OutputConstraint> c, std::vector<int32_t> end_ids);
+  bool constrained() const { return matcher_ != nullptr; }
+  // The next sample's token mask into row (ops::SampleArgs::allowed, zeroed by the caller,
+  // at least the masker's words). If no token fits, which a vocabulary holding every
+  // single byte never meets, the end ids; with none of those either, every token (logged).
+  void fill_mask(std::span<uint32_t> row) const;
+  // The constrained output is complete and nothing may follow it: the sequence ends.
+  bool grammar_done() const;
+
  private:
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::unordered_map<int32_t, int32_t> seen_;  // token -> times generated (0: prompt only)
+  std::shared_ptr<const OutputConstraint> constraint_;
+  std::unique_ptr<grammar::Matcher> matcher_;  // null: unconstrained
+  std::vector<int32_t> end_ids_;
 };
 
 // Samples row r of logits [samplers.size(), vocab] with samplers[r], all rows in one

@@ -19,6 +19,7 @@ struct Request {
   std::vector<int32_t> stop_token_ids;    // end the sequence (the id is its last token)
   bool ignore_eos = false;                // do not stop at the model's end-of-sequence ids
   int32_t n = 1;                          // parallel samples; they share the prompt's KV blocks
+  std::shared_ptr<const OutputConstraint> constraint;  // structured output; null: free text
   // Tests only (the server's test hook): the tokens each sample emits in place of what
   // it samples, one per step, while they last. The model still runs every step.
   std::vector<int32_t> forced_output;
@@ -29,6 +30,7 @@ enum class FinishReason {
   kEos,        // a model end-of-sequence id
   kStopToken,  // one of Request::stop_token_ids
   kLength,     // max_tokens, or the model's maximum length
+  kGrammar,    // the constrained output is complete and nothing may follow (the token is text)
   kCancelled,  // Engine::cancel (client gone, stop string matched, server stopping)
 };
 const char* finish_reason_name(FinishReason r);

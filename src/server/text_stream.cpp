@@ -126,6 +126,7 @@ void SampleText::on_event(const runtime::StreamEvent& e, SampleDelta& out) {
   switch (e.finish) {
     case FinishReason::kEos: end(EndReason::kEos, out); break;
     case FinishReason::kStopToken: end(EndReason::kStopToken, out); break;
+    case FinishReason::kGrammar: end(EndReason::kEos, out); break;  // "stop"; its token was text
     case FinishReason::kLength: end(EndReason::kLength, out); break;
     default: end(EndReason::kAbort, out); break;
   }

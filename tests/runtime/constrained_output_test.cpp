@@ -1,0 +1,163 @@
+// Structured output in the engine (Request::constraint): the built-in demo model, its own
+// tokenizer's token bytes and a JSON schema compiled by src/grammar, sampled at temperature
+// 1 over several seeds with n = 2 beside unconstrained requests. Every constrained sample is
+// a document of the schema (parsed and checked field by field here, not by the grammar
+// engine), ends with finish reason kGrammar, and the unconstrained requests give what they
+// give alone.
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "engine_test_util.h"
+#include "grammar/json_schema.h"
+#include "grammar/matcher.h"
+#include "grammar/token_mask.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kiln::runtime {
+namespace {
+
+using nlohmann::ordered_json;
+
+const char* const kSchema = R"({
+  "type": "object",
+  "properties": {
+    "name": {"type": "string", "maxLength": 12},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "maxItems": 3},
+    "ok": {"type": "boolean"}
+  },
+  "required": ["name", "age", "tags", "ok"],
+  "additionalProperties": false
+})";
+
+std::shared_ptr<const OutputConstraint> constraint_for(const tokenizer::Tokenizer& tok, const ordered_json& schema) {
+  auto g = grammar::json_schema_to_grammar(schema);
+  EXPECT_TRUE(g.ok()) << g.status().to_string();
+  if (!g.ok()) return nullptr;
+  auto compiled = grammar::CompiledGrammar::compile(*g);
+  EXPECT_TRUE(compiled.ok()) << compiled.status().to_string();
+  if (!compiled.ok()) return nullptr;
+  auto bytes = std::make_shared<std::vector<std::string>>();
+  for (int32_t id = 0; id < tok.vocab_size(); ++id) bytes->push_back(tok.token_bytes(id).value_or(""));
+  auto c = std::make_shared<OutputConstraint>();
+  c->grammar = std::move(compiled).value();
+  c->masker = std::make_shared<grammar::TokenMasker>(*bytes, std::nullopt);
+  c->token_bytes = std::move(bytes);
+  return c;
+}
+
+// The schema above, checked by hand on the parsed document.
+void expect_document(const std::string& text, const std::string& what) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << what << ": not JSON: " << text;
+  ASSERT_TRUE(j.is_object()) << what << ": " << text;
+  EXPECT_EQ(j.size(), 4u) << what << ": " << text;
+  ASSERT_TRUE(j.contains("name") && j["name"].is_string()) << what << ": " << text;
+  // maxLength counts characters: the demo vocabulary's bytes decode as UTF-8 here.
+  size_t chars = 0;
+  for (unsigned char c : j["name"].get<std::string>()) chars += (c & 0xC0) != 0x80;
+  EXPECT_LE(chars, 12u) << what << ": " << text;
+  ASSERT_TRUE(j.contains("age") && j["age"].is_number_integer()) << what << ": " << text;
+  EXPECT_GE(j["age"].get<int64_t>(), 0) << what;
+  EXPECT_LE(j["age"].get<int64_t>(), 120) << what;
+  ASSERT_TRUE(j.contains("tags") && j["tags"].is_array()) << what << ": " << text;
+  EXPECT_LE(j["tags"].size(), 3u) << what;
+  for (const auto& t : j["tags"])
+    EXPECT_TRUE(t == "red" || t == "green" || t == "blue") << what << ": tag " << t.dump();
+  EXPECT_TRUE(j.contains("ok") && j["ok"].is_boolean()) << what << ": " << text;
+}
+
+TEST(ConstrainedOutput, EverySampleIsADocumentOfTheSchemaAndTheOthersAreUnchanged) {
+  const std::string dir = testing::fixture_dir("kiln_demo");
+  auto tok = tokenizer::Tokenizer::load(dir);
+  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+  const auto constraint = constraint_for(*tok, ordered_json::parse(kSchema));
+  ASSERT_NE(constraint, nullptr);
+  const EngineOptions options{.block_size = 16, .max_model_len = 512, .max_num_seqs = 16};
+  auto engine = test::load_engine(dir, options);
+  ASSERT_NE(engine, nullptr);
+
+  const std::vector<int32_t> prompt = tok->encode("A person, as JSON:", true);
+  std::vector<Request> requests;
+  for (uint64_t seed = 10; seed <= 40; seed += 10) {  // sample i seeds with seed + i: 8 distinct
+    Request r{.prompt = prompt, .sampling = {.temperature = 1.0f, .seed = seed}, .max_tokens = 200, .n = 2};
+    r.constraint = constraint;
+    requests.push_back(r);
+  }
+  const Request free_text{.prompt = prompt, .sampling = {.temperature = 1.0f, .seed = 99}, .max_tokens = 40};
+  requests.push_back(free_text);
+  const test::Outputs together = test::run_together(*engine, requests);
+
+  int documents = 0;
+  for (const auto& [key, out] : together) {
+    if (key.first == requests.size() - 1) continue;  // the free-text request
+    const std::string what = "request " + std::to_string(key.first) + " sample " + std::to_string(key.second);
+    EXPECT_EQ(out.finish, FinishReason::kGrammar) << what;
+    const std::string text = tok->decode(out.tokens);
+    expect_document(text, what);
+    std::printf("%s: %s (%zu tokens)\n", what.c_str(), text.c_str(), out.tokens.size());
+    ++documents;
+  }
+  EXPECT_EQ(documents, 8);
+
+  // The unconstrained request beside them is what it is alone (the determinism contract).
+  const test::Outputs alone = test::run_together(*engine, {free_text}, 100);
+  ASSERT_EQ(alone.size(), 1u);
+  EXPECT_EQ(alone.begin()->second.tokens, together.at({requests.size() - 1, 0}).tokens);
+}
+
+// A schema whose output may go on after it is complete (a bare integer: more digits may
+// follow) ends at the model's end-of-sequence id, allowed only once the output is complete
+// (or at kGrammar after "0", or kLength); with max_tokens short of a document the finish
+// is kLength.
+TEST(ConstrainedOutput, EndsAtEosWhereTheDocumentMayGoOnAndAtLengthWhenCut) {
+  const std::string dir = testing::fixture_dir("kiln_demo");
+  auto tok = tokenizer::Tokenizer::load(dir);
+  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+  auto engine = test::load_engine(dir, {.block_size = 16, .max_model_len = 512, .max_num_seqs = 8});
+  ASSERT_NE(engine, nullptr);
+  const std::vector<int32_t> prompt = tok->encode("A number:", true);
+  const auto integer = constraint_for(*tok, ordered_json::parse(R"({"type": "integer", "minimum": 0})"));
+  const auto object = constraint_for(*tok, ordered_json::parse(kSchema));
+  ASSERT_TRUE(integer && object);
+  std::vector<Request> requests;
+  for (uint64_t seed = 1; seed <= 3; ++seed) {
+    Request r{.prompt = prompt, .sampling = {.temperature = 1.0f, .seed = seed}, .max_tokens = 64};
+    r.constraint = integer;
+    requests.push_back(r);
+  }
+  Request cut{.prompt = prompt, .sampling = {.temperature = 1.0f, .seed = 7}, .max_tokens = 3};
+  cut.constraint = object;
+  requests.push_back(cut);
+  const test::Outputs out = test::run_together(*engine, requests);
+  for (uint64_t i = 0; i < 3; ++i) {
+    const test::SampleOut& s = out.at({i, 0});
+    std::vector<int32_t> digits = s.tokens;
+    if (s.finish == FinishReason::kEos) digits.pop_back();  // the end id is not text
+    const std::string text = tok->decode(digits);
+    // kGrammar only for "0", the one integer >= 0 that nothing may follow.
+    if (s.finish == FinishReason::kGrammar) {
+      EXPECT_EQ(text, "0") << "request " << i;
+    } else if (s.finish != FinishReason::kEos) {
+      EXPECT_EQ(s.finish, FinishReason::kLength) << "request " << i;
+    }
+    ASSERT_FALSE(text.empty()) << "request " << i;
+    EXPECT_TRUE(std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; }))
+        << "request " << i << ": " << text;
+    EXPECT_TRUE(text == "0" || text[0] != '0') << "request " << i << ": a leading zero in " << text;
+  }
+  const test::SampleOut& c = out.at({3, 0});
+  EXPECT_EQ(c.finish, FinishReason::kLength);
+  EXPECT_EQ(c.tokens.size(), 3u);
+  EXPECT_EQ(tok->decode(c.tokens).rfind("{\"", 0), 0u) << "a cut document starts as the schema's: "
+                                                      << tok->decode(c.tokens);
+}
+
+}  // namespace
+}  // namespace kiln::runtime
