@@ -134,6 +134,10 @@ struct SetBuilder {
       } else if (p.kind == CompiledGrammar::PosKind::kEnd && it.origin != k) {
         // Complete: advance the items of set `origin` that wait on this rule. (origin == k
         // is an empty match, already advanced at prediction time.)
+        if (it.origin < ws.n_opaque_sets) {
+          ws.touched_opaque = true;
+          continue;
+        }
         std::span<const Item> older = set(it.origin);
         ws.tmp.clear();
         if (older.size() <= kSortedSetMin) {

@@ -76,6 +76,11 @@ struct Workspace {
   std::vector<uint32_t> predicted;  // per rule: stamp of the set it was last predicted in
   uint32_t stamp = 0;
   std::vector<Item> tmp;
+  // Sets below this index are opaque (their items unknown): a completion that would look one
+  // up sets touched_opaque instead. 0 for real charts; the token mask's cache walks a partial
+  // view of a chart with some (token_mask.cpp).
+  uint32_t n_opaque_sets = 0;
+  bool touched_opaque = false;
 };
 
 // Build the set after `byte` on top of the sets of `lower` (may be null) then `upper`, and
@@ -104,6 +109,7 @@ class Matcher {
   size_t n_bytes() const { return chart_.n_sets() - 1; }
   const CompiledGrammar& grammar() const { return *g_; }
   const std::shared_ptr<const CompiledGrammar>& grammar_ptr() const { return g_; }
+  const detail::Chart& chart() const { return chart_; }  // read-only, for the token mask's cache
 
  private:
   friend class MatcherScratch;

@@ -1,6 +1,7 @@
 // Token masks: fill_mask equals trying every token with accept + rollback, rollback
 // restores masks exactly, EOS only when complete, generated documents pass token by token
-// through a toy vocabulary; and a timing print (not asserted) for a ~30k-token vocabulary.
+// through a toy vocabulary, with and without a MaskCache; and a timing print (not asserted)
+// for a ~30k-token vocabulary.
 #include "grammar/token_mask.h"
 
 #include <gtest/gtest.h>
@@ -97,15 +98,19 @@ TEST(TokenMask, EqualsBruteForceAlongGeneratedDocuments) {
   TokenMasker masker(vocab, eos);
   const ojson schema = ojson::parse(kSchema);
   testing::InstanceGenerator gen(schema, 99);
+  MaskCache cache;
   int n_states = 0;
   for (int d = 0; d < 8; ++d) {
     const std::string doc = gen.serialize(gen.generate(schema));
     const std::vector<uint32_t> tokens = tokenize(doc, vocab);
     Matcher m(g);
     std::vector<uint32_t> mask(masker.mask_words());
+    std::vector<uint32_t> cached(masker.mask_words());
     for (size_t i = 0; i <= tokens.size(); ++i) {
       masker.fill_mask(m, mask.data());
       ASSERT_EQ(mask, brute_force_mask(m, vocab, eos)) << doc << " after " << i << " tokens";
+      masker.fill_mask(m, cached.data(), &cache);
+      ASSERT_EQ(cached, mask) << doc << " after " << i << " tokens (cached)";
       ++n_states;
       if (i == tokens.size()) break;
       ASSERT_TRUE(bit(mask, tokens[i])) << "token '" << vocab[tokens[i]] << "' of " << doc << " masked out";
@@ -114,7 +119,43 @@ TEST(TokenMask, EqualsBruteForceAlongGeneratedDocuments) {
     EXPECT_TRUE(m.is_complete());
     EXPECT_TRUE(bit(mask, eos));
   }
-  std::printf("[ masks ] %d states compared with brute force over %zu tokens\n", n_states, vocab.size());
+  std::printf("[ masks ] %d states compared with brute force over %zu tokens; cache %zu hits, %zu misses\n",
+              n_states, vocab.size(), cache.n_hits(), cache.n_misses());
+}
+
+// The cache along hand-written documents heavy in what it keys on: long strings, escapes,
+// UTF-8, nested objects and arrays (strings at several depths share entries), with and
+// without a schema; every state compared with brute force, and most of them cache hits.
+TEST(TokenMask, CachedMasksEqualBruteForceInLongStringsAndNesting) {
+  const std::vector<std::string> vocab = toy_vocab(3000, 8);
+  const uint32_t eos = static_cast<uint32_t>(vocab.size() - 1);
+  TokenMasker masker(vocab, eos);
+  const std::string long_text = "a long string with \\\"escapes\\\" \\n\\t\\u00e9 é 😀 name: \\\\ cat, dog {[ ]} ";
+  const std::string s = "\"" + long_text + long_text + "\"";
+  const std::vector<std::pair<const char*, std::string>> cases = {
+      {kSchema, R"({"name":"abc","tags":[)" + s + "," + s + R"(],"kind":"cat","child":{"name":"x\"y","tags":[)" + s +
+                    R"(],"kind":"dog","child":{"name":"é😀","tags":[)" + s + R"(],"kind":"cow","child":null}}})"},
+      {R"({"type":"object"})", R"({"a":)" + s + R"(,"b":{"c":[)" + s + R"(,{"d":)" + s + R"(}],"e":)" + s +
+                                   R"(},)" + s + R"(:[[[)" + s + "]]]}"},
+  };
+  for (const auto& [schema_text, doc] : cases) {
+    auto g = schema_grammar(schema_text);
+    MaskCache cache;
+    Matcher m(g);
+    const std::vector<uint32_t> tokens = tokenize(doc, vocab);
+    std::vector<uint32_t> mask(masker.mask_words());
+    for (size_t i = 0; i <= tokens.size(); ++i) {
+      masker.fill_mask(m, mask.data(), &cache);
+      ASSERT_EQ(mask, brute_force_mask(m, vocab, eos)) << doc << " after " << i << " tokens";
+      if (i == tokens.size()) break;
+      ASSERT_TRUE(bit(mask, tokens[i])) << "token '" << vocab[tokens[i]] << "' of " << doc << " masked out";
+      ASSERT_TRUE(m.accept(vocab[tokens[i]]));
+    }
+    EXPECT_TRUE(m.is_complete()) << doc;
+    EXPECT_GT(cache.n_hits(), 2 * cache.n_misses()) << doc;
+    std::printf("[ cache ] %zu states: %zu hits, %zu misses, %zu entries\n", tokens.size() + 1, cache.n_hits(),
+                cache.n_misses(), cache.n_entries());
+  }
 }
 
 TEST(TokenMask, RollbackRestoresMasksExactly) {
@@ -208,25 +249,33 @@ TEST(TokenMask, BenchMaskTimePerStep) {
   const double build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   const ojson schema = ojson::parse(kSchema);
   testing::InstanceGenerator gen(schema, 3);
-  std::vector<double> us;
-  std::vector<uint32_t> mask(masker.mask_words());
-  for (int d = 0; d < 4; ++d) {
-    const std::string doc = gen.serialize(gen.generate(schema));
-    const std::vector<uint32_t> tokens = tokenize(doc, vocab);
-    Matcher m(g);
-    for (uint32_t t : tokens) {
-      const double a = thread_cpu_us();
-      masker.fill_mask(m, mask.data());
-      us.push_back(thread_cpu_us() - a);
-      ASSERT_TRUE(bit(mask, t));
-      ASSERT_TRUE(m.accept(vocab[t]));
+  std::vector<std::string> docs;
+  for (int d = 0; d < 4; ++d) docs.push_back(gen.serialize(gen.generate(schema)));
+  // Same documents without a cache, with a cold one (one per grammar, as a server would keep
+  // it), and with that cache warm (a second request with the same schema and outputs).
+  MaskCache cache;
+  for (const int pass : {0, 1, 2}) {
+    const bool use_cache = pass > 0;
+    std::vector<double> us;
+    std::vector<uint32_t> mask(masker.mask_words());
+    for (const std::string& doc : docs) {
+      const std::vector<uint32_t> tokens = tokenize(doc, vocab);
+      Matcher m(g);
+      for (uint32_t t : tokens) {
+        const double a = thread_cpu_us();
+        masker.fill_mask(m, mask.data(), use_cache ? &cache : nullptr);
+        us.push_back(thread_cpu_us() - a);
+        ASSERT_TRUE(bit(mask, t));
+        ASSERT_TRUE(m.accept(vocab[t]));
+      }
     }
+    std::sort(us.begin(), us.end());
+    std::printf("[ bench ] vocab %zu tokens, trie %zu nodes built in %.1f ms; fill_mask %s over %zu steps: "
+                "p50 %.0f us, p99 %.0f us, max %.0f us (thread CPU time); cache %zu hits, %zu misses so far\n",
+                vocab.size(), masker.n_nodes(), build_ms,
+                pass == 0 ? "uncached" : pass == 1 ? "cache cold" : "cache warm", us.size(),
+                us[us.size() / 2], us[us.size() * 99 / 100], us.back(), cache.n_hits(), cache.n_misses());
   }
-  std::sort(us.begin(), us.end());
-  std::printf("[ bench ] vocab %zu tokens, trie %zu nodes built in %.1f ms; fill_mask over %zu steps: "
-              "p50 %.0f us, p99 %.0f us, max %.0f us (thread CPU time)\n",
-              vocab.size(), masker.n_nodes(), build_ms, us.size(), us[us.size() / 2], us[us.size() * 99 / 100],
-              us.back());
 }
 
 }  // namespace
