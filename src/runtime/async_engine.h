@@ -98,7 +98,7 @@ struct AsyncEngineStats {
   EngineStats engine;
   int32_t queued = 0;       // requests in the inbox or not yet started by the engine
   int32_t in_flight = 0;    // streams not yet ended
-  int64_t finished_by_reason[5] = {};  // indexed by FinishReason
+  int64_t finished_by_reason[kFinishReasons] = {};  // indexed by FinishReason
 };
 
 class AsyncEngine {
@@ -150,7 +150,7 @@ class AsyncEngine {
 
   // Engine thread only: the streams of requests in the engine, and finished samples by reason.
   std::unordered_map<uint64_t, std::shared_ptr<RequestStream>> streams_;
-  int64_t finished_by_reason_[5] = {};
+  int64_t finished_by_reason_[kFinishReasons] = {};
 
   // Engine thread only: the stats log's interval, its start and counters there.
   Clock::time_point log_start_{};

@@ -30,9 +30,10 @@ enum class FinishReason {
   kEos,        // a model end-of-sequence id
   kStopToken,  // one of Request::stop_token_ids
   kLength,     // max_tokens, or the model's maximum length
-  kGrammar,    // the constrained output is complete and nothing may follow (the token is text)
   kCancelled,  // Engine::cancel (client gone, stop string matched, server stopping)
+  kGrammar,    // the constrained output is complete and nothing may follow (the token is text)
 };
+inline constexpr int kFinishReasons = 6;  // FinishReason's values, for tables indexed by it
 const char* finish_reason_name(FinishReason r);
 
 enum class SeqState { kWaiting, kRunning, kFinished };

@@ -62,7 +62,7 @@ std::string metrics_text(const std::string& model_name, const runtime::AsyncEngi
   w.metric("kiln_http_requests_total", "counter", "HTTP responses sent, by status code.");
   for (const auto& [code, n] : statuses) w.value("kiln_http_requests_total", double(n), "status=\"" + std::to_string(code) + "\"");
   w.metric("kiln_request_success_total", "counter", "Generated sequences that ended, by finish reason.");
-  for (int r = 1; r < 5; ++r)
+  for (int r = 1; r < runtime::kFinishReasons; ++r)
     w.value("kiln_request_success_total", double(s.finished_by_reason[r]),
             std::string("finished_reason=\"") + runtime::finish_reason_name(runtime::FinishReason(r)) + "\"");
   w.counter("kiln_prompt_tokens_total", "Prompt tokens of admitted requests.", double(s.engine.prompt_tokens));
