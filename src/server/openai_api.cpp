@@ -2,6 +2,8 @@
 
 #include <set>
 
+#include "grammar/json_schema.h"
+
 namespace kiln::server::openai {
 namespace {
 
@@ -456,6 +458,47 @@ ApiResult<Job> plan_chat(const ordered_json& body, const PlanContext& ctx) {
   return job;
 }
 
+namespace {
+
+// Structured output on /v1/completions: OpenAI-style `response_format` ({"type": "text",
+// "json_object" or "json_schema" with "json_schema": {"schema": ...}}, as vLLM takes it
+// here) or llama.cpp's `json_schema` (the schema itself). The grammar, or nullopt for free
+// text; a schema the grammar engine refuses is a 400 naming the keyword and its path.
+std::optional<grammar::Grammar> read_output_format(Fields& f) {
+  std::optional<grammar::Grammar> g;
+  const auto from_schema = [&](const ordered_json& schema, const char* field) {
+    if (!schema.is_object()) {
+      f.fail(std::string("'") + field + "' must be a JSON schema object", field);
+      return;
+    }
+    auto r = grammar::json_schema_to_grammar(schema);
+    if (!r.ok()) f.fail(std::string("'") + field + "': " + r.status().message(), field);
+    else g = std::move(r).value();
+  };
+  if (const ordered_json* rf = f.object("response_format")) {
+    const ordered_json type = rf->value("type", ordered_json());
+    if (!type.is_string()) {
+      f.fail("'response_format.type' must be a string", "response_format");
+    } else if (type == "json_object") {
+      g = grammar::json_object_grammar();
+    } else if (type == "json_schema") {
+      const ordered_json js = rf->value("json_schema", ordered_json());
+      if (!js.is_object() || !js.contains("schema")) f.fail("'response_format.json_schema.schema' is required", "response_format");
+      else from_schema(js["schema"], "response_format.json_schema.schema");
+    } else if (type != "text") {
+      f.fail("response_format type '" + type.get<std::string>() + "' is not supported (text, json_object, json_schema)",
+             "response_format");
+    }
+  }
+  if (f.has("json_schema")) {
+    if (g) f.fail("give 'response_format' or 'json_schema', not both", "json_schema");
+    else from_schema(f.at("json_schema"), "json_schema");
+  }
+  return g;
+}
+
+}  // namespace
+
 ApiResult<Job> plan_completion(const ordered_json& body, const PlanContext& ctx) {
   if (!body.is_object()) return bad_request("the request body must be a JSON object");
   if (auto e = check_model_name(body, ctx.model)) return *e;
@@ -470,7 +513,14 @@ ApiResult<Job> plan_completion(const ordered_json& body, const PlanContext& ctx)
   const bool echo = f.boolean("echo").value_or(false);
   if (auto s = f.string("suffix"); s && !s->empty()) f.fail("'suffix' is not supported by this server", "suffix");
   if (echo && logprobs >= 0 && !f.failed()) f.fail("'echo' with 'logprobs' is not supported by this server", "echo");
+  const std::optional<grammar::Grammar> format = read_output_format(f);
   if (f.failed()) return f.error();
+  std::shared_ptr<const runtime::OutputConstraint> constraint;
+  if (format) {
+    auto c = ctx.model.constraint(*format);
+    if (!c.ok()) return api_error_from(c.status());
+    constraint = std::move(c).value();
+  }
 
   std::vector<std::string> texts;
   auto prompts = completion_prompts(body["prompt"], ctx, texts);
@@ -478,6 +528,7 @@ ApiResult<Job> plan_completion(const ordered_json& body, const PlanContext& ctx)
   base.sampling.logprobs = int32_t(logprobs);
   for (std::vector<int32_t>& p : std::get<std::vector<std::vector<int32_t>>>(prompts)) {
     runtime::Request r = base;
+    r.constraint = constraint;
     if (auto e = finish_request(r, std::move(p), max_tokens, ctx, false)) return *e;
     job.requests.push_back(std::move(r));
   }

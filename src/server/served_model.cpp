@@ -6,6 +6,8 @@
 
 #include "core/log.h"
 #include "formats/json_error.h"
+#include "grammar/matcher.h"
+#include "grammar/token_mask.h"
 #include "tokenizer/harmony.h"
 
 namespace kiln::server {
@@ -130,6 +132,25 @@ tokenizer::ParserOptions ServedModel::parser_options(std::string_view prompt, co
     o.reasoning.starts_in_reasoning = prompt.substr(0, end).ends_with("<think>");
   }
   return o;
+}
+
+Result<std::shared_ptr<const runtime::OutputConstraint>> ServedModel::constraint(const grammar::Grammar& g) const {
+  auto compiled = grammar::CompiledGrammar::compile(g);
+  if (!compiled.ok()) return compiled.status();
+  std::call_once(vocabulary_once_, [&] {
+    auto bytes = std::make_shared<std::vector<std::string>>();
+    bytes->reserve(size_t(tokenizer_.vocab_size()));
+    for (int32_t id = 0; id < tokenizer_.vocab_size(); ++id) bytes->push_back(tokenizer_.token_bytes(id).value_or(""));
+    masker_ = std::make_shared<grammar::TokenMasker>(*bytes, std::nullopt);  // end ids: the sampler's
+    token_bytes_ = std::move(bytes);
+    KILN_LOG(kInfo, "structured output: a vocabulary of " << token_bytes_->size() << " tokens ("
+                                                          << masker_->n_nodes() << " trie nodes)");
+  });
+  auto c = std::make_shared<runtime::OutputConstraint>();
+  c->grammar = std::move(compiled).value();
+  c->masker = masker_;
+  c->token_bytes = token_bytes_;
+  return std::shared_ptr<const runtime::OutputConstraint>(std::move(c));
 }
 
 }  // namespace kiln::server

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -12,6 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/status.h"
+#include "grammar/grammar.h"
+#include "runtime/sampler.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/parser_output.h"
 #include "tokenizer/tokenizer.h"
@@ -64,6 +67,10 @@ class ServedModel {
   // <think> block starts the reply in reasoning).
   tokenizer::ParserOptions parser_options(std::string_view prompt, const ordered_json& tools) const;
 
+  // Structured output: g compiled, with this model's vocabulary for the grammar engine
+  // (every token's bytes and the mask trie, built once, on the first call; thread-safe).
+  Result<std::shared_ptr<const runtime::OutputConstraint>> constraint(const grammar::Grammar& g) const;
+
  private:
   explicit ServedModel(tokenizer::Tokenizer t) : tokenizer_(std::move(t)) {}
   Status load_sampling_defaults(const std::string& dir);
@@ -76,6 +83,9 @@ class ServedModel {
   bool reasoning_ = false;
   std::vector<int32_t> stop_ids_;
   SamplingDefaults defaults_;
+  mutable std::once_flag vocabulary_once_;  // structured output's vocabulary (constraint())
+  mutable std::shared_ptr<const std::vector<std::string>> token_bytes_;
+  mutable std::shared_ptr<const grammar::TokenMasker> masker_;
 };
 
 // Which tool-call syntax a chat template's source speaks (kNone if no known one).

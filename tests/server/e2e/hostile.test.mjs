@@ -96,6 +96,7 @@ const wrong = {
     [{ name: "f" }], [{ name: "f", input_schema: 1 }], [{ type: "web_search_20250305", name: "s" }]],
   tool_choice: [1, "required", "sometimes", {}, { type: "any" }, { type: "function", function: { name: "f" } }, []],
   response_format: ["json", { type: "json_object" }, {}, { type: 1 }, 1],
+  json_schema: [1, "x", [], { type: "object", not: {} }, { type: "string", pattern: "(a" }],
   stop_token_ids: ["x", [-1], [1e9], [1.5], {}],
   ignore_eos: ["x", 1],
   skip_special_tokens: ["no"],
@@ -195,7 +196,7 @@ function reads(name, field) {
   const table = {
     chat: [...common, ...openai, "messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
       "response_format", "chat_template_kwargs"],
-    completion: [...common, ...openai, "prompt", "logprobs", "echo", "suffix"],
+    completion: [...common, ...openai, "prompt", "logprobs", "echo", "suffix", "json_schema"],
     messages: [...common, "messages", "max_tokens", "temperature", "top_p", "top_k", "stop_sequences", "stream", "tools",
       "tool_choice", "system", "thinking", "seed", "stop_token_ids"],
     count: [...common, "messages", "tools", "tool_choice", "system", "thinking"],
