@@ -4,8 +4,8 @@
 // finished request with its token counts, and the engine's periodic line.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import http from "node:http";
 import { startServer, eventually, requirePeer } from "./harness.mjs";
+import kilnServe from "../../../scripts/lib/kiln-serve.js";
 
 const { OpenAI } = requirePeer("openai");
 
@@ -19,27 +19,8 @@ after(async () => {
   assert.equal((await server.stop()).code, 0, server.stderr());
 });
 
-// One raw request (node's http sends Origin and OPTIONS as given).
-function send(url, { method = "GET", path, body, headers = {} }) {
-  return new Promise((resolve, reject) => {
-    const u = new URL(url);
-    const payload = body === undefined ? undefined : Buffer.from(body);
-    const req = http.request(
-      { host: u.hostname, port: u.port, method, path, agent: false,
-        headers: { ...(payload ? { "content-type": "application/json", "content-length": payload.length } : {}), ...headers } },
-      (res) => {
-        const chunks = [];
-        res.on("data", (c) => chunks.push(c));
-        res.on("end", () => resolve({ status: res.statusCode, headers: res.headers, body: Buffer.concat(chunks).toString() }));
-        res.on("error", reject);
-      },
-    );
-    req.setTimeout(60000, () => req.destroy(new Error(`timeout on ${method} ${path}`)));
-    req.on("error", reject);
-    if (payload) req.write(payload);
-    req.end();
-  });
-}
+// One raw request (node's http sends Origin and OPTIONS as given): the scripts' helper.
+const send = kilnServe.request;
 
 const preflight = (url, path, origin, requestHeaders = "authorization, content-type") =>
   send(url, { method: "OPTIONS", path, headers: { origin, "access-control-request-method": "POST",
