@@ -98,6 +98,51 @@ Element Grammar::plus(std::string name, Sequence body) {
   return Element::ref(p);
 }
 
+Element Grammar::text_without(std::string name, std::string_view stop) {
+  KILN_CHECK(!stop.empty()) << name << ": text_without an empty string";
+  for (size_t k = 1; k < stop.size(); ++k)
+    KILN_CHECK(stop.substr(0, k) != stop.substr(stop.size() - k)) << name << ": '" << stop << "' overlaps itself";
+  // State q < m: the text so far ends in the first q bytes of `stop` (and contains no whole
+  // `stop`). Without self-overlap, a byte either extends the match, restarts it at 1 (the
+  // byte is stop[0]) or drops it to 0.
+  const size_t m = stop.size();
+  const auto next = [&](size_t q, uint8_t b) -> size_t {
+    if (uint8_t(stop[q]) == b) return q + 1;
+    return uint8_t(stop[0]) == b ? 1 : 0;
+  };
+  std::vector<uint32_t> state(m);
+  for (size_t q = 0; q < m; ++q) state[q] = add_rule(name + "_" + std::to_string(q));
+  std::vector<std::vector<Sequence>> alts(m);
+  alts[0].push_back({});  // the empty text
+  for (size_t p = 0; p < m; ++p) {
+    std::vector<ByteSet> to(m);
+    for (unsigned b = 0; b < 256; ++b)
+      if (size_t q = next(p, uint8_t(b)); q < m) to[q].add(uint8_t(b), uint8_t(b));
+    for (size_t q = 0; q < m; ++q)
+      if (!to[q].empty()) alts[q].push_back({Element::ref(state[p]), Element::byte_set(to[q])});
+  }
+  std::vector<Sequence> any;
+  for (size_t q = 0; q < m; ++q) {
+    set_alternatives(state[q], std::move(alts[q]));
+    any.push_back({Element::ref(state[q])});
+  }
+  return alternation(std::move(name), std::move(any));
+}
+
+Element Grammar::embed(const Grammar& other) {
+  KILN_CHECK_LT(other.start_, other.rules_.size()) << "embed: a grammar without a start rule";
+  const uint32_t base = static_cast<uint32_t>(rules_.size());
+  for (const Rule& r : other.rules_) add_rule(r.name);
+  for (size_t i = 0; i < other.rules_.size(); ++i) {
+    std::vector<Sequence> alts = other.rules_[i].alternatives;
+    for (Sequence& seq : alts)
+      for (Element& e : seq)
+        if (e.kind == Element::Kind::kRule) e.rule += base;
+    set_alternatives(base + static_cast<uint32_t>(i), std::move(alts));
+  }
+  return Element::ref(base + other.start_);
+}
+
 Element Grammar::repeat(std::string name, Sequence body, uint32_t min, std::optional<uint32_t> max) {
   KILN_CHECK(!max || *max >= min) << name << ": {" << min << "," << *max << "}";
   if (!max && min == 0) return star(std::move(name), std::move(body));

@@ -87,6 +87,14 @@ class Grammar {
   // body{min,max}; max nullopt = unbounded. Costs max + 2 rules when bounded.
   Element repeat(std::string name, Sequence body, uint32_t min, std::optional<uint32_t> max);
 
+  // Free text: any bytes that do not contain `stop` (which must not overlap itself: no
+  // proper prefix of it is also a suffix, as "</think>" and "<|"), as left-linear rules over
+  // the states of its string-matching automaton. Followed by `stop`, it matches up to the
+  // first `stop`: a reasoning block before a constrained answer.
+  Element text_without(std::string name, std::string_view stop);
+  // Copies `other`'s rules into this grammar; the reference is to its start rule.
+  Element embed(const Grammar& other);
+
   // The bytes of `s`, one element each.
   static Sequence literal(std::string_view s);
   // The well-formed UTF-8 encodings of U+0080..U+10FFFF (no surrogates, no overlongs) as

@@ -83,6 +83,7 @@ struct ChatInput {
   ordered_json messages = ordered_json::array();
   std::optional<ordered_json> tools;  // in OpenAI form
   ordered_json kwargs = ordered_json::object();
+  std::optional<ToolCallRule> force_tools;  // tool_choice any / tool
 };
 
 ApiResult<ChatInput> chat_input(const ordered_json& body) {
@@ -127,11 +128,23 @@ ApiResult<ChatInput> chat_input(const ordered_json& body) {
     if (!tc.is_object() || !tc.contains("type") || !tc["type"].is_string())
       return bad_request("'tool_choice' must be an object with a 'type'", "tool_choice");
     const std::string type = tc["type"].get<std::string>();
-    if (type == "none") in.tools.reset();
-    else if (type == "any" || type == "tool")
-      return bad_request("tool_choice '" + type + "' is not supported: kiln has no constrained decoding yet; use 'auto'",
-                         "tool_choice");
-    else if (type != "auto") return bad_request("'tool_choice.type' must be auto, any, tool or none", "tool_choice");
+    if (type == "none") {
+      in.tools.reset();
+    } else if (type == "any" || type == "tool") {
+      if (!in.tools) return bad_request("tool_choice '" + type + "' needs 'tools'", "tool_choice");
+      ToolCallRule rule;
+      if (type == "tool") {
+        if (!tc.contains("name") || !tc["name"].is_string())
+          return bad_request("tool_choice 'tool' needs the tool's 'name'", "tool_choice");
+        rule.name = tc["name"].get<std::string>();
+      }
+      if (tc.contains("disable_parallel_tool_use") && !tc["disable_parallel_tool_use"].is_boolean())
+        return bad_request("'tool_choice.disable_parallel_tool_use' must be a boolean", "tool_choice");
+      rule.parallel = !tc.value("disable_parallel_tool_use", false) && type == "any";
+      in.force_tools = rule;
+    } else if (type != "auto") {
+      return bad_request("'tool_choice.type' must be auto, any, tool or none", "tool_choice");
+    }
   }
   if (body.contains("thinking") && !body["thinking"].is_null()) {
     const ordered_json& th = body["thinking"];
@@ -281,6 +294,13 @@ ApiResult<Job> plan_messages(const ordered_json& body, const PlanContext& ctx) {
   if (f.failed()) return f.error();
   const std::string& text = std::get<std::string>(prompt);
   if (auto e = finish_request(r, ctx.model.tokenizer().encode(text, false), max_tokens, ctx, true)) return *e;
+  if (in.force_tools) {
+    auto g = tool_call_grammar(ctx.model.tool_syntax(), *in.tools, *in.force_tools);
+    if (!g.ok()) return bad_request(g.status().message(), "tool_choice");
+    auto c = ctx.model.chat_constraint(*g, text, /*tool_calls=*/true);
+    if (!c.ok()) return api_error_from(c.status());
+    r.constraint = std::move(c).value();
+  }
   job.sample.parser = ctx.model.tool_format();
   if (!in.tools && job.sample.parser != tokenizer::ToolFormat::kHarmony) job.sample.parser = tokenizer::ToolFormat::kNone;
   job.sample.parser_options = ctx.model.parser_options(text, in.tools ? *in.tools : ordered_json::array());

@@ -2,7 +2,7 @@
 
 #include <set>
 
-#include "grammar/json_schema.h"
+#include "server/structured_output.h"
 
 namespace kiln::server::openai {
 namespace {
@@ -411,27 +411,25 @@ ApiResult<Job> plan_chat(const ordered_json& body, const PlanContext& ctx) {
   std::optional<ordered_json> tools;
   if (const ordered_json* t = f.array("tools"); t != nullptr && !t->empty()) tools = *t;
   std::string tool_choice = "auto";
+  ToolCallRule tool_rule;
   if (f.has("tool_choice")) {
     const ordered_json& tc = f.at("tool_choice");
-    if (tc.is_string() && (tc == "none" || tc == "auto")) {
+    if (tc.is_string() && (tc == "none" || tc == "auto" || tc == "required")) {
       tool_choice = tc.get<std::string>();
-    } else if (tc.is_string() && tc == "required") {
-      f.fail("tool_choice 'required' is not supported: kiln has no constrained decoding yet; use 'auto'", "tool_choice");
-    } else if (tc.is_object()) {
-      f.fail("a named tool_choice is not supported: kiln has no constrained decoding yet; use 'auto'", "tool_choice");
+    } else if (tc.is_object() && tc.value("type", "") == "function" && tc.contains("function") &&
+               tc["function"].is_object() && tc["function"].value("name", ordered_json()).is_string()) {
+      tool_choice = "named";
+      tool_rule.name = tc["function"]["name"].get<std::string>();
     } else {
-      f.fail("'tool_choice' must be 'none', 'auto', 'required' or {\"type\": \"function\", ...}", "tool_choice");
+      f.fail("'tool_choice' must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": "
+             "{\"name\": ...}}",
+             "tool_choice");
     }
   }
-  if (const ordered_json* rf = f.object("response_format")) {
-    if (!rf->contains("type") || !(*rf)["type"].is_string()) {
-      f.fail("'response_format.type' must be a string", "response_format");
-    } else if ((*rf)["type"] != "text") {
-      f.fail("response_format type '" + (*rf)["type"].get<std::string>() +
-                 "' is not supported: kiln has no constrained decoding yet (only 'text')",
-             "response_format");
-    }
-  }
+  tool_rule.parallel = f.boolean("parallel_tool_calls").value_or(true) && tool_choice != "named";
+  const bool force_tools = tool_choice == "required" || tool_choice == "named";
+  if (force_tools && !tools && !f.failed()) f.fail("tool_choice '" + tool_choice + "' needs 'tools'", "tool_choice");
+  const std::optional<grammar::Grammar> format = read_output_format(f, /*llama_cpp_fields=*/false);
   if (f.failed()) return f.error();
 
   auto messages = chat_messages(body["messages"]);
@@ -445,6 +443,17 @@ ApiResult<Job> plan_chat(const ordered_json& body, const PlanContext& ctx) {
   if (!prompt.ok()) return api_error_from(prompt.status());
   r.sampling.logprobs = logprobs ? int32_t(top_logprobs) : -1;
   if (auto e = finish_request(r, ctx.model.tokenizer().encode(*prompt, false), max_tokens, ctx, true)) return *e;
+  if (force_tools) {  // the tool calls, whatever response_format says (it shapes a final answer)
+    auto g = tool_call_grammar(ctx.model.tool_syntax(), *tools, tool_rule);
+    if (!g.ok()) return bad_request(g.status().message(), "tool_choice");
+    auto c = ctx.model.chat_constraint(*g, *prompt, /*tool_calls=*/true);
+    if (!c.ok()) return api_error_from(c.status());
+    r.constraint = std::move(c).value();
+  } else if (format) {
+    auto c = ctx.model.chat_constraint(*format, *prompt, /*tool_calls=*/false);
+    if (!c.ok()) return api_error_from(c.status());
+    r.constraint = std::move(c).value();
+  }
 
   job.sample.parser = ctx.model.tool_format();
   job.sample.parser_options = ctx.model.parser_options(*prompt, tools ? *tools : ordered_json::array());
@@ -457,47 +466,6 @@ ApiResult<Job> plan_chat(const ordered_json& body, const PlanContext& ctx) {
   job.requests.push_back(std::move(r));
   return job;
 }
-
-namespace {
-
-// Structured output on /v1/completions: OpenAI-style `response_format` ({"type": "text",
-// "json_object" or "json_schema" with "json_schema": {"schema": ...}}, as vLLM takes it
-// here) or llama.cpp's `json_schema` (the schema itself). The grammar, or nullopt for free
-// text; a schema the grammar engine refuses is a 400 naming the keyword and its path.
-std::optional<grammar::Grammar> read_output_format(Fields& f) {
-  std::optional<grammar::Grammar> g;
-  const auto from_schema = [&](const ordered_json& schema, const char* field) {
-    if (!schema.is_object()) {
-      f.fail(std::string("'") + field + "' must be a JSON schema object", field);
-      return;
-    }
-    auto r = grammar::json_schema_to_grammar(schema);
-    if (!r.ok()) f.fail(std::string("'") + field + "': " + r.status().message(), field);
-    else g = std::move(r).value();
-  };
-  if (const ordered_json* rf = f.object("response_format")) {
-    const ordered_json type = rf->value("type", ordered_json());
-    if (!type.is_string()) {
-      f.fail("'response_format.type' must be a string", "response_format");
-    } else if (type == "json_object") {
-      g = grammar::json_object_grammar();
-    } else if (type == "json_schema") {
-      const ordered_json js = rf->value("json_schema", ordered_json());
-      if (!js.is_object() || !js.contains("schema")) f.fail("'response_format.json_schema.schema' is required", "response_format");
-      else from_schema(js["schema"], "response_format.json_schema.schema");
-    } else if (type != "text") {
-      f.fail("response_format type '" + type.get<std::string>() + "' is not supported (text, json_object, json_schema)",
-             "response_format");
-    }
-  }
-  if (f.has("json_schema")) {
-    if (g) f.fail("give 'response_format' or 'json_schema', not both", "json_schema");
-    else from_schema(f.at("json_schema"), "json_schema");
-  }
-  return g;
-}
-
-}  // namespace
 
 ApiResult<Job> plan_completion(const ordered_json& body, const PlanContext& ctx) {
   if (!body.is_object()) return bad_request("the request body must be a JSON object");
@@ -513,7 +481,7 @@ ApiResult<Job> plan_completion(const ordered_json& body, const PlanContext& ctx)
   const bool echo = f.boolean("echo").value_or(false);
   if (auto s = f.string("suffix"); s && !s->empty()) f.fail("'suffix' is not supported by this server", "suffix");
   if (echo && logprobs >= 0 && !f.failed()) f.fail("'echo' with 'logprobs' is not supported by this server", "echo");
-  const std::optional<grammar::Grammar> format = read_output_format(f);
+  const std::optional<grammar::Grammar> format = read_output_format(f, /*llama_cpp_fields=*/true);
   if (f.failed()) return f.error();
   std::shared_ptr<const runtime::OutputConstraint> constraint;
   if (format) {

@@ -1,5 +1,6 @@
 #include "server/served_model.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -52,11 +53,13 @@ Result<std::unique_ptr<ServedModel>> ServedModel::load(const std::string& dir, c
   }
 
   const tokenizer::ToolFormat detected = detect_tool_format(source);
+  m->tool_syntax_.deepseek_fenced = has(source, "```json");
   if (options.tool_call_parser == "auto") {
     m->tool_format_ = detected;
   } else {
     KILN_ASSIGN_OR_RETURN(m->tool_format_, tokenizer::parse_tool_format(options.tool_call_parser));
   }
+  m->tool_syntax_.format = m->tool_format_;
   // GPT-OSS prompts are rendered by kiln's harmony renderer, which follows the shipped
   // template but also takes what OpenAI clients send routinely (null content, ...).
   m->harmony_ = detected == tokenizer::ToolFormat::kHarmony && m->chat_.has_value();
@@ -140,7 +143,15 @@ Result<std::shared_ptr<const runtime::OutputConstraint>> ServedModel::constraint
   std::call_once(vocabulary_once_, [&] {
     auto bytes = std::make_shared<std::vector<std::string>>();
     bytes->reserve(size_t(tokenizer_.vocab_size()));
-    for (int32_t id = 0; id < tokenizer_.vocab_size(); ++id) bytes->push_back(tokenizer_.token_bytes(id).value_or(""));
+    const std::vector<std::string>& markers = syntax_markers(tool_format_);
+    for (int32_t id = 0; id < tokenizer_.vocab_size(); ++id) {
+      std::optional<std::string> b = tokenizer_.token_bytes(id);
+      if (!b && tokenizer_.is_special(id)) {
+        const std::optional<std::string> text = tokenizer_.id_to_token(id);
+        if (text && std::find(markers.begin(), markers.end(), *text) != markers.end()) b = text;
+      }
+      bytes->push_back(b.value_or(""));
+    }
     masker_ = std::make_shared<grammar::TokenMasker>(*bytes, std::nullopt);  // end ids: the sampler's
     token_bytes_ = std::move(bytes);
     KILN_LOG(kInfo, "structured output: a vocabulary of " << token_bytes_->size() << " tokens ("
@@ -151,6 +162,19 @@ Result<std::shared_ptr<const runtime::OutputConstraint>> ServedModel::constraint
   c->masker = masker_;
   c->token_bytes = token_bytes_;
   return std::shared_ptr<const runtime::OutputConstraint>(std::move(c));
+}
+
+Result<std::shared_ptr<const runtime::OutputConstraint>> ServedModel::chat_constraint(const grammar::Grammar& body,
+                                                                                    std::string_view prompt,
+                                                                                    bool tool_calls) const {
+  size_t end = prompt.size();
+  while (end > 0 && (prompt[end - 1] == '\n' || prompt[end - 1] == ' ')) --end;
+  ReasoningFrame frame = ReasoningFrame::kNone;
+  if (harmony_) frame = ReasoningFrame::kHarmony;
+  else if (!reasoning_ || prompt.substr(0, end).ends_with("</think>")) frame = ReasoningFrame::kNone;  // closed by the template
+  else if (parser_options(prompt, {}).reasoning.starts_in_reasoning) frame = ReasoningFrame::kThinkOpen;
+  else frame = ReasoningFrame::kThinkOptional;
+  return constraint(after_reasoning(body, frame, tool_calls));
 }
 
 }  // namespace kiln::server

@@ -15,6 +15,7 @@
 #include "core/status.h"
 #include "grammar/grammar.h"
 #include "runtime/sampler.h"
+#include "server/structured_output.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/parser_output.h"
 #include "tokenizer/tokenizer.h"
@@ -69,7 +70,15 @@ class ServedModel {
 
   // Structured output: g compiled, with this model's vocabulary for the grammar engine
   // (every token's bytes and the mask trie, built once, on the first call; thread-safe).
+  // Special tokens have no bytes there except the markers its tool-call syntax and
+  // channels spell (syntax_markers), so a grammar can ask for those.
   Result<std::shared_ptr<const runtime::OutputConstraint>> constraint(const grammar::Grammar& g) const;
+  // A chat reply to `prompt` constrained to `body` (a document, or tool_call_grammar's tool
+  // calls): the constraint starts where the reply's reasoning ends.
+  Result<std::shared_ptr<const runtime::OutputConstraint>> chat_constraint(const grammar::Grammar& body,
+                                                                           std::string_view prompt,
+                                                                           bool tool_calls) const;
+  ToolSyntax tool_syntax() const { return tool_syntax_; }
 
  private:
   explicit ServedModel(tokenizer::Tokenizer t) : tokenizer_(std::move(t)) {}
@@ -80,6 +89,7 @@ class ServedModel {
   std::optional<tokenizer::ChatTemplate> chat_;
   bool harmony_ = false;  // GPT-OSS: kiln's harmony renderer (tokenizer/harmony.h)
   tokenizer::ToolFormat tool_format_ = tokenizer::ToolFormat::kNone;
+  ToolSyntax tool_syntax_;
   bool reasoning_ = false;
   std::vector<int32_t> stop_ids_;
   SamplingDefaults defaults_;

@@ -150,5 +150,44 @@ TEST(Matcher, LongInputsKeepSetsSmall) {
   EXPECT_TRUE(m.is_complete());
 }
 
+// text_without(stop) + stop: any text up to the first stop, checked against a search
+// for every random string over a small alphabet that makes near-misses likely.
+TEST(Matcher, TextWithoutAStopEndsAtItsFirstOccurrence) {
+  for (const std::string stop : {"</think>", "<|", "ab"}) {
+    Grammar g;
+    Element text = g.text_without("text", stop);
+    g.set_start(g.add_rule("s", {Grammar::cat({{text}, Grammar::literal(stop), Grammar::literal("!")})}));
+    auto cg = compile(g);
+    const std::string alphabet = stop + "x<";
+    std::mt19937 rng(3);
+    for (int trial = 0; trial < 3000; ++trial) {
+      std::string s;
+      const int n = int(rng() % 14);
+      for (int i = 0; i < n; ++i) s += alphabet[rng() % alphabet.size()];
+      const size_t first = s.find(stop);
+      const bool want = first != std::string::npos && s.substr(first + stop.size()) == "!";
+      ASSERT_EQ(matches(cg, s), want) << "stop '" << stop << "', input '" << s << "'";
+    }
+  }
+}
+
+TEST(Matcher, EmbeddedGrammarsKeepTheirRules) {
+  Grammar inner;  // balanced parentheses, as parens()
+  uint32_t s = inner.add_rule("s");
+  inner.set_alternatives(s, {Grammar::cat({Grammar::literal("("), {Element::ref(s)}, Grammar::literal(")"),
+                                           {Element::ref(s)}}),
+                             {}});
+  inner.set_start(s);
+  Grammar outer;
+  outer.add_rule("unrelated", {Grammar::literal("zzz")});  // shifts the embedded rule numbers
+  Element e = outer.embed(inner);
+  outer.set_start(outer.add_rule("top", {Grammar::cat({Grammar::literal("<"), {e}, Grammar::literal(">")})}));
+  auto cg = compile(outer);
+  EXPECT_TRUE(matches(cg, "<(()())>"));
+  EXPECT_TRUE(matches(cg, "<>"));
+  EXPECT_FALSE(matches(cg, "<(()>"));
+  EXPECT_FALSE(matches(cg, "<zzz>"));
+}
+
 }  // namespace
 }  // namespace kiln::grammar

@@ -159,7 +159,7 @@ test("errors surface as the SDK's error classes", async () => {
     client.messages.create({ ...base, messages: [{ role: "user", content: [{ type: "image", source: {} }] }] }),
     (e) => e instanceof BadRequestError && /image/.test(e.message),
   );
-  await assert.rejects(client.messages.create({ ...base, tools, tool_choice: { type: "any" } }), BadRequestError);
+  await assert.rejects(client.messages.create({ ...base, tools, tool_choice: { type: "tool", name: "nope" } }), BadRequestError);
   await assert.rejects(client.messages.create({ ...base, temperature: "hot" }), BadRequestError);
 });
 

@@ -95,7 +95,7 @@ const wrong = {
   tools: ["x", 1, [1], [{ type: "function" }], [{ type: "x" }], [{ type: "function", function: { name: "" } }],
     [{ name: "f" }], [{ name: "f", input_schema: 1 }], [{ type: "web_search_20250305", name: "s" }]],
   tool_choice: [1, "required", "sometimes", {}, { type: "any" }, { type: "function", function: { name: "f" } }, []],
-  response_format: ["json", { type: "json_object" }, {}, { type: 1 }, 1],
+  response_format: ["json", { type: "json_schema" }, {}, { type: 1 }, 1, { type: "json_schema", json_schema: { schema: { type: "object", not: {} } } }],
   json_schema: [1, "x", [], { type: "object", not: {} }, { type: "string", pattern: "(a" }],
   stop_token_ids: ["x", [-1], [1e9], [1.5], {}],
   ignore_eos: ["x", 1],

@@ -224,8 +224,7 @@ test("tool call round trip", async () => {
   assert.equal(finish, "tool_calls");
 });
 
-// Structured output on /v1/completions (the engine's constrained decoding; the chat
-// endpoint's fields are not wired yet): every reply at temperature 1 over several seeds,
+// Structured output on /v1/completions (the chat endpoints': structured_chat.test.mjs): every reply at temperature 1 over several seeds,
 // streamed or not, parses as JSON and holds to the schema (checked field by field here),
 // with finish_reason "stop"; llama.cpp's json_schema field does the same; a schema keyword
 // the grammar engine does not take is a 400 naming it and its path.
@@ -322,10 +321,11 @@ test("errors surface as the SDK's error classes", async () => {
     return true;
   });
   await assert.rejects(
-    client.chat.completions.create({ ...base, response_format: { type: "json_object" } }),
+    client.chat.completions.create({ ...base, response_format: { type: "xml" } }),
     (e) => e instanceof BadRequestError && /response_format/.test(e.message),
   );
-  await assert.rejects(client.chat.completions.create({ ...base, tools, tool_choice: "required" }), BadRequestError);
+  await assert.rejects(client.chat.completions.create({ ...base, tools, tool_choice: { type: "function", function: { name: "x" } } }),
+    BadRequestError);
   await assert.rejects(client.completions.create({ model: "kiln-demo", prompt: [99999], max_tokens: 2 }), BadRequestError);
 });
 

@@ -1,0 +1,289 @@
+#include "server/structured_output.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "grammar/json_schema.h"
+#include "grammar/regex.h"
+
+namespace kiln::server {
+
+using grammar::Element;
+using grammar::Grammar;
+using grammar::Sequence;
+
+namespace {
+
+Sequence lit(std::string_view s) { return Grammar::literal(s); }
+
+Sequence cat(std::initializer_list<Sequence> parts) { return Grammar::cat(parts); }
+
+// A grammar whose sentences are exactly `choices` (at least one).
+Grammar choice_grammar(const std::vector<std::string>& choices) {
+  Grammar g;
+  std::vector<Sequence> alts;
+  for (const std::string& c : choices) alts.push_back(lit(c));
+  g.set_start(g.add_rule("choice", std::move(alts)));
+  return g;
+}
+
+}  // namespace
+
+std::optional<Grammar> read_output_format(Fields& f, bool llama_cpp_fields) {
+  std::optional<Grammar> g;
+  const char* given = nullptr;  // the field that set g
+  const auto set = [&](Result<Grammar> r, const char* field, const std::string& where) {
+    if (given != nullptr) {
+      f.fail(std::string("give '") + given + "' or '" + field + "', not both", field);
+    } else if (!r.ok()) {
+      f.fail("'" + where + "': " + r.status().message(), field);
+    } else {
+      g = std::move(r).value();
+      given = field;
+    }
+  };
+  const auto from_schema = [&](const ordered_json& schema, const char* field, const std::string& where) {
+    if (schema.is_boolean() && schema.get<bool>()) set(grammar::json_value_grammar(), field, where);
+    else if (!schema.is_object()) f.fail("'" + where + "' must be a JSON schema object", field);
+    else set(grammar::json_schema_to_grammar(schema), field, where);
+  };
+  if (const ordered_json* rf = f.object("response_format")) {
+    const ordered_json type = rf->value("type", ordered_json());
+    if (!type.is_string()) {
+      f.fail("'response_format.type' must be a string", "response_format");
+    } else if (type == "json_object") {
+      set(grammar::json_object_grammar(), "response_format", "response_format");
+    } else if (type == "json_schema") {
+      const ordered_json js = rf->value("json_schema", ordered_json());
+      if (!js.is_object() || !js.contains("schema")) f.fail("'response_format.json_schema.schema' is required", "response_format");
+      else from_schema(js["schema"], "response_format", "response_format.json_schema.schema");
+    } else if (type != "text") {
+      f.fail("response_format type '" + type.get<std::string>() + "' is not supported (text, json_object, json_schema)",
+             "response_format");
+    }
+  }
+  if (const ordered_json* so = f.object("structured_outputs"); so != nullptr && !f.failed()) {
+    if (!so->is_object()) {
+      f.fail("'structured_outputs' must be an object with one of json, regex, choice", "structured_outputs");
+      return g;
+    }
+    int kinds = 0;
+    for (const auto& [key, value] : so->items()) {
+      if (value.is_null()) continue;
+      const std::string where = "structured_outputs." + key;
+      if (key == "json") {
+        ++kinds;
+        if (value.is_string()) set(grammar::json_schema_text_to_grammar(value.get<std::string>()), "structured_outputs", where);
+        else from_schema(value, "structured_outputs", where);
+      } else if (key == "regex") {
+        ++kinds;
+        if (!value.is_string()) f.fail("'" + where + "' must be a string", "structured_outputs");
+        else set(grammar::regex_to_grammar(value.get<std::string>()), "structured_outputs", where);
+      } else if (key == "choice") {
+        ++kinds;
+        std::vector<std::string> choices;
+        if (value.is_array())
+          for (const ordered_json& c : value)
+            if (c.is_string()) choices.push_back(c.get<std::string>());
+        if (!value.is_array() || choices.empty() || choices.size() != value.size())
+          f.fail("'" + where + "' must be a non-empty list of strings", "structured_outputs");
+        else set(choice_grammar(choices), "structured_outputs", where);
+      } else if (key == "grammar" || key == "structural_tag") {
+        f.fail("'" + where + "' is not supported by this server (json, regex and choice are)", "structured_outputs");
+      } else if (key == "json_object") {
+        ++kinds;
+        if (value == true) set(grammar::json_object_grammar(), "structured_outputs", where);
+      } else if (key != "disable_any_whitespace" && key != "disable_fallback" && key != "disable_additional_properties" &&
+                 key != "whitespace_pattern") {
+        f.fail("'structured_outputs' has an unknown field '" + key + "' (json, regex, choice)", "structured_outputs");
+      }
+      if (f.failed()) return g;
+    }
+    if (kinds > 1) f.fail("'structured_outputs' takes one of json, regex, choice", "structured_outputs");
+  }
+  if (llama_cpp_fields && f.has("json_schema") && !f.failed())
+    from_schema(f.at("json_schema"), "json_schema", "json_schema");
+  return g;
+}
+
+namespace {
+
+// A function's arguments: its parameter schema as a grammar, or any JSON object.
+Result<Grammar> arguments_grammar(const ordered_json& fn) {
+  const ordered_json params = fn.value("parameters", ordered_json());
+  if (!params.is_object()) return grammar::json_object_grammar();
+  Result<Grammar> g = grammar::json_schema_to_grammar(params);
+  if (g.ok()) return g;
+  if (fn.value("strict", false)) {
+    return invalid_argument("function '" + fn.value("name", std::string()) + "' parameters: " + g.status().message());
+  }
+  return grammar::json_object_grammar();  // a loose schema kiln cannot enforce: any object
+}
+
+
+// GLM-4.5's arguments: `<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n` per argument,
+// string values raw (no "</arg_value>" inside) and the others as JSON (its template's
+// `v | tojson if v is not string`). Declared properties in order, required ones always.
+Result<Sequence> glm_arguments(Grammar& g, const ordered_json& fn) {
+  const ordered_json params = fn.value("parameters", ordered_json());
+  const ordered_json props = params.is_object() ? params.value("properties", ordered_json()) : ordered_json();
+  const auto argument = [&](Sequence key, Sequence value) {
+    return cat({lit("<arg_key>"), std::move(key), lit("</arg_key>\n<arg_value>"), std::move(value), lit("</arg_value>\n")});
+  };
+  if (!props.is_object() || props.empty()) {  // any keys: free text for both
+    Sequence any = argument({g.text_without("glm_key", "</arg_key>")}, {g.text_without("glm_value", "</arg_value>")});
+    return Sequence{g.star("glm_args", std::move(any))};
+  }
+  const ordered_json required = params.value("required", ordered_json::array());
+  Sequence out;
+  for (const auto& [key, schema] : props.items()) {
+    Sequence value;
+    if (!schema.is_object()) {
+      value = {g.text_without("glm_value", "</arg_value>")};
+    } else if (schema.value("type", ordered_json()) == "string") {  // raw: an enum's words, or free text
+      std::vector<Sequence> words;
+      for (const ordered_json& w : schema.contains("const") ? ordered_json::array({schema["const"]})
+                                                             : schema.value("enum", ordered_json::array()))
+        if (w.is_string()) words.push_back(lit(w.get<std::string>()));
+      value = words.empty() ? Sequence{g.text_without("glm_value", "</arg_value>")}
+                            : Sequence{g.alternation("glm_word", std::move(words))};
+    } else {
+      Result<Grammar> v = grammar::json_schema_to_grammar(schema);
+      if (!v.ok() && fn.value("strict", false))
+        return invalid_argument("function '" + fn.value("name", std::string()) + "' parameter '" + key +
+                                "': " + v.status().message());
+      value = {g.embed(v.ok() ? *v : grammar::json_value_grammar())};
+    }
+    Sequence one = argument(lit(key), std::move(value));
+    const bool is_required = std::find(required.begin(), required.end(), ordered_json(key)) != required.end();
+    if (is_required) out.insert(out.end(), one.begin(), one.end());
+    else out.push_back(g.optional("glm_arg", std::move(one)));
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<Grammar> tool_call_grammar(const ToolSyntax& syntax, const ordered_json& tools, const ToolCallRule& rule) {
+  using tokenizer::ToolFormat;
+  Grammar g;
+  std::vector<Sequence> calls;  // one alternative per allowed function
+  for (const ordered_json& tool : tools) {
+    const ordered_json& fn = tool.contains("function") ? tool["function"] : tool;
+    const std::string name = fn.value("name", std::string());
+    if (rule.name && name != *rule.name) continue;
+    Sequence call;
+    if (syntax.format == ToolFormat::kGlm45) {
+      KILN_ASSIGN_OR_RETURN(Sequence args, glm_arguments(g, fn));
+      call = cat({lit("<tool_call>" + name + "\n"), args, lit("</tool_call>")});
+    } else {
+      KILN_ASSIGN_OR_RETURN(Grammar a, arguments_grammar(fn));
+      const Sequence args{g.embed(a)};
+      switch (syntax.format) {
+        case ToolFormat::kHermes:
+          call = cat({lit("<tool_call>\n{\"name\": \"" + name + "\", \"arguments\": "), args, lit("}\n</tool_call>")});
+          break;
+        case ToolFormat::kKimiK2:
+          call = cat({lit("<|tool_call_begin|>functions." + name + ":"),
+                      {g.repeat("call_index", {Element::byte_set(grammar::ByteSet::range('0', '9'))}, 1, 3)},
+                      lit("<|tool_call_argument_begin|>"), args, lit("<|tool_call_end|>")});
+          break;
+        case ToolFormat::kDeepSeekV3:
+          call = syntax.deepseek_fenced
+                     ? cat({lit("<｜tool▁call▁begin｜>function<｜tool▁sep｜>" + name + "\n```json\n"), args,
+                            lit("\n```<｜tool▁call▁end｜>")})
+                     : cat({lit("<｜tool▁call▁begin｜>" + name + "<｜tool▁sep｜>"), args, lit("<｜tool▁call▁end｜>")});
+          break;
+        case ToolFormat::kHarmony:
+          call = cat({lit("<|channel|>commentary to=functions." + name + " <|constrain|>json<|message|>"), args,
+                      lit("<|call|>")});
+          break;
+        default:
+          return invalid_argument("this model has no tool-call syntax kiln knows, so a tool call cannot be required");
+      }
+    }
+    calls.push_back(std::move(call));
+  }
+  if (calls.empty()) {
+    return invalid_argument(rule.name ? "tool_choice names function '" + *rule.name + "', which is not in 'tools'"
+                                      : std::string("a tool call is required but 'tools' is empty"));
+  }
+  const Element one = g.alternation("tool_call", std::move(calls));
+  // Harmony ends a message at <|call|> (a stop token): one call per reply.
+  const bool many = rule.parallel && syntax.format != ToolFormat::kHarmony;
+  Sequence block;
+  switch (syntax.format) {
+    case ToolFormat::kHermes:
+    case ToolFormat::kGlm45:
+      block = many ? Sequence{one, g.star("more_calls", cat({lit("\n"), {one}}))} : Sequence{one};
+      break;
+    case ToolFormat::kKimiK2:
+      block = cat({lit("<|tool_calls_section_begin|>"), many ? Sequence{g.plus("calls", {one})} : Sequence{one},
+                   lit("<|tool_calls_section_end|>")});
+      break;
+    case ToolFormat::kDeepSeekV3:
+      block = cat({lit("<｜tool▁calls▁begin｜>"), many ? Sequence{g.plus("calls", {one})} : Sequence{one},
+                   lit("<｜tool▁calls▁end｜>")});
+      break;
+    default: block = {one}; break;
+  }
+  g.set_start(g.add_rule("tool_calls", {std::move(block)}));
+  return g;
+}
+
+Grammar after_reasoning(const Grammar& body, ReasoningFrame frame, bool tool_calls) {
+  Grammar g;
+  Sequence rest{g.embed(body)};
+  // Up to three newlines or spaces between a closed reasoning block and what follows.
+  const auto gap = [&] {
+    return g.repeat("gap", {Element::byte_set(grammar::ByteSet::of('\n').add(' ', ' '))}, 0, 3);
+  };
+  switch (frame) {
+    case ReasoningFrame::kNone: break;
+    case ReasoningFrame::kThinkOpen:
+      rest = cat({{g.text_without("reasoning", "</think>")}, lit("</think>"), {gap()}, rest});
+      break;
+    case ReasoningFrame::kThinkOptional:
+      rest = cat({{g.optional("think", cat({lit("<think>"), {g.text_without("reasoning", "</think>")},
+                                            lit("</think>"), {gap()}}))},
+                  rest});
+      break;
+    case ReasoningFrame::kHarmony:
+      // The analysis message holds no "<|": every harmony marker starts with it, so the
+      // first one ends the text.
+      if (!tool_calls) rest = cat({lit("<|channel|>final<|message|>"), rest});
+      rest = cat({{g.optional("analysis", cat({lit("<|channel|>analysis<|message|>"),
+                                               {g.text_without("reasoning", "<|")}, lit("<|end|><|start|>assistant")}))},
+                  rest});
+      break;
+  }
+  g.set_start(g.add_rule("reply", {std::move(rest)}));
+  return g;
+}
+
+const std::vector<std::string>& syntax_markers(tokenizer::ToolFormat format) {
+  using tokenizer::ToolFormat;
+  static const std::vector<std::string> kNone = {"<think>", "</think>"};
+  static const std::vector<std::string> kHermes = {"<think>", "</think>", "<tool_call>", "</tool_call>"};
+  static const std::vector<std::string> kGlm = {"<think>",   "</think>",   "<tool_call>",  "</tool_call>",
+                                                "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"};
+  static const std::vector<std::string> kKimi = {
+      "<think>", "</think>", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+      "<|tool_call_argument_begin|>", "<|tool_call_end|>"};
+  static const std::vector<std::string> kDeepSeek = {"<think>", "</think>", "<｜tool▁calls▁begin｜>",
+                                                     "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
+                                                     "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"};
+  static const std::vector<std::string> kHarmony = {"<|channel|>", "<|message|>", "<|end|>", "<|start|>",
+                                                    "<|constrain|>", "<|call|>"};
+  switch (format) {
+    case ToolFormat::kHermes: return kHermes;
+    case ToolFormat::kGlm45: return kGlm;
+    case ToolFormat::kKimiK2: return kKimi;
+    case ToolFormat::kDeepSeekV3: return kDeepSeek;
+    case ToolFormat::kHarmony: return kHarmony;
+    case ToolFormat::kNone: break;
+  }
+  return kNone;
+}
+
+}  // namespace kiln::server
