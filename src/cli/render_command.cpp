@@ -8,7 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "formats/json_error.h"
+#include "core/json_error.h"
 #include "tokenizer/chat_template.h"
 
 namespace kiln::cli {
@@ -27,7 +27,7 @@ Result<json> read_json_file(const std::string& path, const char* flag) {
   std::ostringstream ss;
   ss << in.rdbuf();
   json j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return invalid_argument(std::string(flag) + ": " + path + " is not valid JSON at " + formats::json_error(ss.str()));
+  if (j.is_discarded()) return invalid_argument(std::string(flag) + ": " + path + " is not valid JSON at " + json_error(ss.str()));
   return j;
 }
 

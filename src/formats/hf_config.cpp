@@ -1,6 +1,6 @@
 #include "formats/hf_config.h"
 
-#include "formats/json_error.h"
+#include "core/json_error.h"
 
 #include <fstream>
 #include <sstream>

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "formats/json_error.h"
+#include "core/json_error.h"
 
 namespace kiln::formats {
 namespace {

@@ -11,7 +11,7 @@
 #include <variant>
 
 #include "core/log.h"
-#include "formats/json_error.h"
+#include "core/json_error.h"
 #include "server/anthropic_api.h"
 #include "server/chat_page.h"
 #include "server/client_connection.h"
@@ -61,7 +61,7 @@ std::variant<ordered_json, std::string> parse_body(const std::string& body) {
         return true;
       },
       /*allow_exceptions=*/false);
-  if (j.is_discarded()) return "the request body is not valid JSON (UTF-8) at " + formats::json_error(body);
+  if (j.is_discarded()) return "the request body is not valid JSON (UTF-8) at " + json_error(body);
   if (depth > kMaxJsonDepth)
     return "the request body nests JSON " + std::to_string(depth) + " levels deep (at most " +
            std::to_string(kMaxJsonDepth) + ")";

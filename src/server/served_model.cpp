@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "core/log.h"
-#include "formats/json_error.h"
+#include "core/json_error.h"
 #include "grammar/matcher.h"
 #include "grammar/token_mask.h"
 #include "tokenizer/harmony.h"
@@ -87,7 +87,7 @@ Status ServedModel::load_sampling_defaults(const std::string& dir) {
   std::stringstream ss;
   ss << f.rdbuf();
   const ordered_json g = ordered_json::parse(ss.str(), nullptr, false);
-  if (g.is_discarded()) return corrupt(path + ": not valid JSON at " + formats::json_error(ss.str()));
+  if (g.is_discarded()) return corrupt(path + ": not valid JSON at " + json_error(ss.str()));
   if (!g.is_object()) return corrupt(path + " is not a JSON object");
   // do_sample false means greedy, whatever temperature says.
   const bool greedy = g.contains("do_sample") && g["do_sample"].is_boolean() && !g["do_sample"].get<bool>();

@@ -4,6 +4,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/json_error.h"
+
 namespace kiln::tokenizer {
 
 namespace {
@@ -26,7 +28,7 @@ Result<std::string> read_file(const fs::path& path) {
 Result<json> read_json(const fs::path& path) {
   KILN_ASSIGN_OR_RETURN(std::string text, read_file(path));
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return corrupt(path.string() + " is not valid JSON");
+  if (j.is_discarded()) return corrupt(path.string() + ": not valid JSON at " + json_error(text));
   return j;
 }
 

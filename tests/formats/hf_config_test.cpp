@@ -91,5 +91,12 @@ TEST(HfConfig, BadInputNamesTheProblem) {
   }
 }
 
+TEST(HfConfig, ABrokenConfigSaysWhere) {
+  auto r = parse_config("{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"vocab_size\": 10,,\n}", "/m/config.json");
+  ASSERT_FALSE(r.ok());
+  const std::string m = r.status().message();
+  EXPECT_NE(m.find("/m/config.json: not valid JSON at line 3, column 20"), std::string::npos) << m;
+}
+
 }  // namespace
 }  // namespace kiln::formats

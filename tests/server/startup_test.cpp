@@ -110,6 +110,12 @@ std::vector<BadModel> bad_models() {
          write_file(d / "config.json", c.substr(0, c.size() / 2));
        },
        "config.json: not valid JSON at line "},
+      {"a broken tokenizer.json",
+       [](const fs::path& d) {
+         const std::string t = read_file(d / "tokenizer.json");
+         write_file(d / "tokenizer.json", t.substr(0, t.size() / 3));
+       },
+       "tokenizer.json: not valid JSON at line "},
       {"an unsupported architecture",
        [](const fs::path& d) {
          std::string c = read_file(d / "config.json");

@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-namespace kiln::formats {
+namespace kiln {
 
 // "line L, column C" of a 1-based byte index into `text` (nlohmann's parse_error::byte:
 // the last byte read; one past the end at the end of the input). Columns count bytes.
@@ -17,4 +17,4 @@ std::string text_position(std::string_view text, size_t byte);
 // (the reason at most about 120 bytes). "" when `text` is valid JSON after all.
 std::string json_error(std::string_view text);
 
-}  // namespace kiln::formats
+}  // namespace kiln

@@ -1,11 +1,9 @@
-// Where a text stops being JSON: line and column, for config.json and request bodies.
-#include "formats/json_error.h"
+// Where a text stops being JSON: line and column, for config.json, tokenizer.json and request bodies.
+#include "core/json_error.h"
 
 #include <gtest/gtest.h>
 
-#include "formats/hf_config.h"
-
-namespace kiln::formats {
+namespace kiln {
 namespace {
 
 TEST(JsonError, PositionCountsLinesAndColumnsFromOne) {
@@ -34,12 +32,5 @@ TEST(JsonError, ReasonIsShortForAHugeBadToken) {
   EXPECT_EQ(e.rfind("line 1, column 100008: ", 0), 0u) << e;
 }
 
-TEST(JsonError, ABrokenConfigSaysWhere) {
-  auto r = parse_config("{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"vocab_size\": 10,,\n}", "/m/config.json");
-  ASSERT_FALSE(r.ok());
-  const std::string m = r.status().message();
-  EXPECT_NE(m.find("/m/config.json: not valid JSON at line 3, column 20"), std::string::npos) << m;
-}
-
 }  // namespace
-}  // namespace kiln::formats
+}  // namespace kiln

@@ -1,10 +1,10 @@
-#include "formats/json_error.h"
+#include "core/json_error.h"
 
 #include <algorithm>
 
 #include <nlohmann/json.hpp>
 
-namespace kiln::formats {
+namespace kiln {
 
 std::string text_position(std::string_view text, size_t byte) {
   // The error is at the byte read last: index byte - 1, or the end of the input.
@@ -34,4 +34,4 @@ std::string json_error(std::string_view text) {
   return {};
 }
 
-}  // namespace kiln::formats
+}  // namespace kiln
