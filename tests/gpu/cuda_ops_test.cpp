@@ -273,6 +273,10 @@ TEST_F(CudaOps, MoeMatchesCpuForEveryRouterAndLayout) {
       {ops::RouterKind::kSigmoidGroupedTopK, 64, 8, 8, 4, 1024, 512, false, false, false, false, ops::GluKind::kSilu},
       // fused [gate; up] rows (concatenated, row-major), odd width: column tails in every tile
       {ops::RouterKind::kSoftmaxTopK, 16, 2, 1, 1, 520, 200, true, false, false, false, ops::GluKind::kSilu},
+      // the deepseek_v3 test fixture's experts on one rank, and sharded over 2 and 4 ranks
+      {ops::RouterKind::kSigmoidGroupedTopK, 16, 4, 4, 2, 64, 32, false, false, false, false, ops::GluKind::kSilu},
+      {ops::RouterKind::kSigmoidGroupedTopK, 16, 4, 4, 2, 64, 16, false, false, false, false, ops::GluKind::kSilu},
+      {ops::RouterKind::kSigmoidGroupedTopK, 16, 4, 4, 2, 64, 8, false, false, false, false, ops::GluKind::kSilu},
       // input-major fused but not interleaved: only the GEMV path takes it
       {ops::RouterKind::kSoftmaxTopK, 8, 2, 1, 1, 256, 128, true, false, true, true, ops::GluKind::kSilu},
   };
@@ -315,7 +319,7 @@ TEST_F(CudaOps, MoeMatchesCpuForEveryRouterAndLayout) {
     // 1-17 tokens: decode tiles (16 rows); 200 / 600: 64-row prefill tiles where
     // there are at least 32 rows per expert; with 64 experts and 1-3 tokens most
     // experts receive none.
-    for (int tokens : {1, 3, 17, 200, 600}) {
+    for (int tokens : {1, 3, 17, 28, 200, 600}) {
       SCOPED_TRACE(::testing::Message() << tokens << " tokens");
       Tensor x = random({tokens, c.d_model});
       Tensor ref = host_tensor(DType::kF32, {tokens, c.d_model});

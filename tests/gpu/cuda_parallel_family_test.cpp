@@ -180,7 +180,15 @@ TEST_P(CudaParallel, MatchesTheCpuSplitAlike) {
   // Greedy decoding of a continuous batch with the automatic attention paths, decode
   // steps graph-replayed, against one GPU doing the same (the CPU's roundings differ from
   // the fast paths': cuda_family_test).
+  // FP8 weights: W8A16 on both sides. Whether a GEMM quantizes its activations to e4m3
+  // (W8A8) depends on its row count, which the split layouts' schedules change (a prefill
+  // split in pipeline micro-batches); with W8A8 on, llama_fp8_block, deepseek_v3_fp8_block
+  // and glm4_moe_fp8_channel diverged from one GPU at the first token (top-2 gaps 0.3-0.5),
+  // with it off on both sides not at all (4 x H200, 2026-11-28). W8A8's own accuracy is
+  // cuda_quant_test's.
+  ::setenv("KILN_FP8_W8A8", "0", 1);
   auto fast = load(dir, layout, ""), one_fast = load(dir, single, "");
+  ::unsetenv("KILN_FP8_W8A8");
   ASSERT_TRUE(fast.ok()) << fast.status().to_string();
   ASSERT_TRUE(one_fast.ok()) << one_fast.status().to_string();
   const std::vector<std::vector<int32_t>> prompts = {
