@@ -188,7 +188,7 @@ const MaskCache::Entry& TokenMasker::cached_entry(const Matcher& m, MaskCache& c
     return it->second;
   }
   ++cache.n_misses_;
-  if (cache.entries_.size() >= MaskCache::kMaxEntries) cache.entries_.clear();
+  if (cache.entries_.size() >= cache.max_entries_) cache.entries_.clear();
   MaskCache::Entry e{.mask = std::vector<uint32_t>(mask_words(), 0)};
   cache.ws_.n_opaque_sets = n_opaque;
   cache.upper_ = Chart{};

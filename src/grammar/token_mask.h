@@ -41,6 +41,8 @@ class TokenMasker;
 // one per request (or per grammar). Not thread safe.
 class MaskCache {
  public:
+  // Entries are ~vocab/8 bytes each; past max_entries the cache starts over.
+  explicit MaskCache(size_t max_entries = 4096) : max_entries_(max_entries) {}
   size_t n_entries() const { return entries_.size(); }
   size_t n_hits() const { return n_hits_; }
   size_t n_misses() const { return n_misses_; }
@@ -54,8 +56,7 @@ class MaskCache {
     std::vector<uint32_t> mask;      // mask_words(): the tokens decided by the local view
     std::vector<uint32_t> tainted;  // trie nodes whose subtrees need the real chart
   };
-  // Entries are ~vocab/8 bytes each; past this many the cache starts over.
-  static constexpr size_t kMaxEntries = 4096;
+  size_t max_entries_;
 
   const TokenMasker* masker_ = nullptr;
   const CompiledGrammar* grammar_ = nullptr;

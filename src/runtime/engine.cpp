@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <mutex>
 #include <sstream>
 
@@ -508,6 +509,19 @@ std::vector<StepOutput> Engine::step() {
   } add_time{start, kind.seconds};
   StepBatch batch = build_step_batch(schedule, kv_[0].block_size);
   const std::vector<Sequence*> sampled = std::move(batch.sampled);
+  std::vector<Sampler*> samplers;
+  for (Sequence* s : sampled) samplers.push_back(&s->sampler);
+  // Structured output: the token masks of this step's samples on worker threads while the
+  // forward pass runs (each sampler's matcher stands where its last token left it).
+  std::future<std::vector<uint32_t>> masks;
+  if (std::any_of(samplers.begin(), samplers.end(), [](const Sampler* s) { return s->constrained(); }))
+    masks = std::async(std::launch::async, [&samplers, vocab = config_.vocab_size] { return token_masks(samplers, vocab); });
+  struct JoinMasks {  // on every return: the workers read the samplers
+    std::future<std::vector<uint32_t>>& f;
+    ~JoinMasks() {
+      if (f.valid()) f.wait();
+    }
+  } join_masks{masks};
   const Tensor logits = forward(std::move(batch.meta));
   for (const ScheduledSeq& s : schedule.seqs) {
     if (RequestState& st = requests_.at(s.seq->request_id); !st.started) {
@@ -522,10 +536,8 @@ std::vector<StepOutput> Engine::step() {
   std::vector<StepOutput> outs;
   if (sampled.empty()) return outs;
 
-  std::vector<Sampler*> samplers;
-  for (Sequence* s : sampled) samplers.push_back(&s->sampler);
-  std::vector<SampledToken> tokens =
-      sample_rows(*backend_, logits.slice0(0, int64_t(sampled.size())), samplers);
+  std::vector<SampledToken> tokens = sample_rows(*backend_, logits.slice0(0, int64_t(sampled.size())), samplers,
+                                                 masks.valid() ? masks.get() : std::vector<uint32_t>{});
   std::vector<uint64_t> done;
   for (size_t i = 0; i < sampled.size(); ++i) {
     Sequence& seq = *sampled[i];

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <thread>
 
 #include "core/log.h"
 #include "grammar/matcher.h"
@@ -56,17 +57,22 @@ void Sampler::observe_generated(int32_t token) {
   }
 }
 
+// A constrained sequence's mask cache holds at most this many masks (each vocab / 8
+// bytes: 4.7 MiB in all at a 151,936-token vocabulary).
+constexpr size_t kMaskCacheEntries = 256;
+
 void Sampler::constrain(std::shared_ptr<const OutputConstraint> c, std::vector<int32_t> end_ids) {
   matcher_ = std::make_unique<grammar::Matcher>(c->grammar);
+  mask_cache_ = std::make_unique<grammar::MaskCache>(kMaskCacheEntries);
   constraint_ = std::move(c);
   end_ids_ = std::move(end_ids);
 }
 
-void Sampler::fill_mask(std::span<uint32_t> row) const {
+void Sampler::fill_mask(std::span<uint32_t> row) {
   KILN_CHECK(matcher_ != nullptr) << "fill_mask of an unconstrained sampler";
   const grammar::TokenMasker& masker = *constraint_->masker;
   KILN_CHECK_GE(row.size(), masker.mask_words()) << "token mask row";
-  masker.fill_mask(*matcher_, row.data());
+  masker.fill_mask(*matcher_, row.data(), mask_cache_.get());
   const auto allow = [&](int32_t t) {
     if (t >= 0 && size_t(t) / 32 < row.size()) row[size_t(t) / 32] |= 1u << (t % 32);
   };
@@ -97,8 +103,30 @@ SampledToken Sampler::sample(ops::Backend& backend, const Tensor& logits) {
   return std::move(sample_rows(backend, logits, self).front());
 }
 
+std::vector<uint32_t> token_masks(std::span<Sampler* const> samplers, int64_t vocab, int max_threads) {
+  std::vector<size_t> rows;  // the constrained ones
+  for (size_t r = 0; r < samplers.size(); ++r)
+    if (samplers[r]->constrained()) rows.push_back(r);
+  if (rows.empty()) return {};
+  const size_t words = size_t(ops::token_mask_words(vocab));
+  std::vector<uint32_t> masks(samplers.size() * words, ~0u);
+  const auto fill = [&](size_t first, size_t step) {
+    for (size_t i = first; i < rows.size(); i += step) {
+      const std::span<uint32_t> row(masks.data() + rows[i] * words, words);
+      std::fill(row.begin(), row.end(), 0u);
+      samplers[rows[i]]->fill_mask(row);
+    }
+  };
+  const size_t n_threads = std::min<size_t>(rows.size(), size_t(std::max(1, max_threads)));
+  std::vector<std::thread> helpers;
+  for (size_t t = 1; t < n_threads; ++t) helpers.emplace_back(fill, t, n_threads);
+  fill(0, n_threads);
+  for (std::thread& h : helpers) h.join();
+  return masks;
+}
+
 std::vector<SampledToken> sample_rows(ops::Backend& backend, const Tensor& logits,
-                                      std::span<Sampler* const> samplers) {
+                                      std::span<Sampler* const> samplers, std::vector<uint32_t> masks) {
   KILN_CHECK_EQ(logits.rank(), 2) << "sampler: logits " << logits.shape;
   KILN_CHECK_EQ(logits.dim(0), int64_t(samplers.size())) << "sampler: one row per sampler";
   const size_t n = samplers.size();
@@ -126,16 +154,9 @@ std::vector<SampledToken> sample_rows(ops::Backend& backend, const Tensor& logit
     }
   }
   // Structured output: a mask per row, all ones for the rows without a constraint.
-  std::vector<uint32_t> allowed;
-  if (std::any_of(samplers.begin(), samplers.end(), [](const Sampler* s) { return s->constrained(); })) {
-    const size_t words = size_t(ops::token_mask_words(logits.dim(1)));
-    allowed.assign(n * words, 0u);
-    for (size_t r = 0; r < n; ++r) {
-      const std::span<uint32_t> row(allowed.data() + r * words, words);
-      if (samplers[r]->constrained()) samplers[r]->fill_mask(row);
-      else std::fill(row.begin(), row.end(), ~0u);
-    }
-  }
+  std::vector<uint32_t> allowed = masks.empty() ? token_masks(samplers, logits.dim(1)) : std::move(masks);
+  KILN_CHECK(allowed.empty() || allowed.size() == n * size_t(ops::token_mask_words(logits.dim(1))))
+      << "sample_rows: token masks of " << allowed.size() << " words for " << n << " rows";
   std::vector<int32_t> tokens(n), top_ids(n * size_t(n_top));
   std::vector<float> logprobs(any_logprobs ? n : 0), top_logprobs(n * size_t(n_top));
   backend.sample({.logits = logits,

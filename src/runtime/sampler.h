@@ -21,6 +21,7 @@
 namespace kiln::grammar {
 class CompiledGrammar;
 class Matcher;
+class MaskCache;
 class TokenMasker;
 }  // namespace kiln::grammar
 
@@ -102,7 +103,9 @@ class Sampler {
   // The next sample's token mask into row (ops::SampleArgs::allowed, zeroed by the caller,
   // at least the masker's words). If no token fits, which a vocabulary holding every
   // single byte never meets, the end ids; with none of those either, every token (logged).
-  void fill_mask(std::span<uint32_t> row) const;
+  // Memoized in this sampler's own mask cache (grammar/token_mask.h), so samplers of
+  // different sequences may fill their masks on different threads at once.
+  void fill_mask(std::span<uint32_t> row);
   // The constrained output is complete and nothing may follow it: the sequence ends.
   bool grammar_done() const;
 
@@ -112,12 +115,21 @@ class Sampler {
   std::unordered_map<int32_t, int32_t> seen_;  // token -> times generated (0: prompt only)
   std::shared_ptr<const OutputConstraint> constraint_;
   std::unique_ptr<grammar::Matcher> matcher_;  // null: unconstrained
+  std::unique_ptr<grammar::MaskCache> mask_cache_;
   std::vector<int32_t> end_ids_;
 };
 
+// Structured output: the token masks of the next sample of `samplers` over a vocabulary
+// of `vocab` ids (rows of ops::token_mask_words(vocab) words, all ones for unconstrained
+// samplers), or empty when none is constrained. The constrained rows are filled on up to
+// `max_threads` threads. The engine computes them while the step's forward pass runs.
+std::vector<uint32_t> token_masks(std::span<Sampler* const> samplers, int64_t vocab, int max_threads = 4);
+
 // Samples row r of logits [samplers.size(), vocab] with samplers[r], all rows in one
 // backend call; each sampler draws its own uniform. Rows whose sampler has penalties
-// get them (the logits are penalised in place).
-std::vector<SampledToken> sample_rows(ops::Backend& backend, const Tensor& logits, std::span<Sampler* const> samplers);
+// get them (the logits are penalised in place). `masks`: token_masks of these samplers
+// computed beforehand, or empty to compute them here.
+std::vector<SampledToken> sample_rows(ops::Backend& backend, const Tensor& logits, std::span<Sampler* const> samplers,
+                                      std::vector<uint32_t> masks = {});
 
 }  // namespace kiln::runtime

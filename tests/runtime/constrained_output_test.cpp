@@ -159,5 +159,51 @@ TEST(ConstrainedOutput, EndsAtEosWhereTheDocumentMayGoOnAndAtLengthWhenCut) {
                                                       << tok->decode(c.tokens);
 }
 
+// The masks the engine computes on worker threads (token_masks: each sampler with its own
+// mask cache) equal the masker's uncached masks, row by row, along eight documents at once
+// (samplers at different depths of the same grammar, one unconstrained row between them).
+TEST(ConstrainedOutput, MasksOnWorkerThreadsEqualTheUncachedMasks) {
+  auto tok = tokenizer::Tokenizer::load(testing::fixture_dir("kiln_demo"));
+  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+  const auto constraint = constraint_for(*tok, ordered_json::parse(kSchema));
+  ASSERT_NE(constraint, nullptr);
+  const std::vector<std::string> docs = {
+      R"({"name": "Ann", "age": 31, "tags": ["red"], "ok": true})",
+      R"({"name":"Bob Stone","age":7,"tags":[],"ok":false})",
+      R"({"name": "\u00e9 \"x\"", "age": 120, "tags": ["blue", "green", "red"], "ok": true})",
+      R"({"name": "", "age": 0, "tags": ["green"], "ok": false})"};
+  std::vector<std::vector<int32_t>> tokens;
+  for (int k = 0; k < 8; ++k) tokens.push_back(tok->encode(docs[size_t(k) % docs.size()], false));
+  std::vector<Sampler> samplers;
+  for (int k = 0; k < 9; ++k) samplers.emplace_back(SamplingParams{.temperature = 1.0f});
+  for (int k = 0; k < 8; ++k) samplers[size_t(k < 4 ? k : k + 1)].constrain(constraint, {});  // row 4 free
+  std::vector<Sampler*> rows;
+  for (Sampler& s : samplers) rows.push_back(&s);
+  const int64_t vocab = tok->vocab_size();
+  const size_t words = size_t(ops::token_mask_words(vocab));
+  std::vector<grammar::Matcher> shadow(8, grammar::Matcher(constraint->grammar));
+  for (size_t step = 0;; ++step) {
+    const std::vector<uint32_t> masks = token_masks(rows, vocab, /*max_threads=*/4);
+    ASSERT_EQ(masks.size(), rows.size() * words);
+    EXPECT_TRUE(std::all_of(masks.begin() + long(4 * words), masks.begin() + long(5 * words),
+                            [](uint32_t w) { return w == ~0u; }))
+        << "the unconstrained row is all ones";
+    bool any = false;
+    for (int k = 0; k < 8; ++k) {
+      const size_t row = size_t(k < 4 ? k : k + 1);
+      if (step >= tokens[size_t(k)].size()) continue;  // done (a finished sampler allows its end ids)
+      std::vector<uint32_t> want(words, 0u);
+      constraint->masker->fill_mask(shadow[size_t(k)], want.data());
+      ASSERT_TRUE(std::equal(want.begin(), want.end(), masks.begin() + long(row * words))) << "doc " << k << " step " << step;
+      const int32_t t = tokens[size_t(k)][step];
+      EXPECT_TRUE(ops::token_allowed(std::span<const uint32_t>(want), t)) << "doc " << k << " step " << step;
+      samplers[row].observe_generated(t);
+      ASSERT_TRUE(shadow[size_t(k)].accept((*constraint->token_bytes)[size_t(t)])) << "doc " << k << " step " << step;
+      any = true;
+    }
+    if (!any) break;
+  }
+}
+
 }  // namespace
 }  // namespace kiln::runtime
