@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "grammar/gbnf.h"
 #include "grammar/json_schema.h"
 #include "grammar/regex.h"
 
@@ -64,7 +65,7 @@ std::optional<Grammar> read_output_format(Fields& f, bool llama_cpp_fields) {
   }
   if (const ordered_json* so = f.object("structured_outputs"); so != nullptr && !f.failed()) {
     if (!so->is_object()) {
-      f.fail("'structured_outputs' must be an object with one of json, regex, choice", "structured_outputs");
+      f.fail("'structured_outputs' must be an object with one of json, regex, choice, grammar", "structured_outputs");
       return g;
     }
     int kinds = 0;
@@ -88,21 +89,31 @@ std::optional<Grammar> read_output_format(Fields& f, bool llama_cpp_fields) {
         if (!value.is_array() || choices.empty() || choices.size() != value.size())
           f.fail("'" + where + "' must be a non-empty list of strings", "structured_outputs");
         else set(choice_grammar(choices), "structured_outputs", where);
-      } else if (key == "grammar" || key == "structural_tag") {
-        f.fail("'" + where + "' is not supported by this server (json, regex and choice are)", "structured_outputs");
+      } else if (key == "grammar") {
+        ++kinds;
+        if (!value.is_string()) f.fail("'" + where + "' must be a GBNF grammar (a string)", "structured_outputs");
+        else set(grammar::gbnf_to_grammar(value.get<std::string>()), "structured_outputs", where);
+      } else if (key == "structural_tag") {
+        f.fail("'" + where + "' is not supported by this server (json, regex, choice and grammar are)",
+               "structured_outputs");
       } else if (key == "json_object") {
         ++kinds;
         if (value == true) set(grammar::json_object_grammar(), "structured_outputs", where);
       } else if (key != "disable_any_whitespace" && key != "disable_fallback" && key != "disable_additional_properties" &&
                  key != "whitespace_pattern") {
-        f.fail("'structured_outputs' has an unknown field '" + key + "' (json, regex, choice)", "structured_outputs");
+        f.fail("'structured_outputs' has an unknown field '" + key + "' (json, regex, choice, grammar)",
+               "structured_outputs");
       }
       if (f.failed()) return g;
     }
-    if (kinds > 1) f.fail("'structured_outputs' takes one of json, regex, choice", "structured_outputs");
+    if (kinds > 1) f.fail("'structured_outputs' takes one of json, regex, choice, grammar", "structured_outputs");
   }
   if (llama_cpp_fields && f.has("json_schema") && !f.failed())
     from_schema(f.at("json_schema"), "json_schema", "json_schema");
+  if (llama_cpp_fields && f.has("grammar") && !f.failed()) {
+    if (!f.at("grammar").is_string()) f.fail("'grammar' must be a GBNF grammar (a string)", "grammar");
+    else set(grammar::gbnf_to_grammar(f.at("grammar").get<std::string>()), "grammar", "grammar");
+  }
   return g;
 }
 

@@ -1,7 +1,8 @@
 // Structured output as the APIs ask for it, turned into grammars (src/grammar) that the
 // engine's sampler enforces token by token:
 //   - a document: OpenAI `response_format` (json_object, json_schema), vLLM's
-//     `structured_outputs` (json, regex, choice), llama.cpp's `json_schema` (completions);
+//     `structured_outputs` (json, regex, choice, grammar), llama.cpp's `json_schema` and
+//     `grammar` (completions);
 //   - tool calls: OpenAI `tool_choice` required / named, Anthropic any / tool, written in
 //     the model's own tool-call syntax (the one its parser reads back), each call's
 //     arguments following the function's parameter schema;
@@ -25,9 +26,10 @@ namespace kiln::server {
 using ordered_json = nlohmann::ordered_json;
 
 // The document format a request asks for, or nullopt for free text. Reads
-// `response_format` and `structured_outputs` (json / regex / choice; grammar is refused), and
-// with `llama_cpp_fields` llama.cpp's `json_schema` (the /v1/completions extras). A schema
-// or pattern the grammar engine refuses is an error on `f` naming the field, keyword and path.
+// `response_format` and `structured_outputs` (json / regex / choice / grammar, GBNF), and
+// with `llama_cpp_fields` llama.cpp's `json_schema` and `grammar` (the /v1/completions
+// extras). A schema, pattern or grammar the engine refuses is an error on `f` naming the
+// field and where in it.
 std::optional<grammar::Grammar> read_output_format(Fields& f, bool llama_cpp_fields);
 
 // Which tool calls a reply must make.

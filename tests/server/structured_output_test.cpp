@@ -214,7 +214,12 @@ TEST(OutputFormat, RequestFieldsBecomeGrammarsOrNameWhatIsWrong) {
   EXPECT_EQ(read_error(R"({"structured_outputs": {"json": {"type": "integer"}}})"), "grammar");
   EXPECT_EQ(read_error(R"({"structured_outputs": {"json": "{\"type\": \"string\"}"}})"), "grammar");
   EXPECT_EQ(read_error(R"({"json_schema": {"type": "array"}})"), "grammar");
-  EXPECT_NE(read_error(R"({"structured_outputs": {"grammar": "root ::= \"a\""}})").find("not supported"), std::string::npos);
+  EXPECT_EQ(read_error(R"({"structured_outputs": {"grammar": "root ::= \"a\" [0-9]+"}})"), "grammar");
+  EXPECT_EQ(read_error(R"({"grammar": "root ::= \"yes\" | \"no\""})"), "grammar");
+  EXPECT_NE(read_error(R"({"grammar": "root ::= item"})").find("grammar: 'grammar': GBNF grammar at line 1, column 10"),
+            std::string::npos)
+      << read_error(R"({"grammar": "root ::= item"})");
+  EXPECT_NE(read_error(R"({"structured_outputs": {"structural_tag": {}}})").find("not supported"), std::string::npos);
   EXPECT_NE(read_error(R"({"structured_outputs": {"regex": "(a)\\1"}})").find("structured_outputs.regex"), std::string::npos);
   EXPECT_NE(read_error(R"({"structured_outputs": {"choice": []}})").find("non-empty"), std::string::npos);
   EXPECT_NE(read_error(R"({"structured_outputs": {"regex": "a", "choice": ["a"]}})").find("not both"), std::string::npos);

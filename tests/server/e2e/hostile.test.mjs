@@ -97,6 +97,9 @@ const wrong = {
   tool_choice: [1, "required", "sometimes", {}, { type: "any" }, { type: "function", function: { name: "f" } }, []],
   response_format: ["json", { type: "json_schema" }, {}, { type: 1 }, 1, { type: "json_schema", json_schema: { schema: { type: "object", not: {} } } }],
   json_schema: [1, "x", [], { type: "object", not: {} }, { type: "string", pattern: "(a" }],
+  grammar: [1, "", "root ::= x", "root ::= (", "start ::= \"a\"", {}, ["root ::= \"a\""]],
+  structured_outputs: [1, "x", [], { regex: "(a" }, { choice: [] }, { grammar: "root ::=" + " (".repeat(5) },
+    { json: { type: "object", not: {} } }, { regex: "a", choice: ["a"] }, { what: 1 }],
   stop_token_ids: ["x", [-1], [1e9], [1.5], {}],
   ignore_eos: ["x", 1],
   skip_special_tokens: ["no"],
@@ -195,8 +198,9 @@ function reads(name, field) {
     "logit_bias", "best_of"];
   const table = {
     chat: [...common, ...openai, "messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
-      "response_format", "chat_template_kwargs"],
-    completion: [...common, ...openai, "prompt", "logprobs", "echo", "suffix", "json_schema"],
+      "response_format", "structured_outputs", "chat_template_kwargs"],
+    completion: [...common, ...openai, "prompt", "logprobs", "echo", "suffix", "json_schema", "grammar",
+      "response_format", "structured_outputs"],
     messages: [...common, "messages", "max_tokens", "temperature", "top_p", "top_k", "stop_sequences", "stream", "tools",
       "tool_choice", "system", "thinking", "seed", "stop_token_ids"],
     count: [...common, "messages", "tools", "tool_choice", "system", "thinking"],

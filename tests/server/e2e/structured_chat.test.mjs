@@ -100,6 +100,18 @@ test("chat: json_object and structured_outputs (json, regex, choice)", async () 
   });
   assert.match(regex.choices[0].message.content, /^[A-Z][a-z]{2,8} (is|was) [0-9]{1,2}$/);
   assert.equal(regex.choices[0].finish_reason, "stop");
+  // A GBNF grammar (llama.cpp's notation), on chat and on completions (llama.cpp's field).
+  const gbnf = 'root ::= "Answer: " ( "yes" | "no" ) ", because " [a-z ]{3,30} "."';
+  const gbnfReply = /^Answer: (yes|no), because [a-z ]{3,30}\.$/;
+  for (const seed of [12, 13]) {
+    const g = await openai.chat.completions.create({
+      messages: ask, max_tokens: 60, temperature: 1, seed, ...noThinking, structured_outputs: { grammar: gbnf },
+    });
+    assert.match(g.choices[0].message.content, gbnfReply);
+    assert.equal(g.choices[0].finish_reason, "stop");
+    const c = await openai.completions.create({ prompt: "Is it?", max_tokens: 60, temperature: 1, seed, grammar: gbnf });
+    assert.match(c.choices[0].text, gbnfReply);
+  }
   for (const seed of [9, 10, 11]) {
     const choice = await openai.chat.completions.create({
       messages: ask, max_tokens: 10, temperature: 1, seed, ...noThinking,
@@ -238,7 +250,9 @@ test("impossible or unsupported requests are 400s that say why", async () => {
   await rejects(openai.chat.completions.create({ ...base, tool_choice: "required" }), /needs 'tools'/);
   await rejects(openai.chat.completions.create({ ...base, tools, tool_choice: { type: "function", function: { name: "nope" } } }),
     /'nope'/);
-  await rejects(openai.chat.completions.create({ ...base, structured_outputs: { grammar: "root ::= \"a\"" } }),
+  await rejects(openai.chat.completions.create({ ...base, structured_outputs: { grammar: "root ::= item" } }),
+    /GBNF grammar at line 1, column 10: rule 'item' is used but never defined/);
+  await rejects(openai.chat.completions.create({ ...base, structured_outputs: { structural_tag: {} } }),
     /not supported/);
   await rejects(openai.chat.completions.create({ ...base, structured_outputs: { regex: "(a)\\1" } }),
     /structured_outputs.regex/);
