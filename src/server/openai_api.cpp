@@ -1,5 +1,6 @@
 #include "server/openai_api.h"
 
+#include <algorithm>
 #include <set>
 
 #include "server/structured_output.h"
@@ -453,6 +454,19 @@ ApiResult<Job> plan_chat(const ordered_json& body, const PlanContext& ctx) {
     auto c = ctx.model.chat_constraint(*format, *prompt, /*tool_calls=*/false);
     if (!c.ok()) return api_error_from(c.status());
     r.constraint = std::move(c).value();
+  } else if (tools && std::any_of(tools->begin(), tools->end(), [](const ordered_json& t) {
+               return t["function"].value("strict", false) == true;
+             })) {
+    // tool_choice auto with strict functions: free text, and any tool calls it makes
+    // follow their schemas. A strict schema kiln cannot enforce is a 400.
+    auto checked = tool_call_grammar(ctx.model.tool_syntax(), *tools, {});
+    if (!checked.ok() && ctx.model.tool_syntax().format != tokenizer::ToolFormat::kNone)
+      return bad_request(checked.status().message(), "tools");
+    if (std::optional<grammar::Grammar> lazy = lazy_tool_call_grammar(ctx.model.tool_syntax(), *tools, tool_rule.parallel)) {
+      auto c = ctx.model.chat_constraint(*lazy, *prompt, /*tool_calls=*/true);
+      if (!c.ok()) return api_error_from(c.status());
+      r.constraint = std::move(c).value();
+    }
   }
 
   job.sample.parser = ctx.model.tool_format();

@@ -242,6 +242,25 @@ Result<Grammar> tool_call_grammar(const ToolSyntax& syntax, const ordered_json& 
   return g;
 }
 
+std::optional<Grammar> lazy_tool_call_grammar(const ToolSyntax& syntax, const ordered_json& tools, bool parallel) {
+  using tokenizer::ToolFormat;
+  std::string_view marker;
+  switch (syntax.format) {
+    case ToolFormat::kHermes:
+    case ToolFormat::kGlm45: marker = "<tool_call>"; break;
+    case ToolFormat::kKimiK2: marker = "<|tool_calls_section_begin|>"; break;
+    case ToolFormat::kDeepSeekV3: marker = "<｜tool▁calls▁begin｜>"; break;
+    default: return std::nullopt;
+  }
+  Result<Grammar> calls = tool_call_grammar(syntax, tools, {.parallel = parallel});
+  if (!calls.ok()) return std::nullopt;  // the caller checked the strict schemas already
+  Grammar g;
+  const Element text = g.text_without("text", marker);
+  const Element block = g.embed(*calls);
+  g.set_start(g.add_rule("reply", {{text, g.optional("calls", {block})}}));
+  return g;
+}
+
 Grammar after_reasoning(const Grammar& body, ReasoningFrame frame, bool tool_calls) {
   Grammar g;
   Sequence rest{g.embed(body)};

@@ -50,6 +50,13 @@ struct ToolSyntax {
 Result<grammar::Grammar> tool_call_grammar(const ToolSyntax& syntax, const ordered_json& tools,
                                            const ToolCallRule& rule);
 
+// tool_choice auto with a `strict` function: the reply is free text, and where it starts a
+// block of tool calls (at the family's marker, e.g. "<tool_call>"), that block follows
+// tool_call_grammar. nullopt for harmony (its calls are channel messages, not a marker in
+// text) and for models without a known syntax.
+std::optional<grammar::Grammar> lazy_tool_call_grammar(const ToolSyntax& syntax, const ordered_json& tools,
+                                                       bool parallel);
+
 // Where a reply's constrained part starts.
 enum class ReasoningFrame {
   kNone,           // at the first token

@@ -159,6 +159,26 @@ TEST(ToolGrammar, AStrictFunctionWithASchemaKilnCannotEnforceIsRefusedALooseOneI
   EXPECT_FALSE(tool_call_grammar({ToolFormat::kNone}, kTools, {}).ok()) << "no syntax to write calls in";
 }
 
+// tool_choice auto with strict functions: free text, and a tool-call block at the marker
+// held to the schemas; harmony has no marker in text (no lazy grammar).
+TEST(ToolGrammar, LazyCallsAreFreeTextUntilTheMarker) {
+  for (const ToolSyntax& s : {ToolSyntax{ToolFormat::kHermes}, ToolSyntax{ToolFormat::kGlm45},
+                              ToolSyntax{ToolFormat::kKimiK2}, ToolSyntax{ToolFormat::kDeepSeekV3, true}}) {
+    SCOPED_TRACE(std::string(tokenizer::tool_format_name(s.format)));
+    const std::optional<grammar::Grammar> g = lazy_tool_call_grammar(s, kTools, true);
+    ASSERT_TRUE(g.has_value());
+    const std::string add = call_text(s, "add", R"({"a":1,"b":2})", 0);
+    EXPECT_TRUE(accepts(*g, "No tool needed: 2 + 2 = 4. <b>html</b> {\"json\": 1}"));
+    EXPECT_TRUE(accepts(*g, ""));
+    EXPECT_TRUE(accepts(*g, "Let me add them.\n\n" + block_text(s, {add})));
+    EXPECT_TRUE(accepts(*g, block_text(s, {add, call_text(s, "get_weather", R"({"city":"Rome","days":2})", 1)})));
+    EXPECT_FALSE(accepts(*g, "Adding.\n" + block_text(s, {call_text(s, "add", R"({"a":1})", 0)}))) << "b is required";
+    EXPECT_FALSE(accepts(*g, block_text(s, {add}) + " and some text after"));
+  }
+  EXPECT_FALSE(lazy_tool_call_grammar({ToolFormat::kHarmony}, kTools, true).has_value());
+  EXPECT_FALSE(lazy_tool_call_grammar({ToolFormat::kNone}, kTools, true).has_value());
+}
+
 TEST(ReasoningFrame, TheReasoningIsFreeAndTheBodyFollowsIt) {
   const ordered_json request = ordered_json::parse(R"({"response_format": {"type": "json_schema", "json_schema":
     {"schema": {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}}}})");

@@ -216,6 +216,21 @@ test("chat: tool_choice required and named always call, with valid arguments", a
   assertCalls(single.choices[0].message.tool_calls, "parallel_tool_calls false");
 });
 
+test("chat: tool_choice auto with a strict function: free text, and any call it makes is valid", async () => {
+  const messages = [{ role: "user", content: "What is 2 + 3? Use a tool if you need one." }];
+  for (const seed of [1, 2, 3]) {
+    const r = await openai.chat.completions.create({ messages, tools, max_tokens: 120, temperature: 1, seed, ...noThinking });
+    const c = r.choices[0];
+    if (c.message.tool_calls?.length) assertCalls(c.message.tool_calls, `auto seed ${seed}`);
+    else assert.ok(c.message.content.length > 0, `seed ${seed}: neither text nor a call`);
+  }
+  const unenforceable = [{ type: "function", function: { name: "f", strict: true,
+    parameters: { type: "object", patternProperties: { x: {} } } } }];
+  await assert.rejects(
+    openai.chat.completions.create({ messages, tools: unenforceable, max_tokens: 5 }),
+    (e) => e instanceof BadRequestError && /patternProperties/.test(e.message) && /'f'/.test(e.message));
+});
+
 test("messages: tool_choice any and tool always call, with valid input", async () => {
   const atools = tools.map((t) => ({ name: t.function.name, description: t.function.description ?? "",
                                      input_schema: t.function.parameters }));
