@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <numeric>
 
 #include "core/check.h"
@@ -145,7 +146,12 @@ void build_view(const CompiledGrammar& g, const Chart& chart, Chart& view, uint3
 
 }  // namespace
 
-size_t MaskCache::KeyHash::operator()(const std::vector<uint32_t>& key) const {
+size_t SharedMaskCache::n_entries() const {
+  std::shared_lock lock(mu_);
+  return entries_.size();
+}
+
+size_t SharedMaskCache::KeyHash::operator()(const std::vector<uint32_t>& key) const {
   uint64_t h = 0xcbf29ce484222325ull;
   for (uint32_t x : key) h = (h ^ x) * 0x100000001b3ull;
   return static_cast<size_t>(h ^ (h >> 29));
@@ -185,18 +191,37 @@ const MaskCache::Entry& TokenMasker::cached_entry(const Matcher& m, MaskCache& c
   build_view(m.grammar(), m.chart(), cache.view_, n_opaque, cache.key_);
   if (auto it = cache.entries_.find(cache.key_); it != cache.entries_.end()) {
     ++cache.n_hits_;
-    return it->second;
+    return *it->second;
+  }
+  if (cache.entries_.size() >= cache.max_entries_) cache.entries_.clear();
+  SharedMaskCache* shared = cache.shared_.get();
+  if (shared) {
+    std::shared_lock lock(shared->mu_);
+    KILN_CHECK(shared->masker_ == nullptr || (shared->masker_ == this && shared->grammar_ == &m.grammar()))
+        << "a SharedMaskCache serves one masker and grammar";
+    if (auto it = shared->entries_.find(cache.key_); it != shared->entries_.end()) {
+      ++cache.n_hits_;
+      return *cache.entries_.emplace(cache.key_, it->second).first->second;
+    }
   }
   ++cache.n_misses_;
-  if (cache.entries_.size() >= cache.max_entries_) cache.entries_.clear();
-  MaskCache::Entry e{.mask = std::vector<uint32_t>(mask_words(), 0)};
+  auto e = std::make_shared<MaskCache::Entry>();
+  e->mask.assign(mask_words(), 0);
   cache.ws_.n_opaque_sets = n_opaque;
   cache.upper_ = Chart{};
   ViewWalker walker{m.grammar(), cache.view_, cache.upper_, cache.ws_};
   std::vector<ByteSet> allowed(max_depth_ + 1);
   allowed[0] = walker.allowed_bytes();
-  walk(walker, 0, nodes_.size(), allowed, e.mask.data(), &e.tainted);
-  return cache.entries_.emplace(cache.key_, std::move(e)).first->second;
+  walk(walker, 0, nodes_.size(), allowed, e->mask.data(), &e->tainted);
+  std::shared_ptr<const MaskCache::Entry> entry = std::move(e);
+  if (shared) {  // another thread may have walked the same view meanwhile: equal masks, keep one
+    std::unique_lock lock(shared->mu_);
+    shared->masker_ = this;
+    shared->grammar_ = &m.grammar();
+    if (shared->entries_.size() >= shared->max_entries_) shared->entries_.clear();
+    entry = shared->entries_.emplace(cache.key_, entry).first->second;
+  }
+  return *cache.entries_.emplace(cache.key_, std::move(entry)).first->second;
 }
 
 void TokenMasker::fill_mask(const Matcher& m, uint32_t* bitmask, MaskCache* cache) const {

@@ -26,7 +26,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <shared_mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -37,18 +39,17 @@ namespace kiln::grammar {
 
 class TokenMasker;
 
-// Masks memoized per local Earley view (see above), for one TokenMasker and one grammar;
-// one per request (or per grammar). Not thread safe.
-class MaskCache {
+// Masks memoized per local view like MaskCache's, shared by every sequence of one grammar
+// (and masker), across requests where the caller keeps it with the compiled grammar: a miss
+// one sequence pays serves all. Thread safe; MaskCaches of many threads may share one.
+class SharedMaskCache {
  public:
-  // Entries are ~vocab/8 bytes each; past max_entries the cache starts over.
-  explicit MaskCache(size_t max_entries = 4096) : max_entries_(max_entries) {}
-  size_t n_entries() const { return entries_.size(); }
-  size_t n_hits() const { return n_hits_; }
-  size_t n_misses() const { return n_misses_; }
+  explicit SharedMaskCache(size_t max_entries = 1024) : max_entries_(max_entries) {}
+  size_t n_entries() const;
 
  private:
   friend class TokenMasker;
+  friend class MaskCache;
   struct KeyHash {
     size_t operator()(const std::vector<uint32_t>& key) const;
   };
@@ -57,10 +58,33 @@ class MaskCache {
     std::vector<uint32_t> tainted;  // trie nodes whose subtrees need the real chart
   };
   size_t max_entries_;
+  mutable std::shared_mutex mu_;
+  const TokenMasker* masker_ = nullptr;  // set by the first use, under mu_
+  const CompiledGrammar* grammar_ = nullptr;
+  std::unordered_map<std::vector<uint32_t>, std::shared_ptr<const Entry>, KeyHash> entries_;
+};
 
+// Masks memoized per local Earley view (see above), for one TokenMasker and one grammar;
+// one per request (or per grammar). Not thread safe.
+class MaskCache {
+ public:
+  // Entries are ~vocab/8 bytes each; past max_entries the cache starts over. With `shared`,
+  // a miss here looks there before walking the trie, and what it walks goes there too.
+  explicit MaskCache(size_t max_entries = 4096, std::shared_ptr<SharedMaskCache> shared = nullptr)
+      : max_entries_(max_entries), shared_(std::move(shared)) {}
+  size_t n_entries() const { return entries_.size(); }
+  size_t n_hits() const { return n_hits_; }
+  size_t n_misses() const { return n_misses_; }
+
+ private:
+  friend class TokenMasker;
+  using KeyHash = SharedMaskCache::KeyHash;
+  using Entry = SharedMaskCache::Entry;
+  size_t max_entries_;
+  std::shared_ptr<SharedMaskCache> shared_;
   const TokenMasker* masker_ = nullptr;
   const CompiledGrammar* grammar_ = nullptr;
-  std::unordered_map<std::vector<uint32_t>, Entry, KeyHash> entries_;
+  std::unordered_map<std::vector<uint32_t>, std::shared_ptr<const Entry>, KeyHash> entries_;
   size_t n_hits_ = 0, n_misses_ = 0;
   // Scratch for building views and walking them.
   std::vector<uint32_t> key_;

@@ -63,7 +63,7 @@ constexpr size_t kMaskCacheEntries = 256;
 
 void Sampler::constrain(std::shared_ptr<const OutputConstraint> c, std::vector<int32_t> end_ids) {
   matcher_ = std::make_unique<grammar::Matcher>(c->grammar);
-  mask_cache_ = std::make_unique<grammar::MaskCache>(kMaskCacheEntries);
+  mask_cache_ = std::make_unique<grammar::MaskCache>(kMaskCacheEntries, c->shared_masks);
   constraint_ = std::move(c);
   end_ids_ = std::move(end_ids);
 }

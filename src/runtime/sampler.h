@@ -22,6 +22,7 @@ namespace kiln::grammar {
 class CompiledGrammar;
 class Matcher;
 class MaskCache;
+class SharedMaskCache;
 class TokenMasker;
 }  // namespace kiln::grammar
 
@@ -35,6 +36,9 @@ struct OutputConstraint {
   std::shared_ptr<const grammar::CompiledGrammar> grammar;
   std::shared_ptr<const grammar::TokenMasker> masker;
   std::shared_ptr<const std::vector<std::string>> token_bytes;  // id -> bytes ("" for specials)
+  // Masks shared by every sequence of this grammar (and by later requests where the caller
+  // keeps it with the compiled grammar); null: each sequence's own cache only.
+  std::shared_ptr<grammar::SharedMaskCache> shared_masks;
 };
 
 struct SamplingParams {

@@ -138,8 +138,21 @@ tokenizer::ParserOptions ServedModel::parser_options(std::string_view prompt, co
 }
 
 Result<std::shared_ptr<const runtime::OutputConstraint>> ServedModel::constraint(const grammar::Grammar& g) const {
-  auto compiled = grammar::CompiledGrammar::compile(g);
-  if (!compiled.ok()) return compiled.status();
+  constexpr size_t kKnownGrammars = 64;
+  const std::string text = g.to_string();
+  KnownGrammar known;
+  {
+    std::lock_guard lock(grammars_mu_);
+    if (auto it = grammars_.find(text); it != grammars_.end()) known = it->second;
+  }
+  if (!known.compiled) {
+    auto compiled = grammar::CompiledGrammar::compile(g);
+    if (!compiled.ok()) return compiled.status();
+    known = {.compiled = std::move(compiled).value(), .masks = std::make_shared<grammar::SharedMaskCache>()};
+    std::lock_guard lock(grammars_mu_);
+    if (grammars_.size() >= kKnownGrammars) grammars_.clear();
+    known = grammars_.emplace(text, known).first->second;
+  }
   std::call_once(vocabulary_once_, [&] {
     auto bytes = std::make_shared<std::vector<std::string>>();
     bytes->reserve(size_t(tokenizer_.vocab_size()));
@@ -158,7 +171,8 @@ Result<std::shared_ptr<const runtime::OutputConstraint>> ServedModel::constraint
                                                           << masker_->n_nodes() << " trie nodes)");
   });
   auto c = std::make_shared<runtime::OutputConstraint>();
-  c->grammar = std::move(compiled).value();
+  c->grammar = known.compiled;
+  c->shared_masks = known.masks;
   c->masker = masker_;
   c->token_bytes = token_bytes_;
   return std::shared_ptr<const runtime::OutputConstraint>(std::move(c));

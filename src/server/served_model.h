@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -96,6 +97,14 @@ class ServedModel {
   mutable std::once_flag vocabulary_once_;  // structured output's vocabulary (constraint())
   mutable std::shared_ptr<const std::vector<std::string>> token_bytes_;
   mutable std::shared_ptr<const grammar::TokenMasker> masker_;
+  // Compiled grammars by their text, each with the masks all its requests share (a few
+  // dozen kept: agents send the same schemas again and again).
+  struct KnownGrammar {
+    std::shared_ptr<const grammar::CompiledGrammar> compiled;
+    std::shared_ptr<grammar::SharedMaskCache> masks;
+  };
+  mutable std::mutex grammars_mu_;
+  mutable std::unordered_map<std::string, KnownGrammar> grammars_;
 };
 
 // Which tool-call syntax a chat template's source speaks (kNone if no known one).

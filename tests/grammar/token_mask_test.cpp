@@ -7,8 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <ctime>
+#include <thread>
 #include <unordered_map>
 
 #include "grammar/json_instances.h"
@@ -156,6 +158,49 @@ TEST(TokenMask, CachedMasksEqualBruteForceInLongStringsAndNesting) {
     std::printf("[ cache ] %zu states: %zu hits, %zu misses, %zu entries\n", tokens.size() + 1, cache.n_hits(),
                 cache.n_misses(), cache.n_entries());
   }
+}
+
+// A SharedMaskCache behind four sequences' caches on four threads at once (each walking
+// its own documents, the same schema): every mask equals the uncached one, and the second
+// and later threads mostly hit what the others walked.
+TEST(TokenMask, SharedCacheAcrossThreadsEqualsTheUncachedMasks) {
+  auto g = schema_grammar(kSchema);
+  const std::vector<std::string> vocab = toy_vocab(3000, 5);
+  const uint32_t eos = static_cast<uint32_t>(vocab.size() - 1);
+  const TokenMasker masker(vocab, eos);
+  const ojson schema = ojson::parse(kSchema);
+  auto shared = std::make_shared<SharedMaskCache>();
+  std::vector<std::string> docs;
+  testing::InstanceGenerator gen(schema, 7);
+  for (int d = 0; d < 16; ++d) docs.push_back(gen.serialize(gen.generate(schema)));
+  std::atomic<int> mismatches{0}, states{0};
+  std::atomic<size_t> hits{0}, misses{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      MaskCache cache(64, shared);
+      std::vector<uint32_t> mask(masker.mask_words()), want(masker.mask_words());
+      for (size_t d = size_t(t); d < docs.size(); d += 4) {
+        Matcher m(g);
+        const std::vector<uint32_t> tokens = tokenize(docs[d], vocab);
+        for (size_t i = 0; i <= tokens.size(); ++i) {
+          masker.fill_mask(m, mask.data(), &cache);
+          masker.fill_mask(m, want.data());
+          mismatches += mask != want;
+          ++states;
+          if (i == tokens.size() || !m.accept(vocab[tokens[i]])) break;
+        }
+      }
+      hits += cache.n_hits();
+      misses += cache.n_misses();
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(mismatches.load(), 0) << "of " << states.load() << " states";
+  EXPECT_GT(hits.load(), 4 * misses.load()) << hits.load() << " hits, " << misses.load() << " misses";
+  EXPECT_GT(shared->n_entries(), 0u);
+  std::printf("[ shared ] %d states on 4 threads: %zu hits, %zu misses, %zu shared entries\n", states.load(),
+              hits.load(), misses.load(), shared->n_entries());
 }
 
 TEST(TokenMask, RollbackRestoresMasksExactly) {
