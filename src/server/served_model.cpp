@@ -138,7 +138,9 @@ tokenizer::ParserOptions ServedModel::parser_options(std::string_view prompt, co
 }
 
 Result<std::shared_ptr<const runtime::OutputConstraint>> ServedModel::constraint(const grammar::Grammar& g) const {
-  constexpr size_t kKnownGrammars = 64;
+  // At most 32 grammars of 256 shared masks: vocab / 8 bytes each, 200 MB in all at worst
+  // at a 200k vocabulary (a mask cache starts over when full).
+  constexpr size_t kKnownGrammars = 32, kSharedMasks = 256;
   const std::string text = g.to_string();
   KnownGrammar known;
   {
@@ -148,7 +150,8 @@ Result<std::shared_ptr<const runtime::OutputConstraint>> ServedModel::constraint
   if (!known.compiled) {
     auto compiled = grammar::CompiledGrammar::compile(g);
     if (!compiled.ok()) return compiled.status();
-    known = {.compiled = std::move(compiled).value(), .masks = std::make_shared<grammar::SharedMaskCache>()};
+    known = {.compiled = std::move(compiled).value(),
+             .masks = std::make_shared<grammar::SharedMaskCache>(kSharedMasks)};
     std::lock_guard lock(grammars_mu_);
     if (grammars_.size() >= kKnownGrammars) grammars_.clear();
     known = grammars_.emplace(text, known).first->second;

@@ -97,8 +97,8 @@ class ServedModel {
   mutable std::once_flag vocabulary_once_;  // structured output's vocabulary (constraint())
   mutable std::shared_ptr<const std::vector<std::string>> token_bytes_;
   mutable std::shared_ptr<const grammar::TokenMasker> masker_;
-  // Compiled grammars by their text, each with the masks all its requests share (a few
-  // dozen kept: agents send the same schemas again and again).
+  // Compiled grammars by their text, each with the masks all its requests share (32 kept:
+  // agents send the same schemas again and again).
   struct KnownGrammar {
     std::shared_ptr<const grammar::CompiledGrammar> compiled;
     std::shared_ptr<grammar::SharedMaskCache> masks;
