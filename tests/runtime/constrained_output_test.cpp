@@ -159,6 +159,41 @@ TEST(ConstrainedOutput, EndsAtEosWhereTheDocumentMayGoOnAndAtLengthWhenCut) {
                                                       << tok->decode(c.tokens);
 }
 
+// Preempted constrained sequences (a KV cache with room for about two of them) are
+// recomputed from their tokens with their matchers where they stood: the same documents,
+// token for token, as with a cache that never preempts, with and without prefix caching.
+TEST(ConstrainedOutput, PreemptionKeepsTheMatcherAndTheOutputs) {
+  const std::string dir = testing::fixture_dir("kiln_demo");
+  auto tok = tokenizer::Tokenizer::load(dir);
+  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+  const auto constraint = constraint_for(*tok, ordered_json::parse(kSchema));
+  ASSERT_NE(constraint, nullptr);
+  const std::vector<int32_t> prompt = tok->encode("A person, as JSON:", true);
+  std::vector<Request> requests;
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    Request r{.prompt = prompt, .sampling = {.temperature = 1.0f, .seed = seed}, .max_tokens = 120};
+    r.constraint = constraint;
+    requests.push_back(r);
+  }
+  auto big = test::load_engine(dir, {.block_size = 16, .max_model_len = 256, .max_num_seqs = 8});
+  ASSERT_NE(big, nullptr);
+  const test::Outputs want = test::run_together(*big, requests);
+  EXPECT_EQ(big->stats().preemptions, 0);
+  const int64_t bytes_token = big->kv_cache_bytes() / big->kv_capacity_tokens();
+  for (bool caching : {true, false}) {
+    auto small = test::load_engine(dir, {.block_size = 16, .max_model_len = 256, .max_num_seqs = 8,
+                                         .enable_prefix_caching = caching, .kv_cache_bytes = bytes_token * 256});
+    ASSERT_NE(small, nullptr);
+    const test::Outputs got = test::run_together(*small, requests);
+    EXPECT_GT(small->stats().preemptions, 0) << "caching " << caching;
+    ASSERT_EQ(got.size(), want.size());
+    for (const auto& [key, out] : want) {
+      EXPECT_EQ(got.at(key).tokens, out.tokens) << "request " << key.first << ", caching " << caching;
+      expect_document(tok->decode(got.at(key).tokens), "preempted request " + std::to_string(key.first));
+    }
+  }
+}
+
 // The masks the engine computes on worker threads (token_masks: each sampler with its own
 // mask cache) equal the masker's uncached masks, row by row, along eight documents at once
 // (samplers at different depths of the same grammar, one unconstrained row between them).
