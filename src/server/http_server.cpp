@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <cstring>
 #include <string_view>
 #include <variant>
@@ -30,6 +31,7 @@ constexpr auto kKeepAlive = std::chrono::seconds(2);
 // 100 MiB); with an arena per thread (up to 8 per core) kiln's resident memory grew by
 // GBs under the fuzzer. After such a request the free pages go back (malloc_trim, a few ms).
 constexpr size_t kTrimAfterBodyBytes = 256 << 10;
+constexpr int kMallocArenas = 8;
 // The status counted for a request whose client hung up before its reply (nginx's).
 constexpr int kClientClosed = 499;
 
@@ -136,6 +138,11 @@ std::string status_message(const httplib::Request& req, int status) {
 HttpServer::HttpServer(ServerOptions options) : options_(std::move(options)), http_(std::make_unique<httplib::Server>()) {
   created_ = unix_time();
   const size_t threads = size_t(std::max(4, options_.http_threads));
+#ifdef __GLIBC__
+  // Hundreds of worker threads would each get a malloc arena (glibc: up to 8 per core),
+  // each keeping the largest request it served: cap them (MALLOC_ARENA_MAX overrides).
+  if (std::getenv("MALLOC_ARENA_MAX") == nullptr) mallopt(M_ARENA_MAX, kMallocArenas);
+#endif
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   http_->set_payload_max_length(options_.max_body_bytes);
   http_->set_keep_alive_max_count(1000);
