@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "core/utf8.h"
+
 namespace kiln::grammar {
 namespace {
 
@@ -267,13 +269,7 @@ class Parser {
 
   Result<Sequence> utf8_literal(uint32_t cp) {
     std::string bytes;
-    if (cp < 0x800) {
-      bytes += static_cast<char>(0xC0 | (cp >> 6));
-    } else {
-      bytes += static_cast<char>(0xE0 | (cp >> 12));
-      bytes += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    }
-    bytes += static_cast<char>(0x80 | (cp & 0x3F));
+    append_utf8(cp, bytes);
     return Grammar::literal(bytes);
   }
 
