@@ -1,5 +1,5 @@
-// UTF-8 encoding of one code point (the grammar front ends' escapes; the tokenizer layer has
-// its own decoding helpers in tokenizer/unicode.h).
+// UTF-8 encoding of one code point: the tokenizer's decoders and Jinja strings, the grammar
+// front ends' escapes.
 #pragma once
 
 #include <cstdint>
@@ -7,8 +7,9 @@
 
 namespace kiln {
 
-// Appends the UTF-8 encoding of `cp` (at most U+10FFFF; the caller excludes surrogates).
-inline void append_utf8(uint32_t cp, std::string& out) {
+// Appends the UTF-8 encoding of `cp` (at most U+10FFFF; a surrogate is encoded as it is,
+// WTF-8, which the Jinja strings rely on).
+inline void utf8_append(std::string& out, uint32_t cp) {
   if (cp < 0x80) {
     out += char(cp);
   } else if (cp < 0x800) {

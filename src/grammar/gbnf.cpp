@@ -201,7 +201,7 @@ class Parser {
         }
         if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return error("escape outside Unicode scalar values");
         if (e == 'x') out += char(cp);  // a byte
-        else append_utf8(cp, out);
+        else utf8_append(out, cp);
         return Status::Ok();
       }
       default: return error(std::string("unknown escape \\") + e);

@@ -269,7 +269,7 @@ class Parser {
 
   Result<Sequence> utf8_literal(uint32_t cp) {
     std::string bytes;
-    append_utf8(cp, bytes);
+    utf8_append(bytes, cp);
     return Grammar::literal(bytes);
   }
 

@@ -295,11 +295,9 @@ ApiResult<Job> plan_messages(const ordered_json& body, const PlanContext& ctx) {
   const std::string& text = std::get<std::string>(prompt);
   if (auto e = finish_request(r, ctx.model.tokenizer().encode(text, false), max_tokens, ctx, true)) return *e;
   if (in.force_tools) {
-    auto g = tool_call_grammar(ctx.model.tool_syntax(), *in.tools, *in.force_tools);
-    if (!g.ok()) return bad_request(g.status().message(), "tool_choice");
-    auto c = ctx.model.chat_constraint(*g, text, /*tool_calls=*/true);
-    if (!c.ok()) return api_error_from(c.status());
-    r.constraint = std::move(c).value();
+    if (auto e = constrain_chat(r, ctx, tool_call_grammar(ctx.model.tool_syntax(), *in.tools, *in.force_tools), text,
+                                /*tool_calls=*/true, "tool_choice"))
+      return *e;
   }
   job.sample.parser = ctx.model.tool_format();
   if (!in.tools && job.sample.parser != tokenizer::ToolFormat::kHarmony) job.sample.parser = tokenizer::ToolFormat::kNone;

@@ -444,30 +444,25 @@ ApiResult<Job> plan_chat(const ordered_json& body, const PlanContext& ctx) {
   if (!prompt.ok()) return api_error_from(prompt.status());
   r.sampling.logprobs = logprobs ? int32_t(top_logprobs) : -1;
   if (auto e = finish_request(r, ctx.model.tokenizer().encode(*prompt, false), max_tokens, ctx, true)) return *e;
+  std::optional<ApiError> bad;
   if (force_tools) {  // the tool calls, whatever response_format says (it shapes a final answer)
-    auto g = tool_call_grammar(ctx.model.tool_syntax(), *tools, tool_rule);
-    if (!g.ok()) return bad_request(g.status().message(), "tool_choice");
-    auto c = ctx.model.chat_constraint(*g, *prompt, /*tool_calls=*/true);
-    if (!c.ok()) return api_error_from(c.status());
-    r.constraint = std::move(c).value();
+    bad = constrain_chat(r, ctx, tool_call_grammar(ctx.model.tool_syntax(), *tools, tool_rule), *prompt, true,
+                         "tool_choice");
   } else if (format) {
-    auto c = ctx.model.chat_constraint(*format, *prompt, /*tool_calls=*/false);
-    if (!c.ok()) return api_error_from(c.status());
-    r.constraint = std::move(c).value();
+    bad = constrain_chat(r, ctx, *format, *prompt, false, "response_format");
   } else if (tools && std::any_of(tools->begin(), tools->end(), [](const ordered_json& t) {
                return t["function"].value("strict", false) == true;
              })) {
     // tool_choice auto with strict functions: free text, and any tool calls it makes
     // follow their schemas. A strict schema kiln cannot enforce is a 400.
-    auto checked = tool_call_grammar(ctx.model.tool_syntax(), *tools, {});
-    if (!checked.ok() && ctx.model.tool_syntax().format != tokenizer::ToolFormat::kNone)
-      return bad_request(checked.status().message(), "tools");
-    if (std::optional<grammar::Grammar> lazy = lazy_tool_call_grammar(ctx.model.tool_syntax(), *tools, tool_rule.parallel)) {
-      auto c = ctx.model.chat_constraint(*lazy, *prompt, /*tool_calls=*/true);
-      if (!c.ok()) return api_error_from(c.status());
-      r.constraint = std::move(c).value();
-    }
+    Result<grammar::Grammar> calls = tool_call_grammar(ctx.model.tool_syntax(), *tools, {.parallel = tool_rule.parallel});
+    if (!calls.ok() && ctx.model.tool_syntax().format != tokenizer::ToolFormat::kNone)
+      return bad_request(calls.status().message(), "tools");
+    if (calls.ok())
+      if (std::optional<grammar::Grammar> lazy = lazy_tool_call_grammar(ctx.model.tool_syntax(), *calls))
+        bad = constrain_chat(r, ctx, *lazy, *prompt, true, "tools");
   }
+  if (bad) return *bad;
 
   job.sample.parser = ctx.model.tool_format();
   job.sample.parser_options = ctx.model.parser_options(*prompt, tools ? *tools : ordered_json::array());

@@ -112,4 +112,13 @@ int64_t unix_time() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+std::optional<ApiError> constrain_chat(runtime::Request& r, const PlanContext& ctx, const Result<grammar::Grammar>& g,
+                                       std::string_view prompt, bool tool_calls, const char* param) {
+  if (!g.ok()) return bad_request(g.status().message(), param);
+  auto c = ctx.model.chat_constraint(g.value(), prompt, tool_calls);
+  if (!c.ok()) return api_error_from(c.status());
+  r.constraint = std::move(c).value();
+  return std::nullopt;
+}
+
 }  // namespace kiln::server

@@ -39,6 +39,11 @@ std::optional<ApiError> finish_request(runtime::Request& r, std::vector<int32_t>
                                        std::optional<int64_t> max_tokens, const PlanContext& ctx,
                                        bool add_eos_stop);
 
+// Structured output for a chat reply to `prompt`: `g` (a 400 on `param` when it is an
+// error) framed by the model's reasoning and set as r's constraint.
+std::optional<ApiError> constrain_chat(runtime::Request& r, const PlanContext& ctx, const Result<grammar::Grammar>& g,
+                                       std::string_view prompt, bool tool_calls, const char* param);
+
 // Content given as a string, null, or a list of text parts ({"type": "text", "text"}),
 // as one string (parts joined with "\n"). Other part types are refused.
 ApiResult<std::string> content_text(const ordered_json& content, const std::string& where);

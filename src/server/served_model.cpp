@@ -16,6 +16,13 @@ namespace {
 
 bool has(std::string_view s, std::string_view needle) { return s.find(needle) != std::string_view::npos; }
 
+// The prompt up to its trailing newlines and spaces (where a template's think tag ends it).
+std::string_view without_trailing_space(std::string_view prompt) {
+  size_t end = prompt.size();
+  while (end > 0 && (prompt[end - 1] == '\n' || prompt[end - 1] == ' ')) --end;
+  return prompt.substr(0, end);
+}
+
 }  // namespace
 
 tokenizer::ToolFormat detect_tool_format(std::string_view src) {
@@ -130,9 +137,7 @@ tokenizer::ParserOptions ServedModel::parser_options(std::string_view prompt, co
   o.reasoning.enabled = reasoning_;
   if (reasoning_) {
     // The template opened the block itself when the prompt ends in "<think>" (+ spaces).
-    size_t end = prompt.size();
-    while (end > 0 && (prompt[end - 1] == '\n' || prompt[end - 1] == ' ')) --end;
-    o.reasoning.starts_in_reasoning = prompt.substr(0, end).ends_with("<think>");
+    o.reasoning.starts_in_reasoning = without_trailing_space(prompt).ends_with("<think>");
   }
   return o;
 }
@@ -184,11 +189,9 @@ Result<std::shared_ptr<const runtime::OutputConstraint>> ServedModel::constraint
 Result<std::shared_ptr<const runtime::OutputConstraint>> ServedModel::chat_constraint(const grammar::Grammar& body,
                                                                                     std::string_view prompt,
                                                                                     bool tool_calls) const {
-  size_t end = prompt.size();
-  while (end > 0 && (prompt[end - 1] == '\n' || prompt[end - 1] == ' ')) --end;
   ReasoningFrame frame = ReasoningFrame::kNone;
   if (harmony_) frame = ReasoningFrame::kHarmony;
-  else if (!reasoning_ || prompt.substr(0, end).ends_with("</think>")) frame = ReasoningFrame::kNone;  // closed by the template
+  else if (!reasoning_ || without_trailing_space(prompt).ends_with("</think>")) frame = ReasoningFrame::kNone;  // closed by the template
   else if (parser_options(prompt, {}).reasoning.starts_in_reasoning) frame = ReasoningFrame::kThinkOpen;
   else frame = ReasoningFrame::kThinkOptional;
   return constraint(after_reasoning(body, frame, tool_calls));

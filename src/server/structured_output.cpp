@@ -242,7 +242,7 @@ Result<Grammar> tool_call_grammar(const ToolSyntax& syntax, const ordered_json& 
   return g;
 }
 
-std::optional<Grammar> lazy_tool_call_grammar(const ToolSyntax& syntax, const ordered_json& tools, bool parallel) {
+std::optional<Grammar> lazy_tool_call_grammar(const ToolSyntax& syntax, const Grammar& calls) {
   using tokenizer::ToolFormat;
   std::string_view marker;
   switch (syntax.format) {
@@ -252,11 +252,9 @@ std::optional<Grammar> lazy_tool_call_grammar(const ToolSyntax& syntax, const or
     case ToolFormat::kDeepSeekV3: marker = "<｜tool▁calls▁begin｜>"; break;
     default: return std::nullopt;
   }
-  Result<Grammar> calls = tool_call_grammar(syntax, tools, {.parallel = parallel});
-  if (!calls.ok()) return std::nullopt;  // the caller checked the strict schemas already
   Grammar g;
   const Element text = g.text_without("text", marker);
-  const Element block = g.embed(*calls);
+  const Element block = g.embed(calls);
   g.set_start(g.add_rule("reply", {{text, g.optional("calls", {block})}}));
   return g;
 }

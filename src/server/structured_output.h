@@ -52,10 +52,9 @@ Result<grammar::Grammar> tool_call_grammar(const ToolSyntax& syntax, const order
 
 // tool_choice auto with a `strict` function: the reply is free text, and where it starts a
 // block of tool calls (at the family's marker, e.g. "<tool_call>"), that block follows
-// tool_call_grammar. nullopt for harmony (its calls are channel messages, not a marker in
-// text) and for models without a known syntax.
-std::optional<grammar::Grammar> lazy_tool_call_grammar(const ToolSyntax& syntax, const ordered_json& tools,
-                                                       bool parallel);
+// `calls` (tool_call_grammar's). nullopt for harmony (its calls are channel messages, not a
+// marker in text) and for models without a known syntax.
+std::optional<grammar::Grammar> lazy_tool_call_grammar(const ToolSyntax& syntax, const grammar::Grammar& calls);
 
 // Where a reply's constrained part starts.
 enum class ReasoningFrame {

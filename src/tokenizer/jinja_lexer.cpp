@@ -236,7 +236,7 @@ class Lexer {
               pos_ += 6;
             }
           }
-          append_utf8(out, unit);  // a lone surrogate stays one (WTF-8, see jinja_unicode.h)
+          utf8_append(out, unit);  // a lone surrogate stays one (WTF-8, see jinja_unicode.h)
           continue;
         }
         bool ok = false;

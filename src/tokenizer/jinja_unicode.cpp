@@ -26,24 +26,6 @@ uint32_t next_code_point(std::string_view s, size_t& i) {
   return cp;
 }
 
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += char(cp);
-  } else if (cp < 0x800) {
-    out += char(0xc0 | (cp >> 6));
-    out += char(0x80 | (cp & 0x3f));
-  } else if (cp < 0x10000) {
-    out += char(0xe0 | (cp >> 12));
-    out += char(0x80 | ((cp >> 6) & 0x3f));
-    out += char(0x80 | (cp & 0x3f));
-  } else {
-    out += char(0xf0 | (cp >> 18));
-    out += char(0x80 | ((cp >> 12) & 0x3f));
-    out += char(0x80 | ((cp >> 6) & 0x3f));
-    out += char(0x80 | (cp & 0x3f));
-  }
-}
-
 bool is_valid_utf8(std::string_view s) {
   size_t i = 0;
   while (i < s.size()) {
@@ -96,7 +78,7 @@ void merge_surrogate_pairs(std::string& s) {
       size_t j = i;
       const uint32_t high = next_code_point(s, j);
       const uint32_t low = next_code_point(s, j);
-      append_utf8(out, 0x10000 + ((high - 0xd800) << 10) + (low - 0xdc00));
+      utf8_append(out, 0x10000 + ((high - 0xd800) << 10) + (low - 0xdc00));
       i = j;
       continue;
     }
@@ -188,7 +170,7 @@ std::optional<std::string> utf16_at(std::string_view s, int64_t index) {
     if (index < unit + width) {
       if (width == 1) return std::string(s.substr(start, i - start));
       std::string half;  // one half of a supplementary character: a lone surrogate
-      append_utf8(half, index == unit ? 0xd800 + ((cp - 0x10000) >> 10) : 0xdc00 + ((cp - 0x10000) & 0x3ff));
+      utf8_append(half, index == unit ? 0xd800 + ((cp - 0x10000) >> 10) : 0xdc00 + ((cp - 0x10000) & 0x3ff));
       return half;
     }
     unit += width;
@@ -241,7 +223,7 @@ void map_case(std::string& out, uint32_t cp, const tables::CaseRun* runs, size_t
       std::lower_bound(special, send, cp, [](const tables::CaseSpecial& e, uint32_t v) { return e.cp < v; });
   if (sp != send && sp->cp == cp) {
     for (uint32_t m : sp->mapped)
-      if (m != 0) append_utf8(out, m);
+      if (m != 0) utf8_append(out, m);
     return;
   }
   const auto* rend = runs + n_runs;
@@ -250,11 +232,11 @@ void map_case(std::string& out, uint32_t cp, const tables::CaseRun* runs, size_t
   if (it != runs) {
     const tables::CaseRun& r = *(it - 1);
     if (cp <= r.last && (cp - r.first) % r.stride == 0) {
-      append_utf8(out, uint32_t(int64_t(cp) + r.delta));
+      utf8_append(out, uint32_t(int64_t(cp) + r.delta));
       return;
     }
   }
-  append_utf8(out, cp);
+  utf8_append(out, cp);
 }
 
 bool is_cased(uint32_t cp) { return in_ranges(tables::kCased, tables::kCased_size, cp); }
@@ -308,7 +290,7 @@ std::string js_to_lower(std::string_view s) {
   for (size_t i = 0; i < s.size();) cps.push_back(next_code_point(s, i));
   for (size_t k = 0; k < cps.size(); ++k) {
     if (cps[k] == 0x3a3 && is_final_sigma(cps, k)) {
-      append_utf8(out, 0x3c2);
+      utf8_append(out, 0x3c2);
       continue;
     }
     map_case(out, cps[k], tables::kLowerRuns, tables::kLowerRuns_size, tables::kLowerSpecial,

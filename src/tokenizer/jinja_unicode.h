@@ -17,13 +17,14 @@
 #include <string_view>
 #include <vector>
 
+#include "core/utf8.h"
+
 namespace kiln::jinja {
 
 // Decodes the code point at s[i] and advances i past it. s must be valid UTF-8.
 uint32_t next_code_point(std::string_view s, size_t& i);
 // Byte length of the UTF-8 sequence that starts with `lead`.
 size_t utf8_sequence_length(unsigned char lead);
-void append_utf8(std::string& out, uint32_t cp);
 bool is_valid_utf8(std::string_view s);
 // A high surrogate directly followed by a low one becomes the code point they encode.
 void merge_surrogate_pairs(std::string& s);

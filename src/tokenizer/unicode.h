@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include "core/utf8.h"
+
 namespace kiln::tokenizer::hf {
 
 inline constexpr uint32_t kReplacementChar = 0xFFFD;
@@ -36,7 +38,7 @@ inline uint32_t utf8_next(std::string_view s, size_t& i) {
   return cp;
 }
 
-void utf8_append(std::string& out, uint32_t cp);
+using kiln::utf8_append;  // core/utf8.h
 
 // True if `s` is well-formed UTF-8 (no overlongs, surrogates or code points > U+10FFFF).
 bool utf8_valid(std::string_view s);

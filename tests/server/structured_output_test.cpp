@@ -165,7 +165,9 @@ TEST(ToolGrammar, LazyCallsAreFreeTextUntilTheMarker) {
   for (const ToolSyntax& s : {ToolSyntax{ToolFormat::kHermes}, ToolSyntax{ToolFormat::kGlm45},
                               ToolSyntax{ToolFormat::kKimiK2}, ToolSyntax{ToolFormat::kDeepSeekV3, true}}) {
     SCOPED_TRACE(std::string(tokenizer::tool_format_name(s.format)));
-    const std::optional<grammar::Grammar> g = lazy_tool_call_grammar(s, kTools, true);
+    auto calls = tool_call_grammar(s, kTools, {});
+    ASSERT_TRUE(calls.ok());
+    const std::optional<grammar::Grammar> g = lazy_tool_call_grammar(s, *calls);
     ASSERT_TRUE(g.has_value());
     const std::string add = call_text(s, "add", R"({"a":1,"b":2})", 0);
     EXPECT_TRUE(accepts(*g, "No tool needed: 2 + 2 = 4. <b>html</b> {\"json\": 1}"));
@@ -175,8 +177,10 @@ TEST(ToolGrammar, LazyCallsAreFreeTextUntilTheMarker) {
     EXPECT_FALSE(accepts(*g, "Adding.\n" + block_text(s, {call_text(s, "add", R"({"a":1})", 0)}))) << "b is required";
     EXPECT_FALSE(accepts(*g, block_text(s, {add}) + " and some text after"));
   }
-  EXPECT_FALSE(lazy_tool_call_grammar({ToolFormat::kHarmony}, kTools, true).has_value());
-  EXPECT_FALSE(lazy_tool_call_grammar({ToolFormat::kNone}, kTools, true).has_value());
+  auto harmony = tool_call_grammar({ToolFormat::kHarmony}, kTools, {});
+  ASSERT_TRUE(harmony.ok());
+  EXPECT_FALSE(lazy_tool_call_grammar({ToolFormat::kHarmony}, *harmony).has_value());
+  EXPECT_FALSE(lazy_tool_call_grammar({ToolFormat::kNone}, *harmony).has_value());
 }
 
 TEST(ReasoningFrame, TheReasoningIsFreeAndTheBodyFollowsIt) {
