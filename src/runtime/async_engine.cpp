@@ -156,6 +156,12 @@ void AsyncEngine::drop_ended_streams(Clock::time_point now) {
 }
 
 void AsyncEngine::publish_stats() {
+  AsyncEngineStats s = snapshot();
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_ = s;
+}
+
+AsyncEngineStats AsyncEngine::snapshot() {
   AsyncEngineStats s;
   s.engine = engine_->stats();
   int32_t inbox = 0;
@@ -166,8 +172,7 @@ void AsyncEngine::publish_stats() {
   s.queued = inbox + s.engine.waiting_requests;
   s.in_flight = inbox + int32_t(streams_.size());
   std::copy(std::begin(finished_by_reason_), std::end(finished_by_reason_), std::begin(s.finished_by_reason));
-  std::lock_guard<std::mutex> lock(stats_mu_);
-  stats_ = s;
+  return s;
 }
 
 void AsyncEngine::log_stats(Clock::time_point now, bool restart) {
@@ -258,9 +263,14 @@ void AsyncEngine::loop() {
       publish_stats();
       return;
     }
-    dispatch(outs);
-    engine_waiting_ = engine_->stats().waiting_requests;
-    publish_stats();
+    {
+      // Readers of the stats wait while the outputs are handed out, so that a client that
+      // has its last token reads stats that count the step which made it.
+      std::lock_guard<std::mutex> hold(stats_mu_);
+      dispatch(outs);
+      engine_waiting_ = engine_->stats().waiting_requests;
+      stats_ = snapshot();
+    }
     log_stats(Clock::now(), /*restart=*/false);
   }
 }

@@ -131,6 +131,8 @@ class AsyncEngine {
   // Drops streams whose every sample has ended.
   void drop_ended_streams(Clock::time_point now);
   void publish_stats();
+  // The stats now (engine thread; takes mu_ for the inbox, so never under it).
+  AsyncEngineStats snapshot();
   // The interval's info line, when it has run its length (engine thread).
   void log_stats(Clock::time_point now, bool restart);
 
