@@ -15,18 +15,29 @@ namespace kiln::model {
 // MLA: latent [n_blocks, block_size, d_latent + d_rope]. An e4m3 cache (ops/kv_quant.h)
 // adds its scales: k_scale, v_scale [n_blocks, block_size, n_kv_heads] or latent_scale
 // [n_blocks, block_size, 2] f32; they are undefined otherwise.
+// DeepSeek sparse attention adds the indexer's keys, paged like the latent: index_k
+// [n_blocks, block_size, d_index] (+ index_k_scale [n_blocks, block_size] f32 when e4m3).
+// A recurrent layer (Gated DeltaNet) has no per-token cache but a state per sequence
+// (ops::BatchMeta::state_slots): conv_state [n_slots, conv_channels, conv_kernel - 1] in
+// the activation dtype and recurrent_state [n_slots, state_heads, state_d_k, state_d_v] f32.
 struct LayerKv {
   Tensor k, v;
   Tensor latent;
   Tensor k_scale, v_scale;
   Tensor latent_scale;
+  Tensor index_k, index_k_scale;
+  Tensor conv_state, recurrent_state;
 };
 
-// What a layer needs from the KV cache, per token slot.
+// What a layer needs from the KV cache, per token slot (and per sequence for recurrent ones).
 struct KvLayout {
   bool mla = false;
   int64_t n_kv_heads = 0, d_head = 0;  // GQA
   int64_t d_latent_rope = 0;           // MLA: d_latent + d_rope
+  int64_t d_index = 0;                 // DeepSeek sparse attention: the indexer key (0: none)
+  bool recurrent = false;              // Gated DeltaNet: no per-token cache, the state below
+  int64_t conv_channels = 0, conv_kernel = 0;
+  int64_t state_heads = 0, state_d_k = 0, state_d_v = 0;
 };
 
 // down(glu(gate x, up x)); the dense SwiGLU MLP and MoE shared experts.

@@ -23,6 +23,11 @@ struct BatchMeta {
   std::vector<int32_t> block_table;   // [n_seqs, max_blocks_per_seq] physical block ids, row-major
   int32_t max_blocks_per_seq = 0;
   int32_t block_size = 16;            // tokens per KV block
+  // Models with recurrent layers (Gated DeltaNet), else empty: sequence s's row in every
+  // recurrent layer's state (model::LayerKv::conv_state / recurrent_state). The row holds
+  // the state after the sequence's tokens before this step; a sequence whose first new
+  // token is at position 0 starts from a zero state (the layer clears the row).
+  std::vector<int32_t> state_slots;
   // rows of the batch whose logits the step returns (e.g. each sequence's last token)
   std::vector<int32_t> logit_rows;
 
