@@ -139,6 +139,7 @@ int run_inspect(const InspectOptions& io) {
     auto opened = formats::Checkpoint::open(dir);
     if (!opened.ok()) return fail(opened.status());
     ckpt = std::move(opened).value();
+    if (!config->language_model_prefix.empty()) ckpt->rename_prefix(config->language_model_prefix, "model.");
   }
   // Binding on the CPU backend maps the files and checks every tensor without copying
   // or reading the weights; a config alone is bound unbacked (WeightLoader::sizing).

@@ -178,6 +178,18 @@ Result<ModelConfig> parse_config(const std::string& json_text, const std::string
   } else {
     return corrupt(source + ": \"architectures\" should be a non-empty list of strings");
   }
+  // A vision-language checkpoint: its language model is what a text server runs.
+  if (root.contains("text_config") && root["text_config"].is_object() &&
+      c.architecture.ends_with("ForConditionalGeneration")) {
+    json text = root["text_config"];
+    text["architectures"] = root["architectures"];
+    if (!text.contains("tie_word_embeddings") && root.contains("tie_word_embeddings"))
+      text["tie_word_embeddings"] = root["tie_word_embeddings"];
+    KILN_ASSIGN_OR_RETURN(ModelConfig lm, parse_config(text.dump(), source + " (text_config)"));
+    lm.language_model_prefix = "model.language_model.";
+    lm.raw = std::move(root);  // quantization_config and the like stay at the top
+    return lm;
+  }
   KILN_RETURN_IF_ERROR(r.get_string("model_type", &c.model_type));
   KILN_RETURN_IF_ERROR(r.get_int("vocab_size", &c.vocab_size, true));
   KILN_RETURN_IF_ERROR(r.get_int("hidden_size", &c.d_model, true));
@@ -242,6 +254,13 @@ Result<ModelConfig> parse_config(const std::string& json_text, const std::string
   KILN_RETURN_IF_ERROR(r.get_int("qk_rope_head_dim", &c.d_rope));
   KILN_RETURN_IF_ERROR(r.get_int("v_head_dim", &c.d_v));
   KILN_RETURN_IF_ERROR(r.get_bool("rope_interleave", &c.rope_interleave));
+
+  KILN_RETURN_IF_ERROR(r.get_int("linear_num_key_heads", &c.linear_n_k_heads));
+  KILN_RETURN_IF_ERROR(r.get_int("linear_num_value_heads", &c.linear_n_v_heads));
+  KILN_RETURN_IF_ERROR(r.get_int("linear_key_head_dim", &c.linear_d_k));
+  KILN_RETURN_IF_ERROR(r.get_int("linear_value_head_dim", &c.linear_d_v));
+  KILN_RETURN_IF_ERROR(r.get_int("linear_conv_kernel_dim", &c.linear_conv_kernel));
+  KILN_RETURN_IF_ERROR(r.get_int("shared_expert_intermediate_size", &c.d_ff_shared_expert));
 
   int64_t bos = -1;
   KILN_RETURN_IF_ERROR(r.get_int("bos_token_id", &bos));

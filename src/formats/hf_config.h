@@ -80,6 +80,21 @@ struct ModelConfig {
   int64_t d_v = 0;                // v_head_dim
   bool rope_interleave = true;
 
+  // Gated DeltaNet layers (layer_types "linear_attention": Qwen3-Next, Qwen3.5)
+  int64_t linear_n_k_heads = 0;   // linear_num_key_heads
+  int64_t linear_n_v_heads = 0;   // linear_num_value_heads
+  int64_t linear_d_k = 0;         // linear_key_head_dim
+  int64_t linear_d_v = 0;         // linear_value_head_dim
+  int64_t linear_conv_kernel = 0; // linear_conv_kernel_dim
+  int64_t d_ff_shared_expert = 0; // shared_expert_intermediate_size (Qwen's one gated shared expert)
+  // RMSNorm weights stored as offsets from this: 1 for Qwen3-Next / Qwen3.5, whose norms
+  // scale by (1 + w). Set by the family (models/), not read from the file.
+  double norm_weight_offset = 0.0;
+  // A vision-language checkpoint (Qwen3.5's ...ForConditionalGeneration): the fields above
+  // come from its text_config, and its language model's weights are named
+  // "model.language_model.*" where a causal LM's are "model.*" (empty otherwise).
+  std::string language_model_prefix;
+
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;
   // generation_config.json's eos_token_id (often adds the chat end-of-turn token).

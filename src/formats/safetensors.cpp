@@ -412,6 +412,13 @@ const TensorInfo* Checkpoint::info(const std::string& name) const {
   return it == entries_.end() ? nullptr : it->second.info;
 }
 
+void Checkpoint::rename_prefix(const std::string& from, const std::string& to) {
+  std::map<std::string, Entry> renamed;
+  for (auto& [name, entry] : entries_)
+    renamed.emplace(name.starts_with(from) ? to + name.substr(from.size()) : name, entry);
+  entries_ = std::move(renamed);
+}
+
 std::vector<std::string> Checkpoint::names() const {
   std::vector<std::string> out;
   out.reserve(entries_.size());

@@ -81,6 +81,9 @@ class Checkpoint {
   uint64_t total_bytes() const { return total_bytes_; }   // sum of tensor data bytes
   const std::string& dir() const { return dir_; }
   const std::vector<std::shared_ptr<SafetensorsFile>>& files() const { return files_; }
+  // Serves the tensors named from + X as to + X (a vision-language checkpoint's language
+  // model, "model.language_model.X", as "model.X"); the other names stay.
+  void rename_prefix(const std::string& from, const std::string& to);
 
  private:
   struct Entry {

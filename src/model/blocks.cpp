@@ -35,6 +35,12 @@ void Attention::forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta&
   Tensor kt = act(be, {n_tokens, k.n_out()});
   Tensor vt = act(be, {n_tokens, v.n_out()});
   be.linears({.x = x, .w = {&q, &k, &v}, .out = {qt, kt, vt}});
+  Tensor gate;
+  if (output_gate) {  // per head [query | gate]
+    const Tensor rows = qt.reshape({n_tokens * n_heads, 2 * d_head});
+    gate = columns(be, rows, d_head, d_head).reshape({n_tokens, n_heads * d_head});
+    qt = columns(be, rows, 0, d_head);
+  }
   Tensor q3 = qt.reshape({n_tokens, n_heads, d_head});
   Tensor k3 = kt.reshape({n_tokens, n_kv_heads, d_head});
   be.qk_norm_rope({.q = q3, .k = k3, .q_norm = q_norm, .k_norm = k_norm, .eps = norm_eps, .batch = &batch,
@@ -44,7 +50,31 @@ void Attention::forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta&
   Tensor attn = act(be, {n_tokens, n_heads, d_head});
   be.attention({.q = q3, .k_cache = kv.k, .v_cache = kv.v, .k_scale = kv.k_scale, .v_scale = kv.v_scale,
                 .out = attn, .sinks = sinks, .batch = &batch, .scale = scale, .sliding_window = sliding_window});
-  be.linear({.x = attn.reshape({n_tokens, n_heads * d_head}), .w = &o, .out = out});
+  const Tensor flat = attn.reshape({n_tokens, n_heads * d_head});
+  if (output_gate) be.sigmoid_mul({.x = flat, .gate = gate, .out = flat});
+  be.linear({.x = flat, .w = &o, .out = out});
+}
+
+void GatedDeltaNet::forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta& batch, LayerKv& kv,
+                            Tensor& out) const {
+  const int64_t n_tokens = x.dim(0);
+  Tensor qkv_t = act(be, {n_tokens, qkv.n_out()});
+  Tensor b_t = act(be, {n_tokens, b.n_out()});
+  Tensor z_t, a_t;
+  if (grouped) {
+    be.linears({.x = x, .w = {&qkv, &b}, .out = {qkv_t, b_t}});
+  } else {
+    z_t = act(be, {n_tokens, z.n_out()});
+    a_t = act(be, {n_tokens, a.n_out()});
+    be.linears({.x = x, .w = {&qkv, &z, &b}, .out = {qkv_t, z_t, b_t}});
+    be.linear({.x = x, .w = &a, .out = a_t});
+  }
+  Tensor core = act(be, {n_tokens, n_v_heads * d_v});
+  be.gated_delta_net({.qkv = qkv_t, .z = z_t, .b = b_t, .a = a_t, .grouped = grouped, .conv_weight = conv_weight,
+                      .a_log = a_log, .dt_bias = dt_bias, .norm_weight = norm, .norm_eps = norm_eps,
+                      .conv_state = kv.conv_state, .recurrent_state = kv.recurrent_state, .out = core,
+                      .batch = &batch, .n_k_heads = n_k_heads, .n_v_heads = n_v_heads, .d_k = d_k, .d_v = d_v});
+  be.linear({.x = core, .w = &o, .out = out});
 }
 
 void Mla::forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta& batch, LayerKv& kv,
@@ -89,6 +119,7 @@ void Moe::forward(ops::Backend& be, const Tensor& x, Tensor& out) const {
   if (shared) {
     Tensor s = act(be, out.shape);
     shared->forward(be, x, s);
+    if (shared_gate.defined()) be.sigmoid_mul({.x = s, .gate = linear(be, x, shared_gate), .out = s});
     be.add({.a = out, .b = s, .out = out});
   }
 }
@@ -100,6 +131,13 @@ std::vector<KvLayout> CausalLM::kv_layouts() const {
     if (const auto* a = std::get_if<Attention>(&l.attn)) {
       kl.n_kv_heads = a->n_kv_heads;
       kl.d_head = a->d_head;
+    } else if (const auto* g = std::get_if<GatedDeltaNet>(&l.attn)) {
+      kl.recurrent = true;
+      kl.conv_channels = g->conv_channels();
+      kl.conv_kernel = g->conv_kernel;
+      kl.state_heads = g->n_v_heads;
+      kl.state_d_k = g->d_k;
+      kl.state_d_v = g->d_v;
     } else {
       const Mla& m = std::get<Mla>(l.attn);
       kl.mla = true;

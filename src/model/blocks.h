@@ -61,6 +61,9 @@ struct Attention {
   ops::RopeTable rope;
   float scale = 1.0f;
   int32_t sliding_window = 0;
+  // Gated attention (Qwen3-Next, Qwen3.5): q is [n_heads * 2 * d_head, d_model], per head
+  // [query | gate], and the attention output is multiplied by sigmoid(gate) before o.
+  bool output_gate = false;
 
   void forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta& batch, LayerKv& kv,
                Tensor& out) const;
@@ -86,6 +89,28 @@ struct Mla {
                Tensor& out) const;
 };
 
+// Gated DeltaNet (Qwen3-Next, Qwen3.5): linear attention whose state is per sequence
+// (LayerKv::conv_state / recurrent_state), ops::GatedDeltaNetArgs for the computation.
+// grouped: Qwen3-Next's fused in_proj_qkvz / in_proj_ba (per key head groups); else
+// Qwen3.5's in_proj_qkv, in_proj_z, in_proj_b, in_proj_a.
+struct GatedDeltaNet {
+  int64_t n_k_heads = 0, n_v_heads = 0, d_k = 0, d_v = 0, conv_kernel = 0;
+  bool grouped = false;
+  ops::Weight qkv;        // grouped [nk (2 dk + 2 r dv), d_model]; else [2 nk dk + nv dv, d_model]
+  ops::Weight z;          // [nv dv, d_model] (not grouped)
+  ops::Weight b;          // grouped [2 nv, d_model] (b and a); else [nv, d_model]
+  ops::Weight a;          // [nv, d_model] (not grouped)
+  Tensor conv_weight;     // [2 nk dk + nv dv, conv_kernel]
+  Tensor a_log, dt_bias;  // [nv]
+  Tensor norm;            // [dv]: the gated RMSNorm's weight
+  float norm_eps = 1e-6f;
+  ops::Weight o;          // out_proj [d_model, nv dv]
+
+  int64_t conv_channels() const { return 2 * n_k_heads * d_k + n_v_heads * d_v; }
+  void forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta& batch, LayerKv& kv,
+               Tensor& out) const;
+};
+
 // Routed experts plus optional shared experts (added unweighted).
 struct Moe {
   ops::Weight router;        // [n_experts, d_model] (+ bias)
@@ -94,6 +119,7 @@ struct Moe {
   ops::RouterParams routing;
   ops::GluParams glu;
   std::optional<Mlp> shared;
+  ops::Weight shared_gate;   // [1, d_model]: the shared expert's output times sigmoid(x . w) (Qwen), or undefined
 
   void forward(ops::Backend& be, const Tensor& x, Tensor& out) const;
 };
@@ -101,7 +127,7 @@ struct Moe {
 struct DecoderLayer {
   Tensor input_norm;      // [d_model]
   Tensor post_attn_norm;  // [d_model]
-  std::variant<Attention, Mla> attn;
+  std::variant<Attention, Mla, GatedDeltaNet> attn;
   std::variant<Mlp, Moe> ffn;
 };
 

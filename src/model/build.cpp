@@ -32,15 +32,17 @@ Result<Attention> load_attention(WeightLoader& w, const formats::ModelConfig& c,
   const int64_t kv_first = c.n_kv_heads % tp == 0 ? r * a.n_kv_heads : r / (tp / c.n_kv_heads);
   const int64_t d_q = c.n_heads * a.d_head, d_kv = c.n_kv_heads * a.d_head;
   const int64_t q_rows = a.n_heads * a.d_head, kv_rows = a.n_kv_heads * a.d_head;
-  const Part q_part = Part::rows(r * q_rows, q_rows), kv_part = Part::rows(kv_first * a.d_head, kv_rows);
-  KILN_ASSIGN_OR_RETURN(a.q, w.linear(prefix + ".q_proj", d_q, c.d_model, opt.qkv_bias, q_part));
+  const int64_t qf = opt.output_gate ? 2 : 1;  // rows per query row: [q | gate] per head
+  const Part q_part = Part::rows(r * q_rows * qf, q_rows * qf), kv_part = Part::rows(kv_first * a.d_head, kv_rows);
+  KILN_ASSIGN_OR_RETURN(a.q, w.linear(prefix + ".q_proj", d_q * qf, c.d_model, opt.qkv_bias, q_part));
+  a.output_gate = opt.output_gate;
   KILN_ASSIGN_OR_RETURN(a.k, w.linear(prefix + ".k_proj", d_kv, c.d_model, opt.qkv_bias, kv_part));
   KILN_ASSIGN_OR_RETURN(a.v, w.linear(prefix + ".v_proj", d_kv, c.d_model, opt.qkv_bias, kv_part));
   KILN_ASSIGN_OR_RETURN(a.o, w.linear(prefix + ".o_proj", c.d_model, d_q, opt.o_bias, Part::cols(r * q_rows, q_rows),
                                       /*bias_here=*/r == 0));
   if (opt.qk_norm) {
-    KILN_ASSIGN_OR_RETURN(a.q_norm, w.tensor(prefix + ".q_norm.weight", {a.d_head}));
-    KILN_ASSIGN_OR_RETURN(a.k_norm, w.tensor(prefix + ".k_norm.weight", {a.d_head}));
+    KILN_ASSIGN_OR_RETURN(a.q_norm, w.norm(prefix + ".q_norm.weight", {a.d_head}, c.norm_weight_offset));
+    KILN_ASSIGN_OR_RETURN(a.k_norm, w.norm(prefix + ".k_norm.weight", {a.d_head}, c.norm_weight_offset));
   }
   if (opt.sinks) {
     KILN_ASSIGN_OR_RETURN(a.sinks, w.tensor(prefix + ".sinks", {c.n_heads}, Part::rows(r * a.n_heads, a.n_heads)));
@@ -172,7 +174,7 @@ Status load_embedding_and_head(WeightLoader& w, const formats::ModelConfig& c, C
     KILN_ASSIGN_OR_RETURN(lm.embed, w.tensor("model.embed_tokens.weight", {c.vocab_size, c.d_model}, Part::rows(v0, rows)));
   }
   if (!sh.last_stage) return Status::Ok();
-  KILN_ASSIGN_OR_RETURN(lm.final_norm, w.tensor("model.norm.weight", {c.d_model}));
+  KILN_ASSIGN_OR_RETURN(lm.final_norm, w.norm("model.norm.weight", {c.d_model}, c.norm_weight_offset));
   if (c.tie_word_embeddings) {
     lm.lm_head.data = lm.embed;
   } else {
@@ -184,9 +186,9 @@ Status load_embedding_and_head(WeightLoader& w, const formats::ModelConfig& c, C
 Status load_layer_norms(WeightLoader& w, const formats::ModelConfig& c, int64_t layer,
                         DecoderLayer& l) {
   const std::string p = layer_prefix(layer);
-  KILN_ASSIGN_OR_RETURN(l.input_norm, w.tensor(p + ".input_layernorm.weight", {c.d_model}));
+  KILN_ASSIGN_OR_RETURN(l.input_norm, w.norm(p + ".input_layernorm.weight", {c.d_model}, c.norm_weight_offset));
   KILN_ASSIGN_OR_RETURN(l.post_attn_norm,
-                        w.tensor(p + ".post_attention_layernorm.weight", {c.d_model}));
+                        w.norm(p + ".post_attention_layernorm.weight", {c.d_model}, c.norm_weight_offset));
   return Status::Ok();
 }
 

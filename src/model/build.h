@@ -16,6 +16,7 @@ struct AttentionOptions {
   bool o_bias = false;
   bool qk_norm = false;
   bool sinks = false;
+  bool output_gate = false;  // q_proj gives [q | gate] per head (Qwen3-Next, Qwen3.5)
 };
 
 // prefix = "model.layers.N.self_attn"

@@ -53,6 +53,10 @@ void visit_weights(const CausalLM& lm,
       on_tensor("norms", a->q_norm);
       on_tensor("norms", a->k_norm);
       on_tensor("attention", a->sinks);
+    } else if (const auto* g = std::get_if<GatedDeltaNet>(&l.attn)) {
+      for (const ops::Weight* w : {&g->qkv, &g->z, &g->b, &g->a, &g->o}) on_weight("linear attention", *w);
+      for (const Tensor* t : {&g->conv_weight, &g->a_log, &g->dt_bias}) on_tensor("linear attention", *t);
+      on_tensor("norms", g->norm);
     } else {
       const Mla& m = std::get<Mla>(l.attn);
       for (const ops::Weight* w : {&m.q, &m.q_a, &m.q_b, &m.kv_a, &m.kv_b, &m.o}) on_weight("attention (MLA)", *w);
@@ -68,6 +72,7 @@ void visit_weights(const CausalLM& lm,
       for (const auto* list : {&moe.experts.gate_up, &moe.experts.gate, &moe.experts.up, &moe.experts.down})
         for (const ops::Weight& w : *list) on_weight("routed experts", w);
       if (moe.shared) mlp("shared experts", *moe.shared);
+      on_weight("router", moe.shared_gate);
     }
   }
   on_tensor("norms", lm.final_norm);
@@ -113,6 +118,8 @@ std::vector<PathRecord> path_records(const CausalLM& lm, const ops::Backend& be)
     const DecoderLayer& layer = lm.layers[l];
     if (const auto* a = std::get_if<Attention>(&layer.attn)) {
       for (const ops::Weight* w : {&a->q, &a->k, &a->v, &a->o}) add(i, "attention", *w, false);
+    } else if (const auto* g = std::get_if<GatedDeltaNet>(&layer.attn)) {
+      for (const ops::Weight* w : {&g->qkv, &g->z, &g->b, &g->a, &g->o}) add(i, "linear attention", *w, false);
     } else {
       const Mla& m = std::get<Mla>(layer.attn);
       for (const ops::Weight* w : {&m.q, &m.q_a, &m.q_b, &m.kv_a, &m.kv_b, &m.o}) add(i, "attention (MLA)", *w, false);
@@ -138,6 +145,8 @@ std::vector<PathRecord> path_records(const CausalLM& lm, const ops::Backend& be)
 }
 
 Status check_backend_support(const CausalLM& lm, const ops::Backend& be) {
+  for (const DecoderLayer& l : lm.layers)
+    if (std::holds_alternative<GatedDeltaNet>(l.attn)) KILN_RETURN_IF_ERROR(be.supports_gated_delta_net());
   Status first;
   visit_weights(
       lm,

@@ -332,6 +332,15 @@ Result<Tensor> WeightLoader::tensor(const std::string& name, const Shape& shape,
   return uploaded(t);
 }
 
+Result<Tensor> WeightLoader::norm(const std::string& name, const Shape& shape, double offset) {
+  if (offset == 0.0 || ckpt_ == nullptr) return tensor(name, shape);
+  KILN_ASSIGN_OR_RETURN(Tensor t, host_typed(name, {DType::kF32, DType::kBF16, DType::kF16}, shape));
+  Tensor f = host_tensor(DType::kF32, shape);
+  to_f32(t, f.as<float>());
+  for (int64_t i = 0; i < f.numel(); ++i) f.as<float>()[i] += float(offset);
+  return uploaded(f);
+}
+
 Result<Tensor> WeightLoader::optional_tensor(const std::string& name, const Shape& shape) {
   if (!has(name)) return Tensor{};
   return tensor(name, shape);

@@ -116,6 +116,9 @@ class WeightLoader {
 
   // A float tensor (f32 / bf16 / f16) of exactly `shape` in the checkpoint, cut to `part`.
   Result<Tensor> tensor(const std::string& name, const Shape& shape, const Part& part = {});
+  // A norm's weight: tensor() plus `offset` on every element (in f32; a norm that scales
+  // by (1 + w) is stored as w: offset 1). Offset 0 is tensor().
+  Result<Tensor> norm(const std::string& name, const Shape& shape, double offset);
   // Like tensor(), or an undefined Tensor when the checkpoint has no such name.
   Result<Tensor> optional_tensor(const std::string& name, const Shape& shape);
   // The linear layer `prefix` (an nn.Linear of the checkpoint): prefix.weight

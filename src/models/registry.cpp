@@ -12,6 +12,9 @@ constexpr std::pair<const char*, Builder> kRegistry[] = {
     {"Glm4MoeForCausalLM", build_glm4_moe},
     {"DeepseekV3ForCausalLM", build_deepseek_v3},  // also Kimi K2 / K2.5 text models
     {"GptOssForCausalLM", build_gpt_oss},
+    {"Qwen3NextForCausalLM", build_qwen3_next},
+    {"Qwen3_5MoeForCausalLM", build_qwen3_next},
+    {"Qwen3_5MoeForConditionalGeneration", build_qwen3_next},  // its language model
 };
 
 }  // namespace

@@ -197,6 +197,54 @@ struct AddArgs {
   Tensor a, b, out;
 };
 
+// out = x * sigmoid(gate), elementwise, gate broadcast over x's columns when it has one
+// column: gated attention's output gate (Qwen3-Next, Qwen3.5) and the shared expert's
+// gate of their MoE. out may alias x.
+struct SigmoidMulArgs {
+  Tensor x;     // [rows, n]
+  Tensor gate;  // [rows, n] or [rows, 1]
+  Tensor out;   // [rows, n]
+};
+
+// dst[dst_row] = src[src_row]: one row (the first dimension) of a tensor copied into a
+// row of another of the same dtype and row shape (or the same tensor): the recurrent
+// state rows' checkpoints (runtime/state_cache.h).
+struct CopyRowsArgs {
+  Tensor src;
+  int64_t src_row = 0;
+  Tensor dst;
+  int64_t dst_row = 0;
+};
+
+// Gated DeltaNet (Qwen3-Next, Qwen3.5): linear attention with a recurrent state per
+// sequence, over the step's tokens in order, as transformers computes it:
+//   x = [q | k | v] (per token, nk dk + nk dk + nv dv channels) through a causal
+//   depthwise convolution of conv_kernel taps (the last conv_kernel - 1 inputs of the
+//   sequence are its conv state) and SiLU; q, k L2-normalised per key head, q scaled by
+//   1/sqrt(dk); value head h reads key head h / (nv / nk);
+//   g = -exp(a_log[h]) softplus(a + dt_bias[h]), beta = sigmoid(b);
+//   S = exp(g) S;  S += k (beta (v - S^T k))^T;  o = S^T q      (S: [dk, dv] per head)
+//   out = rms_norm(o) * norm_weight * silu(z)   (per value head, over dv)
+// The projections come flat (Qwen3.5: qkv = in_proj_qkv's [T, 2 nk dk + nv dv], z, b, a
+// their own) or grouped (Qwen3-Next: qkv = in_proj_qkvz's [T, nk (2 dk + 2 r dv)] in
+// per-key-head groups [q | k | v (r heads) | z (r heads)], b = in_proj_ba's [T, nk 2r]
+// groups [b (r) | a (r)], r = nv / nk; z and a undefined).
+// The state rows are batch->state_slots[s]; a sequence whose first token in the step is
+// at position 0 starts from zeros. Both states are updated in place.
+struct GatedDeltaNetArgs {
+  Tensor qkv, z, b, a;
+  bool grouped = false;
+  Tensor conv_weight;      // [2 nk dk + nv dv, conv_kernel] (the checkpoint's [C, 1, K])
+  Tensor a_log, dt_bias;   // [nv]
+  Tensor norm_weight;      // [dv]
+  float norm_eps = 1e-6f;
+  Tensor conv_state;       // [n_slots, 2 nk dk + nv dv, conv_kernel - 1]
+  Tensor recurrent_state;  // [n_slots, nv, dk, dv] f32
+  Tensor out;              // [T, nv dv]
+  const BatchMeta* batch = nullptr;
+  int64_t n_k_heads = 0, n_v_heads = 0, d_k = 0, d_v = 0;
+};
+
 enum class RouterKind {
   // p = softmax(logits) over all experts; take top-k of p; renormalise the k if
   // norm_topk_prob. (Qwen3-MoE, Mixtral)
@@ -455,6 +503,12 @@ class Backend {
 
   // The kernels that compute with `w` here, in words (`expert`: one of a MoE layer's
   // routed experts): the path records kiln inspect prints and the engine logs at load.
+  // Whether this backend has the ops of a recurrent (Gated DeltaNet) layer:
+  // gated_delta_net, sigmoid_mul and copy_rows; checked at load.
+  virtual Status supports_gated_delta_net() const {
+    return unsupported("the " + name() + " backend has no Gated DeltaNet (linear attention) kernels yet");
+  }
+
   virtual std::string weight_path(const Weight& w, bool expert) const {
     return w.quantized() ? "fp32 loops over rows dequantized from " + std::string(formats::quant_kind_name(w.quant.kind))
                          : "fp32 loops";
@@ -476,6 +530,10 @@ class Backend {
   virtual void moe(const MoeArgs& a) = 0;
   virtual void sample(const SampleArgs& a) = 0;
   virtual void fill_random(const FillRandomArgs& a) = 0;
+  // Ops a backend may lack (supports_gated_delta_net says; the defaults fail a check).
+  virtual void sigmoid_mul(const SigmoidMulArgs& a);
+  virtual void gated_delta_net(const GatedDeltaNetArgs& a);
+  virtual void copy_rows(const CopyRowsArgs& a);
 };
 
 }  // namespace kiln::ops

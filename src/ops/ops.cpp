@@ -31,4 +31,16 @@ void Backend::qk_norm_rope(const QkNormRopeArgs& a) {
   }
 }
 
+void Backend::sigmoid_mul(const SigmoidMulArgs&) {
+  KILN_CHECK(false) << "sigmoid_mul: the " << name() << " backend does not have it (supports_gated_delta_net)";
+}
+
+void Backend::copy_rows(const CopyRowsArgs&) {
+  KILN_CHECK(false) << "copy_rows: the " << name() << " backend does not have it (supports_gated_delta_net)";
+}
+
+void Backend::gated_delta_net(const GatedDeltaNetArgs&) {
+  KILN_CHECK(false) << "gated_delta_net: the " << name() << " backend does not have it (supports_gated_delta_net)";
+}
+
 }  // namespace kiln::ops

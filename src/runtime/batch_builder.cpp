@@ -15,7 +15,7 @@ int32_t decode_bucket(int32_t n) {
   return (n + 7) / 8 * 8;
 }
 
-StepBatch build_step_batch(const Schedule& schedule, int32_t block_size) {
+StepBatch build_step_batch(const Schedule& schedule, int32_t block_size, int32_t pad_state_slot) {
   StepBatch out;
   ops::BatchMeta& b = out.meta;
   b.block_size = block_size;
@@ -37,6 +37,10 @@ StepBatch build_step_batch(const Schedule& schedule, int32_t block_size) {
     const int32_t seq_index = b.n_seqs();
     b.q_start.push_back(b.n_tokens());
     b.context_len.push_back(seq.n_computed + s.n_new);
+    if (pad_state_slot >= 0) {
+      KILN_CHECK(pad || seq.state_slot >= 0) << "a scheduled sequence without a state slot";
+      b.state_slots.push_back(pad ? pad_state_slot : seq.state_slot);
+    }
     b.block_table.insert(b.block_table.end(), blocks.begin(), blocks.end());
     b.block_table.resize(size_t(r + 1) * width, blocks.back());
     for (int32_t p = seq.n_computed; p < seq.n_computed + s.n_new; ++p) {

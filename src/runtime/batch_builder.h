@@ -28,6 +28,8 @@ struct StepBatch {
   std::vector<Sequence*> sampled;
 };
 
-StepBatch build_step_batch(const Schedule& schedule, int32_t block_size);
+// pad_state_slot >= 0: the model has recurrent layers; each row gets its sequence's
+// Sequence::state_slot, a padding row this scratch slot (so it never touches a real state).
+StepBatch build_step_batch(const Schedule& schedule, int32_t block_size, int32_t pad_state_slot = -1);
 
 }  // namespace kiln::runtime

@@ -51,6 +51,17 @@ PrefixMatch BlockManager::match_prefix(std::span<const int32_t> tokens, int32_t 
   return m;
 }
 
+PrefixMatch BlockManager::truncate(const PrefixMatch& m, int32_t n_blocks) const {
+  PrefixMatch out;
+  for (int32_t i = 0; i < std::min<int32_t>(n_blocks, int32_t(m.blocks.size())); ++i) {
+    out.blocks.push_back(m.blocks[size_t(i)]);
+    out.hashes.push_back(m.hashes[size_t(i)]);
+    if (blocks_[size_t(m.blocks[size_t(i)])].ref_count == 0) ++out.n_free;
+  }
+  out.n_tokens = int32_t(out.blocks.size()) * block_size_;
+  return out;
+}
+
 int32_t BlockManager::blocks_needed(const BlockTable& table, int32_t n_tokens) const {
   const int32_t want = (n_tokens + block_size_ - 1) / block_size_;
   return std::max(0, want - int32_t(table.blocks.size()));

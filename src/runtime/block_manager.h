@@ -51,6 +51,8 @@ class BlockManager {
   // The longest run of cached full blocks that starts `tokens`, holding at most
   // max_tokens tokens. Empty when prefix caching is off.
   PrefixMatch match_prefix(std::span<const int32_t> tokens, int32_t max_tokens) const;
+  // The first n_blocks blocks of a match (a model that can resume only at some of them).
+  PrefixMatch truncate(const PrefixMatch& m, int32_t n_blocks) const;
   // New blocks `table` needs to hold n_tokens tokens.
   int32_t blocks_needed(const BlockTable& table, int32_t n_tokens) const;
   bool can_allocate(int32_t n_new_blocks) const { return n_new_blocks <= n_free_; }

@@ -81,6 +81,7 @@ Status Engine::load_weights(const std::string& model_dir, const EngineOptions& o
   formats::QuantConfig quant;
   if (!dummy) {
     KILN_ASSIGN_OR_RETURN(ckpt, formats::Checkpoint::open(model_dir));
+    if (!config_.language_model_prefix.empty()) ckpt->rename_prefix(config_.language_model_prefix, "model.");
   }
   KILN_ASSIGN_OR_RETURN(quant, std::filesystem::is_regular_file(model_dir)  // dummy: a config .json
                                    ? formats::parse_quant_config(config_.raw.dump(), "", model_dir)
@@ -179,8 +180,17 @@ Status Engine::size_kv_cache(const EngineOptions& o) {
   int64_t len = o.max_model_len > 0 ? o.max_model_len
                                     : (config_.max_position_embeddings > 0 ? config_.max_position_embeddings : 8192);
   max_model_len_ = len;
-  scheduler_ = std::make_unique<Scheduler>(SchedulerConfig{
-      .max_num_seqs = o.max_num_seqs, .max_num_batched_tokens = max_batched, .max_prefill_chunk = o.prefill_chunk});
+  const bool recurrent = runner_->recurrent();
+  scheduler_ = std::make_unique<Scheduler>(SchedulerConfig{.max_num_seqs = o.max_num_seqs,
+                                                           .max_num_batched_tokens = max_batched,
+                                                           .max_prefill_chunk = o.prefill_chunk,
+                                                           .align_prefill_to_blocks = recurrent && o.enable_prefix_caching});
+  // Recurrent layers (Gated DeltaNet): a state row per sequence that may run, a scratch
+  // row, and the prefix cache's state checkpoints (runtime/state_cache.h).
+  const int32_t n_checkpoints =
+      recurrent && o.enable_prefix_caching ? (o.state_checkpoints >= 0 ? o.state_checkpoints : o.max_num_seqs) : 0;
+  const int32_t n_state_rows = recurrent ? StateCache::rows(o.max_num_seqs, n_checkpoints) : 0;
+  const int64_t state_bytes = int64_t(n_state_rows) * runner_->state_bytes_per_row();
 
   const bool fp8 = o.kv_cache_dtype == KvCacheDtype::kFp8;
   for (int r = 0; r < runner_->world(); ++r) {
@@ -212,7 +222,7 @@ Status Engine::size_kv_cache(const EngineOptions& o) {
                           " activation peak, " + mib(reserve) + " kept for the runtime, " + mib(mem.available) +
                           " available");
       }
-      kv_bytes = int64_t(double(o.gpu_memory_utilization) * double(free_bytes));
+      kv_bytes = int64_t(double(o.gpu_memory_utilization) * double(free_bytes)) - state_bytes;
       KILN_LOG(kInfo, "memory: " << mib(mem.in_use) << " of weights and buffers, " << mib(peak) << " activation peak, "
                                  << mib(reserve) << " kept for the runtime, " << mib(mem.available)
                                  << " available; KV cache " << o.gpu_memory_utilization << " of what remains");
@@ -238,14 +248,26 @@ Status Engine::size_kv_cache(const EngineOptions& o) {
     KILN_LOG(kWarn, "maximum model length " << len << " lowered to " << capacity << ", what the KV cache holds");
     max_model_len_ = capacity;
   }
-  kv_ = runner_->make_kv(int32_t(n_blocks), bs, o.kv_cache_dtype);
+  kv_ = runner_->make_kv(int32_t(n_blocks), bs, o.kv_cache_dtype, n_state_rows);
   kv_bytes_ = n_blocks * bs * bytes_token;
-  blocks_ = std::make_unique<BlockManager>(int32_t(n_blocks), bs, o.enable_prefix_caching);
+  states_ = recurrent ? StateCache(o.max_num_seqs, n_checkpoints) : StateCache();
+  if (recurrent) {
+    scheduler_->set_usable_prefix([this](const PrefixMatch& m) {
+      for (int32_t i = int32_t(m.hashes.size()); i > 0; --i)
+        if (states_.has(m.hashes[size_t(i - 1)])) return i;
+      return 0;
+    });
+    KILN_LOG(kInfo, "recurrent state: " << n_state_rows << " rows of "
+                                        << mib(runner_->state_bytes_per_row()) << " (" << o.max_num_seqs
+                                        << " running, " << n_checkpoints << " prefix checkpoints)");
+  }
+  const bool prefix_caching = o.enable_prefix_caching;
+  blocks_ = std::make_unique<BlockManager>(int32_t(n_blocks), bs, prefix_caching);
   KILN_LOG(kInfo, "KV cache: " << dtype_name(kv_[0].storage) << (fp8 ? " with fp32 scales per row" : "") << ", "
                                << n_blocks << " blocks of " << bs
                                << " tokens = " << capacity << " tokens (" << mib(kv_bytes_) << ", " << bytes_token
                                << " bytes per token), max model len " << max_model_len_ << ", prefix caching "
-                               << (o.enable_prefix_caching ? "on" : "off"));
+                               << (prefix_caching ? "on" : "off"));
   return Status::Ok();
 }
 
@@ -266,7 +288,8 @@ int64_t Engine::measure_activation_peak() {
     base[size_t(r)] = in_use(r);
   }
   {
-    std::vector<KvCache> temp = runner_->make_kv(n_seqs * blocks_per_seq, bs, options_.kv_cache_dtype);
+    std::vector<KvCache> temp =
+        runner_->make_kv(n_seqs * blocks_per_seq, bs, options_.kv_cache_dtype, runner_->recurrent() ? n_seqs + 1 : 0);
     for (int r = 0; r < world; ++r) temp_kv[size_t(r)] = in_use(r) - base[size_t(r)];
     ops::BatchMeta b;
     b.block_size = bs;
@@ -281,6 +304,7 @@ int64_t Engine::measure_activation_peak() {
         b.slot_mapping.push_back(int32_t(b.slot(s, p)));
       }
       b.logit_rows.push_back(b.n_tokens() - 1);
+      if (runner_->recurrent()) b.state_slots.push_back(s);
     }
     b.q_start.push_back(b.n_tokens());
     step_batch_ = std::move(b);
@@ -354,6 +378,7 @@ Result<std::vector<std::vector<float>>> Engine::logits(const std::vector<int32_t
     b.max_blocks_per_seq = int32_t(table.blocks.size());
     b.q_start = {0, end - begin};
     b.context_len = {end};
+    if (states_.enabled()) b.state_slots = {states_.scratch_row()};
     for (int32_t p = begin; p < end; ++p) {
       b.token_ids.push_back(prompt[size_t(p)]);
       b.positions.push_back(p);
@@ -471,9 +496,49 @@ Status Engine::add_request(uint64_t id, std::shared_ptr<const Request> r) {
   return Status::Ok();
 }
 
+void Engine::release_state_slot(Sequence& seq) {
+  if (seq.state_slot < 0) return;
+  states_.release(seq.state_slot);
+  seq.state_slot = -1;
+}
+
+void Engine::copy_state_row(int32_t src, int32_t dst) {
+  for (int r = 0; r < runner_->world(); ++r)
+    for (model::LayerKv& l : kv_[size_t(r)].layers)
+      for (const Tensor* t : {&l.conv_state, &l.recurrent_state})
+        if (t->defined()) runner_->backend(r).copy_rows({.src = *t, .src_row = src, .dst = *t, .dst_row = dst});
+}
+
+void Engine::assign_state_rows(const Schedule& schedule) {
+  for (const ScheduledSeq& s : schedule.seqs) {
+    Sequence& seq = *s.seq;
+    if (seq.state_slot >= 0) continue;
+    seq.state_slot = states_.acquire();
+    if (seq.n_computed == 0) continue;  // starts from zeros (the layer clears the row)
+    // It starts after cached blocks: the scheduler kept those up to a checkpoint.
+    const int32_t bs = blocks_->block_size();
+    KILN_CHECK(seq.table.n_full_hashed * bs == seq.n_computed) << "a resumed sequence's prefix is not its hashed blocks";
+    const int32_t row = states_.find(seq.table.last_hash);
+    KILN_CHECK(row >= 0) << "no state checkpoint for a cached prefix of " << seq.n_computed << " tokens";
+    copy_state_row(row, seq.state_slot);
+  }
+}
+
+void Engine::checkpoint_states(const Schedule& schedule) {
+  if (!blocks_->prefix_caching()) return;
+  const int32_t bs = blocks_->block_size();
+  for (const ScheduledSeq& s : schedule.seqs) {
+    const Sequence& seq = *s.seq;
+    if (seq.n_computed % bs != 0 || seq.table.n_full_hashed * bs != seq.n_computed) continue;
+    const int32_t row = states_.store(seq.table.last_hash);
+    if (row >= 0) copy_state_row(seq.state_slot, row);
+  }
+}
+
 void Engine::finish(Sequence& seq, FinishReason reason) {
   scheduler_->remove(&seq);
   blocks_->free(seq.table);
+  release_state_slot(seq);
   seq.state = SeqState::kFinished;
   seq.finish = reason;
   RequestState& st = requests_.at(seq.request_id);
@@ -498,6 +563,8 @@ void Engine::drop_request(std::unordered_map<uint64_t, RequestState>::iterator i
 std::vector<StepOutput> Engine::step() {
   const auto start = std::chrono::steady_clock::now();
   const Schedule schedule = scheduler_->schedule(*blocks_);
+  // A preempted sequence starts again from position 0: its recurrent-state row is free.
+  for (Sequence* s : schedule.preempted) release_state_slot(*s);
   if (schedule.empty()) return {};
   EngineStats::StepKind& kind = schedule.decode_only() ? stats_.decode_steps : stats_.mixed_steps;
   ++kind.steps;
@@ -507,7 +574,8 @@ std::vector<StepOutput> Engine::step() {
     double& seconds;
     ~AddTime() { seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); }
   } add_time{start, kind.seconds};
-  StepBatch batch = build_step_batch(schedule, kv_[0].block_size);
+  if (states_.enabled()) assign_state_rows(schedule);
+  StepBatch batch = build_step_batch(schedule, kv_[0].block_size, states_.enabled() ? states_.scratch_row() : -1);
   const std::vector<Sequence*> sampled = std::move(batch.sampled);
   std::vector<Sampler*> samplers;
   for (Sequence* s : sampled) samplers.push_back(&s->sampler);
@@ -532,6 +600,7 @@ std::vector<StepOutput> Engine::step() {
     blocks_->commit(s.seq->table, s.seq->tokens, s.seq->n_computed);
     stats_.computed_tokens += s.n_new;
   }
+  if (states_.enabled()) checkpoint_states(schedule);
   ++stats_.steps;
   std::vector<StepOutput> outs;
   if (sampled.empty()) return outs;

@@ -24,6 +24,7 @@
 #include "runtime/model_runner.h"
 #include "runtime/sampler.h"
 #include "runtime/scheduler.h"
+#include "runtime/state_cache.h"
 #include "runtime/sequence.h"
 
 namespace kiln::runtime {
@@ -53,6 +54,9 @@ struct EngineOptions {
   std::function<void(uint64_t done, uint64_t total)> on_load_progress;
   LoadFormat load_format = LoadFormat::kAuto;
   int64_t num_layers = 0;           // > 0: only the first N decoder layers (quick runs)
+  // Recurrent (Gated DeltaNet) models with prefix caching: state checkpoints kept for
+  // cached prefixes (runtime/state_cache.h); -1: max_num_seqs.
+  int32_t state_checkpoints = -1;
   // Several ranks (model_runner.h): one backend each, given to load() in rank order;
   // `comms` makes their communicators (empty: in-process groups, host backends only).
   ParallelConfig parallel;
@@ -163,6 +167,14 @@ class Engine {
  private:
   Engine() = default;
   Status check_prompt(const std::vector<int32_t>& prompt, int64_t extra_tokens) const;
+  // Gives a sequence's recurrent-state row back (no-op without one).
+  void release_state_slot(Sequence& seq);
+  // Recurrent models: rows to the scheduled sequences that have none (restored from the
+  // prefix checkpoint where they start after cached blocks), before a step; checkpoints
+  // of the states that end on a block boundary, after it.
+  void assign_state_rows(const Schedule& schedule);
+  void checkpoint_states(const Schedule& schedule);
+  void copy_state_row(int32_t src, int32_t dst);
   Status size_kv_cache(const EngineOptions& options);
   Status load_weights(const std::string& model_dir, const EngineOptions& options);
   // On devices that report their memory: each rank's weights and an estimate of its
@@ -190,6 +202,7 @@ class Engine {
   std::vector<KvCache> kv_;              // per rank
   int64_t kv_bytes_ = 0;
   std::unique_ptr<BlockManager> blocks_;
+  StateCache states_;  // recurrent models: the per-sequence state rows and prefix checkpoints
   std::unique_ptr<Scheduler> scheduler_;
   EngineOptions options_;
   int64_t max_model_len_ = 0;

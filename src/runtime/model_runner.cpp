@@ -275,10 +275,25 @@ Status ModelRunner::build(int64_t n_layers,
   return Status::Ok();
 }
 
-std::vector<KvCache> ModelRunner::make_kv(int32_t n_blocks, int32_t block_size, KvCacheDtype dtype) {
+std::vector<KvCache> ModelRunner::make_kv(int32_t n_blocks, int32_t block_size, KvCacheDtype dtype,
+                                          int32_t n_state_slots) {
   std::vector<KvCache> kv;
-  for (Rank& r : ranks_) kv.push_back(KvCache::create(*r.backend, r.model.kv_layouts(), n_blocks, block_size, dtype));
+  for (Rank& r : ranks_)
+    kv.push_back(KvCache::create(*r.backend, r.model.kv_layouts(), n_blocks, block_size, dtype, n_state_slots));
   return kv;
+}
+
+bool ModelRunner::recurrent() const {
+  for (const Rank& r : ranks_)
+    if (KvCache::has_recurrent(r.model.kv_layouts())) return true;
+  return false;
+}
+
+int64_t ModelRunner::state_bytes_per_row() const {
+  int64_t most = 0;
+  for (const Rank& r : ranks_)
+    most = std::max(most, KvCache::bytes_per_state_slot(r.model.kv_layouts(), r.backend->activation_dtype()));
+  return most;
 }
 
 int64_t ModelRunner::kv_bytes_per_token(KvCacheDtype dtype) const {
@@ -298,6 +313,7 @@ ops::BatchMeta batch_slice(const ops::BatchMeta& b, int32_t begin, int32_t end) 
   out.slot_mapping.assign(b.slot_mapping.begin() + t0, b.slot_mapping.begin() + t1);
   for (int32_t s = begin; s <= end; ++s) out.q_start.push_back(b.q_start[size_t(s)] - t0);
   out.context_len.assign(b.context_len.begin() + begin, b.context_len.begin() + end);
+  if (!b.state_slots.empty()) out.state_slots.assign(b.state_slots.begin() + begin, b.state_slots.begin() + end);
   const size_t w = size_t(b.max_blocks_per_seq);
   out.block_table.assign(b.block_table.begin() + long(size_t(begin) * w), b.block_table.begin() + long(size_t(end) * w));
   for (int32_t row : b.logit_rows)

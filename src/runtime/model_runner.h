@@ -70,7 +70,11 @@ class ModelRunner {
   Status build(int64_t n_layers, const std::function<Result<model::CausalLM>(int rank, const model::Shard&)>& build);
 
   // KV caches of n_blocks blocks, one per rank (each with its layers and heads).
-  std::vector<KvCache> make_kv(int32_t n_blocks, int32_t block_size, KvCacheDtype dtype);
+  // n_state_slots: recurrent layers' per-sequence states (ignored by a model without).
+  std::vector<KvCache> make_kv(int32_t n_blocks, int32_t block_size, KvCacheDtype dtype, int32_t n_state_slots = 0);
+  bool recurrent() const;
+  // Bytes of one recurrent-state row on the rank that needs the most (0 without).
+  int64_t state_bytes_per_row() const;
   // The most bytes one token slot takes on any rank.
   int64_t kv_bytes_per_token(KvCacheDtype dtype) const;
 

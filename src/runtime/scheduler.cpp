@@ -35,6 +35,15 @@ Schedule Scheduler::schedule(BlockManager& blocks) {
     n = std::min(n, budget);
     return config_.max_prefill_chunk > 0 ? std::min(n, config_.max_prefill_chunk) : n;
   };
+  // Recurrent models: chunk ends on block boundaries (SchedulerConfig::align_prefill_to_blocks).
+  auto align = [&](const Sequence* s, int32_t start, int32_t n) {
+    if (!config_.align_prefill_to_blocks) return n;
+    const int32_t bs = blocks.block_size(), end = start + n, total = s->n_tokens();
+    const int32_t last_full = (total - 1) / bs * bs;  // a later prefix match ends here at most
+    if (start < last_full && end > last_full) return last_full - start;
+    if (end < total && end / bs * bs > start) return end / bs * bs - start;
+    return n;
+  };
   std::unordered_set<const Sequence*> scheduled;
   auto take = [&](Sequence* s, int32_t n_new) {
     out.seqs.push_back({s, n_new});
@@ -68,7 +77,7 @@ Schedule Scheduler::schedule(BlockManager& blocks) {
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Sequence* s = running_[i];
     if (scheduled.count(s) != 0 || s->n_uncomputed() <= 1) continue;
-    const int32_t n_new = cap(s->n_uncomputed());
+    const int32_t n_new = align(s, s->n_computed, cap(s->n_uncomputed()));
     const int32_t need = blocks.blocks_needed(s->table, s->n_computed + n_new);
     while (!blocks.can_allocate(need) && running_.back() != s && scheduled.count(running_.back()) == 0)
       preempt(running_.back(), blocks, out);
@@ -83,8 +92,9 @@ Schedule Scheduler::schedule(BlockManager& blocks) {
     Sequence* s = waiting_.front();
     if (s->wait_for != nullptr && !s->wait_for->prefilled()) break;
     // At least the last token is computed: its logits give the next token.
-    const PrefixMatch match = blocks.match_prefix(s->tokens, s->n_tokens() - 1);
-    const int32_t n_new = cap(s->n_tokens() - match.n_tokens);
+    PrefixMatch match = blocks.match_prefix(s->tokens, s->n_tokens() - 1);
+    if (usable_prefix_ && !match.blocks.empty()) match = blocks.truncate(match, usable_prefix_(match));
+    const int32_t n_new = align(s, match.n_tokens, cap(s->n_tokens() - match.n_tokens));
     const int32_t bs = blocks.block_size();
     const int32_t need = (match.n_tokens + n_new + bs - 1) / bs - int32_t(match.blocks.size()) + match.n_free;
     if (!blocks.can_allocate(need)) break;

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <vector>
 
 #include "runtime/block_manager.h"
@@ -26,6 +27,11 @@ struct SchedulerConfig {
   int32_t max_num_seqs = 256;             // running sequences at most
   int32_t max_num_batched_tokens = 2048;  // tokens per step at most
   int32_t max_prefill_chunk = 0;          // tokens of one sequence per step at most (0: no cap)
+  // Recurrent models with prefix caching (runtime/state_cache.h): a prefill chunk that does
+  // not finish a sequence's tokens ends on a block boundary, and one that would pass the
+  // last full block before the sequence's last token stops there, so that the state after
+  // each computed block boundary can be checkpointed.
+  bool align_prefill_to_blocks = false;
 };
 
 struct ScheduledSeq {
@@ -47,6 +53,9 @@ class Scheduler {
   explicit Scheduler(const SchedulerConfig& config) : config_(config) {}
 
   void add(Sequence* seq);  // to the back of the waiting queue
+  // How many leading blocks of a prefix match a new sequence may take (recurrent models:
+  // those up to the last one whose state is checkpointed). Unset: all of them.
+  void set_usable_prefix(std::function<int32_t(const PrefixMatch&)> f) { usable_prefix_ = std::move(f); }
   // The next step. Blocks for every scheduled token are allocated on return.
   Schedule schedule(BlockManager& blocks);
   // Drops a sequence from whichever queue holds it (finished or cancelled); the caller
@@ -62,6 +71,7 @@ class Scheduler {
  private:
   void preempt(Sequence* seq, BlockManager& blocks, Schedule& out);
 
+  std::function<int32_t(const PrefixMatch&)> usable_prefix_;
   SchedulerConfig config_;
   std::deque<Sequence*> waiting_;
   std::vector<Sequence*> running_;  // admission order: oldest first

@@ -52,6 +52,8 @@ struct Sequence {
   // Sample i > 0 of a request waits until sample 0 has prefilled the prompt, so that it
   // takes the prompt's blocks from the prefix cache instead of computing them again.
   const Sequence* wait_for = nullptr;
+  // Models with recurrent layers: its row of their state while it runs (-1: none).
+  int32_t state_slot = -1;
 
   Sequence(uint64_t id, int32_t index, std::shared_ptr<const Request> r, const SamplingParams& params)
       : request_id(id), sample_index(index), request(std::move(r)), sampler(params) {}

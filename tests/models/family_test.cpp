@@ -75,6 +75,29 @@ TEST_P(Family, GreedyTokensMatchTransformers) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, Family, ::testing::ValuesIn(testing::all_fixtures()),
                          [](const auto& info) { return info.param; });
 
+// The 2026 families: also the 80-token prompt (longer than a Gated DeltaNet chunk of 64
+// and ten times the DSA fixtures' top-k), in one pass and in chunks of 7 over blocks of 4.
+class Family2026 : public Family {};
+
+TEST_P(Family2026, LongerPromptMatchesTransformers) {
+  const nlohmann::json g = golden();
+  const auto prompt = g["prompt_xlong"].get<std::vector<int32_t>>();
+  const auto ref = testing::golden_logits(GetParam(), "xlong");
+  ASSERT_EQ(ref.size(), prompt.size());
+  for (const auto& [chunk, block] : {std::pair{0, 16}, std::pair{7, 4}}) {
+    auto engine = load(chunk, block);
+    ASSERT_TRUE(engine);
+    auto got = engine->logits(prompt);
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    EXPECT_LT(testing::relative_error(*got, ref), kLogitTolerance) << GetParam() << " chunk " << chunk;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(CpuOnly, Family, ::testing::ValuesIn(testing::cpu_only_fixtures()),
+                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(CpuOnly, Family2026, ::testing::ValuesIn(testing::cpu_only_fixtures()),
+                         [](const auto& info) { return info.param; });
+
 // Quantized checkpoints in their shipped layouts (FP8 block / channel, NVFP4, INT4,
 // MXFP4) against transformers run in fp32 on the dequantized weights: the same
 // bound, since kiln dequantizes exactly the same values (formats/quant.h).

@@ -158,7 +158,14 @@ TEST_P(EngineFixture, SamplesOfOneRequestUseSeedPlusIndexAndShareThePrompt) {
 
   ASSERT_TRUE(on->add_request(1, std::make_shared<const Request>(r)).ok());
   Outputs got;
-  test::collect(got, on->step());  // sample 0 prefills alone
+  // Sample 0 prefills alone; a recurrent model's prefill stops once at the last full block
+  // (12 tokens), whose state checkpoint the other samples resume from.
+  const bool recurrent = GetParam() == "qwen3_next" || GetParam() == "qwen3_5_moe";
+  if (recurrent) {
+    test::collect(got, on->step());
+    EXPECT_EQ(on->stats().kv_blocks_used, 3);
+  }
+  test::collect(got, on->step());
   EXPECT_EQ(on->stats().running, 1);
   EXPECT_EQ(on->stats().kv_blocks_used, 4);
   test::collect(got, on->step());  // the others take its 3 full prompt blocks
@@ -270,6 +277,48 @@ TEST_P(EngineFixture, CancellingTheFirstSampleBeforeItRunsReleasesItsSiblings) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, EngineFixture,
                          ::testing::Values("llama", "qwen3", "qwen3_moe", "glm4_moe", "deepseek_v3", "kimi_k2",
                                            "gpt_oss", "gpt_oss_d64", "deepseek_v3_mla"),
+                         [](const auto& info) { return info.param; });
+// Gated DeltaNet hybrids: a recurrent state per sequence beside the paged KV cache.
+INSTANTIATE_TEST_SUITE_P(Recurrent, EngineFixture, ::testing::Values("qwen3_next", "qwen3_5_moe"),
+                         [](const auto& info) { return info.param; });
+
+// Gated DeltaNet hybrids' prefix caching (runtime/state_cache.h): a conversation's second
+// turn (the first turn's prompt and answer, then a new message) resumes from the state
+// checkpointed at the last block boundary of the first turn, its answer included, and
+// gives exactly what computing it all again gives (tokens and logprobs).
+class RecurrentPrefix : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RecurrentPrefix, SecondTurnResumesFromTheFirstTurnsStateExactly) {
+  SampleOut want[2], got[2];
+  EngineStats stats[2];
+  for (bool caching : {false, true}) {
+    auto e = test::load_fixture(GetParam(), {.block_size = 4, .max_model_len = 96, .prefill_chunk = 6,
+                                             .enable_prefix_caching = caching});
+    ASSERT_TRUE(e);
+    SampleOut* out = caching ? got : want;
+    const Request turn1{.prompt = test::random_tokens(19, 31),
+                        .sampling = {.temperature = 0.8f, .seed = 5, .logprobs = 0},
+                        .max_tokens = 10,
+                        .ignore_eos = true};
+    out[0] = test::run_alone(*e, turn1, 1);
+    Request turn2 = turn1;
+    turn2.prompt.insert(turn2.prompt.end(), out[0].tokens.begin(), out[0].tokens.end());
+    const std::vector<int32_t> message = test::random_tokens(7, 32);
+    turn2.prompt.insert(turn2.prompt.end(), message.begin(), message.end());
+    out[1] = test::run_alone(*e, turn2, 2);
+    stats[caching ? 1 : 0] = e->stats();
+  }
+  EXPECT_EQ(got[0], want[0]);
+  EXPECT_EQ(got[1], want[1]) << "the second turn from the checkpoint vs computed again";
+  // The first turn computed 19 + 10 tokens: its last full block ends at token 28, and the
+  // second turn (36 tokens) resumes there.
+  EXPECT_EQ(stats[1].prefix_hit_tokens, 28);
+  EXPECT_EQ(stats[0].prefix_hit_tokens, 0);
+  EXPECT_EQ(stats[0].computed_tokens - stats[1].computed_tokens, 28);
+  EXPECT_EQ(stats[1].kv_blocks_used, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, RecurrentPrefix, ::testing::Values("qwen3_next", "qwen3_5_moe"),
                          [](const auto& info) { return info.param; });
 
 TEST(Engine, PenaltiesChangeGreedyOutput) {

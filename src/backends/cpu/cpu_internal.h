@@ -106,6 +106,10 @@ class CpuBackend final : public ops::Backend {
   void moe(const ops::MoeArgs& a) override;                   // cpu_moe.cpp
   void sample(const ops::SampleArgs& a) override;             // cpu_sampling.cpp
   void fill_random(const ops::FillRandomArgs& a) override;
+  Status supports_gated_delta_net() const override { return Status::Ok(); }
+  void sigmoid_mul(const ops::SigmoidMulArgs& a) override;          // cpu_gdn.cpp
+  void gated_delta_net(const ops::GatedDeltaNetArgs& a) override;   // cpu_gdn.cpp
+  void copy_rows(const ops::CopyRowsArgs& a) override;              // cpu_gdn.cpp
   void after_collective(Tensor& t) override {
     if (t.dtype == DType::kF32) round_output(t);
   }
