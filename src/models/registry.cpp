@@ -12,6 +12,7 @@ constexpr std::pair<const char*, Builder> kRegistry[] = {
     {"Glm4MoeForCausalLM", build_glm4_moe},
     {"DeepseekV3ForCausalLM", build_deepseek_v3},  // also Kimi K2 / K2.5 text models
     {"GptOssForCausalLM", build_gpt_oss},
+    {"MiniMaxM2ForCausalLM", build_minimax_m2},
 };
 
 }  // namespace
