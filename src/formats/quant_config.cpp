@@ -41,7 +41,8 @@ bool matches(const std::string& pattern, const std::string& name) {
 
 Status parse_fp8(const json& q, const std::string& src, QuantConfig& c) {
   c.kind = QuantKind::kFp8Block;
-  if (q.contains("fmt") && q["fmt"] != "e4m3") {
+  // MiniMax-M2 spells it with torch's dtype name.
+  if (q.contains("fmt") && q["fmt"] != "e4m3" && q["fmt"] != "float8_e4m3fn") {
     return unsupported(src + ": fp8 fmt " + q["fmt"].dump() + " (only e4m3 is supported)");
   }
   const json bs = q.value("weight_block_size", json());

@@ -28,8 +28,27 @@ void Mlp::forward(ops::Backend& be, const Tensor& x, Tensor& out) const {
   be.linear({.x = g, .w = &down, .out = out});
 }
 
+void FullWidthNorm::apply(ops::Backend& be, Tensor& x, float eps, comm::Communicator* tp) const {
+  const int64_t n_tokens = x.dim(0), width = x.dim(1), full = weight.numel();
+  KILN_CHECK_EQ(width * int64_t(sources.size()), full) << "full-width QK-norm: parts vs weight";
+  if (sources.size() == 1) {
+    be.rms_norm({.x = x, .weight = weight, .out = x, .eps = eps});
+    return;
+  }
+  KILN_CHECK(tp != nullptr) << "full-width QK-norm split over ranks needs the tensor-parallel group";
+  Tensor parts = act(be, {int64_t(tp->size()), n_tokens, width});
+  tp->all_gather(x, parts);
+  Tensor row = act(be, {n_tokens, full});
+  for (size_t j = 0; j < sources.size(); ++j) {
+    be.slice_columns({.src = parts.index0(sources[j]), .dst = row, .dst_col_begin = int64_t(j) * width,
+                      .n_cols = width});
+  }
+  be.rms_norm({.x = row, .weight = weight, .out = row, .eps = eps});
+  be.slice_columns({.src = row, .col_begin = col_begin, .dst = x, .n_cols = width});
+}
+
 void Attention::forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta& batch,
-                        LayerKv& kv, Tensor& out) const {
+                        LayerKv& kv, Tensor& out, comm::Communicator* tp) const {
   const int64_t n_tokens = x.dim(0);
   Tensor qt = act(be, {n_tokens, q.n_out()});
   Tensor kt = act(be, {n_tokens, k.n_out()});
@@ -39,8 +58,10 @@ void Attention::forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta&
   if (output_gate) {  // per head [query | gate]
     const Tensor rows = qt.reshape({n_tokens * n_heads, 2 * d_head});
     gate = columns(be, rows, d_head, d_head).reshape({n_tokens, n_heads * d_head});
-    qt = columns(be, rows, 0, d_head);
+    qt = columns(be, rows, 0, d_head).reshape({n_tokens, n_heads * d_head});
   }
+  if (q_norm_full) q_norm_full->apply(be, qt, norm_eps, tp);
+  if (k_norm_full) k_norm_full->apply(be, kt, norm_eps, tp);
   Tensor q3 = qt.reshape({n_tokens, n_heads, d_head});
   Tensor k3 = kt.reshape({n_tokens, n_kv_heads, d_head});
   be.qk_norm_rope({.q = q3, .k = k3, .q_norm = q_norm, .k_norm = k_norm, .eps = norm_eps, .batch = &batch,
@@ -56,7 +77,7 @@ void Attention::forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta&
 }
 
 void GatedDeltaNet::forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta& batch, LayerKv& kv,
-                            Tensor& out) const {
+                            Tensor& out, comm::Communicator* /*tp*/) const {
   const int64_t n_tokens = x.dim(0);
   Tensor qkv_t = act(be, {n_tokens, qkv.n_out()});
   Tensor b_t = act(be, {n_tokens, b.n_out()});
@@ -78,7 +99,7 @@ void GatedDeltaNet::forward(ops::Backend& be, const Tensor& x, const ops::BatchM
 }
 
 void Mla::forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta& batch, LayerKv& kv,
-                  Tensor& out) const {
+                  Tensor& out, comm::Communicator* /*tp*/) const {
   const int64_t n_tokens = x.dim(0);
   const int64_t d_qk = d_nope + d_rope;
   // The two products of x in one call: the query's (or its low-rank first half's) and the
@@ -180,7 +201,7 @@ Tensor CausalLM::step_ops(ops::Backend& be, const ops::BatchMeta& batch, std::ve
     be.rms_norm({.x = first ? residual : block_out, .weight = l.input_norm,
                  .residual = first ? Tensor{} : residual, .out = normed, .eps = norm_eps});
     first = false;
-    std::visit([&](const auto& a) { a.forward(be, normed, batch, kv[i], block_out); }, l.attn);
+    std::visit([&](const auto& a) { a.forward(be, normed, batch, kv[i], block_out, tp); }, l.attn);
     reduce(block_out);
     be.rms_norm({.x = block_out, .weight = l.post_attn_norm, .residual = residual, .out = normed,
                  .eps = norm_eps});

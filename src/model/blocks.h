@@ -48,14 +48,31 @@ struct Mlp {
   void forward(ops::Backend& be, const Tensor& x, Tensor& out) const;
 };
 
+// An RMSNorm over the concatenation of all heads of q (or k) rather than per head
+// (MiniMax-M2: q_norm [n_heads * d_head], k_norm [n_kv_heads * d_head], both over every
+// rank's heads). Under tensor parallelism a rank holds `width` columns of the row:
+// it gathers the group's parts, takes part `sources[j]` as the row's j-th `width`
+// columns, normalises the whole row, and keeps its own columns from `col_begin`. The
+// gather makes it exact (the same sums as one rank) with existing ops only.
+struct FullWidthNorm {
+  Tensor weight;              // [n_heads_total * d_head] (all ranks' heads)
+  int64_t col_begin = 0;      // this rank's first column of the full row
+  std::vector<int> sources;   // tp rank holding each `width`-column part of the row, in order
+
+  // x: [n_tokens, width] this rank's columns, normalised in place.
+  void apply(ops::Backend& be, Tensor& x, float eps, comm::Communicator* tp) const;
+};
+
 // Multi-head attention with grouped KV heads, optional q/k/v/o bias, per-head
-// QK-norm (before RoPE), attention sinks and a sliding window.
+// QK-norm (before RoPE) or one over all heads (FullWidthNorm), attention sinks and a
+// sliding window.
 struct Attention {
   int64_t n_heads = 0, n_kv_heads = 0, d_head = 0;
   ops::Weight q;       // [n_heads * d_head, d_model]
   ops::Weight k, v;    // [n_kv_heads * d_head, d_model]
   ops::Weight o;       // [d_model, n_heads * d_head]
   Tensor q_norm, k_norm;  // [d_head] or undefined
+  std::optional<FullWidthNorm> q_norm_full, k_norm_full;  // instead of q_norm / k_norm
   float norm_eps = 1e-6f;
   Tensor sinks;        // [n_heads] or undefined
   ops::RopeTable rope;
@@ -65,8 +82,9 @@ struct Attention {
   // [query | gate], and the attention output is multiplied by sigmoid(gate) before o.
   bool output_gate = false;
 
+  // tp: the tensor-parallel group (null: one rank), which a full-width QK-norm gathers over.
   void forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta& batch, LayerKv& kv,
-               Tensor& out) const;
+               Tensor& out, comm::Communicator* tp) const;
 };
 
 // Multi-head latent attention (DeepSeek-V2/V3, Kimi K2). The cache holds the
@@ -85,8 +103,9 @@ struct Mla {
   ops::RopeTable rope;    // interleaved, over d_rope
   float scale = 1.0f;
 
+  // tp is unused: the heads are independent and the latent is whole on every rank.
   void forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta& batch, LayerKv& kv,
-               Tensor& out) const;
+               Tensor& out, comm::Communicator* tp) const;
 };
 
 // Gated DeltaNet (Qwen3-Next, Qwen3.5): linear attention whose state is per sequence
@@ -107,8 +126,9 @@ struct GatedDeltaNet {
   ops::Weight o;          // out_proj [d_model, nv dv]
 
   int64_t conv_channels() const { return 2 * n_k_heads * d_k + n_v_heads * d_v; }
+  // tp is unused: these layers are whole on one rank (no tensor parallelism yet).
   void forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta& batch, LayerKv& kv,
-               Tensor& out) const;
+               Tensor& out, comm::Communicator* tp) const;
 };
 
 // Routed experts plus optional shared experts (added unweighted).

@@ -44,6 +44,18 @@ Result<Attention> load_attention(WeightLoader& w, const formats::ModelConfig& c,
     KILN_ASSIGN_OR_RETURN(a.q_norm, w.norm(prefix + ".q_norm.weight", {a.d_head}, c.norm_weight_offset));
     KILN_ASSIGN_OR_RETURN(a.k_norm, w.norm(prefix + ".k_norm.weight", {a.d_head}, c.norm_weight_offset));
   }
+  if (opt.qk_norm_full) {
+    // Whole on every rank; each rank's part of the row is its heads' columns, and the
+    // KV heads replicated over tp / n_kv_heads ranks come from the first of those.
+    FullWidthNorm qn{.col_begin = r * q_rows}, kn{.col_begin = kv_first * a.d_head};
+    KILN_ASSIGN_OR_RETURN(qn.weight, w.tensor(prefix + ".q_norm.weight", {d_q}));
+    KILN_ASSIGN_OR_RETURN(kn.weight, w.tensor(prefix + ".k_norm.weight", {d_kv}));
+    for (int j = 0; j < int(tp); ++j) qn.sources.push_back(j);
+    const int64_t kv_step = c.n_kv_heads % tp == 0 ? 1 : tp / c.n_kv_heads;
+    for (int64_t j = 0; j < tp; j += kv_step) kn.sources.push_back(int(j));
+    a.q_norm_full = std::move(qn);
+    a.k_norm_full = std::move(kn);
+  }
   if (opt.sinks) {
     KILN_ASSIGN_OR_RETURN(a.sinks, w.tensor(prefix + ".sinks", {c.n_heads}, Part::rows(r * a.n_heads, a.n_heads)));
   }
@@ -132,13 +144,13 @@ Result<Mlp> load_mlp(WeightLoader& w, const std::string& prefix, int64_t d_model
 }
 
 Result<ops::MoeExperts> load_experts(WeightLoader& w, const std::string& prefix, int64_t n_experts,
-                                     int64_t d_model, int64_t d_ff) {
+                                     int64_t d_model, int64_t d_ff, const ExpertNames& names) {
   // Expert parallelism: this rank's experts, whole. Else every expert split like an MLP.
   const Shard& sh = w.shard();
   const auto [first, count] = sh.experts(n_experts);
   int64_t part = d_ff, f0 = 0;
   if (!sh.expert_parallel && count > 0) {
-    KILN_ASSIGN_OR_RETURN(const auto cols, ffn_columns(w, prefix + "." + std::to_string(first) + ".down_proj", d_ff,
+    KILN_ASSIGN_OR_RETURN(const auto cols, ffn_columns(w, prefix + "." + std::to_string(first) + "." + names.down, d_ff,
                                                        "intermediate columns of the experts of " + prefix));
     std::tie(f0, part) = cols;
   }
@@ -147,9 +159,9 @@ Result<ops::MoeExperts> load_experts(WeightLoader& w, const std::string& prefix,
   ex.first_expert = int32_t(first);
   for (int64_t e = first; e < first + count; ++e) {
     const std::string p = prefix + "." + std::to_string(e);
-    KILN_ASSIGN_OR_RETURN(ops::Weight g, w.linear(p + ".gate_proj", d_ff, d_model, false, Part::rows(f0, part)));
-    KILN_ASSIGN_OR_RETURN(ops::Weight u, w.linear(p + ".up_proj", d_ff, d_model, false, Part::rows(f0, part)));
-    KILN_ASSIGN_OR_RETURN(ops::Weight d, w.linear(p + ".down_proj", d_model, d_ff, false, Part::cols(f0, part)));
+    KILN_ASSIGN_OR_RETURN(ops::Weight g, w.linear(p + "." + names.gate, d_ff, d_model, false, Part::rows(f0, part)));
+    KILN_ASSIGN_OR_RETURN(ops::Weight u, w.linear(p + "." + names.up, d_ff, d_model, false, Part::rows(f0, part)));
+    KILN_ASSIGN_OR_RETURN(ops::Weight d, w.linear(p + "." + names.down, d_model, d_ff, false, Part::cols(f0, part)));
     ex.gate.push_back(std::move(g));
     ex.up.push_back(std::move(u));
     ex.down.push_back(std::move(d));

@@ -14,9 +14,17 @@ namespace kiln::model {
 struct AttentionOptions {
   bool qkv_bias = false;
   bool o_bias = false;
-  bool qk_norm = false;
+  bool qk_norm = false;        // per head: q_norm / k_norm [d_head]
+  bool qk_norm_full = false;   // over all heads: q_norm [n_heads * d_head], k_norm [n_kv_heads * d_head]
   bool sinks = false;
   bool output_gate = false;  // q_proj gives [q | gate] per head (Qwen3-Next, Qwen3.5)
+};
+
+// The names of one expert's three projections under prefix.E.
+struct ExpertNames {
+  const char* gate = "gate_proj";
+  const char* up = "up_proj";
+  const char* down = "down_proj";
 };
 
 // prefix = "model.layers.N.self_attn"
@@ -32,9 +40,10 @@ Result<std::pair<int64_t, int64_t>> ffn_columns(const WeightLoader& w, const std
                                                 const std::string& what);
 // prefix = "model.layers.N.mlp": gate_proj / up_proj / down_proj
 Result<Mlp> load_mlp(WeightLoader& w, const std::string& prefix, int64_t d_model, int64_t d_ff);
-// Per-expert tensors prefix.E.{gate,up,down}_proj.weight (Qwen3-MoE, GLM, DeepSeek, Kimi).
+// Per-expert tensors prefix.E.{gate,up,down}_proj.weight (Qwen3-MoE, GLM, DeepSeek, Kimi),
+// or other names (MiniMax-M2: w1, w3, w2).
 Result<ops::MoeExperts> load_experts(WeightLoader& w, const std::string& prefix, int64_t n_experts,
-                                     int64_t d_model, int64_t d_ff);
+                                     int64_t d_model, int64_t d_ff, const ExpertNames& names = {});
 
 // Embedding, final norm and lm_head (tied to the embedding when configured or absent).
 Status load_embedding_and_head(WeightLoader& w, const formats::ModelConfig& c, CausalLM& lm);

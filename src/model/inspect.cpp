@@ -52,6 +52,8 @@ void visit_weights(const CausalLM& lm,
       for (const ops::Weight* w : {&a->q, &a->k, &a->v, &a->o}) on_weight("attention", *w);
       on_tensor("norms", a->q_norm);
       on_tensor("norms", a->k_norm);
+      for (const auto* n : {&a->q_norm_full, &a->k_norm_full})
+        if (*n) on_tensor("norms", (*n)->weight);
       on_tensor("attention", a->sinks);
     } else if (const auto* g = std::get_if<GatedDeltaNet>(&l.attn)) {
       for (const ops::Weight* w : {&g->qkv, &g->z, &g->b, &g->a, &g->o}) on_weight("linear attention", *w);

@@ -15,6 +15,7 @@ constexpr std::pair<const char*, Builder> kRegistry[] = {
     {"Qwen3NextForCausalLM", build_qwen3_next},
     {"Qwen3_5MoeForCausalLM", build_qwen3_next},
     {"Qwen3_5MoeForConditionalGeneration", build_qwen3_next},  // its language model
+    {"MiniMaxM2ForCausalLM", build_minimax_m2},
 };
 
 }  // namespace

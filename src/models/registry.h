@@ -30,5 +30,6 @@ Result<model::CausalLM> build_glm4_moe(const formats::ModelConfig&, model::Weigh
 Result<model::CausalLM> build_deepseek_v3(const formats::ModelConfig&, model::WeightLoader&);
 Result<model::CausalLM> build_gpt_oss(const formats::ModelConfig&, model::WeightLoader&);
 Result<model::CausalLM> build_qwen3_next(const formats::ModelConfig&, model::WeightLoader&);
+Result<model::CausalLM> build_minimax_m2(const formats::ModelConfig&, model::WeightLoader&);
 
 }  // namespace kiln::models

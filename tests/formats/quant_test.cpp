@@ -194,6 +194,11 @@ TEST(QuantConfig, Fp8BlockAndChannel) {
   EXPECT_EQ(block->kind, QuantKind::kFp8Block);
   EXPECT_EQ(block->block_n, 128);
   EXPECT_EQ(block->block_k, 64);
+  auto torch_name = parse(R"({"quant_method": "fp8", "fmt": "float8_e4m3fn", "weight_block_size": [128, 128]})");
+  ASSERT_TRUE(torch_name.ok()) << torch_name.status().to_string();  // MiniMax-M2's spelling
+  EXPECT_EQ(torch_name->kind, QuantKind::kFp8Block);
+  auto e5m2 = parse(R"({"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]})");
+  EXPECT_FALSE(e5m2.ok());
   auto ch = parse(R"({"quant_method": "compressed-tensors", "format": "float-quantized",
     "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float",
     "strategy": "channel", "symmetric": true}}}, "ignore": ["lm_head"]})");

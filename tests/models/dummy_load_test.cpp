@@ -52,7 +52,8 @@ TEST_P(DummyLoad, GivesTheSameFiniteModelEveryTimeAndNotTheCheckpoints) {
   EXPECT_EQ(g->tokens.size(), 8u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, DummyLoad, ::testing::Values("llama", "qwen3_moe", "glm4_moe", "deepseek_v3", "gpt_oss"),
+INSTANTIATE_TEST_SUITE_P(Fixtures, DummyLoad, ::testing::Values("llama", "qwen3_moe", "glm4_moe", "deepseek_v3", "gpt_oss",
+                                                                 "minimax_m2"),
                          [](const auto& info) { return info.param; });
 
 TEST(DummyLoad, NumLayersCutsDepth) {
@@ -93,6 +94,7 @@ TEST(ShippedConfigs, ParseWithThePublishedDimensions) {
       {"Qwen3-30B-A3B", "Qwen3MoeForCausalLM", 2048, 48, 128, 151936},
       {"GLM-4.5-Air", "Glm4MoeForCausalLM", 4096, 46, 128, 151552},
       {"DeepSeek-V3-5L", "DeepseekV3ForCausalLM", 7168, 5, 256, 129280},
+      {"MiniMax-M2", "MiniMaxM2ForCausalLM", 3072, 62, 256, 200064},
   };
   for (const Want& w : wants) {
     const std::string path = std::string(KILN_SOURCE_DIR) + "/configs/" + w.file + ".json";

@@ -36,7 +36,7 @@ inline nlohmann::json read_json(const std::string& path) {
   return nlohmann::json::parse(ss.str());
 }
 
-// The golden logits [T][vocab] of `which` ("short" or "long").
+// The golden logits [T][vocab] of `which` ("short", "long" or, in the 2026 fixtures, "xlong").
 inline std::vector<std::vector<float>> golden_logits(const std::string& name, const std::string& which) {
   auto file = formats::SafetensorsFile::open(fixture_dir(name) + "/golden.safetensors");
   if (!file.ok()) return {};
@@ -70,7 +70,7 @@ inline const std::vector<std::string>& all_fixtures() {
   static const std::vector<std::string> kNames = {
       "llama",       "qwen3",       "qwen3_moe",      "glm4_moe",      "deepseek_v3",
       "kimi_k2",     "gpt_oss",     "gpt_oss_d64",    "qwen3_moe_d128", "glm4_moe_d128",
-      "deepseek_v3_mla", "kiln_demo"};
+      "deepseek_v3_mla", "minimax_m2", "kiln_demo"};
   return kNames;
 }
 

@@ -114,7 +114,8 @@ TEST_P(KvCacheFp8, BatchEqualsSeparateGenerations) {
 // real head sizes (64, 128, MLA 512 + 64), MoE.
 INSTANTIATE_TEST_SUITE_P(Fixtures, KvCacheFp8,
                          ::testing::Values("llama", "qwen3", "qwen3_moe", "glm4_moe", "deepseek_v3", "kimi_k2",
-                                           "gpt_oss", "gpt_oss_d64", "qwen3_moe_d128", "deepseek_v3_mla"),
+                                           "gpt_oss", "gpt_oss_d64", "qwen3_moe_d128", "deepseek_v3_mla",
+                                           "minimax_m2"),
                          [](const auto& info) { return info.param; });
 
 TEST(KvCacheFp8Capacity, AboutTwiceTheTokensOfABf16Cache) {

@@ -2,6 +2,7 @@
 // error naming the tensor (or key) and the problem: never a crash, never garbage.
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include <gtest/gtest.h>
 
@@ -110,6 +111,39 @@ TEST_F(LoadErrors, UnsupportedRopeTypeIsReported) {
                           keep_all));
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("longrope"), std::string::npos) << s.message();
+}
+
+// MiniMax-M2's hub config.json gives the rotary width as rotary_dim (not transformers'
+// partial_rotary_factor) and names its variant in keys transformers ignores: the hub
+// spelling gives the fixture's logits, and a contradiction or another variant is refused.
+TEST_F(LoadErrors, MiniMaxM2HubKeysLoadAndOtherVariantsAreRefused) {
+  const auto hub = [](nlohmann::json& c) {
+    c.erase("rope_parameters");
+    c["rope_theta"] = 5000000;
+    c["rotary_dim"] = 8;  // head_dim 16 x 0.5
+    c["qk_norm_type"] = "per_layer";
+    c["scoring_func"] = "sigmoid";
+    c["shared_intermediate_size"] = 0;
+  };
+  auto e = runtime::Engine::load(variant("minimax_m2", hub, keep_all), cpu::make_cpu_backend(1), {});
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  const auto prompt = testing::read_json(testing::fixture_dir("minimax_m2") + "/golden.json")["prompt_long"]
+                          .get<std::vector<int32_t>>();
+  auto got = (*e)->logits(prompt);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_LT(testing::relative_error(*got, testing::golden_logits("minimax_m2", "long")), 1e-4);
+
+  const std::pair<std::function<void(nlohmann::json&)>, std::string> refused[] = {
+      {[](nlohmann::json& c) { c["rotary_dim"] = 4; }, "disagrees with partial_rotary_factor"},
+      {[](nlohmann::json& c) { c["qk_norm_type"] = "per_head"; }, "qk_norm_type"},
+      {[](nlohmann::json& c) { c["scoring_func"] = "softmax"; }, "scoring_func"},
+      {[](nlohmann::json& c) { c["shared_intermediate_size"] = 64; }, "shared experts"},
+  };
+  for (const auto& [edit, expect] : refused) {
+    Status s = load(variant("minimax_m2", edit, keep_all));
+    ASSERT_FALSE(s.ok()) << expect;
+    EXPECT_NE(s.message().find(expect), std::string::npos) << s.message();
+  }
 }
 
 // ---- quantized checkpoints ----------------------------------------------------

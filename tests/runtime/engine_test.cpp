@@ -276,7 +276,7 @@ TEST_P(EngineFixture, CancellingTheFirstSampleBeforeItRunsReleasesItsSiblings) {
 // Every family, with MLA and the sliding window also at the target models' head sizes.
 INSTANTIATE_TEST_SUITE_P(Fixtures, EngineFixture,
                          ::testing::Values("llama", "qwen3", "qwen3_moe", "glm4_moe", "deepseek_v3", "kimi_k2",
-                                           "gpt_oss", "gpt_oss_d64", "deepseek_v3_mla"),
+                                           "gpt_oss", "gpt_oss_d64", "deepseek_v3_mla", "minimax_m2"),
                          [](const auto& info) { return info.param; });
 // Gated DeltaNet hybrids: a recurrent state per sequence beside the paged KV cache.
 INSTANTIATE_TEST_SUITE_P(Recurrent, EngineFixture, ::testing::Values("qwen3_next", "qwen3_5_moe"),
