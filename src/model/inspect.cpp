@@ -58,6 +58,12 @@ void visit_weights(const CausalLM& lm,
       for (const ops::Weight* w : {&m.q, &m.q_a, &m.q_b, &m.kv_a, &m.kv_b, &m.o}) on_weight("attention (MLA)", *w);
       on_tensor("norms", m.q_a_norm);
       on_tensor("norms", m.kv_a_norm);
+      if (m.indexer) {
+        const DsaIndexer& ix = *m.indexer;
+        for (const ops::Weight* w : {&ix.wq_b, &ix.wk, &ix.weights_proj}) on_weight("attention (DSA indexer)", *w);
+        on_tensor("norms", ix.k_norm);
+        on_tensor("norms", ix.k_norm_bias);
+      }
     }
     if (const auto* m = std::get_if<Mlp>(&l.ffn)) {
       mlp("dense MLP", *m);
@@ -138,6 +144,16 @@ std::vector<PathRecord> path_records(const CausalLM& lm, const ops::Backend& be)
 }
 
 Status check_backend_support(const CausalLM& lm, const ops::Backend& be) {
+  for (size_t i = 0; i < lm.layers.size(); ++i) {
+    const auto* m = std::get_if<Mla>(&lm.layers[i].attn);
+    if (m == nullptr || !m->sparse()) continue;
+    Status s = be.supports_op(ops::OptionalOp::kDsa);
+    if (!s.ok()) {
+      return s.with_context("layer " + std::to_string(lm.first_layer + int64_t(i)) +
+                            " uses DeepSeek sparse attention (DeepSeek-V3.2 / GLM-5), which runs on the CPU "
+                            "reference backend only so far");
+    }
+  }
   Status first;
   visit_weights(
       lm,

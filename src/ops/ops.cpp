@@ -31,4 +31,25 @@ void Backend::qk_norm_rope(const QkNormRopeArgs& a) {
   }
 }
 
+const char* optional_op_name(OptionalOp op) {
+  switch (op) {
+    case OptionalOp::kDsa: return "DeepSeek sparse attention (layer_norm, dsa_index_store, dsa_select, MLA over selected positions)";
+  }
+  return "?";
+}
+
+Status Backend::supports_op(OptionalOp op) const {
+  return unsupported("the " + name() + " backend does not implement " + optional_op_name(op));
+}
+
+void Backend::layer_norm(const LayerNormArgs&) {
+  KILN_CHECK(false) << "the " << name() << " backend has no layer_norm op (" << optional_op_name(OptionalOp::kDsa) << ")";
+}
+void Backend::dsa_index_store(const DsaIndexStoreArgs&) {
+  KILN_CHECK(false) << "the " << name() << " backend has no dsa_index_store op";
+}
+void Backend::dsa_select(const DsaSelectArgs&) {
+  KILN_CHECK(false) << "the " << name() << " backend has no dsa_select op";
+}
+
 }  // namespace kiln::ops

@@ -36,7 +36,7 @@ inline nlohmann::json read_json(const std::string& path) {
   return nlohmann::json::parse(ss.str());
 }
 
-// The golden logits [T][vocab] of `which` ("short" or "long").
+// The golden logits [T][vocab] of `which` ("short", "long" or, on the 2026 fixtures, "xlong").
 inline std::vector<std::vector<float>> golden_logits(const std::string& name, const std::string& which) {
   auto file = formats::SafetensorsFile::open(fixture_dir(name) + "/golden.safetensors");
   if (!file.ok()) return {};
@@ -70,8 +70,20 @@ inline const std::vector<std::string>& all_fixtures() {
   static const std::vector<std::string> kNames = {
       "llama",       "qwen3",       "qwen3_moe",      "glm4_moe",      "deepseek_v3",
       "kimi_k2",     "gpt_oss",     "gpt_oss_d64",    "qwen3_moe_d128", "glm4_moe_d128",
-      "deepseek_v3_mla", "kiln_demo"};
+      "deepseek_v3_mla", "kiln_demo",  "deepseek_v32", "glm_moe_dsa"};
   return kNames;
+}
+
+// Fixtures the CUDA backend refuses at load (a model::check_backend_support error):
+// DeepSeek sparse attention (deepseek_v32, glm_moe_dsa) runs on the CPU reference only.
+inline bool cpu_only_fixture(const std::string& name) { return name == "deepseek_v32" || name == "glm_moe_dsa"; }
+
+// The fixtures of `names` the CUDA backend runs (tests/gpu).
+inline std::vector<std::string> cuda_fixtures(const std::vector<std::string>& names) {
+  std::vector<std::string> v;
+  for (const std::string& n : names)
+    if (!cpu_only_fixture(n)) v.push_back(n);
+  return v;
 }
 
 inline const std::vector<std::string>& quant_fixtures() {

@@ -111,10 +111,12 @@ TEST_P(KvCacheFp8, BatchEqualsSeparateGenerations) {
 }
 
 // GQA with and without sinks / a sliding window (gpt_oss), MLA (deepseek_v3, kimi_k2),
-// real head sizes (64, 128, MLA 512 + 64), MoE.
+// real head sizes (64, 128, MLA 512 + 64), MoE, DeepSeek sparse attention (the indexer
+// keys quantized too, so the selection itself sees the fp8 cache).
 INSTANTIATE_TEST_SUITE_P(Fixtures, KvCacheFp8,
                          ::testing::Values("llama", "qwen3", "qwen3_moe", "glm4_moe", "deepseek_v3", "kimi_k2",
-                                           "gpt_oss", "gpt_oss_d64", "qwen3_moe_d128", "deepseek_v3_mla"),
+                                           "gpt_oss", "gpt_oss_d64", "qwen3_moe_d128", "deepseek_v3_mla",
+                                           "deepseek_v32", "glm_moe_dsa"),
                          [](const auto& info) { return info.param; });
 
 TEST(KvCacheFp8Capacity, AboutTwiceTheTokensOfABf16Cache) {
@@ -122,13 +124,14 @@ TEST(KvCacheFp8Capacity, AboutTwiceTheTokensOfABf16Cache) {
   const std::vector<std::pair<const char*, model::KvLayout>> layouts = {
       {"gpt-oss (8 kv heads x 64)", {.n_kv_heads = 8, .d_head = 64}},
       {"Qwen3 / GLM (4 x 128)", {.n_kv_heads = 4, .d_head = 128}},
-      {"DeepSeek-V3 MLA (512 + 64)", {.mla = true, .d_latent_rope = 576}}};
+      {"DeepSeek-V3 MLA (512 + 64)", {.mla = true, .d_latent_rope = 576}},
+      {"DeepSeek-V3.2 MLA + indexer key (128)", {.mla = true, .d_latent_rope = 576, .d_index = 128}}};
   for (const auto& [name, l] : layouts) {
     const int64_t bf16 = runtime::KvCache::bytes_per_token({l}, DType::kBF16, KvCacheDtype::kBf16);
     const int64_t fp8 = runtime::KvCache::bytes_per_token({l}, DType::kBF16, KvCacheDtype::kFp8);
-    const int64_t values = l.mla ? l.d_latent_rope : 2 * l.n_kv_heads * l.d_head;
+    const int64_t values = (l.mla ? l.d_latent_rope : 2 * l.n_kv_heads * l.d_head) + l.d_index;
     EXPECT_EQ(bf16, 2 * values) << name;
-    EXPECT_EQ(fp8, values + 4 * (l.mla ? 2 : 2 * l.n_kv_heads)) << name;
+    EXPECT_EQ(fp8, values + 4 * ((l.mla ? 2 : 2 * l.n_kv_heads) + (l.d_index > 0 ? 1 : 0))) << name;
     const double ratio = double(bf16) / double(fp8);
     EXPECT_GT(ratio, 1.85) << name;
     EXPECT_LT(ratio, 2.0) << name;

@@ -266,10 +266,13 @@ TEST_P(EngineFixture, CancellingTheFirstSampleBeforeItRunsReleasesItsSiblings) {
   EXPECT_EQ(e->stats().kv_blocks_used, 0);
 }
 
-// Every family, with MLA and the sliding window also at the target models' head sizes.
+// Every family, with MLA and the sliding window also at the target models' head sizes,
+// and DeepSeek sparse attention (top-8 of prompts up to 40 tokens: the indexer's cache is
+// shared, preempted and recomputed with the latent's).
 INSTANTIATE_TEST_SUITE_P(Fixtures, EngineFixture,
                          ::testing::Values("llama", "qwen3", "qwen3_moe", "glm4_moe", "deepseek_v3", "kimi_k2",
-                                           "gpt_oss", "gpt_oss_d64", "deepseek_v3_mla"),
+                                           "gpt_oss", "gpt_oss_d64", "deepseek_v3_mla", "deepseek_v32",
+                                           "glm_moe_dsa"),
                          [](const auto& info) { return info.param; });
 
 TEST(Engine, PenaltiesChangeGreedyOutput) {

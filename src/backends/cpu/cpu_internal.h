@@ -106,6 +106,10 @@ class CpuBackend final : public ops::Backend {
   void moe(const ops::MoeArgs& a) override;                   // cpu_moe.cpp
   void sample(const ops::SampleArgs& a) override;             // cpu_sampling.cpp
   void fill_random(const ops::FillRandomArgs& a) override;
+  Status supports_op(ops::OptionalOp) const override { return Status::Ok(); }
+  void layer_norm(const ops::LayerNormArgs& a) override;
+  void dsa_index_store(const ops::DsaIndexStoreArgs& a) override;  // cpu_attention.cpp
+  void dsa_select(const ops::DsaSelectArgs& a) override;           // cpu_attention.cpp
   void after_collective(Tensor& t) override {
     if (t.dtype == DType::kF32) round_output(t);
   }
