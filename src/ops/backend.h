@@ -207,7 +207,10 @@ struct DsaIndexStoreArgs {
 // p and every cached position j <= p (k_j from the index cache):
 //   score[t, j] = sum_h (weights[t, h] * weight_scale) * relu(scale * q[t, h] . k_j)
 // (fp32, heads in ascending order). selected[t, :] lists the top_k positions of highest
-// score, ties to the lower position, in ascending position order; when p + 1 <= top_k
+// score, ties to the lower position (so a row's selection depends on its own scores only,
+// never on how its sequence is split into steps; transformers' torch.topk breaks exact
+// ties in an implementation-defined way: cpu::CpuOptions::dsa_torch_ties mirrors it for
+// the goldens), in ascending position order; when p + 1 <= top_k
 // every j <= p is listed (dense), and the rest of the row is -1. Positions past p never
 // count (causal), as transformers' additive mask makes them -inf before its topk.
 struct DsaSelectArgs {

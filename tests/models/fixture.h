@@ -76,7 +76,8 @@ inline const std::vector<std::string>& all_fixtures() {
 
 // Fixtures the CUDA backend refuses at load (a model::check_backend_support error):
 // DeepSeek sparse attention (deepseek_v32, glm_moe_dsa) runs on the CPU reference only.
-inline bool cpu_only_fixture(const std::string& name) { return name == "deepseek_v32" || name == "glm_moe_dsa"; }
+inline bool is_dsa_fixture(const std::string& name) { return name == "deepseek_v32" || name == "glm_moe_dsa"; }
+inline bool cpu_only_fixture(const std::string& name) { return is_dsa_fixture(name); }
 
 // The fixtures of `names` the CUDA backend runs (tests/gpu).
 inline std::vector<std::string> cuda_fixtures(const std::vector<std::string>& names) {
