@@ -60,7 +60,7 @@ void visit_weights(const CausalLM& lm,
       on_tensor("norms", m.kv_a_norm);
       if (m.indexer) {
         const DsaIndexer& ix = *m.indexer;
-        for (const ops::Weight* w : {&ix.wq_b, &ix.wk, &ix.weights_proj}) on_weight("attention (DSA indexer)", *w);
+        for (const ops::Weight* w : {&ix.wq_b, &ix.wk, &ix.weights_proj}) on_weight("DSA indexer", *w);
         on_tensor("norms", ix.k_norm);
         on_tensor("norms", ix.k_norm_bias);
       }
@@ -122,6 +122,10 @@ std::vector<PathRecord> path_records(const CausalLM& lm, const ops::Backend& be)
     } else {
       const Mla& m = std::get<Mla>(layer.attn);
       for (const ops::Weight* w : {&m.q, &m.q_a, &m.q_b, &m.kv_a, &m.kv_b, &m.o}) add(i, "attention (MLA)", *w, false);
+      if (m.indexer) {
+        for (const ops::Weight* w : {&m.indexer->wq_b, &m.indexer->wk, &m.indexer->weights_proj})
+          add(i, "DSA indexer", *w, false);
+      }
     }
     if (const auto* m = std::get_if<Mlp>(&layer.ffn)) {
       mlp(i, "dense MLP", *m);

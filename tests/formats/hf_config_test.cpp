@@ -81,7 +81,7 @@ TEST(HfConfig, DsaIndexerTypesFollowTransformers) {
   // max(i - 2 + 1, 0) % 3 == 0: layers 0, 1, 4 full.
   EXPECT_EQ(parse("{" + six + R"(, "index_topk_freq": 3})").indexer_types,
             (std::vector<std::string>{"full", "full", "shared", "shared", "full", "shared"}));
-  EXPECT_EQ(parse("{" + six + R"(, "index_topk_freq": 2, "index_skip_topk_offset": 0})").indexer_types,
+  EXPECT_EQ(parse("{" + six + R"(, "index_topk_freq": 2, "index_skip_topk_offset": 1})").indexer_types,
             (std::vector<std::string>{"full", "shared", "full", "shared", "full", "shared"}));
   EXPECT_EQ(parse("{" + six + R"(, "index_topk_pattern": "FSSFFS"})").indexer_types,
             (std::vector<std::string>{"full", "shared", "shared", "full", "full", "shared"}));
