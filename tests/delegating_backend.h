@@ -41,6 +41,10 @@ class DelegatingBackend : public ops::Backend {
   void moe(const ops::MoeArgs& a) override { inner_->moe(a); }
   void sample(const ops::SampleArgs& a) override { inner_->sample(a); }
   void fill_random(const ops::FillRandomArgs& a) override { inner_->fill_random(a); }
+  Status supports_op(ops::OptionalOp op) const override { return inner_->supports_op(op); }
+  void layer_norm(const ops::LayerNormArgs& a) override { inner_->layer_norm(a); }
+  void dsa_index_store(const ops::DsaIndexStoreArgs& a) override { inner_->dsa_index_store(a); }
+  void dsa_select(const ops::DsaSelectArgs& a) override { inner_->dsa_select(a); }
 
  protected:
   std::unique_ptr<ops::Backend> inner_;

@@ -2,6 +2,7 @@
 
 #include "core/json_error.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -157,6 +158,48 @@ Status parse_rope(const json& root, const std::string& source, RopeConfig* rope)
   return Status::Ok();
 }
 
+// The DSA indexer keys, and which layers run their own indexer (GlmMoeDsaConfig's
+// __post_init__ in transformers 5.17: indexer_types, else index_topk_pattern, else layer
+// i is "full" when max(i - index_skip_topk_offset + 1, 0) % index_topk_freq == 0).
+Status parse_indexer(const json& root, const Reader& r, const std::string& source, ModelConfig* c) {
+  KILN_RETURN_IF_ERROR(r.get_int("index_topk", &c->index_topk));
+  KILN_RETURN_IF_ERROR(r.get_int("index_head_dim", &c->d_index));
+  KILN_RETURN_IF_ERROR(r.get_int("index_n_heads", &c->n_index_heads));
+  if (c->index_topk <= 0) return Status::Ok();
+  if (c->d_index <= 0 || c->n_index_heads <= 0) {
+    return corrupt(source + ": index_topk needs positive index_head_dim and index_n_heads");
+  }
+  KILN_RETURN_IF_ERROR(r.get_string_list("indexer_types", &c->indexer_types));
+  if (c->indexer_types.empty() && root.contains("index_topk_pattern") && !root["index_topk_pattern"].is_null()) {
+    const json& pattern = root["index_topk_pattern"];
+    if (pattern.is_string()) {
+      for (char ch : pattern.get<std::string>()) {
+        if (ch != 'F' && ch != 'S') return corrupt(source + ": index_topk_pattern has '" + std::string(1, ch) + "' (F or S expected)");
+        c->indexer_types.push_back(ch == 'F' ? "full" : "shared");
+      }
+    } else {
+      KILN_RETURN_IF_ERROR(r.get_string_list("index_topk_pattern", &c->indexer_types));
+    }
+  }
+  if (c->indexer_types.empty()) {
+    int64_t freq = 1, offset = 2;
+    KILN_RETURN_IF_ERROR(r.get_int("index_topk_freq", &freq));
+    KILN_RETURN_IF_ERROR(r.get_int("index_skip_topk_offset", &offset));
+    freq = std::max<int64_t>(freq, 1);
+    for (int64_t i = 0; i < c->n_layers; ++i)
+      c->indexer_types.push_back(std::max<int64_t>(i - offset + 1, 0) % freq == 0 ? "full" : "shared");
+  }
+  if (int64_t(c->indexer_types.size()) != c->n_layers) {
+    return corrupt(source + ": indexer_types has " + std::to_string(c->indexer_types.size()) + " entries for " +
+                   std::to_string(c->n_layers) + " layers");
+  }
+  for (const std::string& t : c->indexer_types) {
+    if (t != "full" && t != "shared") return corrupt(source + ": indexer type \"" + t + "\" (full or shared expected)");
+  }
+  if (c->indexer_types[0] != "full") return corrupt(source + ": the first layer's indexer must be \"full\"");
+  return Status::Ok();
+}
+
 }  // namespace
 
 int64_t ModelConfig::sliding_window_of_layer(int64_t i) const {
@@ -254,6 +297,12 @@ Result<ModelConfig> parse_config(const std::string& json_text, const std::string
   KILN_RETURN_IF_ERROR(r.get_int("qk_rope_head_dim", &c.d_rope));
   KILN_RETURN_IF_ERROR(r.get_int("v_head_dim", &c.d_v));
   KILN_RETURN_IF_ERROR(r.get_bool("rope_interleave", &c.rope_interleave));
+  KILN_RETURN_IF_ERROR(parse_indexer(root, r, source, &c));
+  KILN_RETURN_IF_ERROR(r.get_string_list("mlp_layer_types", &c.mlp_layer_types));
+  if (!c.mlp_layer_types.empty() && int64_t(c.mlp_layer_types.size()) != c.n_layers) {
+    return corrupt(source + ": mlp_layer_types has " + std::to_string(c.mlp_layer_types.size()) +
+                   " entries for " + std::to_string(c.n_layers) + " layers");
+  }
 
   KILN_RETURN_IF_ERROR(r.get_int("linear_num_key_heads", &c.linear_n_k_heads));
   KILN_RETURN_IF_ERROR(r.get_int("linear_num_value_heads", &c.linear_n_v_heads));

@@ -94,6 +94,17 @@ struct ModelConfig {
   // come from its text_config, and its language model's weights are named
   // "model.language_model.*" where a causal LM's are "model.*" (empty otherwise).
   std::string language_model_prefix;
+  // DeepSeek sparse attention (DeepSeek-V3.2, GLM-5): the lightning indexer.
+  int64_t index_topk = 0;         // 0: dense MLA
+  int64_t d_index = 0;            // index_head_dim
+  int64_t n_index_heads = 0;      // index_n_heads
+  // Per layer "full" (runs its indexer) or "shared" (reuses the previous full layer's
+  // top-k: GLM-5). From indexer_types, else index_topk_pattern ("FSS..." or a list),
+  // else index_topk_freq / index_skip_topk_offset as transformers 5.17 derives them;
+  // empty when index_topk is 0.
+  std::vector<std::string> indexer_types;
+  // Per layer "dense" or "sparse" MLP (transformers 5 configs), or empty.
+  std::vector<std::string> mlp_layer_types;
 
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;

@@ -77,7 +77,7 @@ void Attention::forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta&
 }
 
 void GatedDeltaNet::forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta& batch, LayerKv& kv,
-                            Tensor& out, comm::Communicator* /*tp*/) const {
+                            Tensor& out) const {
   const int64_t n_tokens = x.dim(0);
   Tensor qkv_t = act(be, {n_tokens, qkv.n_out()});
   Tensor b_t = act(be, {n_tokens, b.n_out()});
@@ -98,8 +98,24 @@ void GatedDeltaNet::forward(ops::Backend& be, const Tensor& x, const ops::BatchM
   be.linear({.x = core, .w = &o, .out = out});
 }
 
+void DsaIndexer::forward(ops::Backend& be, const Tensor& x, const Tensor& q_resid, const ops::BatchMeta& batch,
+                         LayerKv& kv, Tensor& selected) const {
+  const int64_t n_tokens = x.dim(0);
+  Tensor q3 = linear(be, q_resid, wq_b).reshape({n_tokens, n_heads, d_index});
+  be.rope({.x = q3, .batch = &batch, .table = &rope});
+  Tensor k = act(be, {n_tokens, wk.n_out()});
+  Tensor w = act(be, {n_tokens, weights_proj.n_out()});
+  be.linears({.x = x, .w = {&wk, &weights_proj}, .out = {k, w}});
+  be.layer_norm({.x = k, .weight = k_norm, .bias = k_norm_bias, .out = k, .eps = 1e-6f});
+  be.rope({.x = k.reshape({n_tokens, 1, d_index}), .batch = &batch, .table = &rope});
+  be.dsa_index_store({.k = k, .index_cache = kv.index_k, .index_scale = kv.index_k_scale, .batch = &batch});
+  selected = be.alloc(DType::kI32, {n_tokens, top_k});
+  be.dsa_select({.q = q3, .weights = w, .index_cache = kv.index_k, .index_scale = kv.index_k_scale,
+                 .selected = selected, .batch = &batch, .scale = scale, .weight_scale = weight_scale});
+}
+
 void Mla::forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta& batch, LayerKv& kv,
-                  Tensor& out, comm::Communicator* /*tp*/) const {
+                  Tensor& out, Tensor& selection) const {
   const int64_t n_tokens = x.dim(0);
   const int64_t d_qk = d_nope + d_rope;
   // The two products of x in one call: the query's (or its low-rank first half's) and the
@@ -110,8 +126,10 @@ void Mla::forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta& batch
   be.linears({.x = x, .w = {&q_first, &kv_a}, .out = {q_full, kva}});
   if (q_a.defined()) {
     be.rms_norm({.x = q_full, .weight = q_a_norm, .out = q_full, .eps = norm_eps});
+    if (indexer) indexer->forward(be, x, q_full, batch, kv, selection);  // reads q_resid = q_full here
     q_full = linear(be, q_full, q_b);
   }
+  KILN_CHECK(!sparse() || selection.defined()) << "Mla: a DSA layer without a selection (no indexer before it)";
   // Queries, split per head into the position-free and the rotary part.
   Tensor q_heads = q_full.reshape({n_tokens * n_heads, d_qk});
   Tensor q_nope = columns(be, q_heads, 0, d_nope);
@@ -130,7 +148,7 @@ void Mla::forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta& batch
   be.mla_attention({.q_nope = q_nope.reshape({n_tokens, n_heads, d_nope}),
                     .q_rope = q_rope.reshape({n_tokens, n_heads, d_rope}),
                     .latent_cache = kv.latent, .latent_scale = kv.latent_scale, .kv_b = &kv_b, .out = attn,
-                    .batch = &batch, .scale = scale});
+                    .batch = &batch, .scale = scale, .selected = sparse() ? selection : Tensor{}});
   be.linear({.x = attn.reshape({n_tokens, n_heads * d_v}), .w = &o, .out = out});
 }
 
@@ -163,6 +181,7 @@ std::vector<KvLayout> CausalLM::kv_layouts() const {
       const Mla& m = std::get<Mla>(l.attn);
       kl.mla = true;
       kl.d_latent_rope = m.d_latent + m.d_rope;
+      kl.d_index = m.indexer ? m.indexer->d_index : 0;
     }
     out.push_back(kl);
   }
@@ -196,12 +215,19 @@ Tensor CausalLM::step_ops(ops::Backend& be, const ops::BatchMeta& batch, std::ve
   Tensor normed = act(be, {n_tokens, d_model});
   Tensor block_out = act(be, {n_tokens, d_model});
   bool first = true;
+  Tensor dsa_selection;  // the latest DeepSeek sparse attention selection of this step
   for (size_t i = 0; i < layers.size(); ++i) {
     const DecoderLayer& l = layers[i];
     be.rms_norm({.x = first ? residual : block_out, .weight = l.input_norm,
                  .residual = first ? Tensor{} : residual, .out = normed, .eps = norm_eps});
     first = false;
-    std::visit([&](const auto& a) { a.forward(be, normed, batch, kv[i], block_out, tp); }, l.attn);
+    if (const auto* a = std::get_if<Attention>(&l.attn)) {
+      a->forward(be, normed, batch, kv[i], block_out, tp);
+    } else if (const auto* m = std::get_if<Mla>(&l.attn)) {
+      m->forward(be, normed, batch, kv[i], block_out, dsa_selection);
+    } else {
+      std::get<GatedDeltaNet>(l.attn).forward(be, normed, batch, kv[i], block_out);
+    }
     reduce(block_out);
     be.rms_norm({.x = block_out, .weight = l.post_attn_norm, .residual = residual, .out = normed,
                  .eps = norm_eps});

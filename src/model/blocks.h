@@ -87,8 +87,33 @@ struct Attention {
                Tensor& out, comm::Communicator* tp) const;
 };
 
+// The lightning indexer of DeepSeek sparse attention (DeepSeek-V3.2, GLM-5): per token a
+// key k = rope(LayerNorm(wk x)) kept in the index cache; per query token n_heads queries
+// q_h = rope(wq_b q_resid) (q_resid: the MLA's normalised q_a output) and head weights
+// w = weights_proj x score the cached keys (ops::DsaSelectArgs) and keep the top_k
+// positions. Rope rotates the first d_rope of d_index dims, half-split on DeepSeek-V3.2,
+// interleaved on GLM-5. transformers' Hadamard-free form (q.k is unchanged by it).
+struct DsaIndexer {
+  int64_t n_heads = 0, d_index = 0, top_k = 0;
+  ops::Weight wq_b;          // [n_heads * d_index, q_lora_rank]
+  ops::Weight wk;            // [d_index, d_model]
+  Tensor k_norm, k_norm_bias;  // [d_index] (LayerNorm, eps 1e-6)
+  ops::Weight weights_proj;  // [n_heads, d_model]
+  ops::RopeTable rope;       // over the first d_rope dims
+  float scale = 1.0f;        // d_index^-0.5
+  float weight_scale = 1.0f; // n_heads^-0.5
+
+  // Stores the batch's keys in kv.index_k and writes each row's selection into
+  // `selected` ([n_tokens, top_k] i32, allocated here).
+  void forward(ops::Backend& be, const Tensor& x, const Tensor& q_resid, const ops::BatchMeta& batch, LayerKv& kv,
+               Tensor& selected) const;
+};
+
 // Multi-head latent attention (DeepSeek-V2/V3, Kimi K2). The cache holds the
 // normalised latent c and the roped shared key r per token.
+// With DeepSeek sparse attention each query attends to the positions its layer's indexer
+// selects, or (GLM-5's "shared" layers: reuse_selection) to those the previous indexer
+// layer of the step selected.
 struct Mla {
   int64_t n_heads = 0, d_nope = 0, d_rope = 0, d_v = 0, d_latent = 0;
   ops::Weight q;          // no q_lora: [n_heads * (d_nope + d_rope), d_model]
@@ -102,10 +127,14 @@ struct Mla {
   float norm_eps = 1e-6f;
   ops::RopeTable rope;    // interleaved, over d_rope
   float scale = 1.0f;
+  std::optional<DsaIndexer> indexer;  // DSA: this layer's indexer
+  bool reuse_selection = false;       // DSA without an indexer here: the previous one's
 
-  // tp is unused: the heads are independent and the latent is whole on every rank.
+  bool sparse() const { return indexer.has_value() || reuse_selection; }
+  // `selection`: the step's latest DSA selection, written by a layer with an indexer and
+  // read by one that reuses it (undefined before the first).
   void forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta& batch, LayerKv& kv,
-               Tensor& out, comm::Communicator* tp) const;
+               Tensor& out, Tensor& selection) const;
 };
 
 // Gated DeltaNet (Qwen3-Next, Qwen3.5): linear attention whose state is per sequence
@@ -126,9 +155,8 @@ struct GatedDeltaNet {
   ops::Weight o;          // out_proj [d_model, nv dv]
 
   int64_t conv_channels() const { return 2 * n_k_heads * d_k + n_v_heads * d_v; }
-  // tp is unused: these layers are whole on one rank (no tensor parallelism yet).
   void forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta& batch, LayerKv& kv,
-               Tensor& out, comm::Communicator* tp) const;
+               Tensor& out) const;
 };
 
 // Routed experts plus optional shared experts (added unweighted).

@@ -64,6 +64,12 @@ void visit_weights(const CausalLM& lm,
       for (const ops::Weight* w : {&m.q, &m.q_a, &m.q_b, &m.kv_a, &m.kv_b, &m.o}) on_weight("attention (MLA)", *w);
       on_tensor("norms", m.q_a_norm);
       on_tensor("norms", m.kv_a_norm);
+      if (m.indexer) {
+        const DsaIndexer& ix = *m.indexer;
+        for (const ops::Weight* w : {&ix.wq_b, &ix.wk, &ix.weights_proj}) on_weight("DSA indexer", *w);
+        on_tensor("norms", ix.k_norm);
+        on_tensor("norms", ix.k_norm_bias);
+      }
     }
     if (const auto* m = std::get_if<Mlp>(&l.ffn)) {
       mlp("dense MLP", *m);
@@ -125,6 +131,10 @@ std::vector<PathRecord> path_records(const CausalLM& lm, const ops::Backend& be)
     } else {
       const Mla& m = std::get<Mla>(layer.attn);
       for (const ops::Weight* w : {&m.q, &m.q_a, &m.q_b, &m.kv_a, &m.kv_b, &m.o}) add(i, "attention (MLA)", *w, false);
+      if (m.indexer) {
+        for (const ops::Weight* w : {&m.indexer->wq_b, &m.indexer->wk, &m.indexer->weights_proj})
+          add(i, "DSA indexer", *w, false);
+      }
     }
     if (const auto* m = std::get_if<Mlp>(&layer.ffn)) {
       mlp(i, "dense MLP", *m);
@@ -147,8 +157,25 @@ std::vector<PathRecord> path_records(const CausalLM& lm, const ops::Backend& be)
 }
 
 Status check_backend_support(const CausalLM& lm, const ops::Backend& be) {
-  for (const DecoderLayer& l : lm.layers)
-    if (std::holds_alternative<GatedDeltaNet>(l.attn)) KILN_RETURN_IF_ERROR(be.supports_gated_delta_net());
+  for (size_t i = 0; i < lm.layers.size(); ++i) {
+    const auto* m = std::get_if<Mla>(&lm.layers[i].attn);
+    if (m == nullptr || !m->sparse()) continue;
+    Status s = be.supports_op(ops::OptionalOp::kDsa);
+    if (!s.ok()) {
+      return s.with_context("layer " + std::to_string(lm.first_layer + int64_t(i)) +
+                            " uses DeepSeek sparse attention (DeepSeek-V3.2 / GLM-5), which runs on the CPU "
+                            "reference backend only so far");
+    }
+  }
+  for (size_t i = 0; i < lm.layers.size(); ++i) {
+    if (!std::holds_alternative<GatedDeltaNet>(lm.layers[i].attn)) continue;
+    Status s = be.supports_op(ops::OptionalOp::kGatedDeltaNet);
+    if (!s.ok()) {
+      return s.with_context("layer " + std::to_string(lm.first_layer + int64_t(i)) +
+                            " is a Gated DeltaNet (linear attention) layer (Qwen3-Next / Qwen3.5), which runs on the "
+                            "CPU reference backend only so far");
+    }
+  }
   Status first;
   visit_weights(
       lm,

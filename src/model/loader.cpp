@@ -231,7 +231,7 @@ Tensor WeightLoader::generated(const std::string& name, const Shape& full, const
     return unbacked_tensor(dtype, shape);
   }
   Tensor t = backend_.alloc_weight(dtype, shape);
-  const bool norm = name.find("norm") != std::string::npos;
+  const bool norm = name.find("norm") != std::string::npos && !name.ends_with(".bias");  // LayerNorm biases near 0
   const bool vector = shape.rank < 2;
   float mean = 0.0f, stddev = 0.02f;
   if (norm && vector) {

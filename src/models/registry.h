@@ -28,6 +28,8 @@ Result<model::CausalLM> build_qwen3(const formats::ModelConfig&, model::WeightLo
 Result<model::CausalLM> build_qwen3_moe(const formats::ModelConfig&, model::WeightLoader&);
 Result<model::CausalLM> build_glm4_moe(const formats::ModelConfig&, model::WeightLoader&);
 Result<model::CausalLM> build_deepseek_v3(const formats::ModelConfig&, model::WeightLoader&);
+Result<model::CausalLM> build_deepseek_v32(const formats::ModelConfig&, model::WeightLoader&);
+Result<model::CausalLM> build_glm_moe_dsa(const formats::ModelConfig&, model::WeightLoader&);
 Result<model::CausalLM> build_gpt_oss(const formats::ModelConfig&, model::WeightLoader&);
 Result<model::CausalLM> build_qwen3_next(const formats::ModelConfig&, model::WeightLoader&);
 Result<model::CausalLM> build_minimax_m2(const formats::ModelConfig&, model::WeightLoader&);

@@ -162,6 +162,10 @@ struct MlaStoreArgs {
 // causal over positions like AttentionArgs.
 // An e4m3 cache is read as c_j = e4m3_value(code) * latent_scale[slot, 0] and
 // r_j = e4m3_value(code) * latent_scale[slot, 1].
+//
+// DeepSeek sparse attention: with `selected` defined, token t attends only to the
+// positions selected[t, :] lists (each <= positions[t]; -1 entries are unused), in the
+// order listed, instead of every j <= positions[t] (DsaSelectArgs makes the list).
 struct MlaArgs {
   Tensor q_nope;        // [n_tokens, n_heads, d_nope]
   Tensor q_rope;        // [n_tokens, n_heads, d_rope] (rope applied)
@@ -171,7 +175,63 @@ struct MlaArgs {
   Tensor out;           // [n_tokens, n_heads, d_v]
   const BatchMeta* batch = nullptr;
   float scale = 1.0f;
+  Tensor selected;      // [n_tokens, top_k] i32 positions, or undefined: all j <= p
 };
+
+// ---- DeepSeek sparse attention (DSA: DeepSeek-V3.2, GLM-5) ---------------------------
+// The lightning indexer keeps one key of d_index values per token in its own paged cache
+// (model::LayerKv::index_k, slots as the latent's) and, per query token, scores every
+// cached position of its sequence and keeps the top_k; MLA then attends to those only.
+// These ops, and mla_attention's `selected`, are optional (OptionalOp::kDsa).
+
+// out = (x - mean(x)) / sqrt(var(x) + eps) * weight + bias over the last dim (biased
+// variance: torch.nn.LayerNorm). `out` may alias `x`.
+struct LayerNormArgs {
+  Tensor x;       // [rows, dim]
+  Tensor weight;  // [dim] stored dtype
+  Tensor bias;    // [dim] stored dtype, or undefined
+  Tensor out;     // [rows, dim]
+  float eps = 1e-6f;
+};
+
+// Writes the new tokens' indexer keys into the index cache at batch.slot_mapping (an
+// e4m3 cache: each key one row with its own scale, ops/kv_quant.h).
+struct DsaIndexStoreArgs {
+  Tensor k;            // [n_tokens, d_index] (LayerNorm and rope applied)
+  Tensor index_cache;  // [n_blocks, block_size, d_index] activation dtype or e4m3
+  Tensor index_scale;  // e4m3 caches: [n_blocks, block_size] f32; else undefined
+  const BatchMeta* batch = nullptr;
+};
+
+// Top-k selection of the lightning indexer. For query token t of sequence s at position
+// p and every cached position j <= p (k_j from the index cache):
+//   score[t, j] = sum_h (weights[t, h] * weight_scale) * relu(scale * q[t, h] . k_j)
+// (fp32, heads in ascending order). selected[t, :] lists the top_k positions of highest
+// score, ties to the lower position (so a row's selection depends on its own scores only,
+// never on how its sequence is split into steps; transformers' torch.topk breaks exact
+// ties in an implementation-defined way: cpu::CpuOptions::dsa_torch_ties mirrors it for
+// the goldens), in ascending position order; when p + 1 <= top_k
+// every j <= p is listed (dense), and the rest of the row is -1. Positions past p never
+// count (causal), as transformers' additive mask makes them -inf before its topk.
+struct DsaSelectArgs {
+  Tensor q;            // [n_tokens, n_index_heads, d_index] (rope applied)
+  Tensor weights;      // [n_tokens, n_index_heads] (weights_proj x)
+  Tensor index_cache;  // [n_blocks, block_size, d_index] activation dtype or e4m3
+  Tensor index_scale;  // e4m3 caches: [n_blocks, block_size] f32; else undefined
+  Tensor selected;     // [n_tokens, top_k] i32 (output)
+  const BatchMeta* batch = nullptr;
+  float scale = 1.0f;         // index_head_dim^-0.5
+  float weight_scale = 1.0f;  // index_n_heads^-0.5
+};
+
+// Ops a backend may lack. Backend's default of each fails naming the op; a model that
+// needs one is refused at load (model::check_backend_support) on a backend whose
+// supports_op says no, so the default is never reached from a loaded model.
+enum class OptionalOp {
+  kDsa,  // layer_norm, dsa_index_store, dsa_select and MlaArgs::selected
+  kGatedDeltaNet,  // gated_delta_net, sigmoid_mul and copy_rows (Qwen3-Next, Qwen3.5)
+};
+const char* optional_op_name(OptionalOp op);
 
 enum class GluKind {
   kSilu,         // act = silu(gate) * up
@@ -503,12 +563,6 @@ class Backend {
 
   // The kernels that compute with `w` here, in words (`expert`: one of a MoE layer's
   // routed experts): the path records kiln inspect prints and the engine logs at load.
-  // Whether this backend has the ops of a recurrent (Gated DeltaNet) layer:
-  // gated_delta_net, sigmoid_mul and copy_rows; checked at load.
-  virtual Status supports_gated_delta_net() const {
-    return unsupported("the " + name() + " backend has no Gated DeltaNet (linear attention) kernels yet");
-  }
-
   virtual std::string weight_path(const Weight& w, bool expert) const {
     return w.quantized() ? "fp32 loops over rows dequantized from " + std::string(formats::quant_kind_name(w.quant.kind))
                          : "fp32 loops";
@@ -530,7 +584,12 @@ class Backend {
   virtual void moe(const MoeArgs& a) = 0;
   virtual void sample(const SampleArgs& a) = 0;
   virtual void fill_random(const FillRandomArgs& a) = 0;
-  // Ops a backend may lack (supports_gated_delta_net says; the defaults fail a check).
+
+  // Optional ops (OptionalOp): the defaults (ops.cpp) fail naming the op.
+  virtual Status supports_op(OptionalOp op) const;
+  virtual void layer_norm(const LayerNormArgs& a);
+  virtual void dsa_index_store(const DsaIndexStoreArgs& a);
+  virtual void dsa_select(const DsaSelectArgs& a);
   virtual void sigmoid_mul(const SigmoidMulArgs& a);
   virtual void gated_delta_net(const GatedDeltaNetArgs& a);
   virtual void copy_rows(const CopyRowsArgs& a);

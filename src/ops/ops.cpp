@@ -31,16 +31,39 @@ void Backend::qk_norm_rope(const QkNormRopeArgs& a) {
   }
 }
 
+const char* optional_op_name(OptionalOp op) {
+  switch (op) {
+    case OptionalOp::kDsa: return "DeepSeek sparse attention (layer_norm, dsa_index_store, dsa_select, MLA over selected positions)";
+    case OptionalOp::kGatedDeltaNet: return "Gated DeltaNet linear attention (gated_delta_net, sigmoid_mul, copy_rows)";
+  }
+  return "?";
+}
+
+Status Backend::supports_op(OptionalOp op) const {
+  return unsupported("the " + name() + " backend does not implement " + optional_op_name(op));
+}
+
+void Backend::layer_norm(const LayerNormArgs&) {
+  KILN_CHECK(false) << "the " << name() << " backend has no layer_norm op (" << optional_op_name(OptionalOp::kDsa) << ")";
+}
+void Backend::dsa_index_store(const DsaIndexStoreArgs&) {
+  KILN_CHECK(false) << "the " << name() << " backend has no dsa_index_store op";
+}
+void Backend::dsa_select(const DsaSelectArgs&) {
+  KILN_CHECK(false) << "the " << name() << " backend has no dsa_select op";
+
+}
+
 void Backend::sigmoid_mul(const SigmoidMulArgs&) {
-  KILN_CHECK(false) << "sigmoid_mul: the " << name() << " backend does not have it (supports_gated_delta_net)";
+  KILN_CHECK(false) << "sigmoid_mul: the " << name() << " backend does not have it (OptionalOp::kGatedDeltaNet)";
 }
 
 void Backend::copy_rows(const CopyRowsArgs&) {
-  KILN_CHECK(false) << "copy_rows: the " << name() << " backend does not have it (supports_gated_delta_net)";
+  KILN_CHECK(false) << "copy_rows: the " << name() << " backend does not have it (OptionalOp::kGatedDeltaNet)";
 }
 
 void Backend::gated_delta_net(const GatedDeltaNetArgs&) {
-  KILN_CHECK(false) << "gated_delta_net: the " << name() << " backend does not have it (supports_gated_delta_net)";
+  KILN_CHECK(false) << "gated_delta_net: the " << name() << " backend does not have it (OptionalOp::kGatedDeltaNet)";
 }
 
 }  // namespace kiln::ops

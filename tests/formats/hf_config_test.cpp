@@ -66,6 +66,35 @@ TEST(HfConfig, EosMayBeAnIntOrAList) {
             (std::vector<int64_t>{7, 9}));
 }
 
+// DeepSeek sparse attention: GLM-5's per-layer indexer modes as GlmMoeDsaConfig derives
+// them (indexer_types, else index_topk_pattern, else index_topk_freq and
+// index_skip_topk_offset), over 6 layers.
+TEST(HfConfig, DsaIndexerTypesFollowTransformers) {
+  const std::string six = R"("architectures": ["GlmMoeDsaForCausalLM"], "vocab_size": 100, "hidden_size": 64,
+    "num_hidden_layers": 6, "num_attention_heads": 4, "index_topk": 8, "index_head_dim": 32, "index_n_heads": 4)";
+  const std::vector<std::string> all_full(6, "full");
+  const ModelConfig plain = parse("{" + six + "}");
+  EXPECT_EQ(plain.index_topk, 8);
+  EXPECT_EQ(plain.d_index, 32);
+  EXPECT_EQ(plain.n_index_heads, 4);
+  EXPECT_EQ(plain.indexer_types, all_full);  // freq 1
+  // max(i - 2 + 1, 0) % 3 == 0: layers 0, 1, 4 full.
+  EXPECT_EQ(parse("{" + six + R"(, "index_topk_freq": 3})").indexer_types,
+            (std::vector<std::string>{"full", "full", "shared", "shared", "full", "shared"}));
+  EXPECT_EQ(parse("{" + six + R"(, "index_topk_freq": 2, "index_skip_topk_offset": 1})").indexer_types,
+            (std::vector<std::string>{"full", "shared", "full", "shared", "full", "shared"}));
+  EXPECT_EQ(parse("{" + six + R"(, "index_topk_pattern": "FSSFFS"})").indexer_types,
+            (std::vector<std::string>{"full", "shared", "shared", "full", "full", "shared"}));
+  EXPECT_EQ(parse("{" + six + R"(, "index_topk_pattern": "FSSFFS", "indexer_types": ["full", "full", "full",
+    "full", "full", "shared"]})").indexer_types.back(), "shared");
+  EXPECT_TRUE(parse(std::string("{") + kBase + "}").indexer_types.empty()) << "no index_topk: dense";
+  for (const std::string bad : {R"("index_topk_pattern": "FSX")", R"("index_topk_pattern": "FS")",
+                                R"("index_topk_pattern": "SFFFFF")", R"("index_head_dim": 0)"}) {
+    auto r = parse_config("{" + six + ", " + bad + "}", "config.json");
+    EXPECT_FALSE(r.ok()) << bad;
+  }
+}
+
 TEST(HfConfig, BadInputNamesTheProblem) {
   struct Case {
     std::string text, expect;

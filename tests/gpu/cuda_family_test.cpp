@@ -285,7 +285,21 @@ INSTANTIATE_TEST_SUITE_P(Fp8, CudaW8a8,
                                            "glm4_moe_fp8_channel"),
                          [](const auto& info) { return info.param; });
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFamily, ::testing::ValuesIn(testing::all_fixtures()),
+// DeepSeek sparse attention has no CUDA kernels: such a model is refused at load with an
+// error that names it, never run densely (tests/models/load_errors_test.cpp holds the
+// same for any backend without OptionalOp::kDsa).
+TEST(CudaDsa, SparseAttentionModelsAreRefusedAtLoad) {
+  for (const char* name : {"deepseek_v32", "glm_moe_dsa"}) {
+    auto gpu = cuda_backend("");
+    if (!gpu.ok()) GTEST_SKIP() << gpu.status().to_string();
+    auto e = runtime::Engine::load(testing::fixture_dir(name), std::move(gpu).value(),
+                                   {.block_size = 16, .max_model_len = 256, .kv_cache_bytes = int64_t(64) << 20});
+    ASSERT_FALSE(e.ok()) << name;
+    EXPECT_NE(e.status().message().find("DeepSeek sparse attention"), std::string::npos) << e.status().to_string();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFamily, ::testing::ValuesIn(testing::cuda_fixtures(testing::all_fixtures())),
                          [](const auto& info) { return info.param; });
 // The quantized checkpoints (FP8 block / channel, NVFP4, INT4, MXFP4) on the packed
 // quantized GEMMs, against the CPU reference's exact dequantization.

@@ -70,7 +70,7 @@ inline const std::vector<std::string>& all_fixtures() {
   static const std::vector<std::string> kNames = {
       "llama",       "qwen3",       "qwen3_moe",      "glm4_moe",      "deepseek_v3",
       "kimi_k2",     "gpt_oss",     "gpt_oss_d64",    "qwen3_moe_d128", "glm4_moe_d128",
-      "deepseek_v3_mla", "minimax_m2", "kiln_demo"};
+      "deepseek_v3_mla", "minimax_m2", "kiln_demo", "deepseek_v32", "glm_moe_dsa"};
   return kNames;
 }
 
@@ -81,6 +81,19 @@ inline const std::vector<std::string>& all_fixtures() {
 inline const std::vector<std::string>& cpu_only_fixtures() {
   static const std::vector<std::string> kNames = {"qwen3_next", "qwen3_5_moe", "qwen3_5_moe_vl"};
   return kNames;
+}
+
+// Fixtures the CUDA backend refuses at load (a model::check_backend_support error):
+// DeepSeek sparse attention (deepseek_v32, glm_moe_dsa) runs on the CPU reference only.
+inline bool is_dsa_fixture(const std::string& name) { return name == "deepseek_v32" || name == "glm_moe_dsa"; }
+inline bool cpu_only_fixture(const std::string& name) { return is_dsa_fixture(name); }
+
+// The fixtures of `names` the CUDA backend runs (tests/gpu).
+inline std::vector<std::string> cuda_fixtures(const std::vector<std::string>& names) {
+  std::vector<std::string> v;
+  for (const std::string& n : names)
+    if (!cpu_only_fixture(n)) v.push_back(n);
+  return v;
 }
 
 inline const std::vector<std::string>& quant_fixtures() {

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "backends/cpu/cpu_backend.h"
+#include "delegating_backend.h"
 #include "fixture.h"
 #include "runtime/engine.h"
 
@@ -201,6 +202,33 @@ TEST_F(LoadErrors, WrongPackedDtypeIsNamed) {
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find(name), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("i8"), std::string::npos) << s.message();
+}
+
+TEST_F(LoadErrors, MissingIndexerTensorIsNamed) {
+  const std::string name = "model.layers.1.self_attn.indexer.wk.weight";
+  Status s = load(variant("deepseek_v32", keep_config, [&](const std::string& n, Tensor&) { return n != name; }));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(name), std::string::npos) << s.message();
+}
+
+// A backend without DeepSeek sparse attention (the CUDA one so far) refuses such a model
+// at load, naming the layer and what is missing, instead of running it densely.
+class NoDsaBackend : public testing::DelegatingBackend {
+ public:
+  NoDsaBackend() : DelegatingBackend(cpu::make_cpu_backend(1)) {}
+  Status supports_op(ops::OptionalOp op) const override { return ops::Backend::supports_op(op); }
+};
+
+TEST_F(LoadErrors, BackendWithoutSparseAttentionRefusesDsaModels) {
+  for (const char* name : {"deepseek_v32", "glm_moe_dsa"}) {
+    auto e = runtime::Engine::load(testing::fixture_dir(name), std::make_unique<NoDsaBackend>(), {});
+    ASSERT_FALSE(e.ok()) << name;
+    const std::string m = e.status().message();
+    EXPECT_NE(m.find("layer 0 uses DeepSeek sparse attention"), std::string::npos) << m;
+    EXPECT_NE(m.find("dsa_select"), std::string::npos) << m;
+  }
+  // Dense MLA is unaffected.
+  EXPECT_TRUE(runtime::Engine::load(testing::fixture_dir("deepseek_v3"), std::make_unique<NoDsaBackend>(), {}).ok());
 }
 
 }  // namespace

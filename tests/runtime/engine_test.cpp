@@ -273,10 +273,13 @@ TEST_P(EngineFixture, CancellingTheFirstSampleBeforeItRunsReleasesItsSiblings) {
   EXPECT_EQ(e->stats().kv_blocks_used, 0);
 }
 
-// Every family, with MLA and the sliding window also at the target models' head sizes.
+// Every family, with MLA and the sliding window also at the target models' head sizes,
+// and DeepSeek sparse attention (top-8 of prompts up to 40 tokens: the indexer's cache is
+// shared, preempted and recomputed with the latent's).
 INSTANTIATE_TEST_SUITE_P(Fixtures, EngineFixture,
                          ::testing::Values("llama", "qwen3", "qwen3_moe", "glm4_moe", "deepseek_v3", "kimi_k2",
-                                           "gpt_oss", "gpt_oss_d64", "deepseek_v3_mla", "minimax_m2"),
+                                           "gpt_oss", "gpt_oss_d64", "deepseek_v3_mla", "minimax_m2",
+                                           "deepseek_v32", "glm_moe_dsa"),
                          [](const auto& info) { return info.param; });
 // Gated DeltaNet hybrids: a recurrent state per sequence beside the paged KV cache.
 INSTANTIATE_TEST_SUITE_P(Recurrent, EngineFixture, ::testing::Values("qwen3_next", "qwen3_5_moe"),

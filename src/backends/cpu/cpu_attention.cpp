@@ -1,5 +1,6 @@
 // The CPU reference of the paged KV cache ops: kv_store and attention (GQA,
-// sliding window, sinks), mla_store and mla_attention (absorbed form), over a cache
+// sliding window, sinks), mla_store and mla_attention (absorbed form, dense or over a
+// DeepSeek sparse attention selection), dsa_index_store and dsa_select, over a cache
 // of activations (f32) or of e4m3 codes with per-row scales (ops/kv_quant.h: stores
 // quantize, attention dequantizes to fp32 and then computes exactly as over f32).
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <vector>
 
 #include "backends/cpu/cpu_internal.h"
@@ -257,7 +259,7 @@ void CpuBackend::mla_store(const ops::MlaStoreArgs& a) {
 }
 
 // Absorbed form, per query token t and head h (c_j, r_j: latent and rope parts
-// of cached position j):
+// of cached position j; j over all positions <= p, or over the DSA selection in its order):
 //   q_lat = W_uk[h]^T q_nope[t, h]                               [d_latent]
 //   p_j = softmax_j(scale * (q_lat . c_j + q_rope[t, h] . r_j))
 //   out[t, h] = W_uv[h] (sum_j p_j c_j)                          [d_v]
@@ -287,9 +289,20 @@ void CpuBackend::mla_attention(const ops::MlaArgs& a) {
                                                   a.latent_cache.dim(1), "mla_attention");
   const ops::BatchMeta& b = *a.batch;
   const ops::Weight& kv_b = *a.kv_b;
+  const int32_t* sel = nullptr;
+  int64_t top_k = 0;
+  if (a.selected.defined()) {
+    KILN_CHECK(a.selected.dtype == DType::kI32 && a.selected.device == Device::kHost && a.selected.rank() == 2 &&
+               a.selected.dim(0) == n_tokens)
+        << "mla_attention: selected must be host i32 [n_tokens, top_k], got " << dtype_name(a.selected.dtype) << " "
+        << a.selected.shape;
+    sel = a.selected.as<int32_t>();
+    top_k = a.selected.dim(1);
+  }
 
   pool_.parallel_for(n_tokens * n_heads, [&](int64_t w0, int64_t w1) {
     std::vector<float> q_lat(d_latent), o_lat(d_latent), uk(d_latent), scores, buf(size_t(d_latent + d_rope));
+    std::vector<int32_t> cols;
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t t = w / n_heads, h = w % n_heads;
       const int64_t uk_row = h * (d_nope + d_v);  // W_uk[h] = kv_b rows [uk_row, +d_nope)
@@ -304,10 +317,22 @@ void CpuBackend::mla_attention(const ops::MlaArgs& a) {
       }
 
       const int32_t s = seq_of[t], p = b.positions[t];
-      const int64_t n = int64_t(p) + 1;
+      // The attended positions: all j <= p, or the indexer's selection (DSA).
+      cols.clear();
+      if (sel != nullptr) {
+        for (int64_t i = 0; i < top_k; ++i) {
+          const int32_t j = sel[t * top_k + i];
+          if (j < 0) continue;
+          KILN_CHECK(j <= p) << "mla_attention: row " << t << " selects position " << j << " past its own " << p;
+          cols.push_back(j);
+        }
+      } else {
+        for (int32_t j = 0; j <= p; ++j) cols.push_back(j);
+      }
+      const int64_t n = int64_t(cols.size());
       scores.assign(size_t(n), 0.0f);
       for (int64_t j = 0; j < n; ++j) {
-        const int64_t slot = b.slot(s, int32_t(j));
+        const int64_t slot = b.slot(s, cols[size_t(j)]);
         const float* cj = load_values(cache, slot, 0, d_latent, 0, buf.data());
         const float* rj = load_values(cache, slot, d_latent, d_rope, 1, buf.data() + d_latent);
         float dot = 0.0f;
@@ -318,7 +343,7 @@ void CpuBackend::mla_attention(const ops::MlaArgs& a) {
       softmax_in_place(scores, n, false, 0.0f);
       std::fill(o_lat.begin(), o_lat.end(), 0.0f);
       for (int64_t j = 0; j < n; ++j) {
-        const float* cj = load_values(cache, b.slot(s, int32_t(j)), 0, d_latent, 0, buf.data());
+        const float* cj = load_values(cache, b.slot(s, cols[size_t(j)]), 0, d_latent, 0, buf.data());
         for (int64_t c = 0; c < d_latent; ++c) o_lat[c] += scores[j] * cj[c];
       }
       float* o = a.out.as<float>() + (t * n_heads + h) * d_v;
@@ -326,6 +351,129 @@ void CpuBackend::mla_attention(const ops::MlaArgs& a) {
     }
   });
   round_output(a.out);
+}
+
+// ---- DeepSeek sparse attention: the indexer cache and top-k ------------------------
+
+namespace {
+
+// The index cache as a PagedCache: one row of d_index per slot, one scale per slot (the
+// [n_blocks, block_size] scales viewed as [n_blocks, block_size, 1]).
+PagedCache check_index_cache(const Tensor& cache, const Tensor& scale, const char* what) {
+  Tensor s = scale;
+  if (s.defined()) {
+    KILN_CHECK_EQ(s.rank(), 2) << "cpu backend: scales of " << what << " " << s.shape;
+    s = s.reshape({s.dim(0), s.dim(1), 1});
+  }
+  return check_cache(cache, s, 3, 1, what);
+}
+
+// CpuOptions::dsa_torch_ties: the positions <= p (scores.size() = p + 1) among the top_k
+// of n_keys keys, keys past p at the lowest float, picked as torch.topk's CPU kernel
+// (aten TopKImpl.h, largest) picks them: (value, index) pairs compared by value alone,
+// std::partial_sort when k * 64 <= n_keys, else std::nth_element.
+void torch_topk(const std::vector<float>& scores, int64_t n_keys, int64_t top_k,
+                std::vector<std::pair<float, int64_t>>& queue, std::vector<int32_t>& picked) {
+  const int64_t n = int64_t(scores.size());
+  queue.resize(size_t(n_keys));
+  for (int64_t j = 0; j < n_keys; ++j)
+    queue[size_t(j)] = {j < n ? scores[size_t(j)] : std::numeric_limits<float>::lowest(), j};
+  const int64_t k = std::min(top_k, n_keys);
+  const auto greater = [](const std::pair<float, int64_t>& x, const std::pair<float, int64_t>& y) {
+    return x.first > y.first;
+  };
+  if (k * 64 <= n_keys) {
+    std::partial_sort(queue.begin(), queue.begin() + k, queue.end(), greater);
+  } else {
+    std::nth_element(queue.begin(), queue.begin() + k - 1, queue.end(), greater);
+  }
+  picked.clear();
+  for (int64_t i = 0; i < k; ++i)
+    if (queue[size_t(i)].second < n) picked.push_back(int32_t(queue[size_t(i)].second));
+}
+
+}  // namespace
+
+// index_cache[slot_mapping[t]] = k[t] (an e4m3 cache: one row, one scale).
+void CpuBackend::dsa_index_store(const ops::DsaIndexStoreArgs& a) {
+  check_activation(a.k, "dsa_index_store k", 2);
+  const PagedCache cache = check_index_cache(a.index_cache, a.index_scale, "dsa_index_store index_cache");
+  const int64_t n_tokens = a.k.dim(0), d_index = a.k.dim(1);
+  KILN_CHECK_EQ(a.index_cache.dim(2), d_index) << "dsa_index_store: index_cache.dim(2) vs k.dim(1) (d_index)";
+  KILN_CHECK(a.batch != nullptr) << "dsa_index_store: batch is null";
+  KILN_CHECK_EQ(int64_t(a.batch->n_tokens()), n_tokens) << "dsa_index_store: batch.n_tokens() vs k.dim(0)";
+  KILN_CHECK_EQ(int64_t(a.batch->block_size), a.index_cache.dim(1))
+      << "dsa_index_store: batch.block_size vs index_cache.dim(1)";
+  check_slots(*a.batch, a.index_cache.dim(0) * a.index_cache.dim(1), "dsa_index_store");
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const int64_t slot = a.batch->slot_mapping[t];
+    if (slot == ops::kPadSlot) continue;
+    store_values(cache, slot, 0, a.k.as<float>() + t * d_index, d_index, 0);
+  }
+}
+
+// Per query token: score[j] = sum_h w[h] * weight_scale * relu(scale * q[h] . k_j) over
+// j <= p (fp32, heads ascending, d ascending), then the top_k by (score descending,
+// position ascending), listed in ascending position order.
+void CpuBackend::dsa_select(const ops::DsaSelectArgs& a) {
+  check_activation(a.q, "dsa_select q", 3);
+  check_activation(a.weights, "dsa_select weights", 2);
+  const PagedCache cache = check_index_cache(a.index_cache, a.index_scale, "dsa_select index_cache");
+  const int64_t n_tokens = a.q.dim(0), n_heads = a.q.dim(1), d_index = a.q.dim(2);
+  KILN_CHECK_EQ(a.index_cache.dim(2), d_index) << "dsa_select: index_cache.dim(2) vs q.dim(2) (d_index)";
+  KILN_CHECK(a.weights.dim(0) == n_tokens && a.weights.dim(1) == n_heads)
+      << "dsa_select: weights " << a.weights.shape << " vs q " << a.q.shape;
+  KILN_CHECK(a.selected.defined() && a.selected.dtype == DType::kI32 && a.selected.device == Device::kHost &&
+             a.selected.rank() == 2 && a.selected.dim(0) == n_tokens && a.selected.dim(1) > 0)
+      << "dsa_select: selected must be host i32 [n_tokens, top_k], got " << dtype_name(a.selected.dtype) << " "
+      << a.selected.shape;
+  const std::vector<int32_t> seq_of = check_batch(a.batch, n_tokens, a.index_cache.dim(0),
+                                                  a.index_cache.dim(1), "dsa_select");
+  const ops::BatchMeta& b = *a.batch;
+  const int64_t top_k = a.selected.dim(1);
+  const float* q = a.q.as<float>();
+  const float* wts = a.weights.as<float>();
+  int32_t* sel = a.selected.as<int32_t>();
+
+  pool_.parallel_for(n_tokens, [&](int64_t t0, int64_t t1) {
+    std::vector<float> scores, buf(static_cast<size_t>(d_index));
+    std::vector<int32_t> order;
+    std::vector<std::pair<float, int64_t>> queue;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int32_t s = seq_of[t], p = b.positions[t];
+      const int64_t n = int64_t(p) + 1;
+      int32_t* row = sel + t * top_k;
+      std::fill(row, row + top_k, -1);
+      if (n <= top_k) {  // every position fits: dense
+        for (int32_t j = 0; j <= p; ++j) row[j] = j;
+        continue;
+      }
+      scores.assign(size_t(n), 0.0f);
+      for (int64_t j = 0; j < n; ++j) {
+        const float* kj = load_values(cache, b.slot(s, int32_t(j)), 0, d_index, 0, buf.data());
+        float score = 0.0f;
+        for (int64_t h = 0; h < n_heads; ++h) {
+          const float* qh = q + (t * n_heads + h) * d_index;
+          float dot = 0.0f;
+          for (int64_t d = 0; d < d_index; ++d) dot += qh[d] * kj[d];
+          score += wts[t * n_heads + h] * a.weight_scale * std::max(a.scale * dot, 0.0f);
+        }
+        scores[size_t(j)] = score;
+      }
+      if (dsa_torch_ties_) {
+        torch_topk(scores, b.context_len[s], top_k, queue, order);
+      } else {
+        order.resize(size_t(n));
+        std::iota(order.begin(), order.end(), 0);
+        std::partial_sort(order.begin(), order.begin() + top_k, order.end(), [&](int32_t x, int32_t y) {
+          return scores[size_t(x)] != scores[size_t(y)] ? scores[size_t(x)] > scores[size_t(y)] : x < y;
+        });
+        order.resize(size_t(top_k));
+      }
+      std::sort(order.begin(), order.end());
+      std::copy(order.begin(), order.end(), row);  // the rest of the row stays -1
+    }
+  });
 }
 
 }  // namespace kiln::cpu

@@ -223,6 +223,37 @@ void CpuBackend::rms_norm(const ops::RmsNormArgs& a) {
   round_output(a.out);
 }
 
+// out = (x - mean) / sqrt(var + eps) * weight + bias per row, fp32, mean first then
+// the biased variance (torch.nn.LayerNorm).
+void CpuBackend::layer_norm(const ops::LayerNormArgs& a) {
+  check_activation(a.x, "layer_norm x", 2);
+  check_activation(a.out, "layer_norm out", 2);
+  check_float_dtype(a.weight, "layer_norm weight");
+  const int64_t rows = a.x.dim(0), dim = a.x.dim(1);
+  KILN_CHECK(a.weight.rank() == 1 && a.weight.dim(0) == dim) << "layer_norm: weight " << a.weight.shape << " vs x " << a.x.shape;
+  if (a.bias.defined()) {
+    check_float_dtype(a.bias, "layer_norm bias");
+    KILN_CHECK(a.bias.rank() == 1 && a.bias.dim(0) == dim) << "layer_norm: bias " << a.bias.shape << " vs x " << a.x.shape;
+  }
+  KILN_CHECK_EQ(a.out.shape, a.x.shape) << "layer_norm: out.shape vs x.shape";
+  const float* x = a.x.as<float>();
+  float* out = a.out.as<float>();
+  pool_.parallel_for(rows, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* v = x + r * dim;
+      float mean = 0.0f, var = 0.0f;
+      for (int64_t i = 0; i < dim; ++i) mean += v[i];
+      mean /= float(dim);
+      for (int64_t i = 0; i < dim; ++i) var += (v[i] - mean) * (v[i] - mean);
+      const float inv_std = 1.0f / std::sqrt(var / float(dim) + a.eps);
+      for (int64_t i = 0; i < dim; ++i) {  // reads v[i] before writing out[i]: out may alias x
+        out[r * dim + i] = (v[i] - mean) * inv_std * load_f32(a.weight, i) + (a.bias.defined() ? load_f32(a.bias, i) : 0.0f);
+      }
+    }
+  }, 16);
+  round_output(a.out);
+}
+
 // ---- linear -------------------------------------------------------------------
 
 // out[t, o] = sum_i x[t, i] W[o, i] (+ bias[o]); threaded over output columns so

@@ -74,7 +74,7 @@ void route(const float* logits, const float* correction_bias, const ops::RouterP
 class CpuBackend final : public ops::Backend {
  public:
   explicit CpuBackend(const CpuOptions& o)
-      : pool_(o.n_threads), bf16_activations_(o.bf16_activations),
+      : pool_(o.n_threads), bf16_activations_(o.bf16_activations), dsa_torch_ties_(o.dsa_torch_ties),
         weights_{.bf16_tiles = o.bf16_activations, .fp8_act = o.fp8_activations} {}
 
   std::string name() const override {
@@ -106,7 +106,10 @@ class CpuBackend final : public ops::Backend {
   void moe(const ops::MoeArgs& a) override;                   // cpu_moe.cpp
   void sample(const ops::SampleArgs& a) override;             // cpu_sampling.cpp
   void fill_random(const ops::FillRandomArgs& a) override;
-  Status supports_gated_delta_net() const override { return Status::Ok(); }
+  Status supports_op(ops::OptionalOp) const override { return Status::Ok(); }
+  void layer_norm(const ops::LayerNormArgs& a) override;
+  void dsa_index_store(const ops::DsaIndexStoreArgs& a) override;  // cpu_attention.cpp
+  void dsa_select(const ops::DsaSelectArgs& a) override;           // cpu_attention.cpp
   void sigmoid_mul(const ops::SigmoidMulArgs& a) override;          // cpu_gdn.cpp
   void gated_delta_net(const ops::GatedDeltaNetArgs& a) override;   // cpu_gdn.cpp
   void copy_rows(const ops::CopyRowsArgs& a) override;              // cpu_gdn.cpp
@@ -124,6 +127,7 @@ class CpuBackend final : public ops::Backend {
 
   ThreadPool pool_;
   bool bf16_activations_ = false;
+  bool dsa_torch_ties_ = false;  // CpuOptions::dsa_torch_ties
   MatvecMode weights_;  // how linear and moe read their weights (CpuOptions)
 };
 
