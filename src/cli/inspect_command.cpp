@@ -98,17 +98,24 @@ int print_ranks(const formats::ModelConfig& config, const formats::QuantConfig& 
   for (const runtime::RankSizing& r : *sizes) {
     std::printf("%-5d %12s %14s %16s %14s", r.rank, human_bytes(double(r.weight_bytes)).c_str(),
                 human_bytes(double(r.kv_bytes_per_token)).c_str(),
-                human_bytes(double(r.kv_bytes_per_token) * double(max_len)).c_str(),
+                human_bytes(double(r.kv_bytes_per_token) * double(max_len) + double(r.state_bytes_per_sequence)).c_str(),
                 ("~" + human_bytes(double(r.activation_bytes))).c_str());
     if (gpu > 0) {
       // What kiln serve keeps back (engine.cpp): the larger of 512 MiB and 1/64 of the card.
       const int64_t reserve = std::max<int64_t>(runtime::kDeviceReserveBytes, gpu / 64);
-      const int64_t left = gpu - r.weight_bytes - r.activation_bytes - reserve;
+      // Recurrent models: max_num_seqs state rows, a scratch row and as many checkpoints.
+      const int64_t states = (2 * int64_t(so.max_num_seqs) + 1) * r.state_bytes_per_sequence;
+      const int64_t left = gpu - r.weight_bytes - r.activation_bytes - reserve - states;
       fits = fits && left > 0;
       std::printf(" %14s %14s", left > 0 ? human_bytes(double(left)).c_str() : "does not fit",
                   left > 0 ? human_count(double(left / r.kv_bytes_per_token)).c_str() : "-");
     }
     std::printf("\n");
+  }
+  if (sizes->front().state_bytes_per_sequence > 0) {
+    std::printf("(recurrent state: %s per sequence, in KV per sequence; kiln serve holds %d running rows, a scratch row "
+                "and %d prefix-cache checkpoints)\n",
+                human_bytes(double(sizes->front().state_bytes_per_sequence)).c_str(), so.max_num_seqs, so.max_num_seqs);
   }
   std::printf("(KV per sequence: one of %lld tokens; activations: an estimate of the largest step's buffers, which "
               "kiln serve measures once loaded%s)\n",

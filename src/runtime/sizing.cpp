@@ -68,6 +68,7 @@ Result<std::vector<RankSizing>> size_layout(const formats::ModelConfig& config, 
     out.push_back({.rank = rank,
                    .weight_bytes = int64_t(loader.device_bytes()),
                    .kv_bytes_per_token = KvCache::bytes_per_token(lm->kv_layouts(), DType::kBF16, o.kv_dtype),
+                   .state_bytes_per_sequence = KvCache::bytes_per_state_slot(lm->kv_layouts(), DType::kBF16),
                    .activation_bytes = activation_estimate(config, shard, o, rank, moe_layers(*lm))});
   }
   return out;

@@ -23,6 +23,9 @@ struct RankSizing {
   int rank = 0;
   int64_t weight_bytes = 0;        // as the device holds them (see SizingOptions::held_bytes)
   int64_t kv_bytes_per_token = 0;  // this rank's layers and heads
+  // Recurrent (Gated DeltaNet) layers: one sequence's state (kiln serve keeps max_num_seqs
+  // such rows, a scratch row and as many prefix-cache checkpoints); 0 without.
+  int64_t state_bytes_per_sequence = 0;
   // An estimate of the largest step's buffers (max_num_batched_tokens tokens, max_num_seqs
   // logit rows); kiln serve measures the real peak once loaded.
   int64_t activation_bytes = 0;
