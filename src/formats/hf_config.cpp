@@ -291,11 +291,21 @@ Result<ModelConfig> parse_config(const std::string& json_text, const std::string
                    ", topk_group " + std::to_string(c.topk_group) + ")");
   }
 
-  KILN_RETURN_IF_ERROR(r.get_int("q_lora_rank", &c.q_lora_rank));
-  KILN_RETURN_IF_ERROR(r.get_int("kv_lora_rank", &c.d_latent));
-  KILN_RETURN_IF_ERROR(r.get_int("qk_nope_head_dim", &c.d_nope));
-  KILN_RETURN_IF_ERROR(r.get_int("qk_rope_head_dim", &c.d_rope));
-  KILN_RETURN_IF_ERROR(r.get_int("v_head_dim", &c.d_v));
+  // MLA (DeepSeek, Kimi, GLM-5) and Gated DeltaNet (Qwen3-Next, Qwen3.5) widths.
+  const std::pair<const char*, int64_t*> widths[] = {
+      {"q_lora_rank", &c.q_lora_rank},
+      {"kv_lora_rank", &c.d_latent},
+      {"qk_nope_head_dim", &c.d_nope},
+      {"qk_rope_head_dim", &c.d_rope},
+      {"v_head_dim", &c.d_v},
+      {"linear_num_key_heads", &c.linear_n_k_heads},
+      {"linear_num_value_heads", &c.linear_n_v_heads},
+      {"linear_key_head_dim", &c.linear_d_k},
+      {"linear_value_head_dim", &c.linear_d_v},
+      {"linear_conv_kernel_dim", &c.linear_conv_kernel},
+      {"shared_expert_intermediate_size", &c.d_ff_shared_expert},
+  };
+  for (const auto& [key, field] : widths) KILN_RETURN_IF_ERROR(r.get_int(key, field));
   KILN_RETURN_IF_ERROR(r.get_bool("rope_interleave", &c.rope_interleave));
   KILN_RETURN_IF_ERROR(parse_indexer(root, r, source, &c));
   KILN_RETURN_IF_ERROR(r.get_string_list("mlp_layer_types", &c.mlp_layer_types));
@@ -303,13 +313,6 @@ Result<ModelConfig> parse_config(const std::string& json_text, const std::string
     return corrupt(source + ": mlp_layer_types has " + std::to_string(c.mlp_layer_types.size()) +
                    " entries for " + std::to_string(c.n_layers) + " layers");
   }
-
-  KILN_RETURN_IF_ERROR(r.get_int("linear_num_key_heads", &c.linear_n_k_heads));
-  KILN_RETURN_IF_ERROR(r.get_int("linear_num_value_heads", &c.linear_n_v_heads));
-  KILN_RETURN_IF_ERROR(r.get_int("linear_key_head_dim", &c.linear_d_k));
-  KILN_RETURN_IF_ERROR(r.get_int("linear_value_head_dim", &c.linear_d_v));
-  KILN_RETURN_IF_ERROR(r.get_int("linear_conv_kernel_dim", &c.linear_conv_kernel));
-  KILN_RETURN_IF_ERROR(r.get_int("shared_expert_intermediate_size", &c.d_ff_shared_expert));
 
   int64_t bos = -1;
   KILN_RETURN_IF_ERROR(r.get_int("bos_token_id", &bos));
