@@ -304,7 +304,7 @@ def rss_mib(pid):
     try:
         with open(f"/proc/{pid}/status") as f:
             m = re.search(r"^VmRSS:\s+(\d+) kB", f.read(), re.M)
-        return round(int(m.group(1)) / 1024, 1) if m else None
+        return number(round(int(m.group(1)) / 1024, 1)) if m else None
     except OSError:
         return None
 
@@ -328,7 +328,7 @@ def device_mib(pid):
         if gpus is None:
             return None
         mine = [float(s) for s in gpus.split("\n") if s.strip()]
-    return round(sum(mine), 1)
+    return number(round(sum(mine), 1))
 
 
 class Kiln:
