@@ -47,11 +47,13 @@ TEST(DeepSeekV32, RendersTheDeveloperSearchConversationByteForByte) {
 }
 
 // The reference test's round trip: an assistant turn rendered after its context, parsed
-// back, gives its reasoning and tool calls.
-TEST(DeepSeekV32, ParsesItsOwnRenderedToolCallsBack) {
+// back, gives its reasoning, content and tool calls (turns 4 and 7 are the ones the
+// reference test parses).
+TEST(DeepSeekV32, ParsesItsOwnRenderedTurnsBack) {
   const Json input = Json::parse(read_file("dsv32_input.json"));
   const Json& messages = input["messages"];
-  for (size_t index : {size_t(2), size_t(4), size_t(9)}) {
+  for (size_t index : {size_t(2), size_t(4), size_t(7), size_t(9), size_t(12)}) {
+    SCOPED_TRACE("messages[" + std::to_string(index) + "]");
     Json context(messages.begin(), messages.begin() + std::ptrdiff_t(index));
     Json with_turn = context;
     with_turn.push_back(messages[index]);
@@ -68,8 +70,8 @@ TEST(DeepSeekV32, ParsesItsOwnRenderedToolCallsBack) {
     options.reasoning = {.enabled = true, .starts_in_reasoning = true};
     const ParsedOutput parsed = parse_all(ToolFormat::kDeepSeekV32, options, reply);
     EXPECT_EQ(parsed.reasoning, messages[index]["reasoning_content"].get<std::string>());
-    EXPECT_EQ(parsed.content, "");
-    const Json& calls = messages[index]["tool_calls"];
+    EXPECT_EQ(parsed.content, messages[index].value("content", ""));
+    const Json calls = messages[index].value("tool_calls", Json::array());
     ASSERT_EQ(parsed.tool_calls.size(), calls.size()) << reply;
     for (size_t i = 0; i < calls.size(); ++i) {
       EXPECT_EQ(parsed.tool_calls[i].name, calls[i]["function"]["name"].get<std::string>());
