@@ -9,7 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/json_error.h"
+#include "formats/hf_config.h"
 #include "tokenizer/chat_template.h"
+#include "tokenizer/deepseek_v32.h"
 
 namespace kiln::cli {
 namespace {
@@ -47,7 +49,13 @@ int run_render(const RenderCommandOptions& o, std::ostream& out, std::ostream& e
   if (o.model.empty()) return fail(err, invalid_argument("render needs --model (a model directory)"));
   if (o.messages.empty()) return fail(err, invalid_argument("render needs --messages (a JSON file)"));
   auto chat = tokenizer::ChatTemplate::load(o.model, o.template_name);
-  if (!chat.ok()) return fail(err, chat.status());
+  // DeepSeek-V3.2 ships its prompt format as Python, no template: kiln's encoder, as serve.
+  bool deepseek_v32 = false;
+  if (!chat.ok() && chat.status().code() == StatusCode::kNotFound) {
+    Result<formats::ModelConfig> config = formats::load_config(o.model);
+    deepseek_v32 = config.ok() && config->architecture == "DeepseekV32ForCausalLM";
+  }
+  if (!chat.ok() && !deepseek_v32) return fail(err, chat.status());
 
   tokenizer::ChatRequest request;
   auto messages = read_list(o.messages, "--messages", "messages");
@@ -65,7 +73,10 @@ int run_render(const RenderCommandOptions& o, std::ostream& out, std::ostream& e
       return fail(err, invalid_argument("--kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'"));
   }
 
-  auto prompt = chat->render(chat->build_context(request));
+  auto prompt = deepseek_v32 ? tokenizer::render_deepseek_v32(request.messages,
+                                                              request.tools.value_or(json::array()),
+                                                              tokenizer::deepseek_v32_options(request.kwargs))
+                             : chat->render(chat->build_context(request));
   if (!prompt.ok()) return fail(err, prompt.status());
   out.write(prompt->data(), std::streamsize(prompt->size()));
   out.flush();

@@ -7,6 +7,9 @@
 // FILE.json holds a list of messages (or {"messages": [...]}); --tools a list of
 // OpenAI-style tool schemas (or {"tools": [...]}); --kwargs a JSON object of extra
 // template variables ('{"enable_thinking": false}'). --template picks a named template.
+// A DeepseekV32ForCausalLM directory without a template renders with kiln's DeepSeek-V3.2
+// encoder (tokenizer/deepseek_v32.h; --kwargs '{"thinking": true}' for thinking mode; it
+// always ends with the assistant turn's opening, --no-generation-prompt has no effect).
 // Errors (a template's raise_exception included): "kiln: error: ..." on stderr, exit
 // code 1, nothing on stdout.
 #pragma once

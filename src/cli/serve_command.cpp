@@ -214,6 +214,7 @@ Status serve(ServeOptions o, const ServeHooks& hooks) {
 
   // Checked before the port is bound (milliseconds): config.json, its architecture, the
   // tokenizer and chat template. The weights are checked as they load.
+  std::string architecture;
   {
     const std::string config_path = std::filesystem::is_regular_file(dir) ? dir : dir + "/config.json";
     std::ifstream f(config_path);
@@ -222,13 +223,15 @@ Status serve(ServeOptions o, const ServeHooks& hooks) {
     text << f.rdbuf();
     KILN_ASSIGN_OR_RETURN(const formats::ModelConfig config, formats::parse_config(text.str(), config_path));
     KILN_RETURN_IF_ERROR(models::check_architecture(config.architecture));
+    architecture = config.architecture;
   }
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<server::ServedModel> model,
                         server::ServedModel::load(tokenizer_dir,
                                                   {.name = o.served_model_name,
                                                    .tool_call_parser = o.tool_call_parser,
                                                    .reasoning_parser = o.reasoning_parser,
-                                                   .generation_config_dir = dir}));
+                                                   .generation_config_dir = dir,
+                                                   .architecture = architecture}));
 
   server::HttpServer http({.host = o.host,
                            .port = o.port,

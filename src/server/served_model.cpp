@@ -9,6 +9,7 @@
 #include "core/json_error.h"
 #include "grammar/matcher.h"
 #include "grammar/token_mask.h"
+#include "tokenizer/deepseek_v32.h"
 #include "tokenizer/harmony.h"
 
 namespace kiln::server {
@@ -29,6 +30,7 @@ tokenizer::ToolFormat detect_tool_format(std::string_view src) {
   using tokenizer::ToolFormat;
   if (has(src, "<|channel|>")) return ToolFormat::kHarmony;
   if (has(src, "<|tool_calls_section_begin|>")) return ToolFormat::kKimiK2;
+  if (has(src, "｜DSML｜")) return ToolFormat::kDeepSeekV32;
   if (has(src, "<｜tool▁calls▁begin｜>") || has(src, "<｜tool▁call▁begin｜>")) return ToolFormat::kDeepSeekV3;
   if (has(src, "<arg_key>")) return ToolFormat::kGlm45;
   if (has(src, "<tool_call>")) return ToolFormat::kHermes;
@@ -55,11 +57,16 @@ Result<std::unique_ptr<ServedModel>> ServedModel::load(const std::string& dir, c
     m->chat_ = std::move(chat).value();
   } else if (chat.status().code() != StatusCode::kNotFound) {
     return chat.status().with_context("loading the chat template of " + dir);
+  } else if (options.architecture == "DeepseekV32ForCausalLM") {
+    // DeepSeek-V3.2 ships its prompt format as Python (V3.2-Exp shipped a Jinja template,
+    // which the branch above takes).
+    m->deepseek_v32_ = true;
   } else {
     KILN_LOG(kWarn, dir << " has no chat template: /v1/chat/completions and /v1/messages are off");
   }
 
-  const tokenizer::ToolFormat detected = detect_tool_format(source);
+  const tokenizer::ToolFormat detected =
+      m->deepseek_v32_ ? tokenizer::ToolFormat::kDeepSeekV32 : detect_tool_format(source);
   m->tool_syntax_.deepseek_fenced = has(source, "```json");
   if (options.tool_call_parser == "auto") {
     m->tool_format_ = detected;
@@ -71,14 +78,18 @@ Result<std::unique_ptr<ServedModel>> ServedModel::load(const std::string& dir, c
   // template but also takes what OpenAI clients send routinely (null content, ...).
   m->harmony_ = detected == tokenizer::ToolFormat::kHarmony && m->chat_.has_value();
   if (options.reasoning_parser == "auto") {
-    m->reasoning_ = detected != tokenizer::ToolFormat::kHarmony && has(source, "<think>");
+    m->reasoning_ = m->deepseek_v32_ || (detected != tokenizer::ToolFormat::kHarmony && has(source, "<think>"));
   } else if (options.reasoning_parser == "think") {
     m->reasoning_ = true;
   } else if (options.reasoning_parser != "none") {
     return invalid_argument("unknown reasoning parser \"" + options.reasoning_parser +
                             "\" (expected auto, think or none)");
   }
-  KILN_LOG(kInfo, "chat: template " << (m->harmony_ ? "harmony" : m->chat_ ? "jinja" : "none") << ", tool calls "
+  KILN_LOG(kInfo, "chat: template " << (m->harmony_        ? "harmony"
+                                        : m->deepseek_v32_ ? "DeepSeek-V3.2 encoder"
+                                        : m->chat_         ? "jinja"
+                                                           : "none")
+                                    << ", tool calls "
                                     << tokenizer::tool_format_name(m->tool_format_) << ", reasoning "
                                     << (m->tool_format_ == tokenizer::ToolFormat::kHarmony ? "harmony channels"
                                         : m->reasoning_                                      ? "<think>"
@@ -126,6 +137,10 @@ Result<std::string> ServedModel::render_chat(const ordered_json& messages, const
     input["add_generation_prompt"] = true;
     KILN_ASSIGN_OR_RETURN(tokenizer::HarmonyConversation conv, tokenizer::harmony_conversation_from_json(input));
     return tokenizer::render_harmony(conv);
+  }
+  if (deepseek_v32_) {
+    return tokenizer::render_deepseek_v32(messages, tools ? *tools : ordered_json::array(),
+                                          tokenizer::deepseek_v32_options(kwargs));
   }
   tokenizer::ChatRequest req{.messages = messages, .tools = tools, .add_generation_prompt = true, .kwargs = kwargs};
   return chat_->render(chat_->build_context(req));

@@ -32,6 +32,9 @@ struct ServedModelOptions {
   // Where generation_config.json is (the checkpoint directory): its sampling values are
   // the defaults of requests that do not set them, as the model's authors intended.
   std::string generation_config_dir;
+  // config.json's architectures[0]. DeepseekV32ForCausalLM without a chat template gets
+  // kiln's DeepSeek-V3.2 encoder (tokenizer/deepseek_v32.h): DeepSeek ships a Python one.
+  std::string architecture;
 };
 
 // A request's sampling defaults: OpenAI's and Anthropic's (temperature 1, no filters),
@@ -52,7 +55,7 @@ class ServedModel {
 
   const std::string& name() const { return name_; }
   const tokenizer::Tokenizer& tokenizer() const { return tokenizer_; }
-  bool has_chat_template() const { return chat_.has_value() || harmony_; }
+  bool has_chat_template() const { return chat_.has_value() || harmony_ || deepseek_v32_; }
   tokenizer::ToolFormat tool_format() const { return tool_format_; }
   bool reasoning() const { return reasoning_; }
   // The end-of-turn ids a chat reply stops at: the tokenizer's eos token (the model's
@@ -89,6 +92,7 @@ class ServedModel {
   tokenizer::Tokenizer tokenizer_;
   std::optional<tokenizer::ChatTemplate> chat_;
   bool harmony_ = false;  // GPT-OSS: kiln's harmony renderer (tokenizer/harmony.h)
+  bool deepseek_v32_ = false;  // DeepSeek-V3.2: kiln's encoder (tokenizer/deepseek_v32.h)
   tokenizer::ToolFormat tool_format_ = tokenizer::ToolFormat::kNone;
   ToolSyntax tool_syntax_;
   bool reasoning_ = false;

@@ -132,43 +132,65 @@ Result<Grammar> arguments_grammar(const ordered_json& fn) {
 }
 
 
-// GLM-4.5's arguments: `<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n` per argument,
-// string values raw (no "</arg_value>" inside) and the others as JSON (its template's
-// `v | tojson if v is not string`). Declared properties in order, required ones always.
-Result<Sequence> glm_arguments(Grammar& g, const ordered_json& fn) {
+// How a family spells one argument: OPEN KEY (CLOSE_STRING | CLOSE_OTHER) VALUE VALUE_CLOSE,
+// CLOSE_STRING before a raw string value and CLOSE_OTHER before a JSON one.
+struct ArgumentSyntax {
+  std::string_view open, key_stop, close_string, close_other, value_stop, value_close;
+};
+
+// GLM-4.5: `<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n`, string values raw and the
+// others as JSON (its template's `v | tojson if v is not string`).
+constexpr ArgumentSyntax kGlmArguments = {"<arg_key>", "</arg_key>", "</arg_key>\n<arg_value>",
+                                          "</arg_key>\n<arg_value>", "</arg_value>", "</arg_value>\n"};
+// DeepSeek-V3.2 DSML: `<｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>\n`.
+constexpr ArgumentSyntax kDsmlArguments = {"<｜DSML｜parameter name=\"", "\"", "\" string=\"true\">",
+                                           "\" string=\"false\">", "</｜DSML｜parameter>",
+                                           "</｜DSML｜parameter>\n"};
+
+// A function's arguments in `syntax`: declared properties in order, required ones always,
+// string values raw (no value_stop inside) and the others as JSON following their schema.
+Result<Sequence> tagged_arguments(Grammar& g, const ordered_json& fn, const ArgumentSyntax& syntax) {
   const ordered_json params = fn.value("parameters", ordered_json());
   const ordered_json props = params.is_object() ? params.value("properties", ordered_json()) : ordered_json();
+  const bool typed = syntax.close_string != syntax.close_other;
+  const auto free_value = [&]() -> Sequence {  // a value of any type
+    const Element text = g.text_without("arg_text", syntax.value_stop);
+    if (!typed) return {text};
+    return {g.alternation("arg_any", {cat({lit(syntax.close_string), {text}}),
+                                      cat({lit(syntax.close_other), {g.embed(grammar::json_value_grammar())}})})};
+  };
   const auto argument = [&](Sequence key, Sequence value) {
-    return cat({lit("<arg_key>"), std::move(key), lit("</arg_key>\n<arg_value>"), std::move(value), lit("</arg_value>\n")});
+    return cat({lit(syntax.open), std::move(key), std::move(value), lit(syntax.value_close)});
   };
   if (!props.is_object() || props.empty()) {  // any keys: free text for both
-    Sequence any = argument({g.text_without("glm_key", "</arg_key>")}, {g.text_without("glm_value", "</arg_value>")});
-    return Sequence{g.star("glm_args", std::move(any))};
+    Sequence any = argument({g.text_without("arg_key", syntax.key_stop)},
+                            cat({typed ? Sequence{} : lit(syntax.close_string), free_value()}));
+    return Sequence{g.star("args", std::move(any))};
   }
   const ordered_json required = params.value("required", ordered_json::array());
   Sequence out;
   for (const auto& [key, schema] : props.items()) {
     Sequence value;
     if (!schema.is_object()) {
-      value = {g.text_without("glm_value", "</arg_value>")};
+      value = cat({typed ? Sequence{} : lit(syntax.close_string), free_value()});
     } else if (schema.value("type", ordered_json()) == "string") {  // raw: an enum's words, or free text
       std::vector<Sequence> words;
       for (const ordered_json& w : schema.contains("const") ? ordered_json::array({schema["const"]})
                                                              : schema.value("enum", ordered_json::array()))
         if (w.is_string()) words.push_back(lit(w.get<std::string>()));
-      value = words.empty() ? Sequence{g.text_without("glm_value", "</arg_value>")}
-                            : Sequence{g.alternation("glm_word", std::move(words))};
+      value = cat({lit(syntax.close_string), words.empty() ? Sequence{g.text_without("arg_text", syntax.value_stop)}
+                                                           : Sequence{g.alternation("arg_word", std::move(words))}});
     } else {
       Result<Grammar> v = grammar::json_schema_to_grammar(schema);
       if (!v.ok() && fn.value("strict", false))
         return invalid_argument("function '" + fn.value("name", std::string()) + "' parameter '" + key +
                                 "': " + v.status().message());
-      value = {g.embed(v.ok() ? *v : grammar::json_value_grammar())};
+      value = cat({lit(syntax.close_other), {g.embed(v.ok() ? *v : grammar::json_value_grammar())}});
     }
     Sequence one = argument(lit(key), std::move(value));
     const bool is_required = std::find(required.begin(), required.end(), ordered_json(key)) != required.end();
     if (is_required) out.insert(out.end(), one.begin(), one.end());
-    else out.push_back(g.optional("glm_arg", std::move(one)));
+    else out.push_back(g.optional("arg", std::move(one)));
   }
   return out;
 }
@@ -185,8 +207,11 @@ Result<Grammar> tool_call_grammar(const ToolSyntax& syntax, const ordered_json& 
     if (rule.name && name != *rule.name) continue;
     Sequence call;
     if (syntax.format == ToolFormat::kGlm45) {
-      KILN_ASSIGN_OR_RETURN(Sequence args, glm_arguments(g, fn));
+      KILN_ASSIGN_OR_RETURN(Sequence args, tagged_arguments(g, fn, kGlmArguments));
       call = cat({lit("<tool_call>" + name + "\n"), args, lit("</tool_call>")});
+    } else if (syntax.format == ToolFormat::kDeepSeekV32) {
+      KILN_ASSIGN_OR_RETURN(Sequence args, tagged_arguments(g, fn, kDsmlArguments));
+      call = cat({lit("<｜DSML｜invoke name=\"" + name + "\">\n"), args, lit("</｜DSML｜invoke>")});
     } else {
       KILN_ASSIGN_OR_RETURN(Grammar a, arguments_grammar(fn));
       const Sequence args{g.embed(a)};
@@ -236,6 +261,11 @@ Result<Grammar> tool_call_grammar(const ToolSyntax& syntax, const ordered_json& 
       block = cat({lit("<｜tool▁calls▁begin｜>"), many ? Sequence{g.plus("calls", {one})} : Sequence{one},
                    lit("<｜tool▁calls▁end｜>")});
       break;
+    case ToolFormat::kDeepSeekV32:  // after the blank line the model puts before its calls
+      block = cat({{g.optional("blank_line", lit("\n\n"))}, lit("<｜DSML｜function_calls>\n"),
+                   many ? Sequence{one, g.star("more_calls", cat({lit("\n"), {one}}))} : Sequence{one},
+                   lit("\n</｜DSML｜function_calls>")});
+      break;
     default: block = {one}; break;
   }
   g.set_start(g.add_rule("tool_calls", {std::move(block)}));
@@ -250,6 +280,7 @@ std::optional<Grammar> lazy_tool_call_grammar(const ToolSyntax& syntax, const Gr
     case ToolFormat::kGlm45: marker = "<tool_call>"; break;
     case ToolFormat::kKimiK2: marker = "<|tool_calls_section_begin|>"; break;
     case ToolFormat::kDeepSeekV3: marker = "<｜tool▁calls▁begin｜>"; break;
+    case ToolFormat::kDeepSeekV32: marker = "<｜DSML｜function_calls>"; break;
     default: return std::nullopt;
   }
   Grammar g;
@@ -301,6 +332,8 @@ const std::vector<std::string>& syntax_markers(tokenizer::ToolFormat format) {
   static const std::vector<std::string> kDeepSeek = {"<think>", "</think>", "<｜tool▁calls▁begin｜>",
                                                      "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
                                                      "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"};
+  // V3.2's DSML tags are text; "｜DSML｜" in case a tokenizer makes it a special token.
+  static const std::vector<std::string> kDsml = {"<think>", "</think>", "｜DSML｜"};
   static const std::vector<std::string> kHarmony = {"<|channel|>", "<|message|>", "<|end|>", "<|start|>",
                                                     "<|constrain|>", "<|call|>"};
   switch (format) {
@@ -308,6 +341,7 @@ const std::vector<std::string>& syntax_markers(tokenizer::ToolFormat format) {
     case ToolFormat::kGlm45: return kGlm;
     case ToolFormat::kKimiK2: return kKimi;
     case ToolFormat::kDeepSeekV3: return kDeepSeek;
+    case ToolFormat::kDeepSeekV32: return kDsml;
     case ToolFormat::kHarmony: return kHarmony;
     case ToolFormat::kNone: break;
   }

@@ -60,6 +60,7 @@ constexpr FormatName kFormatNames[] = {
     {"kimi_k2", ToolFormat::kKimiK2},
     {"deepseek_v3", ToolFormat::kDeepSeekV3},
     {"deepseek_v31", ToolFormat::kDeepSeekV3},
+    {"deepseek_v32", ToolFormat::kDeepSeekV32},
     {"harmony", ToolFormat::kHarmony},
     {"gpt_oss", ToolFormat::kHarmony},
 };
@@ -105,6 +106,9 @@ std::unique_ptr<OutputParser> make_output_parser(ToolFormat format, const Parser
       break;
     case ToolFormat::kDeepSeekV3:
       tools = blocks(detail::deepseek_v3_syntax());
+      break;
+    case ToolFormat::kDeepSeekV32:
+      tools = blocks(detail::dsml_syntax());
       break;
     case ToolFormat::kHarmony:
       break;

@@ -79,6 +79,9 @@ enum class ToolFormat {
   kKimiK2,
   // V3 / R1 (function<｜tool▁sep｜>NAME\n```json ..```) and V3.1 (NAME<｜tool▁sep｜>{..})
   kDeepSeekV3,
+  // V3.2 DSML: <｜DSML｜function_calls><｜DSML｜invoke name="F"><｜DSML｜parameter
+  // name="K" string="true">V</｜DSML｜parameter></｜DSML｜invoke></｜DSML｜function_calls>
+  kDeepSeekV32,
   // GPT-OSS channels; reasoning is the analysis channel (ReasoningOptions are ignored).
   kHarmony,
 };
@@ -112,7 +115,7 @@ struct ParserOptions {
 };
 
 // "none", "hermes" (= "qwen3"), "glm45" (= "glm47"), "kimi_k2", "deepseek_v3"
-// (= "deepseek_v31"), "harmony" (= "gpt_oss").
+// (= "deepseek_v31"), "deepseek_v32", "harmony" (= "gpt_oss").
 Result<ToolFormat> parse_tool_format(std::string_view name);
 std::string_view tool_format_name(ToolFormat format);
 

@@ -156,6 +156,57 @@ std::optional<CallText> parse_deepseek_body(std::string_view body) {
   return CallText{.name = std::string(left), .arguments_json = dump_compact(*arguments)};
 }
 
+// ---- DeepSeek-V3.2 DSML ----
+
+constexpr std::string_view kDsmlParameter = "<｜DSML｜parameter";
+constexpr std::string_view kDsmlParameterEnd = "</｜DSML｜parameter>";
+
+// Reads `attr="VALUE"` at pos (after optional spaces); pos moves past the closing quote.
+std::optional<std::string_view> dsml_attribute(std::string_view body, size_t& pos, std::string_view attr) {
+  while (pos < body.size() && is_space(body[pos])) ++pos;
+  if (!starts_with_at(body, pos, attr) || !starts_with_at(body, pos + attr.size(), "=\"")) return std::nullopt;
+  const size_t begin = pos + attr.size() + 2;
+  const size_t end = body.find('"', begin);
+  if (end == std::string_view::npos) return std::nullopt;
+  pos = end + 1;
+  return body.substr(begin, end - begin);
+}
+
+// The body after "<｜DSML｜invoke": ` name="NAME">` then the parameters.
+std::optional<CallText> parse_dsml_body(std::string_view body) {
+  size_t pos = 0;
+  std::optional<std::string_view> name = dsml_attribute(body, pos, "name");
+  if (!name || !valid_name(*name) || !starts_with_at(body, pos, ">")) return std::nullopt;
+  ++pos;
+  Json arguments = Json::object();
+  while (true) {
+    while (pos < body.size() && is_space(body[pos])) ++pos;
+    if (pos == body.size()) break;
+    if (!starts_with_at(body, pos, kDsmlParameter)) return std::nullopt;
+    pos += kDsmlParameter.size();
+    std::optional<std::string_view> key = dsml_attribute(body, pos, "name");
+    if (!key || key->empty() || arguments.contains(std::string(*key))) return std::nullopt;
+    size_t after_key = pos;
+    std::optional<std::string_view> is_string = dsml_attribute(body, pos, "string");
+    if (!is_string) pos = after_key;
+    if (!starts_with_at(body, pos, ">")) return std::nullopt;
+    ++pos;
+    const size_t end = body.find(kDsmlParameterEnd, pos);
+    if (end == std::string_view::npos) return std::nullopt;
+    const std::string_view text = body.substr(pos, end - pos);
+    pos = end + kDsmlParameterEnd.size();
+    Json value;
+    if (is_string && *is_string == "true") {
+      value = std::string(text);
+    } else {
+      value = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+      if (value.is_discarded()) value = std::string(text);
+    }
+    arguments[std::string(*key)] = std::move(value);
+  }
+  return CallText{.name = std::string(*name), .arguments_json = dump_compact(arguments)};
+}
+
 }  // namespace
 
 BlockSyntax hermes_syntax() {
@@ -184,6 +235,14 @@ BlockSyntax deepseek_v3_syntax() {
           .call_begin = {"<｜tool▁call▁begin｜>"},
           .call_end = {"<｜tool▁call▁end｜>"},
           .parse_body = parse_deepseek_body};
+}
+
+BlockSyntax dsml_syntax() {
+  return {.section_begin = {"<｜DSML｜function_calls>"},
+          .section_end = {"</｜DSML｜function_calls>"},
+          .call_begin = {"<｜DSML｜invoke"},
+          .call_end = {"</｜DSML｜invoke>"},
+          .parse_body = parse_dsml_body};
 }
 
 }  // namespace kiln::tokenizer::detail

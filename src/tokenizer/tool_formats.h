@@ -26,4 +26,11 @@ BlockSyntax kimi_k2_syntax();
 // <｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{json}<｜tool▁call▁end｜>. One parser takes both.
 BlockSyntax deepseek_v3_syntax();
 
+// DeepSeek-V3.2 ("DSML", after a blank line): <｜DSML｜function_calls>
+// <｜DSML｜invoke name="NAME"><｜DSML｜parameter name="K" string="true">V</｜DSML｜parameter>...
+// </｜DSML｜invoke>...</｜DSML｜function_calls>, newlines between the tags. A value with
+// string="true" is the raw text; string="false" is JSON (the raw text where it does not
+// parse). A parameter without the attribute is JSON if it parses, else text.
+BlockSyntax dsml_syntax();
+
 }  // namespace kiln::tokenizer::detail

@@ -55,6 +55,14 @@ std::string call_text(const ToolSyntax& s, const std::string& name, const std::s
       return s.deepseek_fenced ? "<｜tool▁call▁begin｜>function<｜tool▁sep｜>" + name + "\n```json\n" + args +
                                      "\n```<｜tool▁call▁end｜>"
                                : "<｜tool▁call▁begin｜>" + name + "<｜tool▁sep｜>" + args + "<｜tool▁call▁end｜>";
+    case ToolFormat::kDeepSeekV32: {
+      std::string out = "<｜DSML｜invoke name=\"" + name + "\">\n";
+      const ordered_json parsed = ordered_json::parse(args);
+      for (const auto& [k, v] : parsed.items())
+        out += "<｜DSML｜parameter name=\"" + k + "\" string=\"" + (v.is_string() ? "true" : "false") + "\">" +
+               (v.is_string() ? v.get<std::string>() : v.dump()) + "</｜DSML｜parameter>\n";
+      return out + "</｜DSML｜invoke>";
+    }
     case ToolFormat::kHarmony:
       return "<|channel|>commentary to=functions." + name + " <|constrain|>json<|message|>" + args + "<|call|>";
     case ToolFormat::kNone: break;
@@ -65,17 +73,20 @@ std::string call_text(const ToolSyntax& s, const std::string& name, const std::s
 std::string block_text(const ToolSyntax& s, const std::vector<std::string>& calls) {
   std::string inner;
   for (size_t i = 0; i < calls.size(); ++i) {
-    const bool lines = s.format == ToolFormat::kHermes || s.format == ToolFormat::kGlm45;
+    const bool lines =
+        s.format == ToolFormat::kHermes || s.format == ToolFormat::kGlm45 || s.format == ToolFormat::kDeepSeekV32;
     inner += (i > 0 && lines ? "\n" : "") + calls[i];
   }
   if (s.format == ToolFormat::kKimiK2) return "<|tool_calls_section_begin|>" + inner + "<|tool_calls_section_end|>";
   if (s.format == ToolFormat::kDeepSeekV3) return "<｜tool▁calls▁begin｜>" + inner + "<｜tool▁calls▁end｜>";
+  if (s.format == ToolFormat::kDeepSeekV32) return "<｜DSML｜function_calls>\n" + inner + "\n</｜DSML｜function_calls>";
   return inner;
 }
 
 const ToolSyntax kSyntaxes[] = {{ToolFormat::kHermes},     {ToolFormat::kGlm45},
                                 {ToolFormat::kKimiK2},     {ToolFormat::kDeepSeekV3, true},
-                                {ToolFormat::kDeepSeekV3, false}, {ToolFormat::kHarmony}};
+                                {ToolFormat::kDeepSeekV3, false}, {ToolFormat::kDeepSeekV32},
+                                {ToolFormat::kHarmony}};
 
 class ToolGrammar : public ::testing::TestWithParam<ToolSyntax> {};
 
@@ -96,10 +107,11 @@ TEST_P(ToolGrammar, RandomValidCallsAreAcceptedAndParseBack) {
       const ordered_json& fn = kTools[rng() % 2]["function"];
       InstanceGenerator gen(fn["parameters"], uint64_t(trial * 10 + i));
       ordered_json args = gen.generate(fn["parameters"]);
-      // GLM writes string values raw: keep them free of its markers and of edge spaces
-      // the template would not produce.
-      if (s.format == ToolFormat::kGlm45 && args.contains("city")) args["city"] = "Paris " + std::to_string(trial);
-      calls.push_back(call_text(s, fn["name"], s.format == ToolFormat::kGlm45 ? args.dump() : gen.serialize(args), i));
+      // GLM and DSML write string values raw: keep them free of their markers and of edge
+      // spaces the template would not produce.
+      const bool raw = s.format == ToolFormat::kGlm45 || s.format == ToolFormat::kDeepSeekV32;
+      if (raw && args.contains("city")) args["city"] = "Paris " + std::to_string(trial);
+      calls.push_back(call_text(s, fn["name"], raw ? args.dump() : gen.serialize(args), i));
       want.emplace_back(fn["name"], args);
     }
     const std::string text = block_text(s, calls);
@@ -163,7 +175,8 @@ TEST(ToolGrammar, AStrictFunctionWithASchemaKilnCannotEnforceIsRefusedALooseOneI
 // held to the schemas; harmony has no marker in text (no lazy grammar).
 TEST(ToolGrammar, LazyCallsAreFreeTextUntilTheMarker) {
   for (const ToolSyntax& s : {ToolSyntax{ToolFormat::kHermes}, ToolSyntax{ToolFormat::kGlm45},
-                              ToolSyntax{ToolFormat::kKimiK2}, ToolSyntax{ToolFormat::kDeepSeekV3, true}}) {
+                              ToolSyntax{ToolFormat::kKimiK2}, ToolSyntax{ToolFormat::kDeepSeekV3, true},
+                              ToolSyntax{ToolFormat::kDeepSeekV32}}) {
     SCOPED_TRACE(std::string(tokenizer::tool_format_name(s.format)));
     auto calls = tool_call_grammar(s, kTools, {});
     ASSERT_TRUE(calls.ok());

@@ -97,6 +97,16 @@ TEST(CliTokenizer, RenderPrintsTheChatTemplatePromptExactly) {
   EXPECT_NE(r.out.find("<|im_start|>assistant"), std::string::npos);
 }
 
+TEST(CliTokenizer, RenderUsesTheDeepSeekV32EncoderForItsCheckpoints) {
+  const std::string model = std::string(KILN_TEST_DATA) + "/models/deepseek_v32";  // config.json, no template
+  const auto msgs = std::filesystem::temp_directory_path() / ("kiln_dsv32_msgs_" + std::to_string(::getpid()));
+  std::ofstream(msgs) << R"([{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"}])";
+  Out r = kiln("render --model " + model + " --messages " + msgs.string() + " --kwargs '{\"thinking\": true}'");
+  std::filesystem::remove(msgs);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "<｜begin▁of▁sentence｜>S<｜User｜>Hi<｜Assistant｜><think>");
+}
+
 TEST(CliTokenizer, BadInputsFailWithAClearMessage) {
   const std::string model = peer_model("qwen3");
   for (const auto& [args, expect] : std::vector<std::pair<std::string, std::string>>{

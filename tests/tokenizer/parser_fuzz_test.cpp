@@ -17,11 +17,13 @@ const std::vector<std::string> kPieces = {
     "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>",
     "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>",
     "<｜tool▁call▁end｜>", "<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>",
-    "<|call|>", "<|constrain|>",
+    "<|call|>", "<|constrain|>", "<｜DSML｜function_calls>", "</｜DSML｜function_calls>", "<｜DSML｜invoke",
+    "</｜DSML｜invoke>", "<｜DSML｜parameter", "</｜DSML｜parameter>",
     // pieces of markers and of their contents
     "<", "</", "<|", "|>", "<｜", "｜", "▁", "think", "tool_call", "<tool", "<|tool", "<｜tool",
     "assistant", "analysis", "final", "commentary", " to=functions.f", "to=", "json",
-    "functions.f:0", "function", "get_weather", "```json\n", "```", "k",
+    "functions.f:0", "function", "get_weather", "```json\n", "```", "k", " name=\"f\">", " string=\"true\">",
+    "｜DSML｜", "<｜DSML｜", "</｜DSML｜",
     // JSON
     "{", "}", "{}", "{\"name\": \"f\", \"arguments\": {\"a\": 1}}", "{\"a\": \"é\"}", "\"", ":",
     ",", "1",
@@ -37,7 +39,11 @@ const std::vector<std::string> kPieces = {
     "<｜tool▁call▁begin｜>g<｜tool▁sep｜>{\"c\": null}<｜tool▁call▁end｜>",
     "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}<|call|>",
     "<|start|>assistant<|channel|>final<|message|>",
-    "<|start|>assistant<|channel|>analysis<|message|>"};
+    "<|start|>assistant<|channel|>analysis<|message|>",
+    "\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"a\" "
+    "string=\"false\">1</｜DSML｜parameter>\n</｜DSML｜invoke>\n",
+    "<｜DSML｜invoke name=\"g\">\n<｜DSML｜parameter name=\"s\" string=\"true\">é</｜DSML｜parameter>\n"
+    "</｜DSML｜invoke>"};
 
 std::string random_text(std::mt19937& rng) {
   std::string out;
@@ -70,8 +76,9 @@ std::string describe(const ParsedOutput& p) {
 }
 
 TEST(ParserProperty, RandomMarkerSoupStreamsLikeOneShot) {
-  const ToolFormat formats[] = {ToolFormat::kNone,   ToolFormat::kHermes,     ToolFormat::kGlm45,
-                                ToolFormat::kKimiK2, ToolFormat::kDeepSeekV3, ToolFormat::kHarmony};
+  const ToolFormat formats[] = {ToolFormat::kNone,       ToolFormat::kHermes,      ToolFormat::kGlm45,
+                                ToolFormat::kKimiK2,     ToolFormat::kDeepSeekV3,  ToolFormat::kDeepSeekV32,
+                                ToolFormat::kHarmony};
   const ReasoningOptions modes[] = {
       {},
       {.enabled = true},
@@ -100,7 +107,7 @@ TEST(ParserProperty, WithoutParsedCallsNoTextIsLost) {
   // When nothing parses as a call and no reasoning is configured, the content is the
   // output byte for byte: fallbacks keep markers, whitespace and all.
   const ToolFormat formats[] = {ToolFormat::kNone, ToolFormat::kHermes, ToolFormat::kGlm45,
-                                ToolFormat::kKimiK2, ToolFormat::kDeepSeekV3};
+                                ToolFormat::kKimiK2, ToolFormat::kDeepSeekV3, ToolFormat::kDeepSeekV32};
   std::mt19937 rng(11);
   for (ToolFormat format : formats) {
     for (int i = 0; i < 500; ++i) {

@@ -42,6 +42,8 @@ TEST(ParserApi, FormatNamesAndAliases) {
   EXPECT_EQ(parse_tool_format("glm47").value(), ToolFormat::kGlm45);
   EXPECT_EQ(parse_tool_format("deepseek_v31").value(), ToolFormat::kDeepSeekV3);
   EXPECT_EQ(parse_tool_format("gpt_oss").value(), ToolFormat::kHarmony);
+  EXPECT_EQ(parse_tool_format("deepseek_v32").value(), ToolFormat::kDeepSeekV32);
+  EXPECT_EQ(tool_format_name(ToolFormat::kDeepSeekV32), "deepseek_v32");
   EXPECT_EQ(tool_format_name(ToolFormat::kKimiK2), "kimi_k2");
   Result<ToolFormat> bad = parse_tool_format("llama4");
   ASSERT_FALSE(bad.ok());
