@@ -16,6 +16,7 @@
 #include "model/inspect.h"
 #include "model/loader.h"
 #include "models/registry.h"
+#include "runtime/ngram_drafter.h"
 #include "runtime/sizing.h"
 
 namespace kiln::runtime {
@@ -59,6 +60,18 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_dir,
     for (int64_t id : *ids)
       if (id >= 0 && id < e->config_.vocab_size && !contains(e->eos_ids_, int32_t(id))) e->eos_ids_.push_back(int32_t(id));
   KILN_RETURN_IF_ERROR(e->size_kv_cache(options).with_context("loading " + model_dir));
+  if (options.speculative_method != SpeculativeMethod::kOff) {
+    if (options.num_speculative_tokens < 1) {
+      return invalid_argument("speculative decoding needs --num-speculative-tokens of at least 1 (got " +
+                              std::to_string(options.num_speculative_tokens) + ")");
+    }
+    if (e->runner_->recurrent()) {
+      return unsupported("speculative decoding is not supported for models with recurrent layers (" +
+                         e->config_.architecture +
+                         ": Gated DeltaNet) yet: their state cannot be rolled back past rejected drafts; "
+                         "use --speculative-method off");
+    }
+  }
   return e;
 }
 
@@ -562,6 +575,7 @@ void Engine::drop_request(std::unordered_map<uint64_t, RequestState>::iterator i
 
 std::vector<StepOutput> Engine::step() {
   const auto start = std::chrono::steady_clock::now();
+  if (options_.speculative_method != SpeculativeMethod::kOff) propose_drafts();
   const Schedule schedule = scheduler_->schedule(*blocks_);
   // A preempted sequence starts again from position 0: its recurrent-state row is free.
   for (Sequence* s : schedule.preempted) release_state_slot(*s);
@@ -577,6 +591,7 @@ std::vector<StepOutput> Engine::step() {
   if (states_.enabled()) assign_state_rows(schedule);
   StepBatch batch = build_step_batch(schedule, kv_[0].block_size, states_.enabled() ? states_.scratch_row() : -1);
   const std::vector<Sequence*> sampled = std::move(batch.sampled);
+  const std::vector<StepBatch::Verify> verify = std::move(batch.verify);
   std::vector<Sampler*> samplers;
   for (Sequence* s : sampled) samplers.push_back(&s->sampler);
   // Structured output: the token masks of this step's samples on worker threads while the
@@ -596,42 +611,84 @@ std::vector<StepOutput> Engine::step() {
       st.started = true;
       --unstarted_requests_;
     }
-    s.seq->n_computed += s.n_new;
+    // Drafts are computed but not yet known to stand: only the last token counts (the
+    // accepted ones are added, and committed to the prefix cache, after verification).
+    s.seq->n_computed += s.n_new - s.n_draft;
     blocks_->commit(s.seq->table, s.seq->tokens, s.seq->n_computed);
     stats_.computed_tokens += s.n_new;
   }
   if (states_.enabled()) checkpoint_states(schedule);
   ++stats_.steps;
   std::vector<StepOutput> outs;
-  if (sampled.empty()) return outs;
-
-  std::vector<SampledToken> tokens = sample_rows(*backend_, logits.slice0(0, int64_t(sampled.size())), samplers,
-                                                 masks.valid() ? masks.get() : std::vector<uint32_t>{});
   std::vector<uint64_t> done;
-  for (size_t i = 0; i < sampled.size(); ++i) {
-    Sequence& seq = *sampled[i];
-    const Request& r = *seq.request;
-    SampledToken t = std::move(tokens[i]);
-    if (size_t(seq.n_generated()) < r.forced_output.size()) force(t, r.forced_output[size_t(seq.n_generated())], logits, i, r.sampling.logprobs >= 0);
-    seq.tokens.push_back(t.token);
-    seq.sampler.observe_generated(t.token);
-    ++stats_.generated_tokens;
-    if (seq.sample_index == 0 && seq.n_generated() == 1)
-      for (auto& s : requests_.at(seq.request_id).seqs) s->wait_for = nullptr;  // the prompt is cached now
-    FinishReason f = FinishReason::kNone;
-    if (!r.ignore_eos && contains(eos_ids_, t.token)) f = FinishReason::kEos;
-    else if (contains(r.stop_token_ids, t.token)) f = FinishReason::kStopToken;
-    else if (seq.sampler.grammar_done()) f = FinishReason::kGrammar;
-    else if (seq.n_generated() >= r.max_tokens || seq.n_tokens() >= max_model_len_) f = FinishReason::kLength;
-    outs.push_back({.request_id = seq.request_id, .sample_index = seq.sample_index, .token = std::move(t),
-                    .finish = f});
-    if (f != FinishReason::kNone) {
-      finish(seq, f);
-      if (requests_.at(seq.request_id).n_unfinished == 0) done.push_back(seq.request_id);
+  if (!sampled.empty()) {
+    std::vector<SampledToken> tokens = sample_rows(*backend_, logits.slice0(0, int64_t(sampled.size())), samplers,
+                                                   masks.valid() ? masks.get() : std::vector<uint32_t>{});
+    for (size_t i = 0; i < sampled.size(); ++i) {
+      Sequence& seq = *sampled[i];
+      const Request& r = *seq.request;
+      SampledToken t = std::move(tokens[i]);
+      if (size_t(seq.n_generated()) < r.forced_output.size()) force(t, r.forced_output[size_t(seq.n_generated())], logits, i, r.sampling.logprobs >= 0);
+      emit(seq, std::move(t), outs, done);
     }
+  }
+  // Speculative verification: each sequence's rows [last, d1 .. dk] follow the sampled ones.
+  int64_t row = int64_t(sampled.size());
+  for (const StepBatch::Verify& v : verify) {
+    Sequence& seq = *v.seq;
+    const std::span<const int32_t> draft(seq.draft.data(), size_t(v.n_draft));
+    Verification result = verify_drafts(*backend_, logits.slice0(row, row + v.n_draft + 1), seq.sampler, draft);
+    row += v.n_draft + 1;
+    stats_.spec_draft_tokens += v.n_draft;
+    stats_.spec_accepted_tokens += result.n_accepted;
+    ++stats_.spec_verified_seqs;
+    // The accepted drafts' KV stands; the rejected positions' blocks go back.
+    seq.n_computed += result.n_accepted;
+    bool running = true;
+    for (SampledToken& t : result.tokens)
+      if (!(running = emit(seq, std::move(t), outs, done))) break;
+    if (!running) continue;
+    blocks_->shrink(seq.table, seq.n_computed);
+    blocks_->commit(seq.table, seq.tokens, seq.n_computed);
   }
   for (uint64_t id : done) drop_request(requests_.find(id));
   return outs;
+}
+
+bool Engine::emit(Sequence& seq, SampledToken t, std::vector<StepOutput>& outs, std::vector<uint64_t>& done) {
+  const Request& r = *seq.request;
+  seq.tokens.push_back(t.token);
+  seq.sampler.observe_generated(t.token);
+  ++stats_.generated_tokens;
+  if (seq.sample_index == 0 && seq.n_generated() == 1)
+    for (auto& s : requests_.at(seq.request_id).seqs) s->wait_for = nullptr;  // the prompt is cached now
+  FinishReason f = FinishReason::kNone;
+  if (!r.ignore_eos && contains(eos_ids_, t.token)) f = FinishReason::kEos;
+  else if (contains(r.stop_token_ids, t.token)) f = FinishReason::kStopToken;
+  else if (seq.sampler.grammar_done()) f = FinishReason::kGrammar;
+  else if (seq.n_generated() >= r.max_tokens || seq.n_tokens() >= max_model_len_) f = FinishReason::kLength;
+  outs.push_back({.request_id = seq.request_id, .sample_index = seq.sample_index, .token = std::move(t), .finish = f});
+  if (f == FinishReason::kNone) return true;
+  finish(seq, f);
+  if (requests_.at(seq.request_id).n_unfinished == 0) done.push_back(seq.request_id);
+  return false;
+}
+
+void Engine::propose_drafts() {
+  const int32_t k = options_.num_speculative_tokens;
+  for (Sequence* seq : scheduler_->running()) {
+    seq->draft.clear();
+    const Request& r = *seq->request;
+    // Decoding sequences only; never constrained ones (the matcher would have to follow
+    // each draft) nor those the test hook forces.
+    if (seq->n_uncomputed() != 1 || seq->sampler.constrained() || size_t(seq->n_generated()) < r.forced_output.size())
+      continue;
+    // At most one token fewer than the sequence may still emit: the target's own token
+    // always follows the accepted drafts.
+    const int64_t can_emit = std::min<int64_t>(r.max_tokens - seq->n_generated(), max_model_len_ - seq->n_tokens());
+    const int32_t n = int32_t(std::min<int64_t>(k, can_emit - 1));
+    if (n >= 1) seq->draft = ngram_draft(seq->tokens, n);
+  }
 }
 
 EngineStats Engine::stats() const {
