@@ -5,6 +5,8 @@
 #include <cmath>
 #include <random>
 
+#include <nlohmann/json.hpp>
+
 #include "engine_test_util.h"
 #include "runtime/ngram_drafter.h"
 #include "runtime/speculative.h"
@@ -260,6 +262,26 @@ TEST_P(SpeculativeFixture, PrefixCacheHitsAfterRollbacksAreCorrect) {
   const Outputs turn2 = test::run_together(*spec, second, 100);
   EXPECT_GT(spec->stats().prefix_hit_tokens - hits_before, int64_t(4 * 16)) << "the first turns were cached";
   expect_same(turn2, test::run_together(*plain, second, 100), GetParam() + " turn 2");
+  EXPECT_EQ(spec->stats().kv_blocks_used, 0);
+}
+
+// The fixture's longest golden prompt (the 2026 fixtures' 80-token prompt_xlong, else
+// prompt_long), alone and as n = 2 samples sharing its blocks: greedy tokens and logprobs
+// as without drafts, over positions past the sliding windows and DSA's top-k.
+TEST_P(SpeculativeFixture, LongestGoldenPromptGivesTheSameGreedyOutputs) {
+  const nlohmann::json golden = testing::read_json(testing::fixture_dir(GetParam()) + "/golden.json");
+  const std::vector<int32_t> prompt =
+      golden[golden.contains("prompt_xlong") ? "prompt_xlong" : "prompt_long"].get<std::vector<int32_t>>();
+  const EngineOptions base{.block_size = 8, .max_model_len = 128};
+  auto plain = test::load_fixture(GetParam(), base);
+  auto spec = test::load_fixture(GetParam(), spec_options(base, 4));
+  ASSERT_TRUE(plain && spec);
+  const std::vector<Request> requests = {
+      {.prompt = prompt, .sampling = {.logprobs = 3}, .max_tokens = 24, .ignore_eos = true},
+      {.prompt = prompt, .sampling = {.logprobs = 0, .repetition_penalty = 1.1f}, .max_tokens = 24, .n = 2}};
+  expect_same(test::run_together(*spec, requests), test::run_together(*plain, requests), GetParam() + " longest prompt");
+  report_acceptance(GetParam() + " longest prompt", spec->stats());
+  EXPECT_GT(spec->stats().spec_draft_tokens, 0);
   EXPECT_EQ(spec->stats().kv_blocks_used, 0);
 }
 
