@@ -51,6 +51,10 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_dir,
 Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_dir,
                                              std::vector<std::unique_ptr<ops::Backend>> backends,
                                              const EngineOptions& options) {
+  if (options.speculative_method != SpeculativeMethod::kOff && options.num_speculative_tokens < 1) {
+    return invalid_argument("speculative decoding needs --num-speculative-tokens of at least 1 (got " +
+                            std::to_string(options.num_speculative_tokens) + ")");
+  }
   std::unique_ptr<Engine> e(new Engine());
   e->options_ = options;
   KILN_ASSIGN_OR_RETURN(e->runner_, ModelRunner::create(std::move(backends), options.parallel, options.comms));
@@ -59,19 +63,13 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_dir,
   for (const auto* ids : {&e->config_.eos_token_ids, &e->config_.generation_eos_token_ids})
     for (int64_t id : *ids)
       if (id >= 0 && id < e->config_.vocab_size && !contains(e->eos_ids_, int32_t(id))) e->eos_ids_.push_back(int32_t(id));
-  KILN_RETURN_IF_ERROR(e->size_kv_cache(options).with_context("loading " + model_dir));
-  if (options.speculative_method != SpeculativeMethod::kOff) {
-    if (options.num_speculative_tokens < 1) {
-      return invalid_argument("speculative decoding needs --num-speculative-tokens of at least 1 (got " +
-                              std::to_string(options.num_speculative_tokens) + ")");
-    }
-    if (e->runner_->recurrent()) {
-      return unsupported("speculative decoding is not supported for models with recurrent layers (" +
-                         e->config_.architecture +
-                         ": Gated DeltaNet) yet: their state cannot be rolled back past rejected drafts; "
-                         "use --speculative-method off");
-    }
+  if (options.speculative_method != SpeculativeMethod::kOff && e->runner_->recurrent()) {
+    return unsupported("speculative decoding is not supported for models with recurrent layers (" +
+                       e->config_.architecture +
+                       ": Gated DeltaNet) yet: their state cannot be rolled back past rejected drafts; "
+                       "use --speculative-method off");
   }
+  KILN_RETURN_IF_ERROR(e->size_kv_cache(options).with_context("loading " + model_dir));
   return e;
 }
 
@@ -286,7 +284,8 @@ Status Engine::size_kv_cache(const EngineOptions& o) {
 
 int64_t Engine::measure_activation_peak() {
   // The largest step: the whole token budget, over as many sequences as may run, each
-  // sampling its last row with the most logprobs.
+  // sampling its last row with the most logprobs (with speculative decoding, its last
+  // num_speculative_tokens + 1 rows: a verify step's logits).
   const SchedulerConfig& sc = scheduler_->config();
   const int32_t bs = options_.block_size;
   const int32_t n_seqs = std::max(1, std::min(sc.max_num_seqs, sc.max_num_batched_tokens));
@@ -311,21 +310,23 @@ int64_t Engine::measure_activation_peak() {
       b.q_start.push_back(b.n_tokens());
       b.context_len.push_back(per_seq);
       for (int32_t i = 0; i < blocks_per_seq; ++i) b.block_table.push_back(s * blocks_per_seq + i);
+      const int32_t logit_rows =
+          options_.speculative_method != SpeculativeMethod::kOff ? std::min(per_seq, options_.num_speculative_tokens + 1) : 1;
       for (int32_t p = 0; p < per_seq; ++p) {
         b.token_ids.push_back(int32_t((s * 7919 + p) % config_.vocab_size));
         b.positions.push_back(p);
         b.slot_mapping.push_back(int32_t(b.slot(s, p)));
+        if (p >= per_seq - logit_rows) b.logit_rows.push_back(b.n_tokens() - 1);
       }
-      b.logit_rows.push_back(b.n_tokens() - 1);
       if (runner_->recurrent()) b.state_slots.push_back(s);
     }
     b.q_start.push_back(b.n_tokens());
     step_batch_ = std::move(b);
     const Tensor logits = run_forward(temp);
-    std::vector<ops::SamplingParams> params(static_cast<size_t>(n_seqs), {.temperature = 1.0f});
-    std::vector<float> uniform(static_cast<size_t>(n_seqs), 0.5f);
+    const size_t rows = step_batch_.logit_rows.size();
+    std::vector<ops::SamplingParams> params(rows, {.temperature = 1.0f});
+    std::vector<float> uniform(rows, 0.5f);
     const int32_t n_top = int32_t(std::min<int64_t>(ops::kMaxTopLogprobs, config_.vocab_size));
-    const size_t rows = static_cast<size_t>(n_seqs);
     std::vector<int32_t> tokens(rows), top_ids(rows * static_cast<size_t>(n_top));
     std::vector<float> logprobs(rows), top_logprobs(rows * static_cast<size_t>(n_top));
     backend_->sample({.logits = logits, .params = params, .uniform = uniform, .n_top = n_top, .tokens = tokens,
