@@ -57,6 +57,13 @@ void add_common(CLI::App* cmd, CommonOptions& o, bool model_option) {
                   "aborted with an error naming the stalled rank (0: never)")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
+  cmd->add_option("--speculative-method", o.speculative_method,
+                  "speculative decoding: off, or ngram (drafts looked up in the sequence's own tokens, verified "
+                  "exactly by the model; not for Gated DeltaNet models)")
+      ->check(CLI::IsMember({"off", "ngram"}));
+  cmd->add_option("--num-speculative-tokens", o.num_speculative_tokens,
+                  "draft tokens per sequence and step with --speculative-method (at least 1)")
+      ->check(CLI::Range(0, 64));
 }
 
 runtime::EngineOptions engine_options(const CommonOptions& o) {
@@ -68,6 +75,9 @@ runtime::EngineOptions engine_options(const CommonOptions& o) {
           .kv_cache_dtype = *kv_dtype,
           .load_format = o.load_format == "dummy" ? runtime::LoadFormat::kDummy : runtime::LoadFormat::kAuto,
           .num_layers = o.num_layers,
+          .speculative_method =
+              o.speculative_method == "ngram" ? runtime::SpeculativeMethod::kNgram : runtime::SpeculativeMethod::kOff,
+          .num_speculative_tokens = o.num_speculative_tokens,
           .parallel = {.tensor_parallel = o.tensor_parallel,
                        .pipeline_parallel = o.pipeline_parallel,
                        .expert_parallel = o.expert_parallel,

@@ -30,11 +30,14 @@ struct CommonOptions {
   int pipeline_parallel = 1;
   bool expert_parallel = false;
   double watchdog_timeout = 60.0;  // seconds; 0: off
+  std::string speculative_method = "off";  // off | ngram
+  int num_speculative_tokens = 0;
 };
 
 // --backend, --threads, --device, --smem-cap, --block-size, --prefill-chunk,
 // --max-model-len, --load-format, --num-layers, --kv-cache-dtype, --tensor-parallel-size,
-// --pipeline-parallel-size, --enable-expert-parallel; and --model unless the command takes
+// --pipeline-parallel-size, --enable-expert-parallel, --speculative-method,
+// --num-speculative-tokens; and --model unless the command takes
 // the model as an argument.
 void add_common(CLI::App* cmd, CommonOptions& o, bool model_option = true);
 

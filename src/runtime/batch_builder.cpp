@@ -25,12 +25,18 @@ StepBatch build_step_batch(const Schedule& schedule, int32_t block_size, int32_t
   b.max_blocks_per_seq = int32_t(width);
 
   const bool decode = schedule.decode_only();
+  // Sequences without drafts first, so that the sampled rows lead the logits.
+  std::vector<const ScheduledSeq*> order;
+  for (const ScheduledSeq& s : schedule.seqs)
+    if (s.n_draft == 0) order.push_back(&s);
+  for (const ScheduledSeq& s : schedule.seqs)
+    if (s.n_draft > 0) order.push_back(&s);
   const int32_t n_seqs = int32_t(schedule.seqs.size());
   const int32_t n_rows_seqs = decode ? decode_bucket(n_seqs) : n_seqs;
   for (int32_t r = 0; r < n_rows_seqs; ++r) {
     // A padding row repeats the first sequence's row with a padding slot.
     const bool pad = r >= n_seqs;
-    const ScheduledSeq& s = schedule.seqs[size_t(pad ? 0 : r)];
+    const ScheduledSeq& s = *order[size_t(pad ? 0 : r)];
     const Sequence& seq = *s.seq;
     const std::vector<int32_t>& blocks = seq.table.blocks;
     KILN_CHECK(!blocks.empty()) << "scheduled sequence without blocks";
@@ -43,12 +49,17 @@ StepBatch build_step_batch(const Schedule& schedule, int32_t block_size, int32_t
     }
     b.block_table.insert(b.block_table.end(), blocks.begin(), blocks.end());
     b.block_table.resize(size_t(r + 1) * width, blocks.back());
+    KILN_CHECK(s.n_draft == 0 || (s.n_draft <= int32_t(seq.draft.size()) && seq.n_uncomputed() == 1))
+        << "drafts of a sequence that is not decoding";
     for (int32_t p = seq.n_computed; p < seq.n_computed + s.n_new; ++p) {
-      b.token_ids.push_back(seq.tokens[size_t(p)]);
+      b.token_ids.push_back(p < seq.n_tokens() ? seq.tokens[size_t(p)] : seq.draft[size_t(p - seq.n_tokens())]);
       b.positions.push_back(p);
       b.slot_mapping.push_back(pad ? ops::kPadSlot : int32_t(b.slot(seq_index, p)));
+      if (s.n_draft > 0) b.logit_rows.push_back(b.n_tokens() - 1);
     }
-    if (pad) {
+    if (s.n_draft > 0) {
+      out.verify.push_back({.seq = s.seq, .n_draft = s.n_draft});
+    } else if (pad) {
       b.logit_rows.push_back(b.n_tokens() - 1);
     } else if (seq.n_computed + s.n_new == seq.n_tokens()) {
       b.logit_rows.push_back(b.n_tokens() - 1);

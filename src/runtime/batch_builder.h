@@ -1,7 +1,8 @@
 // From a schedule to the step's flattened batch (ops::BatchMeta): each scheduled
 // sequence contributes its next n_new tokens as consecutive rows, their KV slots found
 // through its block table. Sequences that reach the end of their known tokens ask for the
-// logits of their last row: those are sampled.
+// logits of their last row: those are sampled. Sequences with speculative drafts come
+// last, with a logit row for each of their rows.
 //
 // Decode-only steps (one token per sequence) are padded to decode_bucket(n) rows with
 // padding rows (ops::kPadSlot: nothing stored, logits ignored), and every step's block
@@ -26,6 +27,14 @@ struct StepBatch {
   // The sequences whose next token this step samples, in logit-row order: the logits'
   // first sampled.size() rows belong to them (padding rows follow).
   std::vector<Sequence*> sampled;
+  // Sequences verifying speculative drafts (ScheduledSeq::n_draft > 0), after the sampled
+  // ones in the batch: each has n_draft + 1 consecutive logit rows, [last, d1 .. dk],
+  // from row sampled.size() on, in this order.
+  struct Verify {
+    Sequence* seq = nullptr;
+    int32_t n_draft = 0;
+  };
+  std::vector<Verify> verify;
 };
 
 // pad_state_slot >= 0: the model has recurrent layers; each row gets its sequence's

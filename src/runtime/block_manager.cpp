@@ -121,6 +121,28 @@ void BlockManager::free(BlockTable& table) {
   table = BlockTable{};
 }
 
+void BlockManager::shrink(BlockTable& table, int32_t n_tokens) {
+  const size_t keep = size_t((std::max(n_tokens, 0) + block_size_ - 1) / block_size_);
+  KILN_CHECK_GE(keep, size_t(table.n_full_hashed)) << "shrinking into hashed blocks";
+  while (table.blocks.size() > keep) {
+    const int32_t id = table.blocks.back();
+    table.blocks.pop_back();
+    Block& b = blocks_[size_t(id)];
+    KILN_CHECK(b.ref_count > 0 && !b.hashed) << "block " << id << " shrunk while free or cached";
+    if (--b.ref_count == 0) push_free_front(id);
+  }
+}
+
+void BlockManager::push_free_front(int32_t id) {
+  Block& b = blocks_[size_t(id)];
+  b.prev = -1;
+  b.next = free_head_;
+  if (free_head_ >= 0) blocks_[size_t(free_head_)].prev = id;
+  else free_tail_ = id;
+  free_head_ = id;
+  ++n_free_;
+}
+
 void BlockManager::push_free_back(int32_t id) {
   Block& b = blocks_[size_t(id)];
   b.prev = free_tail_;

@@ -64,6 +64,10 @@ class BlockManager {
   void commit(BlockTable& table, std::span<const int32_t> tokens, int32_t n_computed);
   // Releases every block of the table (last first) and empties it.
   void free(BlockTable& table);
+  // Releases the table's trailing blocks beyond those holding n_tokens tokens (a
+  // sequence's rejected speculative tokens). They must be beyond its hashed blocks; being
+  // empty of anything cacheable, they are handed out before cached free blocks.
+  void shrink(BlockTable& table, int32_t n_tokens);
 
   // Prefix-cache counters, in tokens: looked up by match_prefix callers that count them,
   // and found cached.
@@ -87,6 +91,7 @@ class BlockManager {
   static uint64_t chain_hash(uint64_t prev, std::span<const int32_t> tokens);
   int32_t lookup(uint64_t hash, std::span<const int32_t> tokens) const;
   void push_free_back(int32_t b);
+  void push_free_front(int32_t b);
   void unlink_free(int32_t b);
   int32_t pop_free_front();
 

@@ -16,6 +16,7 @@
 #include "model/inspect.h"
 #include "model/loader.h"
 #include "models/registry.h"
+#include "runtime/ngram_drafter.h"
 #include "runtime/sizing.h"
 
 namespace kiln::runtime {
@@ -50,6 +51,10 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_dir,
 Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_dir,
                                              std::vector<std::unique_ptr<ops::Backend>> backends,
                                              const EngineOptions& options) {
+  if (options.speculative_method != SpeculativeMethod::kOff && options.num_speculative_tokens < 1) {
+    return invalid_argument("speculative decoding needs --num-speculative-tokens of at least 1 (got " +
+                            std::to_string(options.num_speculative_tokens) + ")");
+  }
   std::unique_ptr<Engine> e(new Engine());
   e->options_ = options;
   KILN_ASSIGN_OR_RETURN(e->runner_, ModelRunner::create(std::move(backends), options.parallel, options.comms));
@@ -58,6 +63,12 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_dir,
   for (const auto* ids : {&e->config_.eos_token_ids, &e->config_.generation_eos_token_ids})
     for (int64_t id : *ids)
       if (id >= 0 && id < e->config_.vocab_size && !contains(e->eos_ids_, int32_t(id))) e->eos_ids_.push_back(int32_t(id));
+  if (options.speculative_method != SpeculativeMethod::kOff && e->runner_->recurrent()) {
+    return unsupported("speculative decoding is not supported for models with recurrent layers (" +
+                       e->config_.architecture +
+                       ": Gated DeltaNet) yet: their state cannot be rolled back past rejected drafts; "
+                       "use --speculative-method off");
+  }
   KILN_RETURN_IF_ERROR(e->size_kv_cache(options).with_context("loading " + model_dir));
   return e;
 }
@@ -273,7 +284,8 @@ Status Engine::size_kv_cache(const EngineOptions& o) {
 
 int64_t Engine::measure_activation_peak() {
   // The largest step: the whole token budget, over as many sequences as may run, each
-  // sampling its last row with the most logprobs.
+  // sampling its last row with the most logprobs (with speculative decoding, its last
+  // num_speculative_tokens + 1 rows: a verify step's logits).
   const SchedulerConfig& sc = scheduler_->config();
   const int32_t bs = options_.block_size;
   const int32_t n_seqs = std::max(1, std::min(sc.max_num_seqs, sc.max_num_batched_tokens));
@@ -298,21 +310,23 @@ int64_t Engine::measure_activation_peak() {
       b.q_start.push_back(b.n_tokens());
       b.context_len.push_back(per_seq);
       for (int32_t i = 0; i < blocks_per_seq; ++i) b.block_table.push_back(s * blocks_per_seq + i);
+      const int32_t logit_rows =
+          options_.speculative_method != SpeculativeMethod::kOff ? std::min(per_seq, options_.num_speculative_tokens + 1) : 1;
       for (int32_t p = 0; p < per_seq; ++p) {
         b.token_ids.push_back(int32_t((s * 7919 + p) % config_.vocab_size));
         b.positions.push_back(p);
         b.slot_mapping.push_back(int32_t(b.slot(s, p)));
+        if (p >= per_seq - logit_rows) b.logit_rows.push_back(b.n_tokens() - 1);
       }
-      b.logit_rows.push_back(b.n_tokens() - 1);
       if (runner_->recurrent()) b.state_slots.push_back(s);
     }
     b.q_start.push_back(b.n_tokens());
     step_batch_ = std::move(b);
     const Tensor logits = run_forward(temp);
-    std::vector<ops::SamplingParams> params(static_cast<size_t>(n_seqs), {.temperature = 1.0f});
-    std::vector<float> uniform(static_cast<size_t>(n_seqs), 0.5f);
+    const size_t rows = step_batch_.logit_rows.size();
+    std::vector<ops::SamplingParams> params(rows, {.temperature = 1.0f});
+    std::vector<float> uniform(rows, 0.5f);
     const int32_t n_top = int32_t(std::min<int64_t>(ops::kMaxTopLogprobs, config_.vocab_size));
-    const size_t rows = static_cast<size_t>(n_seqs);
     std::vector<int32_t> tokens(rows), top_ids(rows * static_cast<size_t>(n_top));
     std::vector<float> logprobs(rows), top_logprobs(rows * static_cast<size_t>(n_top));
     backend_->sample({.logits = logits, .params = params, .uniform = uniform, .n_top = n_top, .tokens = tokens,
@@ -562,6 +576,7 @@ void Engine::drop_request(std::unordered_map<uint64_t, RequestState>::iterator i
 
 std::vector<StepOutput> Engine::step() {
   const auto start = std::chrono::steady_clock::now();
+  if (options_.speculative_method != SpeculativeMethod::kOff) propose_drafts();
   const Schedule schedule = scheduler_->schedule(*blocks_);
   // A preempted sequence starts again from position 0: its recurrent-state row is free.
   for (Sequence* s : schedule.preempted) release_state_slot(*s);
@@ -577,6 +592,7 @@ std::vector<StepOutput> Engine::step() {
   if (states_.enabled()) assign_state_rows(schedule);
   StepBatch batch = build_step_batch(schedule, kv_[0].block_size, states_.enabled() ? states_.scratch_row() : -1);
   const std::vector<Sequence*> sampled = std::move(batch.sampled);
+  const std::vector<StepBatch::Verify> verify = std::move(batch.verify);
   std::vector<Sampler*> samplers;
   for (Sequence* s : sampled) samplers.push_back(&s->sampler);
   // Structured output: the token masks of this step's samples on worker threads while the
@@ -596,42 +612,84 @@ std::vector<StepOutput> Engine::step() {
       st.started = true;
       --unstarted_requests_;
     }
-    s.seq->n_computed += s.n_new;
+    // Drafts are computed but not yet known to stand: only the last token counts (the
+    // accepted ones are added, and committed to the prefix cache, after verification).
+    s.seq->n_computed += s.n_new - s.n_draft;
     blocks_->commit(s.seq->table, s.seq->tokens, s.seq->n_computed);
     stats_.computed_tokens += s.n_new;
   }
   if (states_.enabled()) checkpoint_states(schedule);
   ++stats_.steps;
   std::vector<StepOutput> outs;
-  if (sampled.empty()) return outs;
-
-  std::vector<SampledToken> tokens = sample_rows(*backend_, logits.slice0(0, int64_t(sampled.size())), samplers,
-                                                 masks.valid() ? masks.get() : std::vector<uint32_t>{});
   std::vector<uint64_t> done;
-  for (size_t i = 0; i < sampled.size(); ++i) {
-    Sequence& seq = *sampled[i];
-    const Request& r = *seq.request;
-    SampledToken t = std::move(tokens[i]);
-    if (size_t(seq.n_generated()) < r.forced_output.size()) force(t, r.forced_output[size_t(seq.n_generated())], logits, i, r.sampling.logprobs >= 0);
-    seq.tokens.push_back(t.token);
-    seq.sampler.observe_generated(t.token);
-    ++stats_.generated_tokens;
-    if (seq.sample_index == 0 && seq.n_generated() == 1)
-      for (auto& s : requests_.at(seq.request_id).seqs) s->wait_for = nullptr;  // the prompt is cached now
-    FinishReason f = FinishReason::kNone;
-    if (!r.ignore_eos && contains(eos_ids_, t.token)) f = FinishReason::kEos;
-    else if (contains(r.stop_token_ids, t.token)) f = FinishReason::kStopToken;
-    else if (seq.sampler.grammar_done()) f = FinishReason::kGrammar;
-    else if (seq.n_generated() >= r.max_tokens || seq.n_tokens() >= max_model_len_) f = FinishReason::kLength;
-    outs.push_back({.request_id = seq.request_id, .sample_index = seq.sample_index, .token = std::move(t),
-                    .finish = f});
-    if (f != FinishReason::kNone) {
-      finish(seq, f);
-      if (requests_.at(seq.request_id).n_unfinished == 0) done.push_back(seq.request_id);
+  if (!sampled.empty()) {
+    std::vector<SampledToken> tokens = sample_rows(*backend_, logits.slice0(0, int64_t(sampled.size())), samplers,
+                                                   masks.valid() ? masks.get() : std::vector<uint32_t>{});
+    for (size_t i = 0; i < sampled.size(); ++i) {
+      Sequence& seq = *sampled[i];
+      const Request& r = *seq.request;
+      SampledToken t = std::move(tokens[i]);
+      if (size_t(seq.n_generated()) < r.forced_output.size()) force(t, r.forced_output[size_t(seq.n_generated())], logits, i, r.sampling.logprobs >= 0);
+      emit(seq, std::move(t), outs, done);
     }
+  }
+  // Speculative verification: each sequence's rows [last, d1 .. dk] follow the sampled ones.
+  int64_t row = int64_t(sampled.size());
+  for (const StepBatch::Verify& v : verify) {
+    Sequence& seq = *v.seq;
+    const std::span<const int32_t> draft(seq.draft.data(), size_t(v.n_draft));
+    Verification result = verify_drafts(*backend_, logits.slice0(row, row + v.n_draft + 1), seq.sampler, draft);
+    row += v.n_draft + 1;
+    stats_.spec_draft_tokens += v.n_draft;
+    stats_.spec_accepted_tokens += result.n_accepted;
+    ++stats_.spec_verified_seqs;
+    // The accepted drafts' KV stands; the rejected positions' blocks go back.
+    seq.n_computed += result.n_accepted;
+    bool running = true;
+    for (SampledToken& t : result.tokens)
+      if (!(running = emit(seq, std::move(t), outs, done))) break;
+    if (!running) continue;
+    blocks_->shrink(seq.table, seq.n_computed);
+    blocks_->commit(seq.table, seq.tokens, seq.n_computed);
   }
   for (uint64_t id : done) drop_request(requests_.find(id));
   return outs;
+}
+
+bool Engine::emit(Sequence& seq, SampledToken t, std::vector<StepOutput>& outs, std::vector<uint64_t>& done) {
+  const Request& r = *seq.request;
+  seq.tokens.push_back(t.token);
+  seq.sampler.observe_generated(t.token);
+  ++stats_.generated_tokens;
+  if (seq.sample_index == 0 && seq.n_generated() == 1)
+    for (auto& s : requests_.at(seq.request_id).seqs) s->wait_for = nullptr;  // the prompt is cached now
+  FinishReason f = FinishReason::kNone;
+  if (!r.ignore_eos && contains(eos_ids_, t.token)) f = FinishReason::kEos;
+  else if (contains(r.stop_token_ids, t.token)) f = FinishReason::kStopToken;
+  else if (seq.sampler.grammar_done()) f = FinishReason::kGrammar;
+  else if (seq.n_generated() >= r.max_tokens || seq.n_tokens() >= max_model_len_) f = FinishReason::kLength;
+  outs.push_back({.request_id = seq.request_id, .sample_index = seq.sample_index, .token = std::move(t), .finish = f});
+  if (f == FinishReason::kNone) return true;
+  finish(seq, f);
+  if (requests_.at(seq.request_id).n_unfinished == 0) done.push_back(seq.request_id);
+  return false;
+}
+
+void Engine::propose_drafts() {
+  const int32_t k = options_.num_speculative_tokens;
+  for (Sequence* seq : scheduler_->running()) {
+    seq->draft.clear();
+    const Request& r = *seq->request;
+    // Decoding sequences only; never constrained ones (the matcher would have to follow
+    // each draft) nor those the test hook forces.
+    if (seq->n_uncomputed() != 1 || seq->sampler.constrained() || size_t(seq->n_generated()) < r.forced_output.size())
+      continue;
+    // At most one token fewer than the sequence may still emit: the target's own token
+    // always follows the accepted drafts.
+    const int64_t can_emit = std::min<int64_t>(r.max_tokens - seq->n_generated(), max_model_len_ - seq->n_tokens());
+    const int32_t n = int32_t(std::min<int64_t>(k, can_emit - 1));
+    if (n >= 1) seq->draft = ngram_draft(seq->tokens, n);
+  }
 }
 
 EngineStats Engine::stats() const {

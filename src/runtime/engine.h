@@ -26,6 +26,7 @@
 #include "runtime/scheduler.h"
 #include "runtime/state_cache.h"
 #include "runtime/sequence.h"
+#include "runtime/speculative.h"
 
 namespace kiln::runtime {
 
@@ -57,6 +58,10 @@ struct EngineOptions {
   // Recurrent (Gated DeltaNet) models with prefix caching: state checkpoints kept for
   // cached prefixes (runtime/state_cache.h); -1: max_num_seqs.
   int32_t state_checkpoints = -1;
+  // Speculative decoding (runtime/speculative.h): n-gram drafts of up to
+  // num_speculative_tokens tokens per decoding sequence, verified in one step.
+  SpeculativeMethod speculative_method = SpeculativeMethod::kOff;
+  int32_t num_speculative_tokens = 0;  // >= 1 when speculative_method is not kOff
   // Several ranks (model_runner.h): one backend each, given to load() in rank order;
   // `comms` makes their communicators (empty: in-process groups, host backends only).
   ParallelConfig parallel;
@@ -102,6 +107,9 @@ struct EngineStats {
     double seconds = 0.0;
   };
   StepKind decode_steps, mixed_steps;
+  // Speculative decoding: draft tokens verified, and those the target accepted.
+  int64_t spec_draft_tokens = 0, spec_accepted_tokens = 0;
+  int64_t spec_verified_seqs = 0;  // sequence-steps that verified drafts
 };
 
 // A step that failed on some rank (a dead GPU, a failed collective): the engine cannot
@@ -186,6 +194,11 @@ class Engine {
   Tensor forward(ops::BatchMeta&& batch);
   Tensor run_forward(std::vector<KvCache>& kv);  // step_batch_ over every rank; throws EngineFailure
   void finish(Sequence& seq, FinishReason reason);
+  // Speculative decoding: drafts for the running decoding sequences, before a step.
+  void propose_drafts();
+  // Appends one sampled token to seq and ends it where a stop condition holds; false
+  // when it ended (nothing more may follow).
+  bool emit(Sequence& seq, SampledToken t, std::vector<StepOutput>& outs, std::vector<uint64_t>& done);
   void force(SampledToken& t, int32_t id, const Tensor& logits, size_t row, bool logprob);
 
   struct RequestState {

@@ -89,11 +89,18 @@ bool Sampler::grammar_done() const {
   return matcher_ != nullptr && matcher_->is_complete() && !matcher_->can_continue();
 }
 
-void Sampler::penalty_list(std::vector<int32_t>& tokens, std::vector<int32_t>& counts) const {
+void Sampler::penalty_list(std::vector<int32_t>& tokens, std::vector<int32_t>& counts,
+                           std::span<const int32_t> then_generated) const {
+  std::unordered_map<int32_t, int32_t> with_drafts;
+  if (!then_generated.empty()) {
+    with_drafts = seen_;
+    for (int32_t t : then_generated) ++with_drafts[t];
+  }
+  const std::unordered_map<int32_t, int32_t>& seen = then_generated.empty() ? seen_ : with_drafts;
   const size_t begin = tokens.size();
-  for (const auto& [t, n] : seen_) tokens.push_back(t);
+  for (const auto& [t, n] : seen) tokens.push_back(t);
   std::sort(tokens.begin() + long(begin), tokens.end());  // a fixed order: the same list for the same history
-  for (size_t i = begin; i < tokens.size(); ++i) counts.push_back(seen_.at(tokens[i]));
+  for (size_t i = begin; i < tokens.size(); ++i) counts.push_back(seen.at(tokens[i]));
 }
 
 SampledToken Sampler::sample(ops::Backend& backend, const Tensor& logits) {

@@ -96,8 +96,10 @@ class Sampler {
   void observe_prompt(std::span<const int32_t> tokens);
   void observe_generated(int32_t token);
   // Appends this sequence's penalty list (distinct seen tokens, ascending, with their
-  // generated counts) for the sample op.
-  void penalty_list(std::vector<int32_t>& tokens, std::vector<int32_t>& counts) const;
+  // generated counts) for the sample op; `then_generated` counted as generated after what
+  // was observed (speculative drafts, runtime/speculative.h).
+  void penalty_list(std::vector<int32_t>& tokens, std::vector<int32_t>& counts,
+                    std::span<const int32_t> then_generated = {}) const;
 
   // Structured output: from now on every sample follows c's grammar (a matcher advanced by
   // each generated token); end_ids (the sequence's end-of-sequence and stop ids) are

@@ -21,6 +21,7 @@ void Scheduler::preempt(Sequence* seq, BlockManager& blocks, Schedule& out) {
   running_.erase(std::find(running_.begin(), running_.end(), seq));
   blocks.free(seq->table);
   seq->n_computed = 0;
+  seq->draft.clear();
   seq->state = SeqState::kWaiting;
   // Preempted newest first, so each goes in front of the later ones: oldest first again.
   waiting_.push_front(seq);
@@ -54,9 +55,17 @@ Schedule Scheduler::schedule(BlockManager& blocks) {
 
   // 1. Decoding sequences first (one token each), so a long prefill never stalls them.
   //    Without room, the newest running sequence makes way.
+  int32_t decoding_left = 0;  // decoding sequences not yet scheduled: one token each first
+  for (const Sequence* s : running_) decoding_left += s->n_uncomputed() == 1 ? 1 : 0;
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Sequence* s = running_[i];
     if (s->n_uncomputed() != 1) continue;
+    --decoding_left;
+    int32_t n_draft = std::min(int32_t(s->draft.size()), std::max(0, budget - 1 - decoding_left));
+    // Drafts only with a block to spare for each later decoding sequence: they never
+    // cause a preemption.
+    if (n_draft > 0 && !blocks.can_allocate(blocks.blocks_needed(s->table, s->n_computed + 1 + n_draft) + decoding_left))
+      n_draft = 0;
     const int32_t need = blocks.blocks_needed(s->table, s->n_computed + 1);
     bool self_preempted = false;
     while (!blocks.can_allocate(need)) {
@@ -68,8 +77,9 @@ Schedule Scheduler::schedule(BlockManager& blocks) {
       }
     }
     if (self_preempted) break;  // s was the newest: everything after it is gone too
-    blocks.allocate(s->table, {}, s->n_computed + 1);
-    take(s, 1);
+    blocks.allocate(s->table, {}, s->n_computed + 1 + n_draft);
+    take(s, 1 + n_draft);
+    out.seqs.back().n_draft = n_draft;
   }
 
   // 2. Running sequences still prefilling: their next chunk. The newest sequence not yet

@@ -2,7 +2,9 @@
 //
 // Continuous batching with chunked prefill, first come first served:
 //   1. running sequences, oldest first, each asks for its uncomputed tokens (1 when
-//      decoding; a chunk of a prompt still being prefilled), within the step's token
+//      decoding, plus its speculative drafts where the budget and free blocks allow after
+//      one token for every decoding sequence; drafts are dropped before anything is
+//      preempted; a chunk of a prompt still being prefilled), within the step's token
 //      budget. When the KV cache has no room, the newest running sequence is preempted:
 //      its blocks are freed and it goes back to the front of the waiting queue, to be
 //      recomputed later (prefix caching usually makes that cheap). No request fails for
@@ -36,7 +38,10 @@ struct SchedulerConfig {
 
 struct ScheduledSeq {
   Sequence* seq = nullptr;
-  int32_t n_new = 0;  // computes tokens [seq->n_computed, seq->n_computed + n_new)
+  // Computes tokens [seq->n_computed, seq->n_computed + n_new): its last known token and,
+  // when n_draft > 0, the first n_draft tokens of seq->draft after it.
+  int32_t n_new = 0;
+  int32_t n_draft = 0;
 };
 
 struct Schedule {

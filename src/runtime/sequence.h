@@ -54,6 +54,9 @@ struct Sequence {
   const Sequence* wait_for = nullptr;
   // Models with recurrent layers: its row of their state while it runs (-1: none).
   int32_t state_slot = -1;
+  // Speculative decoding: tokens proposed to follow tokens.back(), verified by the next
+  // step (runtime/speculative.h); set by the engine before each step, never part of tokens.
+  std::vector<int32_t> draft;
 
   Sequence(uint64_t id, int32_t index, std::shared_ptr<const Request> r, const SamplingParams& params)
       : request_id(id), sample_index(index), request(std::move(r)), sampler(params) {}

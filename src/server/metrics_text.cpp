@@ -84,6 +84,12 @@ std::string metrics_text(const std::string& model_name, const runtime::AsyncEngi
   by_kind("kiln_engine_step_seconds_total", "counter",
           "Wall time of engine steps (scheduling, forward pass, sampling), by kind.",
           [](const runtime::EngineStats::StepKind& k) { return k.seconds; });
+  w.counter("kiln_spec_decode_num_draft_tokens_total", "Speculative draft tokens verified.",
+            double(s.engine.spec_draft_tokens));
+  w.counter("kiln_spec_decode_num_accepted_tokens_total", "Speculative draft tokens the target model accepted.",
+            double(s.engine.spec_accepted_tokens));
+  w.counter("kiln_spec_decode_num_drafts_total", "Sequence-steps that verified speculative drafts.",
+            double(s.engine.spec_verified_seqs));
   w.counter("kiln_num_preemptions_total", "Sequences preempted for KV blocks (recomputed later).",
             double(s.engine.preemptions));
   w.gauge("kiln_num_requests_running", "Sequences in the running batch.", s.engine.running);

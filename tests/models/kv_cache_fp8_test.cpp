@@ -122,6 +122,32 @@ TEST_P(KvCacheFp8, BatchEqualsSeparateGenerations) {
   EXPECT_EQ(e->stats().kv_blocks_used, 0);
 }
 
+TEST_P(KvCacheFp8, SpeculativeDraftsGiveTheSameGreedyTokens) {
+  // Rejected drafts' rows (and their scales) are written and then overwritten by the
+  // tokens that follow: greedy n-gram speculation over an fp8 cache gives what decoding
+  // one token per step over the same cache gives.
+  auto plain = load(GetParam(), KvCacheDtype::kFp8);
+  auto spec = runtime::Engine::load(testing::fixture_dir(GetParam()), cpu::make_cpu_backend(2),
+                                    {.block_size = 4, .max_model_len = 96, .kv_cache_dtype = KvCacheDtype::kFp8,
+                                     .speculative_method = runtime::SpeculativeMethod::kNgram,
+                                     .num_speculative_tokens = 3});
+  ASSERT_TRUE(plain && spec.ok()) << spec.status().to_string();
+  const std::vector<std::vector<int32_t>> prompts = {{3, 1, 4, 1, 5, 3, 1, 4, 1, 5, 3, 1, 4},
+                                                     {9, 2, 6, 9, 2, 6, 9, 2, 6},
+                                                     {5, 3, 5, 8, 9, 7, 9, 3, 2}};
+  const runtime::SamplingParams sp{.logprobs = 1};
+  auto want = plain->generate_batch(prompts, 16, sp, /*ignore_eos=*/true);
+  auto got = (*spec)->generate_batch(prompts, 16, sp, /*ignore_eos=*/true);
+  ASSERT_TRUE(want.ok() && got.ok());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ((*got)[i].tokens, (*want)[i].tokens) << "prompt " << i;
+    for (size_t t = 0; t < (*want)[i].logprobs.size(); ++t)
+      EXPECT_EQ((*got)[i].logprobs[t].logprob, (*want)[i].logprobs[t].logprob) << "prompt " << i << " token " << t;
+  }
+  EXPECT_GT((*spec)->stats().spec_draft_tokens, 0);
+  EXPECT_EQ((*spec)->stats().kv_blocks_used, 0);
+}
+
 // GQA with and without sinks / a sliding window (gpt_oss), MLA (deepseek_v3, kimi_k2),
 // real head sizes (64, 128, MLA 512 + 64), MoE, DeepSeek sparse attention (the indexer
 // keys quantized too, so the selection itself sees the fp8 cache).

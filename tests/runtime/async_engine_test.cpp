@@ -144,6 +144,49 @@ TEST(AsyncEngine, ConcurrentClientsGetTheSynchronousEnginesTokens) {
   EXPECT_EQ(engine->metrics().e2e_latency.snapshot().count, 24);
 }
 
+// Speculative decoding (n-gram drafts): several tokens of a sample per step, each its own
+// event, in order, nothing after the finish; greedy tokens and logprobs as without drafts.
+TEST(AsyncEngine, SpeculativeStepsStreamEveryAcceptedTokenInOrder) {
+  std::vector<Request> requests;
+  for (int32_t i = 0; i < 8; ++i) {
+    std::vector<int32_t> prompt;
+    const std::vector<int32_t> phrase = test::random_tokens(3 + i % 4, 800 + uint32_t(i));
+    for (int r = 0; r < 4; ++r) prompt.insert(prompt.end(), phrase.begin(), phrase.end());
+    requests.push_back({.prompt = prompt, .sampling = {.logprobs = 1}, .max_tokens = 12 + i % 5, .n = 1 + i % 2});
+  }
+  const EngineOptions options{.block_size = 4, .max_model_len = 64};
+  auto sync = test::load_fixture("llama", options);
+  ASSERT_TRUE(sync);
+  std::vector<std::map<int32_t, SampleOut>> want(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    Request one = requests[i];
+    one.n = 1;
+    const SampleOut alone = test::run_alone(*sync, one);
+    for (int32_t k = 0; k < requests[i].n; ++k) want[i][k] = alone;  // greedy: every sample alike
+  }
+  EngineOptions spec = options;
+  spec.speculative_method = SpeculativeMethod::kNgram;
+  spec.num_speculative_tokens = 3;
+  auto engine = start("llama", spec);
+  ASSERT_TRUE(engine);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (const Request& r : requests) {
+    auto s = engine->submit(r);
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    streams.push_back(*s);
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Drained d = drain(*streams[i]);
+    EXPECT_TRUE(d.complete) << "request " << i;
+    EXPECT_EQ(d.events_after_end, 0) << "request " << i;
+    EXPECT_EQ(d.samples, want[i]) << "request " << i;
+  }
+  ASSERT_TRUE(eventually([&] { return engine->stats().in_flight == 0; }));
+  const AsyncEngineStats st = engine->stats();
+  EXPECT_GT(st.engine.spec_accepted_tokens, 0);
+  EXPECT_EQ(st.engine.kv_blocks_used, 0);
+}
+
 TEST(AsyncEngine, CancelEndsTheStreamAndFreesItsBlocks) {
   auto engine = start("deepseek_v3_mla", kLongOptions);
   ASSERT_TRUE(engine);

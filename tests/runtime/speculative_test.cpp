@@ -1,0 +1,340 @@
+// Speculative decoding on the CPU reference (runtime/speculative.h, ngram_drafter.h): the
+// n-gram drafter, the rejection sampler's distribution, and engines with n-gram drafts
+// giving exactly the tokens and logprobs of engines without them.
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "engine_test_util.h"
+#include "runtime/ngram_drafter.h"
+#include "runtime/speculative.h"
+
+namespace kiln::runtime {
+namespace {
+
+using test::Outputs;
+
+TEST(NgramDraft, ProposesWhatFollowedTheLatestEarlierOccurrenceOfTheLongestSuffix) {
+  // ... 7 8 9 | 1 2 3 4 | 7 8 9 | 5 6 | 8 9: "8 9" last followed by 5 (the latest), but
+  // the 3-gram "7 8 9"? no: the suffix is "6 8 9", absent; "8 9" is found at 8..9.
+  const std::vector<int32_t> t = {7, 8, 9, 1, 2, 3, 4, 7, 8, 9, 5, 6, 8, 9};
+  EXPECT_EQ(ngram_draft(t, 3), (std::vector<int32_t>{5, 6, 8}));
+  EXPECT_EQ(ngram_draft(t, 1), (std::vector<int32_t>{5}));
+  // The 3-gram wins over a later 1-gram.
+  const std::vector<int32_t> u = {1, 2, 3, 10, 11, 3, 12, 1, 2, 3};
+  EXPECT_EQ(ngram_draft(u, 2), (std::vector<int32_t>{10, 11}));
+  // Short continuations are cut at the end of the tokens.
+  const std::vector<int32_t> v = {4, 5, 4};
+  EXPECT_EQ(ngram_draft(v, 5), (std::vector<int32_t>{5, 4}));
+  EXPECT_TRUE(ngram_draft(std::vector<int32_t>{1, 2, 3}, 3).empty());
+  EXPECT_TRUE(ngram_draft(std::vector<int32_t>{1}, 3).empty());
+  EXPECT_TRUE(ngram_draft(t, 0).empty());
+}
+
+// Pearson's chi-square of counts against probabilities (cells with p > 0), and whether
+// any count fell where p = 0.
+struct ChiSquare {
+  double stat = 0.0;
+  int dof = 0;
+  bool outside_support = false;
+};
+ChiSquare chi_square(const std::vector<int64_t>& counts, const std::vector<double>& p, int64_t n) {
+  ChiSquare c;
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (p[i] == 0.0) {
+      c.outside_support = c.outside_support || counts[i] != 0;
+      continue;
+    }
+    const double e = p[i] * double(n);
+    c.stat += (double(counts[i]) - e) * (double(counts[i]) - e) / e;
+    ++c.dof;
+  }
+  --c.dof;
+  return c;
+}
+// The chi-square distribution's upper 0.001 quantiles, by degrees of freedom.
+double chi_square_critical_0001(int dof) {
+  static const double q[] = {0.0, 10.828, 13.816, 16.266, 18.467, 20.515};
+  KILN_CHECK(dof >= 1 && dof <= 5) << "dof " << dof;
+  return q[dof];
+}
+
+// A draft accepted with p(d), else replaced by a draw from (p - onehot(d))+: each emitted
+// token is distributed as p. 200,000 draws per case; the test fails at significance 0.001
+// (so a correct sampler fails one case in a thousand; the seeds are fixed, so it passes or
+// fails for good).
+TEST(RejectionSampler, EmittedTokensFollowTheTargetDistributionForLikelyAndUnlikelyDrafts) {
+  const std::vector<float> logits = {2.0f, 1.2f, 0.3f, -0.5f, 1.0f, -2.0f};  // 6 tokens
+  struct Case {
+    ops::SamplingParams params;
+    int32_t draft;
+  };
+  const std::vector<Case> cases = {
+      {{.temperature = 1.0f}, 0},                 // the likeliest token (p ~ 0.45)
+      {{.temperature = 1.0f}, 5},                 // an unlikely one (p ~ 0.012)
+      {{.temperature = 0.7f, .top_k = 4}, 3},     // the least likely kept
+      {{.temperature = 1.3f, .top_p = 0.8f}, 2},  // outside the kept set: never accepted
+      {{.temperature = 1.0f, .min_p = 0.2f}, 1},
+  };
+  const int64_t n = 200000;
+  for (size_t ci = 0; ci < cases.size(); ++ci) {
+    const Case& c = cases[ci];
+    const TargetDistribution dist = target_distribution(logits, c.params);
+    std::vector<double> p(logits.size(), 0.0);
+    for (size_t i = 0; i < dist.ids.size(); ++i) p[size_t(dist.ids[i])] = dist.probs[i];
+    std::mt19937_64 rng(12345 + ci);
+    const auto uniform = [&rng] { return float(rng() >> 40) * 0x1p-24f; };  // as Sampler draws
+    std::vector<int64_t> counts(logits.size(), 0);
+    int64_t accepted = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const DraftVerdict v = accept_or_resample(dist, c.draft, uniform);
+      ++counts[size_t(v.token)];
+      if (v.accepted) {
+        ++accepted;
+        EXPECT_EQ(v.token, c.draft);
+      } else {
+        EXPECT_NE(v.token, c.draft);
+      }
+    }
+    const ChiSquare chi = chi_square(counts, p, n);
+    EXPECT_FALSE(chi.outside_support) << "case " << ci;
+    EXPECT_LT(chi.stat, chi_square_critical_0001(chi.dof)) << "case " << ci << ", " << chi.dof << " dof";
+    // The acceptance rate is p(draft), within 5 standard deviations.
+    const double pd = p[size_t(c.draft)], sd = std::sqrt(pd * (1.0 - pd) / double(n));
+    EXPECT_NEAR(double(accepted) / double(n), pd, 5.0 * sd + 1e-12) << "case " << ci;
+  }
+}
+
+// The host distribution is the sample op's: the same uniform draws the same token.
+TEST(RejectionSampler, TargetDistributionDrawsWhatTheSampleOpDraws) {
+  auto be = cpu::make_cpu_backend(1);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  const int32_t vocab = 50;
+  const std::vector<ops::SamplingParams> params = {{.temperature = 0.0f},
+                                                   {.temperature = 1.0f},
+                                                   {.temperature = 0.5f, .top_k = 7},
+                                                   {.temperature = 1.5f, .top_p = 0.7f},
+                                                   {.temperature = 0.8f, .min_p = 0.1f}};
+  for (int trial = 0; trial < 40; ++trial) {
+    std::vector<float> row(static_cast<size_t>(vocab));
+    for (float& x : row) x = normal(rng);
+    Tensor logits = be->alloc(DType::kF32, {1, vocab});
+    be->from_host_f32(row.data(), logits);
+    for (const ops::SamplingParams& p : params) {
+      const float u = float(rng() >> 8) * 0x1p-24f;
+      int32_t token = -1;
+      be->sample({.logits = logits, .params = std::span(&p, 1), .uniform = std::span(&u, 1),
+                  .tokens = std::span(&token, 1)});
+      EXPECT_EQ(target_distribution(row, p).draw(double(u)), token) << "trial " << trial << " t " << p.temperature;
+    }
+  }
+}
+
+// Prompts that repeat themselves (a phrase four times, then a little noise), so that
+// drafts are proposed from the start and accepted where the model continues the pattern.
+std::vector<int32_t> repetitive_prompt(int32_t i) {
+  const std::vector<int32_t> phrase = test::random_tokens(3 + i % 5, 500 + uint32_t(i));
+  std::vector<int32_t> p;
+  for (int r = 0; r < 4; ++r) p.insert(p.end(), phrase.begin(), phrase.end());
+  const std::vector<int32_t> tail = test::random_tokens(i % 3, 900 + uint32_t(i));
+  p.insert(p.end(), tail.begin(), tail.end());
+  return p;
+}
+
+std::vector<Request> greedy_requests(int32_t n) {
+  std::vector<Request> out;
+  for (int32_t i = 0; i < n; ++i) {
+    SamplingParams p{.seed = uint64_t(i), .logprobs = 2};
+    if (i % 3 == 1) p.repetition_penalty = 1.3f;  // penalties count accepted drafts
+    if (i % 5 == 2) p = {.seed = p.seed, .logprobs = -1, .presence_penalty = 0.4f, .frequency_penalty = 0.2f};
+    out.push_back({.prompt = repetitive_prompt(i), .sampling = p, .max_tokens = 10 + i % 9,
+                   .stop_token_ids = i % 4 == 3 ? std::vector<int32_t>{int32_t(7 * i % 320)} : std::vector<int32_t>{},
+                   .ignore_eos = i % 2 == 0});
+  }
+  return out;
+}
+
+EngineOptions spec_options(EngineOptions o, int32_t k) {
+  o.speculative_method = SpeculativeMethod::kNgram;
+  o.num_speculative_tokens = k;
+  return o;
+}
+
+void expect_same(const Outputs& got, const Outputs& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (const auto& [key, w] : want) {
+    auto it = got.find(key);
+    ASSERT_NE(it, got.end()) << what << ": request " << key.first << " missing";
+    EXPECT_EQ(it->second.tokens, w.tokens) << what << ": request " << key.first;
+    EXPECT_EQ(it->second.logprobs, w.logprobs) << what << ": request " << key.first;
+    EXPECT_EQ(it->second.finish, w.finish) << what << ": request " << key.first;
+    EXPECT_EQ(it->second.n_finish, 1) << what << ": request " << key.first;
+  }
+}
+
+void report_acceptance(const std::string& what, const EngineStats& s) {
+  std::printf("[ spec     ] %s: %lld of %lld drafted tokens accepted (%.1f%%) in %lld verifications\n", what.c_str(),
+              (long long)s.spec_accepted_tokens, (long long)s.spec_draft_tokens,
+              s.spec_draft_tokens > 0 ? 100.0 * double(s.spec_accepted_tokens) / double(s.spec_draft_tokens) : 0.0,
+              (long long)s.spec_verified_seqs);
+}
+
+class SpeculativeFixture : public ::testing::TestWithParam<std::string> {};
+
+// Greedy outputs (tokens, logprobs, finish reasons, with penalties, stop ids and
+// max_tokens) with n-gram drafts equal those without, with requests of one batch at
+// different stages (prefill chunks beside drafted and undrafted decodes); drafts were
+// both accepted and rejected; every block is free at the end.
+TEST_P(SpeculativeFixture, GreedyOutputsEqualThoseWithoutSpeculationUnderBatching) {
+  const EngineOptions base{.block_size = 4, .max_model_len = 64, .prefill_chunk = 8, .max_num_seqs = 16,
+                           .max_num_batched_tokens = 48};
+  auto plain = test::load_fixture(GetParam(), base);
+  auto spec = test::load_fixture(GetParam(), spec_options(base, 3));
+  ASSERT_TRUE(plain && spec);
+  const std::vector<Request> requests = greedy_requests(12);
+  const Outputs want = test::run_together(*plain, requests);
+  // Half of them first, the rest joining while those decode.
+  Outputs got;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_TRUE(spec->add_request(i, std::make_shared<const Request>(requests[i])).ok());
+    if (i % 2 == 1) test::collect(got, spec->step());
+  }
+  test::run_until_idle(*spec, got);
+  expect_same(got, want, GetParam());
+  const EngineStats s = spec->stats();
+  report_acceptance(GetParam(), s);
+  EXPECT_GT(s.spec_accepted_tokens, 0) << "no draft was accepted";
+  EXPECT_LT(s.spec_accepted_tokens, s.spec_draft_tokens) << "no draft was rejected";
+  EXPECT_EQ(s.generated_tokens, plain->stats().generated_tokens);
+  EXPECT_EQ(s.kv_blocks_used, 0);
+}
+
+// A KV cache of 12 blocks for 8 requests: sequences are preempted (drafts dropped,
+// recomputed later) and the outputs are still those of a large cache without drafts.
+TEST_P(SpeculativeFixture, GreedyOutputsEqualUnderPreemption) {
+  const std::vector<Request> requests = greedy_requests(8);
+  auto big = test::load_fixture(GetParam(), {.block_size = 4, .max_model_len = 48, .max_num_seqs = 16});
+  ASSERT_TRUE(big);
+  const Outputs want = test::run_together(*big, requests);
+  const int64_t bytes_token = big->kv_cache_bytes() / big->kv_capacity_tokens();
+  for (bool caching : {true, false}) {
+    auto small = test::load_fixture(
+        GetParam(), spec_options({.block_size = 4, .max_model_len = 48, .max_num_seqs = 16,
+                                  .enable_prefix_caching = caching, .kv_cache_bytes = bytes_token * 48},
+                                 4));
+    ASSERT_TRUE(small);
+    const Outputs got = test::run_together(*small, requests);
+    expect_same(got, want, GetParam() + (caching ? " caching" : " no caching"));
+    EXPECT_GT(small->stats().preemptions, 0);
+    EXPECT_GT(small->stats().spec_draft_tokens, 0);
+    EXPECT_EQ(small->stats().kv_blocks_used, 0);
+  }
+}
+
+// A second turn (the first turn's prompt and answer, then more) takes the first turn's
+// blocks from the prefix cache after its drafts were rolled back: the hashes cover only
+// accepted tokens, so it gets what an engine without caching or drafts computes.
+TEST_P(SpeculativeFixture, PrefixCacheHitsAfterRollbacksAreCorrect) {
+  const EngineOptions base{.block_size = 4, .max_model_len = 96};
+  auto spec = test::load_fixture(GetParam(), spec_options(base, 3));
+  EngineOptions off = base;
+  off.enable_prefix_caching = false;
+  auto plain = test::load_fixture(GetParam(), off);
+  ASSERT_TRUE(spec && plain);
+  std::vector<Request> first = greedy_requests(4);
+  for (Request& r : first) r.stop_token_ids.clear(), r.ignore_eos = true, r.max_tokens = 16;
+  const Outputs turn1 = test::run_together(*spec, first);
+  expect_same(turn1, test::run_together(*plain, first), GetParam() + " turn 1");
+  std::vector<Request> second;
+  for (size_t i = 0; i < first.size(); ++i) {
+    Request r = first[i];
+    const std::vector<int32_t>& answer = turn1.at({i, 0}).tokens;
+    r.prompt.insert(r.prompt.end(), answer.begin(), answer.end());
+    const std::vector<int32_t> more = test::random_tokens(5, 77 + uint32_t(i));
+    r.prompt.insert(r.prompt.end(), more.begin(), more.end());
+    r.max_tokens = 8;
+    second.push_back(r);
+  }
+  const int64_t hits_before = spec->stats().prefix_hit_tokens;
+  const Outputs turn2 = test::run_together(*spec, second, 100);
+  EXPECT_GT(spec->stats().prefix_hit_tokens - hits_before, int64_t(4 * 16)) << "the first turns were cached";
+  expect_same(turn2, test::run_together(*plain, second, 100), GetParam() + " turn 2");
+  EXPECT_EQ(spec->stats().kv_blocks_used, 0);
+}
+
+// The fixture's longest golden prompt (the 2026 fixtures' 80-token prompt_xlong, else
+// prompt_long), alone and as n = 2 samples sharing its blocks: greedy tokens and logprobs
+// as without drafts, over positions past the sliding windows and DSA's top-k.
+TEST_P(SpeculativeFixture, LongestGoldenPromptGivesTheSameGreedyOutputs) {
+  const nlohmann::json golden = testing::read_json(testing::fixture_dir(GetParam()) + "/golden.json");
+  const std::vector<int32_t> prompt =
+      golden[golden.contains("prompt_xlong") ? "prompt_xlong" : "prompt_long"].get<std::vector<int32_t>>();
+  const EngineOptions base{.block_size = 8, .max_model_len = 128};
+  auto plain = test::load_fixture(GetParam(), base);
+  auto spec = test::load_fixture(GetParam(), spec_options(base, 4));
+  ASSERT_TRUE(plain && spec);
+  const std::vector<Request> requests = {
+      {.prompt = prompt, .sampling = {.logprobs = 3}, .max_tokens = 24, .ignore_eos = true},
+      {.prompt = prompt, .sampling = {.logprobs = 0, .repetition_penalty = 1.1f}, .max_tokens = 24, .n = 2}};
+  expect_same(test::run_together(*spec, requests), test::run_together(*plain, requests), GetParam() + " longest prompt");
+  report_acceptance(GetParam() + " longest prompt", spec->stats());
+  EXPECT_GT(spec->stats().spec_draft_tokens, 0);
+  EXPECT_EQ(spec->stats().kv_blocks_used, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, SpeculativeFixture,
+                         ::testing::Values("llama", "qwen3", "qwen3_moe", "glm4_moe", "deepseek_v3", "kimi_k2",
+                                           "gpt_oss", "gpt_oss_d64", "deepseek_v3_mla", "minimax_m2",
+                                           "deepseek_v32", "glm_moe_dsa"),
+                         [](const auto& info) { return info.param; });
+
+// Sampling at temperature > 0 with drafts: reproducible from the seed, every filter and
+// penalty accepted by the verifier, stop conditions honoured, blocks freed.
+TEST(Speculative, SampledOutputsAreReproducibleAndEndWhereTheyShould) {
+  std::vector<Request> requests;
+  for (int32_t i = 0; i < 10; ++i) {
+    // Low temperatures: the tiny random models then loop as they do greedily, so drafts
+    // are proposed and often accepted.
+    SamplingParams p{.temperature = 0.05f + 0.05f * float(i % 4), .seed = 40 + uint64_t(i), .logprobs = 1};
+    if (i % 3 == 0) p.top_k = 5;
+    if (i % 3 == 1) p.top_p = 0.8f;
+    if (i % 4 == 2) p.min_p = 0.1f;
+    if (i % 5 == 4) p.repetition_penalty = 1.2f;
+    requests.push_back({.prompt = repetitive_prompt(i), .sampling = p, .max_tokens = 20, .ignore_eos = true});
+  }
+  Outputs out[2];
+  EngineStats stats[2];
+  for (int run = 0; run < 2; ++run) {
+    auto e = test::load_fixture("qwen3", spec_options({.block_size = 4, .max_model_len = 64}, 3));
+    ASSERT_TRUE(e);
+    out[run] = test::run_together(*e, requests);
+    stats[run] = e->stats();
+    EXPECT_EQ(stats[run].kv_blocks_used, 0);
+  }
+  report_acceptance("qwen3 sampled", stats[0]);
+  EXPECT_GT(stats[0].spec_accepted_tokens, 0);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const test::SampleOut& o = out[0].at({i, 0});
+    EXPECT_EQ(o, out[1].at({i, 0})) << "request " << i;
+    EXPECT_EQ(o.tokens.size(), 20u) << "request " << i;
+    EXPECT_EQ(o.finish, FinishReason::kLength);
+    for (float lp : o.logprobs) EXPECT_LE(lp, 0.0f);
+  }
+}
+
+TEST(Speculative, RecurrentModelsAndZeroDraftTokensAreRefusedAtLoad) {
+  auto r = Engine::load(testing::fixture_dir("qwen3_next"), cpu::make_cpu_backend(1),
+                        spec_options({.block_size = 4, .max_model_len = 64}, 3));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("recurrent"), std::string::npos) << r.status().to_string();
+  auto z = Engine::load(testing::fixture_dir("llama"), cpu::make_cpu_backend(1),
+                        spec_options({.block_size = 4, .max_model_len = 64}, 0));
+  ASSERT_FALSE(z.ok());
+  EXPECT_NE(z.status().message().find("num-speculative-tokens"), std::string::npos) << z.status().to_string();
+}
+
+}  // namespace
+}  // namespace kiln::runtime
