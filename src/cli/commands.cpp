@@ -130,6 +130,13 @@ int cmd_generate(const CommonOptions& o, const std::string& tokens_arg, const Ge
     const size_t n = result->tokens.size();
     std::fprintf(stderr, "kiln: %zu prompt + %zu generated tokens in %.3f s (%.1f tok/s overall)\n",
                  tokens->size(), n, seconds, double(n) / seconds);
+    const runtime::EngineStats st = (*engine)->stats();
+    if (st.spec_verified_seqs > 0) {
+      std::fprintf(stderr, "kiln: speculative: %lld verify steps, %lld drafted, %lld accepted (%.1f%%), %.2f tokens per step\n",
+                   (long long)st.spec_verified_seqs, (long long)st.spec_draft_tokens, (long long)st.spec_accepted_tokens,
+                   100.0 * double(st.spec_accepted_tokens) / double(std::max<int64_t>(1, st.spec_draft_tokens)),
+                   double(n) / double(std::max<int64_t>(1, st.steps)));
+    }
   }
   return 0;
 }
