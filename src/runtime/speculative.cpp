@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "core/check.h"
+#include "ops/sampling.h"
 
 namespace kiln::runtime {
 namespace {
@@ -44,45 +45,11 @@ TargetDistribution target_distribution(std::span<const float> logits, const ops:
     out.probs = {1.0};
     return out;
   }
-  // The candidates in the sample op's order, then its filters (ops::SamplingParams).
-  const int32_t n = params.top_k > 0 && params.top_k < vocab ? params.top_k : vocab;
-  std::vector<int32_t> ids(static_cast<size_t>(vocab));
-  std::iota(ids.begin(), ids.end(), 0);
-  const auto by_logit_desc = [&](int32_t a, int32_t b) {
-    return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
-  };
-  std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), by_logit_desc);
-  ids.resize(size_t(n));
-  const double max_logit = logits[size_t(ids[0])];
-  std::vector<double> p(ids.size());
-  double sum = 0.0;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    p[i] = std::exp((double(logits[size_t(ids[i])]) - max_logit) / double(params.temperature));
-    sum += p[i];
-  }
-  for (double& x : p) x /= sum;
-  size_t keep = p.size();
-  if (params.top_p < 1.0f) {
-    double cum = 0.0;
-    for (size_t i = 0; i < p.size(); ++i) {
-      cum += p[i];
-      if (cum >= double(params.top_p)) {
-        keep = i + 1;
-        break;
-      }
-    }
-  }
-  if (params.min_p > 0.0f) {
-    const double floor = double(params.min_p) * p[0];
-    size_t m = 0;
-    while (m < keep && p[m] >= floor) ++m;
-    keep = std::max<size_t>(1, m);
-  }
-  double kept = 0.0;
-  for (size_t i = 0; i < keep; ++i) kept += p[i];
-  out.ids.assign(ids.begin(), ids.begin() + long(keep));
-  out.probs.resize(keep);
-  for (size_t i = 0; i < keep; ++i) out.probs[i] = p[i] / kept;
+  // The sample op's candidates and filters (ops/sampling.h), renormalised over the kept.
+  const ops::SamplingCandidates c = ops::sampling_candidates(logits.data(), vocab, params);
+  out.ids.assign(c.ids.begin(), c.ids.begin() + long(c.keep));
+  out.probs.resize(c.keep);
+  for (size_t i = 0; i < c.keep; ++i) out.probs[i] = c.p[i] / c.kept;
   return out;
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu_internal.h"
+#include "ops/sampling.h"
 
 namespace kiln::cpu {
 namespace {
@@ -31,50 +32,20 @@ std::vector<int32_t> first_candidates(const float* logits, int32_t vocab, int32_
   return ids;
 }
 
-// The sampled token of one row (ops::SampleArgs, the CPU Sampler's algorithm).
+// The sampled token of one row (ops::SampleArgs, the CPU Sampler's algorithm): the
+// candidates of ops/sampling.h, drawn where u * kept falls in their cumulative sum.
 int32_t sample_row(const float* logits, int32_t vocab, const ops::SamplingParams& params, float uniform) {
   if (!(params.temperature > 0.0f)) {  // greedy: the first maximum is the lowest id
     return int32_t(std::max_element(logits, logits + vocab) - logits);
   }
-  const int32_t n = params.top_k > 0 && params.top_k < vocab ? params.top_k : vocab;
-  const std::vector<int32_t> ids = first_candidates(logits, vocab, n);
-
-  // p over the top-k candidates, normalised, in candidate order.
-  const double max_logit = logits[ids[0]];
-  std::vector<double> p(ids.size());
-  double sum = 0.0;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    p[i] = std::exp((double(logits[ids[i]]) - max_logit) / double(params.temperature));
-    sum += p[i];
-  }
-  for (double& x : p) x /= sum;
-
-  size_t keep = p.size();
-  if (params.top_p < 1.0f) {  // the shortest prefix with cumulative >= top_p
-    double cum = 0.0;
-    for (size_t i = 0; i < p.size(); ++i) {
-      cum += p[i];
-      if (cum >= double(params.top_p)) {
-        keep = i + 1;
-        break;
-      }
-    }
-  }
-  if (params.min_p > 0.0f) {  // the prefix with p >= min_p * p_max, at least one token
-    const double floor = double(params.min_p) * p[0];
-    size_t m = 0;
-    while (m < keep && p[m] >= floor) ++m;
-    keep = std::max<size_t>(1, m);
-  }
-  double kept = 0.0;
-  for (size_t i = 0; i < keep; ++i) kept += p[i];
-  const double target = double(uniform) * kept;
+  const ops::SamplingCandidates c = ops::sampling_candidates(logits, vocab, params);
+  const double target = double(uniform) * c.kept;
   double cum = 0.0;
-  for (size_t i = 0; i < keep; ++i) {
-    cum += p[i];
-    if (target < cum) return ids[i];
+  for (size_t i = 0; i < c.keep; ++i) {
+    cum += c.p[i];
+    if (target < cum) return c.ids[i];
   }
-  return ids[keep - 1];
+  return c.ids[c.keep - 1];
 }
 
 // log(sum_i exp(logits[i])), shifted by the maximum.
