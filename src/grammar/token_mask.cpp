@@ -117,12 +117,14 @@ struct Probe {
 bool item_less(const Item& a, const Item& b) { return a.pos != b.pos ? a.pos < b.pos : a.origin < b.origin; }
 bool item_eq(const Item& a, const Item& b) { return a.pos == b.pos && a.origin == b.origin; }
 
-// The top set with its own index as kSelf, sorted.
+// The top set's items that later steps read (those that scan or wait on a rule: completed
+// items are never looked at again), its own index as kSelf, sorted.
 template <class Walker>
 void self_canon(const Walker& w, std::vector<Item>& out) {
   const uint32_t self = w.top_index();
   out.clear();
-  for (const Item& it : w.top()) out.push_back({it.pos, it.origin == self ? kSelf : it.origin});
+  for (const Item& it : w.top())
+    if (relevant(w.grammar(), it, true)) out.push_back({it.pos, it.origin == self ? kSelf : it.origin});
   std::sort(out.begin(), out.end(), item_less);
 }
 
@@ -164,6 +166,7 @@ bool probe_from(Walker& w, uint8_t state, Probe& p) {
       const uint32_t self = w.top_index();
       p.canon.clear();
       for (const Item& it : w.top()) {
+        if (!relevant(g, it, true)) continue;
         uint32_t o = it.origin;
         if (o == self) o = kSelf;
         else if (o == p.from) o = kPrev;
