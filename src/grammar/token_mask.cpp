@@ -1,6 +1,7 @@
 #include "grammar/token_mask.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <mutex>
 #include <numeric>
@@ -50,6 +51,7 @@ TokenMasker::TokenMasker(const std::vector<std::string>& vocab, std::optional<ui
     }
     if (i < nodes_.size()) open.push_back(static_cast<uint32_t>(i));
   }
+  build_plain_index(vocab);
 }
 
 namespace {
@@ -65,9 +67,139 @@ bool relevant(const CompiledGrammar& g, const Item& it, bool last) {
   return k == PosKind::kRule || (last && k == PosKind::kBytes);
 }
 
+// Plain JSON string text as a UTF-8 automaton: kU0 between characters, the others inside
+// one (how many continuation bytes remain; the restricted second bytes of E0, ED, F0, F4).
+enum Utf8State : uint8_t { kU0, kU1, kU2, kU3, kE0, kED, kF0, kF4, kNStates, kFail = 0xFF };
+
+struct PlainAutomaton {
+  uint8_t next[kNStates][256];
+  ByteSet bytes[kNStates];  // the bytes each state takes
+  PlainAutomaton() {
+    std::memset(next, kFail, sizeof next);
+    auto set = [&](uint8_t from, unsigned lo, unsigned hi, uint8_t to) {
+      for (unsigned b = lo; b <= hi; ++b) next[from][b] = to;
+    };
+    set(kU0, 0x20, 0x7F, kU0);
+    next[kU0][uint8_t('"')] = next[kU0][uint8_t('\\')] = kFail;
+    set(kU0, 0xC2, 0xDF, kU1);
+    set(kU0, 0xE0, 0xE0, kE0);
+    set(kU0, 0xE1, 0xEF, kU2);
+    set(kU0, 0xED, 0xED, kED);
+    set(kU0, 0xF0, 0xF0, kF0);
+    set(kU0, 0xF1, 0xF3, kU3);
+    set(kU0, 0xF4, 0xF4, kF4);
+    set(kU1, 0x80, 0xBF, kU0);
+    set(kU2, 0x80, 0xBF, kU1);
+    set(kU3, 0x80, 0xBF, kU2);
+    set(kE0, 0xA0, 0xBF, kU1);
+    set(kED, 0x80, 0x9F, kU1);
+    set(kF0, 0x90, 0xBF, kU2);
+    set(kF4, 0x80, 0x8F, kU2);
+    for (int u = 0; u < kNStates; ++u)
+      for (int b = 0; b < 256; ++b)
+        if (next[u][b] != kFail) bytes[u].add(uint8_t(b), uint8_t(b));
+  }
+};
+const PlainAutomaton& plain_automaton() {
+  static const PlainAutomaton a;
+  return a;
+}
+
+// The probe of one plain character from the walker's top set (index `from`): see token_mask.h.
+constexpr uint32_t kSelf = UINT32_MAX, kPrev = UINT32_MAX - 1;
+struct Probe {
+  uint32_t from = 0;
+  bool have_next = false;
+  std::vector<uint8_t> path, rep;   // bytes pushed; the path to the first next set
+  std::vector<Item> next, canon;    // the next set (origins: kSelf, kPrev, or below `from`)
+};
+
+bool item_less(const Item& a, const Item& b) { return a.pos != b.pos ? a.pos < b.pos : a.origin < b.origin; }
+bool item_eq(const Item& a, const Item& b) { return a.pos == b.pos && a.origin == b.origin; }
+
+// The top set's items that later steps read (those that scan or wait on a rule: completed
+// items are never looked at again), its own index as kSelf, sorted.
+template <class Walker>
+void self_canon(const Walker& w, std::vector<Item>& out) {
+  const uint32_t self = w.top_index();
+  out.clear();
+  for (const Item& it : w.top())
+    if (relevant(w.grammar(), it, true)) out.push_back({it.pos, it.origin == self ? kSelf : it.origin});
+  std::sort(out.begin(), out.end(), item_less);
+}
+
+// Pushes every class of plain bytes the automaton takes in `state` (all must scan, none may
+// complete into an opaque set); at a character's end, compares the set with p.next.
+template <class Walker>
+bool probe_from(Walker& w, uint8_t state, Probe& p) {
+  const CompiledGrammar& g = w.grammar();
+  const PlainAutomaton& a = plain_automaton();
+  const std::span<const Item> top = w.top();
+  const ByteSet allowed = detail::allowed_bytes(g, top);
+  const ByteSet& want = a.bytes[state];
+  for (int i = 0; i < 4; ++i)
+    if (want.bits[i] & ~allowed.bits[i]) return false;
+  // Bytes grouped by (next state, the items that scan them): one push per group.
+  std::vector<const ByteSet*> scanners;
+  for (const Item& it : top)
+    if (g.pos[it.pos].kind == PosKind::kBytes) scanners.push_back(&g.byte_sets[g.pos[it.pos].value]);
+  if (scanners.size() > 256) return false;
+  struct Group {
+    uint8_t next;
+    std::array<uint64_t, 4> sig;
+    uint8_t byte;
+  };
+  std::vector<Group> groups;
+  for (int b = 0; b < 256; ++b) {
+    if (!want.has(uint8_t(b))) continue;
+    Group gr{a.next[state][b], {}, uint8_t(b)};
+    for (size_t j = 0; j < scanners.size(); ++j)
+      if (scanners[j]->has(uint8_t(b))) gr.sig[j >> 6] |= uint64_t{1} << (j & 63);
+    auto same = [&](const Group& o) { return o.next == gr.next && o.sig == gr.sig; };
+    if (std::find_if(groups.begin(), groups.end(), same) == groups.end()) groups.push_back(gr);
+  }
+  for (const Group& gr : groups) {
+    if (!w.try_push(gr.byte)) return false;
+    p.path.push_back(gr.byte);
+    bool ok = true;
+    if (gr.next == kU0) {
+      const uint32_t self = w.top_index();
+      p.canon.clear();
+      for (const Item& it : w.top()) {
+        if (!relevant(g, it, true)) continue;
+        uint32_t o = it.origin;
+        if (o == self) o = kSelf;
+        else if (o == p.from) o = kPrev;
+        else if (o > p.from) ok = false;  // reads a set inside the character: path dependent
+        p.canon.push_back({it.pos, o});
+      }
+      std::sort(p.canon.begin(), p.canon.end(), item_less);
+      if (ok && !p.have_next) {
+        p.next.swap(p.canon);
+        p.rep = p.path;
+        p.have_next = true;
+      } else if (ok) {
+        ok = std::equal(p.next.begin(), p.next.end(), p.canon.begin(), p.canon.end(), item_eq);
+      }
+    } else {
+      ok = probe_from(w, gr.next, p);
+    }
+    p.path.pop_back();
+    w.pop();
+    if (!ok) return false;
+  }
+  return true;
+}
+
 // The real chart on top of a matcher.
 struct RealWalker {
   MatcherScratch scratch;
+  const CompiledGrammar& g;
+  uint32_t base_top;  // the matcher's last set
+  const CompiledGrammar& grammar() const { return g; }
+  std::span<const Item> top() const { return scratch.top(); }
+  uint32_t top_index() const { return base_top + static_cast<uint32_t>(scratch.depth()); }
+  bool try_push(uint8_t byte) { return push(byte); }
   size_t depth() const { return scratch.depth(); }
   bool push(uint8_t byte) {
     const bool ok = scratch.push(byte);
@@ -85,6 +217,12 @@ struct ViewWalker {
   const Chart& view;
   Chart& upper;
   detail::Workspace& ws;
+  const CompiledGrammar& grammar() const { return g; }
+  std::span<const Item> top() const {
+    return upper.n_sets() ? upper.set(upper.n_sets() - 1) : view.set(view.n_sets() - 1);
+  }
+  uint32_t top_index() const { return view.n_sets() - 1 + upper.n_sets(); }
+  bool try_push(uint8_t byte) { return push(byte); }
   size_t depth() const { return upper.n_sets(); }
   bool push(uint8_t byte) {
     ws.touched_opaque = false;
@@ -157,11 +295,96 @@ size_t SharedMaskCache::KeyHash::operator()(const std::vector<uint32_t>& key) co
   return static_cast<size_t>(h ^ (h >> 29));
 }
 
+void TokenMasker::build_plain_index(const std::vector<std::string>& vocab) {
+  const PlainAutomaton& a = plain_automaton();
+  // need[t]: characters started by a plain token, kOtherToken for any other.
+  std::vector<uint16_t> need(vocab.size(), kOtherToken);
+  for (size_t t = 0; t < vocab.size(); ++t) {
+    if (vocab[t].empty()) continue;
+    uint8_t u = kU0;
+    uint32_t n = 0;
+    for (char c : vocab[t]) {
+      if (u == kU0) ++n;
+      u = a.next[u][uint8_t(c)];
+      if (u == kFail) break;
+    }
+    if (u != kFail && n <= kMaxNeed) need[t] = static_cast<uint16_t>(n);
+  }
+  sub_need_.assign(nodes_.size(), 0);
+  for (size_t i = 0; i < nodes_.size(); ++i)
+    for (uint32_t k = nodes_[i].tokens_begin; k < nodes_[i].tokens_end; ++k)
+      sub_need_[i] = std::max(sub_need_[i], need[token_ids_[k]]);
+  for (size_t i = nodes_.size(); i-- > 0;)  // children come after their parent
+    if (nodes_[i].parent != kNoParent)
+      sub_need_[nodes_[i].parent] = std::max(sub_need_[nodes_[i].parent], sub_need_[i]);
+  plain_mask_.assign(mask_words(), 0);
+  for (size_t t = 0; t < vocab.size(); ++t) {
+    if (vocab[t].empty() || need[t] == kOtherToken) continue;
+    plain_by_need_.push_back(static_cast<uint32_t>(t));
+    plain_mask_[t >> 5] |= uint32_t{1} << (t & 31);
+    max_need_ = std::max(max_need_, need[t]);
+  }
+  std::stable_sort(plain_by_need_.begin(), plain_by_need_.end(), [&](uint32_t x, uint32_t y) { return need[x] < need[y]; });
+  plain_need_end_.assign(size_t(max_need_) + 1, 0);
+  for (uint32_t t : plain_by_need_) ++plain_need_end_[need[t]];
+  for (size_t n = 1; n < plain_need_end_.size(); ++n) plain_need_end_[n] += plain_need_end_[n - 1];
+}
+
+template <class Walker>
+uint16_t TokenMasker::fill_plain(Walker& w, uint32_t* bitmask) const {
+  // Chains longer than this leave the longer plain tokens to the walk (maxLength in the
+  // thousands would otherwise probe up to max_need_ characters).
+  constexpr uint32_t kMaxChain = 64;
+  if (max_need_ == 0) return 0;
+  const size_t depth0 = w.depth();
+  Probe p;
+  std::vector<Item> cur;
+  self_canon(w, cur);
+  uint32_t j = 0;        // plain texts of up to j characters are accepted
+  bool decided = false;  // and every plain token is decided (accepted or refused)
+  bool accept_all = false;
+  for (;;) {
+    p.from = w.top_index();
+    p.have_next = false;
+    p.path.clear();
+    if (!probe_from(w, kU0, p) || !p.have_next) {
+      // Closed: the set scans no byte that starts plain text, so any plain token needing
+      // more than j characters is refused.
+      const ByteSet allowed = detail::allowed_bytes(w.grammar(), w.top());
+      const ByteSet& start = plain_automaton().bytes[kU0];
+      decided = true;
+      for (int i = 0; i < 4; ++i)
+        if (allowed.bits[i] & start.bits[i]) decided = false;
+      break;
+    }
+    ++j;
+    if (std::equal(p.next.begin(), p.next.end(), cur.begin(), cur.end(), item_eq) || j >= max_need_) {
+      decided = accept_all = true;  // a loop: the same future after every plain character
+      break;
+    }
+    if (j >= kMaxChain) break;
+    for (uint8_t b : p.rep) KILN_CHECK(w.try_push(b)) << "a probed byte refused";
+    self_canon(w, cur);
+  }
+  while (w.depth() > depth0) w.pop();
+  if (accept_all) {
+    for (size_t i = 0; i < plain_mask_.size(); ++i) bitmask[i] |= plain_mask_[i];
+  } else if (j > 0) {
+    for (uint32_t k = 0; k < plain_need_end_[std::min<uint32_t>(j, max_need_)]; ++k)
+      bitmask[plain_by_need_[k] >> 5] |= uint32_t{1} << (plain_by_need_[k] & 31);
+  }
+  return decided ? kMaxNeed : static_cast<uint16_t>(j);
+}
+
 template <class Walker>
 void TokenMasker::walk(Walker& walker, size_t begin, size_t end, std::vector<ByteSet>& allowed, uint32_t* bitmask,
-                       std::vector<uint32_t>* tainted) const {
+                       std::vector<uint32_t>* tainted, uint16_t skip_limit) const {
   for (size_t i = begin; i < end;) {
     const Node& n = nodes_[i];
+    if (sub_need_[i] <= skip_limit) {  // every token below is decided already
+      i = n.subtree_end;
+      continue;
+    }
     while (walker.depth() > n.depth) walker.pop();
     if (!allowed[n.depth].has(n.byte)) {
       i = n.subtree_end;
@@ -212,7 +435,8 @@ const MaskCache::Entry& TokenMasker::cached_entry(const Matcher& m, MaskCache& c
   ViewWalker walker{m.grammar(), cache.view_, cache.upper_, cache.ws_};
   std::vector<ByteSet> allowed(max_depth_ + 1);
   allowed[0] = walker.allowed_bytes();
-  walk(walker, 0, nodes_.size(), allowed, e->mask.data(), &e->tainted);
+  const uint16_t skip = fill_plain(walker, e->mask.data());
+  walk(walker, 0, nodes_.size(), allowed, e->mask.data(), &e->tainted, skip);
   std::shared_ptr<const MaskCache::Entry> entry = std::move(e);
   if (shared) {  // another thread may have walked the same view meanwhile: equal masks, keep one
     std::unique_lock lock(shared->mu_);
@@ -225,13 +449,14 @@ const MaskCache::Entry& TokenMasker::cached_entry(const Matcher& m, MaskCache& c
 }
 
 void TokenMasker::fill_mask(const Matcher& m, uint32_t* bitmask, MaskCache* cache) const {
-  RealWalker real{MatcherScratch(m)};
+  RealWalker real{MatcherScratch(m), m.grammar(), m.chart().n_sets() - 1};
   // allowed[d]: the bytes the recognizer can scan after the first d bytes of the path.
   std::vector<ByteSet> allowed(max_depth_ + 1);
   if (!cache) {
     std::memset(bitmask, 0, mask_words() * sizeof(uint32_t));
     allowed[0] = real.allowed_bytes();
-    walk(real, 0, nodes_.size(), allowed, bitmask, nullptr);
+    const uint16_t skip = fill_plain(real, bitmask);
+    walk(real, 0, nodes_.size(), allowed, bitmask, nullptr, skip);
   } else {
     const MaskCache::Entry& e = cached_entry(m, *cache);
     std::memcpy(bitmask, e.mask.data(), mask_words() * sizeof(uint32_t));

@@ -23,6 +23,25 @@
 // the mask of every other token (exact: the view holds all those steps read) plus those
 // nodes, which each fill walks again on the real chart. Inside a string the key does not
 // depend on the string's position or nesting depth, so it repeats.
+//
+// Plain string runs (what makes a miss inside a JSON string cheap). Built once per
+// vocabulary: the tokens whose bytes are "plain string text" (a prefix of a sequence of
+// whole UTF-8 characters among 0x20-0x7F without '"' and '\\', and the well-formed
+// multibyte forms: no overlongs, no surrogates), each with its need: the characters it
+// starts (a trailing partial character counts one), and per trie node the largest need of
+// its subtree (or "has another token"). Before a walk, the walker's state is probed: every
+// class of plain character (one byte per group of bytes the UTF-8 automaton and the state's
+// items treat alike) is pushed through, and the probe succeeds when all of them are scanned,
+// none completes into an opaque set, and all lead to one same next set (same items; origins
+// in the intermediate sets refused). Repeated from that set, it yields J: the number of plain
+// characters any plain text of up to J characters is accepted for, and stops early with J
+// unbounded when the next set equals the previous one up to its own index (a string body's
+// loop: same future), or when a set scans no plain byte at all ("closed": plain tokens that
+// need more than J are refused). The mask is then the plain tokens of need <= J, plus a walk
+// that skips every subtree whose tokens are all decided. Inside a free string only the
+// subtrees holding tokens with '"', '\\', control bytes or broken UTF-8 are walked; inside a
+// maxLength string the chain runs to the bound. Anything the probe cannot prove (patterns,
+// formats, other grammar) gives J = 0 and the plain walk, so masks stay exact.
 #pragma once
 
 #include <cstdint>
@@ -119,9 +138,15 @@ class TokenMasker {
   // Walks nodes [begin, end) (one subtree's descendants, or the whole trie) with `walker` at
   // the depth of their parent, allowed[depth] its scannable bytes; sets the bits of accepted
   // tokens. A push the walker refuses (context-dependent) appends the node to `tainted`.
+  // Subtrees with sub_need_ <= skip_limit are skipped (decided beforehand: plain runs).
   template <class Walker>
   void walk(Walker& walker, size_t begin, size_t end, std::vector<ByteSet>& allowed, uint32_t* bitmask,
-            std::vector<uint32_t>* tainted) const;
+            std::vector<uint32_t>* tainted, uint16_t skip_limit = 0) const;
+  // Plain string runs (above): sets the bits of the plain tokens the walker's state accepts
+  // for sure and returns the skip limit for the walk that completes the mask.
+  template <class Walker>
+  uint16_t fill_plain(Walker& walker, uint32_t* bitmask) const;
+  void build_plain_index(const std::vector<std::string>& vocab);
   const MaskCache::Entry& cached_entry(const Matcher& m, MaskCache& cache) const;
 
   size_t vocab_size_;
@@ -129,6 +154,15 @@ class TokenMasker {
   uint32_t max_depth_ = 0;
   std::vector<Node> nodes_;  // preorder
   std::vector<uint32_t> token_ids_;
+  // Plain string runs: per node the largest need in its subtree, kOtherToken when it holds a
+  // token that is not plain text; the plain tokens by need; their mask.
+  static constexpr uint16_t kOtherToken = UINT16_MAX;
+  static constexpr uint16_t kMaxNeed = UINT16_MAX - 1;
+  std::vector<uint16_t> sub_need_;
+  std::vector<uint32_t> plain_by_need_;     // token ids, need ascending
+  std::vector<uint32_t> plain_need_end_;    // [n]: end in plain_by_need_ of the needs <= n
+  std::vector<uint32_t> plain_mask_;        // every plain token
+  uint16_t max_need_ = 0;
 };
 
 }  // namespace kiln::grammar

@@ -239,6 +239,109 @@ TEST(TokenMask, RollbackRestoresMasksExactly) {
   }
 }
 
+// A vocabulary for the plain string runs (token_mask.h): plain words of 1 to 80 characters
+// (past the probe's chain of 64), UTF-8 characters whole and split at every byte, quotes,
+// backslashes and escapes glued to words, control bytes, malformed UTF-8 (overlong,
+// surrogate, past U+10FFFF, stray continuation bytes); the last token is EOS.
+std::vector<std::string> string_vocab(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::string> v;
+  for (int b = 0; b < 256; ++b) v.push_back(std::string(1, static_cast<char>(b)));
+  const std::vector<std::string> chars = {"a", "b", "c", "z", " ", "é", "ß", "日", "本", "😀", "\x7f", "~", "{", ":", ","};
+  const std::vector<std::string> odd = {"\"", "\\", "\\n", "\\\"", "\\u00e9", "\\ud83d\\ude00", "\x01", "\n", "\t",
+                                        "\xc0\x80", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\x80", "\xbf\xbf", "\xf5",
+                                        "\xe0\x80\x80", "\"}", "\",", "\":", "\"]", "2024-", "ab"};
+  auto word = [&](int len) {
+    std::string s;
+    for (int i = 0; i < len; ++i) s += chars[rng() % chars.size()];
+    return s;
+  };
+  for (int len : {2, 3, 4, 5, 6, 12, 13, 63, 64, 65, 70, 71, 80})
+    for (int k = 0; k < 3; ++k) v.push_back(word(len));
+  for (const std::string c : {"é", "日", "😀", "\xf4\x8f\xbf\xbf", "\xed\x9f\xbf"})
+    for (size_t cut = 1; cut < c.size(); ++cut) {
+      v.push_back(c.substr(0, cut));
+      v.push_back(c.substr(cut));
+      v.push_back("ab" + c.substr(0, cut));
+      v.push_back(c.substr(cut) + "ab");
+    }
+  while (v.size() < n) {
+    std::string s;
+    const int len = 1 + static_cast<int>(rng() % 6);
+    for (int i = 0; i < len; ++i) s += rng() % 10 < 7 ? chars[rng() % chars.size()] : odd[rng() % odd.size()];
+    v.push_back(s);
+  }
+  v.push_back("");  // EOS
+  return v;
+}
+
+// Masks inside strings of every kind (free, escapes, UTF-8, maxLength below and above the
+// probe's chain, minLength, patterns anchored and searched, a format, nested objects and
+// arrays, a pattern whose first character picks a branch, and any JSON object) at every byte of documents, mid-character and mid-escape
+// included: uncached and cached, each equal to brute force.
+TEST(TokenMask, StringMasksEqualBruteForceAtEveryByte) {
+  const std::vector<std::string> vocab = string_vocab(1500, 21);
+  const uint32_t eos = static_cast<uint32_t>(vocab.size() - 1);
+  const TokenMasker masker(vocab, eos);
+  const char* kStrings = R"({"type":"object","properties":{"s":{"type":"string"},"b":{"type":"string","maxLength":3},
+      "m":{"type":"string","minLength":2,"maxLength":70},"p":{"type":"string","pattern":"^[a-z ]+$"},
+      "q":{"type":"string","pattern":"ab.c"},"d":{"type":"string","format":"date"},
+      "n":{"type":"object","properties":{"t":{"type":"array","items":{"type":"string","maxLength":5}},
+      "u":{"type":"string"}}},"r":{"type":"string","pattern":"^(a.*|[^a].?)$"}},
+      "required":["s","b","m","p","q","d","n","r"],"additionalProperties":false})";
+  std::string long_m;
+  for (int i = 0; i < 35; ++i) long_m += i % 3 ? "é" : "a ";  // 58 characters
+  long_m += "😀\\n\\\"日本bcdefghi";                               // 70 in all
+  const std::vector<std::pair<const char*, std::string>> cases = {
+      {kStrings, R"({"s":"x\"y\\ é😀 \u00e9\ud83d\ude00 z\/","b":"é😀a","m":")" + long_m +
+                     R"(","p":"ab cd","q":"zzab😀c\n","d":"2024-02-29","n":{"t":["","日本\u00e9ab","\\\"\n"],"u":"{\"k\": [1]}"},"r":"a日本 xyz"})"},
+      {kStrings, R"({"s":"","b":"","m":"ab","p":"a","q":"abxc","d":"1999-12-31","n":{},"r":"bé"})"},
+      {R"({"type":"object"})", R"({"a":"x\"😀","b":{"c":["é\u00e9",{"d":"deep \"str\" 日本"}]},"e":"","f":[1,"\\"]})"},
+  };
+  for (const auto& [schema_text, doc] : cases) {
+    auto g = schema_grammar(schema_text);
+    MaskCache cache;
+    Matcher m(g);
+    std::vector<uint32_t> mask(masker.mask_words()), cached(masker.mask_words());
+    for (size_t i = 0; i <= doc.size(); ++i) {
+      const std::vector<uint32_t> want = brute_force_mask(m, vocab, eos);
+      masker.fill_mask(m, mask.data());
+      ASSERT_EQ(mask, want) << doc << " after " << i << " bytes";
+      masker.fill_mask(m, cached.data(), &cache);
+      ASSERT_EQ(cached, want) << doc << " after " << i << " bytes (cached)";
+      if (i == doc.size()) break;
+      ASSERT_TRUE(m.accept(doc.substr(i, 1))) << doc << " byte " << i;
+    }
+    EXPECT_TRUE(m.is_complete()) << doc;
+  }
+}
+
+// The plain runs on a vocabulary of plain text only (every subtree decided without a walk)
+// and on one with no plain token: still brute force.
+TEST(TokenMask, StringMasksWithAllPlainAndNoPlainVocabularies) {
+  const std::vector<std::vector<std::string>> vocabs = {
+      {"a", "ab", "abc", "é", "日本", "😀😀", " ", "", "\xc3", "b\xe6\x97", ""},
+      {"\"", "\\", "\\n", "\xff", "\x80", "\"}", "", ""}};
+  auto g = schema_grammar(R"({"type":"array","items":{"type":"string","maxLength":2}})");
+  for (const std::vector<std::string>& vocab : vocabs) {
+    const uint32_t eos = static_cast<uint32_t>(vocab.size() - 1);
+    const TokenMasker masker(vocab, eos);
+    for (const std::string doc : {R"(["ab","é","","\n"])", R"(["日本"])"}) {
+      Matcher m(g);
+      MaskCache cache;
+      std::vector<uint32_t> mask(masker.mask_words()), cached(masker.mask_words());
+      for (size_t i = 0; i <= doc.size(); ++i) {
+        const std::vector<uint32_t> want = brute_force_mask(m, vocab, eos);
+        masker.fill_mask(m, mask.data());
+        ASSERT_EQ(mask, want) << doc << " after " << i << " bytes";
+        masker.fill_mask(m, cached.data(), &cache);
+        ASSERT_EQ(cached, want) << doc << " after " << i << " bytes (cached)";
+        if (i < doc.size()) ASSERT_TRUE(m.accept(doc.substr(i, 1)));
+      }
+    }
+  }
+}
+
 TEST(TokenMask, EosOnlyWhenCompleteAndSpecialTokensNever) {
   auto g = schema_grammar(R"({"type":"integer"})");
   const std::vector<std::string> vocab = {"1", "2", "", "-", "12", ""};
