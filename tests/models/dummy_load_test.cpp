@@ -96,6 +96,7 @@ TEST(ShippedConfigs, ParseWithThePublishedDimensions) {
       {"DeepSeek-V3-5L", "DeepseekV3ForCausalLM", 7168, 5, 256, 129280},
       {"MiniMax-M2", "MiniMaxM2ForCausalLM", 3072, 62, 256, 200064},
       {"Qwen3-Next-80B-A3B", "Qwen3NextForCausalLM", 2048, 48, 512, 151936},
+      {"Qwen3-Next-80B-A3B-FP8", "Qwen3NextForCausalLM", 2048, 48, 512, 151936},
       {"Qwen3.5-35B-A3B", "Qwen3_5MoeForConditionalGeneration", 2048, 40, 256, 248320},
       {"GLM-5", "GlmMoeDsaForCausalLM", 6144, 78, 256, 154880},
       {"DeepSeek-V3.2", "DeepseekV32ForCausalLM", 7168, 61, 256, 129280},
