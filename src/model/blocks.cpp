@@ -79,11 +79,25 @@ void Attention::forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta&
 void GatedDeltaNet::forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta& batch, LayerKv& kv,
                             Tensor& out) const {
   const int64_t n_tokens = x.dim(0);
-  Tensor qkv_t = act(be, {n_tokens, qkv.n_out()});
+  Tensor qkv_t = act(be, {n_tokens, conv_channels() + (grouped ? n_v_heads * d_v : 0)});
   Tensor b_t = act(be, {n_tokens, b.n_out()});
   Tensor z_t, a_t;
+  if (!qkv_parts.empty()) {  // a tensor-parallel rank's q, k, v rows, side by side
+    Tensor parts[3];
+    for (size_t i = 0; i < 3; ++i) parts[i] = act(be, {n_tokens, qkv_parts[i].n_out()});
+    be.linears({.x = x, .w = {&qkv_parts[0], &qkv_parts[1], &qkv_parts[2]}, .out = {parts[0], parts[1], parts[2]}});
+    int64_t at = 0;
+    for (const Tensor& part : parts) {
+      be.slice_columns({.src = part, .dst = qkv_t, .dst_col_begin = at, .n_cols = part.dim(1)});
+      at += part.dim(1);
+    }
+  }
   if (grouped) {
     be.linears({.x = x, .w = {&qkv, &b}, .out = {qkv_t, b_t}});
+  } else if (!qkv_parts.empty()) {
+    z_t = act(be, {n_tokens, z.n_out()});
+    a_t = act(be, {n_tokens, a.n_out()});
+    be.linears({.x = x, .w = {&z, &b, &a}, .out = {z_t, b_t, a_t}});
   } else {
     z_t = act(be, {n_tokens, z.n_out()});
     a_t = act(be, {n_tokens, a.n_out()});

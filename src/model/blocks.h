@@ -138,6 +138,7 @@ struct Mla {
 };
 
 // Gated DeltaNet (Qwen3-Next, Qwen3.5): linear attention whose state is per sequence
+// (head counts are this tensor-parallel rank's: nk / tp key heads, nv / tp value heads)
 // (LayerKv::conv_state / recurrent_state), ops::GatedDeltaNetArgs for the computation.
 // grouped: Qwen3-Next's fused in_proj_qkvz / in_proj_ba (per key head groups); else
 // Qwen3.5's in_proj_qkv, in_proj_z, in_proj_b, in_proj_a.
@@ -145,6 +146,7 @@ struct GatedDeltaNet {
   int64_t n_k_heads = 0, n_v_heads = 0, d_k = 0, d_v = 0, conv_kernel = 0;
   bool grouped = false;
   ops::Weight qkv;        // grouped [nk (2 dk + 2 r dv), d_model]; else [2 nk dk + nv dv, d_model]
+  std::vector<ops::Weight> qkv_parts;  // not grouped, tensor-parallel: this rank's q, k, v rows (qkv undefined)
   ops::Weight z;          // [nv dv, d_model] (not grouped)
   ops::Weight b;          // grouped [2 nv, d_model] (b and a); else [nv, d_model]
   ops::Weight a;          // [nv, d_model] (not grouped)

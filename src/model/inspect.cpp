@@ -57,6 +57,7 @@ void visit_weights(const CausalLM& lm,
       on_tensor("attention", a->sinks);
     } else if (const auto* g = std::get_if<GatedDeltaNet>(&l.attn)) {
       for (const ops::Weight* w : {&g->qkv, &g->z, &g->b, &g->a, &g->o}) on_weight("linear attention", *w);
+      for (const ops::Weight& w : g->qkv_parts) on_weight("linear attention", w);
       for (const Tensor* t : {&g->conv_weight, &g->a_log, &g->dt_bias}) on_tensor("linear attention", *t);
       on_tensor("norms", g->norm);
     } else {
@@ -128,6 +129,7 @@ std::vector<PathRecord> path_records(const CausalLM& lm, const ops::Backend& be)
       for (const ops::Weight* w : {&a->q, &a->k, &a->v, &a->o}) add(i, "attention", *w, false);
     } else if (const auto* g = std::get_if<GatedDeltaNet>(&layer.attn)) {
       for (const ops::Weight* w : {&g->qkv, &g->z, &g->b, &g->a, &g->o}) add(i, "linear attention", *w, false);
+      for (const ops::Weight& w : g->qkv_parts) add(i, "linear attention", w, false);
     } else {
       const Mla& m = std::get<Mla>(layer.attn);
       for (const ops::Weight* w : {&m.q, &m.q_a, &m.q_b, &m.kv_a, &m.kv_b, &m.o}) add(i, "attention (MLA)", *w, false);

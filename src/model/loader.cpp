@@ -332,6 +332,29 @@ Result<Tensor> WeightLoader::tensor(const std::string& name, const Shape& shape,
   return uploaded(t);
 }
 
+Result<Tensor> WeightLoader::tensor_rows(const std::string& name, const Shape& shape,
+                                         const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+  int64_t total = 0;
+  for (const auto& [begin, count] : ranges) {
+    KILN_CHECK(begin >= 0 && count > 0 && begin + count <= shape.dims[0]) << name << ": rows " << begin << " + " << count;
+    total += count;
+  }
+  if (ranges.size() == 1) return tensor(name, shape, Part::rows(ranges[0].first, ranges[0].second));
+  if (ckpt_ == nullptr) return generated(name, shape, Part::rows(0, total));  // random values: any rows will do
+  KILN_ASSIGN_OR_RETURN(Tensor full, host_typed(name, {DType::kF32, DType::kBF16, DType::kF16}, shape));
+  Shape out_shape = shape;
+  out_shape.dims[0] = total;
+  Tensor out = host_tensor(full.dtype, out_shape);
+  const size_t row_bytes = full.nbytes() / size_t(shape.dims[0]);
+  size_t at = 0;
+  for (const auto& [begin, count] : ranges) {
+    std::memcpy(static_cast<char*>(out.data) + at, static_cast<const char*>(full.data) + size_t(begin) * row_bytes,
+                size_t(count) * row_bytes);
+    at += size_t(count) * row_bytes;
+  }
+  return uploaded(out);
+}
+
 Result<Tensor> WeightLoader::norm(const std::string& name, const Shape& shape, double offset) {
   if (offset == 0.0 || ckpt_ == nullptr) return tensor(name, shape);
   KILN_ASSIGN_OR_RETURN(Tensor t, host_typed(name, {DType::kF32, DType::kBF16, DType::kF16}, shape));

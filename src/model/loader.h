@@ -116,6 +116,11 @@ class WeightLoader {
 
   // A float tensor (f32 / bf16 / f16) of exactly `shape` in the checkpoint, cut to `part`.
   Result<Tensor> tensor(const std::string& name, const Shape& shape, const Part& part = {});
+  // Rows [begin, begin + count) of each range of a float tensor of exactly `shape`, one
+  // after another (a tensor-parallel rank's channels of a weight whose rows are several
+  // concatenated groups: Gated DeltaNet's conv1d over [q | k | v]).
+  Result<Tensor> tensor_rows(const std::string& name, const Shape& shape,
+                             const std::vector<std::pair<int64_t, int64_t>>& ranges);
   // A norm's weight: tensor() plus `offset` on every element (in f32; a norm that scales
   // by (1 + w) is stored as w: offset 1). Offset 0 is tensor().
   Result<Tensor> norm(const std::string& name, const Shape& shape, double offset);

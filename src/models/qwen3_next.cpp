@@ -14,39 +14,61 @@ namespace {
 Result<model::GatedDeltaNet> load_gated_delta_net(model::WeightLoader& w, const formats::ModelConfig& c,
                                                   const std::string& p, bool grouped) {
   model::GatedDeltaNet g;
-  g.n_k_heads = c.linear_n_k_heads;
-  g.n_v_heads = c.linear_n_v_heads;
-  g.d_k = c.linear_d_k;
-  g.d_v = c.linear_d_v;
+  const int64_t nk = c.linear_n_k_heads, nv = c.linear_n_v_heads, dk = c.linear_d_k, dv = c.linear_d_v;
+  g.d_k = dk;
+  g.d_v = dv;
   g.conv_kernel = c.linear_conv_kernel;
   g.grouped = grouped;
-  if (g.n_k_heads <= 0 || g.n_v_heads <= 0 || g.d_k <= 0 || g.d_v <= 0 || g.conv_kernel <= 0 ||
-      g.n_v_heads % g.n_k_heads != 0) {
+  if (nk <= 0 || nv <= 0 || dk <= 0 || dv <= 0 || g.conv_kernel <= 0 || nv % nk != 0) {
     return corrupt("linear attention needs positive linear_num_key_heads, linear_num_value_heads (a multiple of "
                    "the key heads), linear_key_head_dim, linear_value_head_dim and linear_conv_kernel_dim");
   }
-  if (w.shard().tp_size > 1) {
-    return unsupported("Gated DeltaNet (linear attention) layers are not split over tensor-parallel ranks yet: "
-                       "use --pipeline-parallel-size for several GPUs");
+  // Tensor parallelism: each rank takes nk / tp key heads and the value heads that read
+  // them (nv / tp), with their convolution channels, gates and state; out_proj is split by
+  // its inputs (a partial sum the group all-reduces, like o_proj).
+  const model::Shard& sh = w.shard();
+  if (nk % sh.tp_size != 0) {
+    return unsupported("tensor-parallel size " + std::to_string(sh.tp_size) + " does not divide the " +
+                       std::to_string(nk) + " linear-attention key heads");
   }
-  const int64_t key_dim = g.n_k_heads * g.d_k, value_dim = g.n_v_heads * g.d_v, nv = g.n_v_heads;
-  const int64_t channels = g.conv_channels();
-  if (grouped) {
-    KILN_ASSIGN_OR_RETURN(g.qkv, w.linear(p + ".in_proj_qkvz", 2 * key_dim + 2 * value_dim, c.d_model, false));
-    KILN_ASSIGN_OR_RETURN(g.b, w.linear(p + ".in_proj_ba", 2 * nv, c.d_model, false));
+  g.n_k_heads = nk / sh.tp_size;
+  g.n_v_heads = nv / sh.tp_size;
+  const int64_t r = nv / nk, g0 = sh.tp_rank * g.n_k_heads, h0 = sh.tp_rank * g.n_v_heads;
+  const int64_t key_dim = nk * dk, value_dim = nv * dv, channels = 2 * key_dim + value_dim;
+  const int64_t kl = g.n_k_heads * dk, vl = g.n_v_heads * dv;  // this rank's widths
+  // This rank's rows of [q | k | v]: its key heads' q and k, its value heads' v.
+  const std::vector<std::pair<int64_t, int64_t>> qkv_rows = {{g0 * dk, kl}, {key_dim + g0 * dk, kl},
+                                                             {2 * key_dim + h0 * dv, vl}};
+  if (grouped) {  // per key head: [q | k | v (r heads) | z (r heads)], then [b (r) | a (r)]
+    const int64_t width = 2 * dk + 2 * r * dv;
+    KILN_ASSIGN_OR_RETURN(g.qkv, w.linear(p + ".in_proj_qkvz", nk * width, c.d_model, false,
+                                          model::Part::rows(g0 * width, g.n_k_heads * width)));
+    KILN_ASSIGN_OR_RETURN(g.b, w.linear(p + ".in_proj_ba", 2 * nv, c.d_model, false,
+                                        model::Part::rows(g0 * 2 * r, g.n_k_heads * 2 * r)));
   } else {
-    KILN_ASSIGN_OR_RETURN(g.qkv, w.linear(p + ".in_proj_qkv", channels, c.d_model, false));
-    KILN_ASSIGN_OR_RETURN(g.z, w.linear(p + ".in_proj_z", value_dim, c.d_model, false));
-    KILN_ASSIGN_OR_RETURN(g.b, w.linear(p + ".in_proj_b", nv, c.d_model, false));
-    KILN_ASSIGN_OR_RETURN(g.a, w.linear(p + ".in_proj_a", nv, c.d_model, false));
+    if (sh.tp_size == 1) {
+      KILN_ASSIGN_OR_RETURN(g.qkv, w.linear(p + ".in_proj_qkv", channels, c.d_model, false));
+    } else {
+      for (const auto& [begin, count] : qkv_rows) {
+        KILN_ASSIGN_OR_RETURN(ops::Weight part, w.linear(p + ".in_proj_qkv", channels, c.d_model, false,
+                                                         model::Part::rows(begin, count)));
+        g.qkv_parts.push_back(std::move(part));
+      }
+    }
+    KILN_ASSIGN_OR_RETURN(g.z, w.linear(p + ".in_proj_z", value_dim, c.d_model, false, model::Part::rows(h0 * dv, vl)));
+    KILN_ASSIGN_OR_RETURN(g.b, w.linear(p + ".in_proj_b", nv, c.d_model, false, model::Part::rows(h0, g.n_v_heads)));
+    KILN_ASSIGN_OR_RETURN(g.a, w.linear(p + ".in_proj_a", nv, c.d_model, false, model::Part::rows(h0, g.n_v_heads)));
   }
-  KILN_ASSIGN_OR_RETURN(Tensor conv, w.tensor(p + ".conv1d.weight", {channels, 1, g.conv_kernel}));
-  g.conv_weight = conv.reshape({channels, g.conv_kernel});
-  KILN_ASSIGN_OR_RETURN(g.a_log, w.tensor(p + ".A_log", {nv}));
-  KILN_ASSIGN_OR_RETURN(g.dt_bias, w.tensor(p + ".dt_bias", {nv}));
-  KILN_ASSIGN_OR_RETURN(g.norm, w.tensor(p + ".norm.weight", {g.d_v}));  // used as is: w, not (1 + w)
+  KILN_ASSIGN_OR_RETURN(Tensor conv, w.tensor_rows(p + ".conv1d.weight", {channels, 1, g.conv_kernel},
+                                                   sh.tp_size == 1 ? std::vector<std::pair<int64_t, int64_t>>{{0, channels}}
+                                                                   : qkv_rows));
+  g.conv_weight = conv.reshape({g.conv_channels(), g.conv_kernel});
+  KILN_ASSIGN_OR_RETURN(g.a_log, w.tensor(p + ".A_log", {nv}, model::Part::rows(h0, g.n_v_heads)));
+  KILN_ASSIGN_OR_RETURN(g.dt_bias, w.tensor(p + ".dt_bias", {nv}, model::Part::rows(h0, g.n_v_heads)));
+  KILN_ASSIGN_OR_RETURN(g.norm, w.tensor(p + ".norm.weight", {dv}));  // used as is: w, not (1 + w)
   g.norm_eps = float(c.rms_norm_eps);
-  KILN_ASSIGN_OR_RETURN(g.o, w.linear(p + ".out_proj", c.d_model, value_dim, false));
+  KILN_ASSIGN_OR_RETURN(g.o, w.linear(p + ".out_proj", c.d_model, value_dim, false, model::Part::cols(h0 * dv, vl),
+                                      /*bias_here=*/sh.tp_rank == 0));
   return g;
 }
 

@@ -44,10 +44,13 @@ class Parallel : public ::testing::TestWithParam<std::tuple<std::string, int>> {
 TEST_P(Parallel, SameLogitsAndTokensAsOneRank) {
   const std::string fixture = std::get<0>(GetParam());
   const Layout& layout = kLayouts[std::get<1>(GetParam())];
-  const nlohmann::json config = testing::read_json(testing::fixture_dir(fixture) + "/config.json");
+  const nlohmann::json file = testing::read_json(testing::fixture_dir(fixture) + "/config.json");
+  const nlohmann::json& config = file.contains("text_config") ? file["text_config"] : file;  // a VL checkpoint
   const int64_t heads = config["num_attention_heads"].get<int64_t>();
+  // Gated DeltaNet layers split their key heads too.
+  const int64_t linear_heads = config.value("linear_num_key_heads", heads);
   auto engine = load(fixture, layout.parallel);
-  if (heads % layout.parallel.tensor_parallel != 0) {
+  if (heads % layout.parallel.tensor_parallel != 0 || linear_heads % layout.parallel.tensor_parallel != 0) {
     ASSERT_FALSE(engine.ok()) << fixture << " loaded " << heads << " heads over " << layout.name;
     EXPECT_NE(engine.status().message().find("tensor-parallel size"), std::string::npos) << engine.status().to_string();
     return;
@@ -105,6 +108,13 @@ TEST(ParallelBf16Activations, SplitWithinOneRanksOwnBf16ErrorWithoutRouting) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Parallel,
                          ::testing::Combine(::testing::ValuesIn(testing::every_fixture()),
+                                            ::testing::Range(0, int(std::size(kLayouts)))),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + kLayouts[std::get<1>(info.param)].name;
+                         });
+// The Gated DeltaNet hybrids: their linear-attention key heads split over the ranks.
+INSTANTIATE_TEST_SUITE_P(CpuOnly, Parallel,
+                         ::testing::Combine(::testing::ValuesIn(testing::cpu_only_fixtures()),
                                             ::testing::Range(0, int(std::size(kLayouts)))),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + kLayouts[std::get<1>(info.param)].name;
