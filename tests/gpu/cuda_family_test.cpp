@@ -299,6 +299,19 @@ TEST(CudaDsa, SparseAttentionModelsAreRefusedAtLoad) {
   }
 }
 
+// Gated DeltaNet hybrids likewise: refused at load until the CUDA backend has
+// OptionalOp::kGatedDeltaNet's kernels.
+TEST(CudaGatedDeltaNet, HybridModelsAreRefusedAtLoad) {
+  for (const std::string& name : testing::cpu_only_fixtures()) {
+    auto gpu = cuda_backend("");
+    if (!gpu.ok()) GTEST_SKIP() << gpu.status().to_string();
+    auto e = runtime::Engine::load(testing::fixture_dir(name), std::move(gpu).value(),
+                                   {.block_size = 16, .max_model_len = 256, .kv_cache_bytes = int64_t(64) << 20});
+    ASSERT_FALSE(e.ok()) << name;
+    EXPECT_NE(e.status().message().find("Gated DeltaNet"), std::string::npos) << e.status().to_string();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFamily, ::testing::ValuesIn(testing::cuda_fixtures(testing::all_fixtures())),
                          [](const auto& info) { return info.param; });
 // The quantized checkpoints (FP8 block / channel, NVFP4, INT4, MXFP4) on the packed
