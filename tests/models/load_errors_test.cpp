@@ -231,5 +231,17 @@ TEST_F(LoadErrors, BackendWithoutSparseAttentionRefusesDsaModels) {
   EXPECT_TRUE(runtime::Engine::load(testing::fixture_dir("deepseek_v3"), std::make_unique<NoDsaBackend>(), {}).ok());
 }
 
+// Likewise a backend without the Gated DeltaNet ops refuses the hybrids, naming the first
+// linear-attention layer and the ops.
+TEST_F(LoadErrors, BackendWithoutGatedDeltaNetRefusesHybridModels) {
+  for (const std::string& name : testing::cpu_only_fixtures()) {
+    auto e = runtime::Engine::load(testing::fixture_dir(name), std::make_unique<NoDsaBackend>(), {});
+    ASSERT_FALSE(e.ok()) << name;
+    const std::string m = e.status().message();
+    EXPECT_NE(m.find("layer 0 is a Gated DeltaNet (linear attention) layer"), std::string::npos) << m;
+    EXPECT_NE(m.find("gated_delta_net"), std::string::npos) << m;
+  }
+}
+
 }  // namespace
 }  // namespace kiln
