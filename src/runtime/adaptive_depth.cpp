@@ -15,8 +15,8 @@ void AdaptiveDepth::Ema::add(double x, double decay, int64_t units) {
 
 AdaptiveDepth::AdaptiveDepth(const AdaptiveDepthConfig& config)
     : config_(config),
-      acceptance_ema_(size_t(std::max(config.max_depth, 1))),
-      acceptance_(acceptance_ema_.size(), 0.0),
+      acceptance_ema_(size_t(std::max(config.max_depth, 1)), Ema{.n = kPriorTests, .value = 0.5}),
+      acceptance_(acceptance_ema_.size(), 0.5),
       step_tested_(acceptance_.size(), 0),
       step_accepted_(acceptance_.size(), 0) {
   KILN_CHECK_GE(config.max_depth, 1) << "adaptive depth needs num_speculative_tokens >= 1";
@@ -39,8 +39,14 @@ int32_t AdaptiveDepth::decide(std::span<const int32_t> draft_lengths) {
   // also measures acceptance at every position the drafts reach).
   if (decode_timed_ < config_.warmup_steps) return 0;
   if (verify_timed_ < config_.warmup_steps) return max_k;
-  const int32_t chosen = best_depth(acceptance_, cost_model(), draft_lengths, max_k);
-  if ((choices_ + 1) % config_.probe_interval != 0) return chosen;
+  const StepCostModel cost = cost_model();
+  const int32_t chosen = best_depth(acceptance_, cost, draft_lengths, max_k);
+  int32_t interval = config_.probe_interval;
+  if (chosen == 0 &&
+      best_depth(std::vector<double>(size_t(max_k), kHopefulAcceptance), cost, draft_lengths, max_k) == 0)
+    interval *= std::max(config_.hopeless_probe_factor, 1);
+  if (++since_probe_ < interval) return chosen;
+  since_probe_ = 0;
   // A probe: while speculation loses, each depth 1 .. K in turn (the acceptance of deeper
   // positions and the cost of more rows); while it wins, no drafts (the decode cost, which
   // changes with the batch) and K in turn.

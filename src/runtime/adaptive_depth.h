@@ -3,7 +3,9 @@
 // make throughput worse than decoding one token per step.
 //
 //   acceptance by position: a_i = P(draft i stands | drafts 1 .. i-1 stood), an EMA over
-//     recent steps that verified drafts (a step's own rate: accepted / tested at i);
+//     the recent tests of position i (a step's rate, accepted / tested at i, weighted by its
+//     tests), starting from kPriorTests pseudo-tests at 1/2 so that one early rejection
+//     does not rule a position out until a rare probe tests it again;
 //   step cost: the wall time of a step as a line in its query rows, t(R) = fixed + per_row R,
 //     through two EMA points, one of decode-only steps (R = B sequences) and one of verify
 //     steps (R = B + drafts); steps that carry prefill chunks are not timed. On a GPU a
@@ -19,7 +21,8 @@
 //     and acceptance at every position); afterwards one step in probe_interval runs at
 //     another depth (1 .. K in turn while the choice is 0; 0 while it is K; 0 and K
 //     alternately in between), so an estimate that says "speculation loses" can recover,
-//     and one that says it wins is checked against a fresh decode step.
+//     and one that says it wins is checked against a fresh decode step. Where speculation
+//     would lose even at 90% acceptance, probes are hopeless_probe_factor times rarer.
 //
 // Greedy outputs do not depend on k (verification is exact). At temperature > 0 the emitted
 // tokens are distributed exactly as without speculation, but which draws are made depends on
@@ -37,13 +40,17 @@ struct AdaptiveDepthConfig {
   int32_t max_depth = 1;        // K >= 1
   bool adaptive = true;         // false: always K
   int32_t probe_interval = 32;  // steps with drafts between two probes
+  // ... times this while even drafts standing kHopefulAcceptance of the time would not pay
+  // (the CPU reference): then only the cost line could change the choice, and it changes
+  // slowly, so probes are rarer there and cost less.
+  int32_t hopeless_probe_factor = 8;
   // EMA forgetting. Step cost: per step, so a measurement made `gap` steps after the
   // previous one of its kind weighs 1 - (1 - decay)^gap and a cost only probes refresh
   // follows the present as closely as one refreshed every step. Acceptance: per verified
   // draft position (a step that tested position i m times weighs 1 - (1 - decay)^m), since
   // each test is a single accept / reject. Both start as plain means.
   double decay = 1.0 / 32;
-  int32_t warmup_steps = 3;     // timed steps of each kind before the model decides
+  int32_t warmup_steps = 2;     // timed steps of each kind before the model decides
 };
 
 // The measured line t(R) = fixed_s + per_row_s * R (seconds); known once both kinds of step
@@ -58,6 +65,8 @@ class AdaptiveDepth {
  public:
   // A choice that k > 0 must beat by this fraction of k = 0's tokens per second.
   static constexpr double kMargin = 0.02;
+  static constexpr double kHopefulAcceptance = 0.9;
+  static constexpr int64_t kPriorTests = 2;
 
   explicit AdaptiveDepth(const AdaptiveDepthConfig& config);
 
@@ -78,7 +87,7 @@ class AdaptiveDepth {
                             std::span<const int32_t> draft_lengths, int32_t max_depth);
 
   const AdaptiveDepthConfig& config() const { return config_; }
-  // a_i estimates, i = 1 .. K (0 where never measured).
+  // a_i estimates, i = 1 .. K (1/2 where never measured).
   const std::vector<double>& acceptance() const { return acceptance_; }
   StepCostModel cost_model() const;
   // Choices made (steps where some sequence had a draft), the sum of their depths, and an
@@ -105,7 +114,7 @@ class AdaptiveDepth {
   int64_t decode_last_step_ = 0, verify_last_step_ = 0;
   int32_t decode_timed_ = 0, verify_timed_ = 0;  // timed steps of each kind (warm-up)
   int64_t steps_ = 0, choices_ = 0, depth_total_ = 0, probes_ = 0;
-  int32_t probe_cursor_ = 0;
+  int32_t probe_cursor_ = 0, since_probe_ = 0;
   double recent_depth_ = 0.0;
 };
 

@@ -60,14 +60,17 @@ TEST(AdaptiveDepth, MeasuresAcceptanceByPositionAndTheCostLine) {
   AdaptiveDepth p({.max_depth = 3});
   p.record_verification(3, 1);  // position 1 stood, 2 was rejected, 3 not tested
   p.record_step(false, true, 0, 0.0);
-  EXPECT_EQ(p.acceptance(), (std::vector<double>{1.0, 0.0, 0.0}));
+  // Two pseudo-tests at 1/2, then the plain mean of the tests' outcomes.
+  EXPECT_DOUBLE_EQ(p.acceptance()[0], 2.0 / 3.0);
+  EXPECT_DOUBLE_EQ(p.acceptance()[1], 1.0 / 3.0);
+  EXPECT_DOUBLE_EQ(p.acceptance()[2], 0.5);
   p.record_verification(3, 3);
   p.record_verification(2, 0);  // position 1 rejected
   p.record_step(false, true, 0, 0.0);
-  // Over the first tests, the plain mean of their outcomes (position 1: 2 of 3 stood).
-  EXPECT_DOUBLE_EQ(p.acceptance()[0], 2.0 / 3.0);
+  // Position 1: 2 of 3 tests stood; with the pseudo-tests, 3 of 5.
+  EXPECT_DOUBLE_EQ(p.acceptance()[0], 0.6);
   EXPECT_DOUBLE_EQ(p.acceptance()[1], 0.5);
-  EXPECT_DOUBLE_EQ(p.acceptance()[2], 1.0);
+  EXPECT_DOUBLE_EQ(p.acceptance()[2], 2.0 / 3.0);
   EXPECT_FALSE(p.cost_model().known);
   p.record_step(true, false, 2, 10e-3);  // decode: 2 rows, 10 ms
   p.record_step(true, true, 6, 14e-3);   // verify: 6 rows, 14 ms
@@ -118,18 +121,29 @@ int64_t count(const std::vector<int32_t>& v, size_t from, int32_t k) {
 }
 
 // The CPU reference's shape (rows cost linearly): after the warm-up the policy decodes
-// without drafts, except one probe step in 32 at each depth 1 .. K in turn.
-TEST(AdaptiveDepth, LinearCostFallsBackToNoDraftsAndStillProbes) {
+// without drafts. Even 90% acceptance would not pay there, so it probes one step in 256
+// (32 x 8), at each depth 1 .. K in turn.
+TEST(AdaptiveDepth, LinearCostFallsBackToNoDraftsAndProbesRarely) {
   AdaptiveDepth p({.max_depth = 3});
   std::mt19937 rng(1);
-  const std::vector<int32_t> k = run(p, {.fixed_ms = 0.05, .per_row_ms = 2.0, .accept = 0.6}, 32 * 20, 1, rng);
-  const size_t settled = 64;
+  const std::vector<int32_t> k = run(p, {.fixed_ms = 0.05, .per_row_ms = 2.0, .accept = 0.6}, 4 + 256 * 6, 1, rng);
+  const size_t settled = 4;
   const int64_t drafted = int64_t(k.size() - settled) - count(k, settled, 0);
-  EXPECT_GE(drafted, 16);
-  EXPECT_LE(drafted, 20) << "probes only";
-  for (int32_t d = 1; d <= 3; ++d) EXPECT_GE(count(k, settled, d), 5) << "probes at depth " << d;
-  EXPECT_GT(p.probes(), 16);
-  EXPECT_LT(double(p.depth_total()) / double(p.choices()), 0.2);
+  EXPECT_EQ(drafted, 6) << "probes only";
+  for (int32_t d = 1; d <= 3; ++d) EXPECT_EQ(count(k, settled, d), 2) << "probes at depth " << d;
+  EXPECT_EQ(p.probes(), 6);
+}
+
+// Rows that cost something but not everything (10 ms + 3 ms per row): at 20% acceptance
+// drafts do not pay, at 90% they would, so probes come one step in 32.
+TEST(AdaptiveDepth, LowAcceptanceFallsBackToNoDraftsAndProbesEvery32Steps) {
+  AdaptiveDepth p({.max_depth = 3});
+  std::mt19937 rng(4);
+  const std::vector<int32_t> k = run(p, {.fixed_ms = 10.0, .per_row_ms = 3.0, .accept = 0.2}, 64 + 32 * 20, 1, rng);
+  const int64_t drafted = int64_t(k.size() - 64) - count(k, 64, 0);
+  EXPECT_GE(drafted, 18);
+  EXPECT_LE(drafted, 22) << "probes only";
+  for (int32_t d = 1; d <= 3; ++d) EXPECT_GE(count(k, 64, d), 6) << "probes at depth " << d;
 }
 
 // A weight-bound machine: full depth, with a decode step now and then to keep the
