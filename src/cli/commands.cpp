@@ -137,6 +137,25 @@ int cmd_generate(const CommonOptions& o, const std::string& tokens_arg, const Ge
                    100.0 * double(st.spec_accepted_tokens) / double(std::max<int64_t>(1, st.spec_draft_tokens)),
                    double(n) / double(std::max<int64_t>(1, st.steps)));
     }
+    if (const runtime::AdaptiveDepth* depth = (*engine)->speculation_depth(); depth && st.spec_depth_steps > 0) {
+      // The depth policy (runtime/adaptive_depth.h): what it chose and what it measured.
+      const auto fmt_fixed = [](double v, int digits) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+        return std::string(buf);
+      };
+      std::string acceptance;
+      for (double a : depth->acceptance()) acceptance += (acceptance.empty() ? "" : " ") + fmt_fixed(a, 2);
+      const runtime::StepCostModel cost = depth->cost_model();
+      std::fprintf(stderr, "kiln: speculative depth (%s): mean k %.2f of %d over %lld steps with drafts (%lld probes); "
+                   "acceptance by position %s; step cost %s\n",
+                   depth->config().adaptive ? "adaptive" : "fixed",
+                   double(st.spec_depth_total) / double(st.spec_depth_steps), depth->config().max_depth,
+                   (long long)st.spec_depth_steps, (long long)depth->probes(), acceptance.c_str(),
+                   cost.known ? (fmt_fixed(cost.fixed_s * 1e3, 3) + " ms + " + fmt_fixed(cost.per_row_s * 1e3, 3) +
+                                 " ms per row").c_str()
+                              : "not measured");
+    }
   }
   return 0;
 }

@@ -64,6 +64,11 @@ void add_common(CLI::App* cmd, CommonOptions& o, bool model_option) {
   cmd->add_option("--num-speculative-tokens", o.num_speculative_tokens,
                   "draft tokens per sequence and step with --speculative-method (at least 1)")
       ->check(CLI::Range(0, 64));
+  cmd->add_option("--speculative-adaptive", o.speculative_adaptive,
+                  "on: each step's draft depth (0 to --num-speculative-tokens) chosen from the measured "
+                  "acceptance by position and the measured cost of a step's rows, so that speculation does not "
+                  "lower throughput (sampled outputs then depend on timing); off: always the full depth")
+      ->check(CLI::IsMember({"on", "off"}));
 }
 
 runtime::EngineOptions engine_options(const CommonOptions& o) {
@@ -78,6 +83,7 @@ runtime::EngineOptions engine_options(const CommonOptions& o) {
           .speculative_method =
               o.speculative_method == "ngram" ? runtime::SpeculativeMethod::kNgram : runtime::SpeculativeMethod::kOff,
           .num_speculative_tokens = o.num_speculative_tokens,
+          .speculative_adaptive = o.speculative_adaptive != "off",
           .parallel = {.tensor_parallel = o.tensor_parallel,
                        .pipeline_parallel = o.pipeline_parallel,
                        .expert_parallel = o.expert_parallel,

@@ -32,12 +32,13 @@ struct CommonOptions {
   double watchdog_timeout = 60.0;  // seconds; 0: off
   std::string speculative_method = "off";  // off | ngram
   int num_speculative_tokens = 0;
+  std::string speculative_adaptive = "on";  // on | off (runtime/adaptive_depth.h)
 };
 
 // --backend, --threads, --device, --smem-cap, --block-size, --prefill-chunk,
 // --max-model-len, --load-format, --num-layers, --kv-cache-dtype, --tensor-parallel-size,
 // --pipeline-parallel-size, --enable-expert-parallel, --speculative-method,
-// --num-speculative-tokens; and --model unless the command takes
+// --num-speculative-tokens, --speculative-adaptive; and --model unless the command takes
 // the model as an argument.
 void add_common(CLI::App* cmd, CommonOptions& o, bool model_option = true);
 

@@ -70,6 +70,9 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_dir,
                        "use --speculative-method off");
   }
   KILN_RETURN_IF_ERROR(e->size_kv_cache(options).with_context("loading " + model_dir));
+  if (options.speculative_method != SpeculativeMethod::kOff)
+    e->depth_ = std::make_unique<AdaptiveDepth>(AdaptiveDepthConfig{.max_depth = options.num_speculative_tokens,
+                                                                     .adaptive = options.speculative_adaptive});
   return e;
 }
 
@@ -606,6 +609,10 @@ std::vector<StepOutput> Engine::step() {
       if (f.valid()) f.wait();
     }
   } join_masks{masks};
+  // Steps whose sequences all decode (with or without drafts) price the depth policy's rows.
+  const bool timed = std::all_of(schedule.seqs.begin(), schedule.seqs.end(), [](const ScheduledSeq& s) {
+    return s.n_new == 1 + s.n_draft && s.seq->n_uncomputed() == 1;
+  });
   const Tensor logits = forward(std::move(batch.meta));
   for (const ScheduledSeq& s : schedule.seqs) {
     if (RequestState& st = requests_.at(s.seq->request_id); !st.started) {
@@ -643,6 +650,7 @@ std::vector<StepOutput> Engine::step() {
     stats_.spec_draft_tokens += v.n_draft;
     stats_.spec_accepted_tokens += result.n_accepted;
     ++stats_.spec_verified_seqs;
+    depth_->record_verification(v.n_draft, result.n_accepted);
     // The accepted drafts' KV stands; the rejected positions' blocks go back.
     seq.n_computed += result.n_accepted;
     bool running = true;
@@ -653,6 +661,9 @@ std::vector<StepOutput> Engine::step() {
     blocks_->commit(seq.table, seq.tokens, seq.n_computed);
   }
   for (uint64_t id : done) drop_request(requests_.find(id));
+  if (depth_)
+    depth_->record_step(timed, !verify.empty(), schedule.n_tokens,
+                        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return outs;
 }
 
@@ -677,6 +688,7 @@ bool Engine::emit(Sequence& seq, SampledToken t, std::vector<StepOutput>& outs, 
 
 void Engine::propose_drafts() {
   const int32_t k = options_.num_speculative_tokens;
+  std::vector<int32_t> lengths;  // of the decoding sequences' drafts at depth K
   for (Sequence* seq : scheduler_->running()) {
     seq->draft.clear();
     const Request& r = *seq->request;
@@ -689,7 +701,12 @@ void Engine::propose_drafts() {
     const int64_t can_emit = std::min<int64_t>(r.max_tokens - seq->n_generated(), max_model_len_ - seq->n_tokens());
     const int32_t n = int32_t(std::min<int64_t>(k, can_emit - 1));
     if (n >= 1) seq->draft = ngram_draft(seq->tokens, n);
+    lengths.push_back(int32_t(seq->draft.size()));
   }
+  // This step's depth (runtime/adaptive_depth.h): the drafts cut to it.
+  const int32_t depth = depth_->choose(lengths);
+  for (Sequence* seq : scheduler_->running())
+    if (int32_t(seq->draft.size()) > depth) seq->draft.resize(size_t(depth));
 }
 
 EngineStats Engine::stats() const {
@@ -702,6 +719,11 @@ EngineStats Engine::stats() const {
   s.waiting_requests = unstarted_requests_;
   s.kv_blocks_used = blocks_->n_used();
   s.kv_blocks_total = blocks_->n_blocks();
+  if (depth_) {
+    s.spec_depth_steps = depth_->choices();
+    s.spec_depth_total = depth_->depth_total();
+    s.spec_depth_recent = depth_->recent_depth();
+  }
   return s;
 }
 

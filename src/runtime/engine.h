@@ -19,6 +19,7 @@
 #include "model/blocks.h"
 #include "ops/backend.h"
 #include "runtime/batch_builder.h"
+#include "runtime/adaptive_depth.h"
 #include "runtime/block_manager.h"
 #include "runtime/kv_cache.h"
 #include "runtime/model_runner.h"
@@ -62,6 +63,9 @@ struct EngineOptions {
   // num_speculative_tokens tokens per decoding sequence, verified in one step.
   SpeculativeMethod speculative_method = SpeculativeMethod::kOff;
   int32_t num_speculative_tokens = 0;  // >= 1 when speculative_method is not kOff
+  // Each step's draft depth k in [0, num_speculative_tokens] from the measured acceptance
+  // and step cost (runtime/adaptive_depth.h); false: always num_speculative_tokens.
+  bool speculative_adaptive = true;
   // Several ranks (model_runner.h): one backend each, given to load() in rank order;
   // `comms` makes their communicators (empty: in-process groups, host backends only).
   ParallelConfig parallel;
@@ -110,6 +114,10 @@ struct EngineStats {
   // Speculative decoding: draft tokens verified, and those the target accepted.
   int64_t spec_draft_tokens = 0, spec_accepted_tokens = 0;
   int64_t spec_verified_seqs = 0;  // sequence-steps that verified drafts
+  // Draft depths chosen (runtime/adaptive_depth.h): steps where some decoding sequence had
+  // a draft, the sum of their depths, and the mean of the recent ones (an EMA over ~32).
+  int64_t spec_depth_steps = 0, spec_depth_total = 0;
+  double spec_depth_recent = 0.0;
 };
 
 // A step that failed on some rank (a dead GPU, a failed collective): the engine cannot
@@ -158,6 +166,8 @@ class Engine {
   bool idle() const { return scheduler_->idle(); }
   bool has_request(uint64_t id) const { return requests_.count(id) != 0; }
   EngineStats stats() const;
+  // Speculative decoding's depth policy and its estimates (nullptr without speculation).
+  const AdaptiveDepth* speculation_depth() const { return depth_.get(); }
 
   const formats::ModelConfig& config() const { return config_; }
   int64_t max_model_len() const { return max_model_len_; }
@@ -224,6 +234,7 @@ class Engine {
   std::unordered_map<uint64_t, RequestState> requests_;
   EngineStats stats_;
   int32_t unstarted_requests_ = 0;
+  std::unique_ptr<AdaptiveDepth> depth_;  // with speculative decoding
 };
 
 }  // namespace kiln::runtime

@@ -90,6 +90,14 @@ std::string metrics_text(const std::string& model_name, const runtime::AsyncEngi
             double(s.engine.spec_accepted_tokens));
   w.counter("kiln_spec_decode_num_drafts_total", "Sequence-steps that verified speculative drafts.",
             double(s.engine.spec_verified_seqs));
+  // The draft depth chosen each step (runtime/adaptive_depth.h): rate(depth) / rate(steps)
+  // is the mean over any window; the gauge is the mean of the recent steps.
+  w.counter("kiln_spec_decode_depth_steps_total", "Steps in which some decoding sequence had a speculative draft.",
+            double(s.engine.spec_depth_steps));
+  w.counter("kiln_spec_decode_depth_total", "Sum of the draft depths chosen in those steps.",
+            double(s.engine.spec_depth_total));
+  w.gauge("kiln_spec_decode_mean_depth", "Mean draft depth chosen over the recent steps with drafts (EMA of ~32).",
+          s.engine.spec_depth_recent);
   w.counter("kiln_num_preemptions_total", "Sequences preempted for KV blocks (recomputed later).",
             double(s.engine.preemptions));
   w.gauge("kiln_num_requests_running", "Sequences in the running batch.", s.engine.running);

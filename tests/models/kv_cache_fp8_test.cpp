@@ -130,7 +130,8 @@ TEST_P(KvCacheFp8, SpeculativeDraftsGiveTheSameGreedyTokens) {
   auto spec = runtime::Engine::load(testing::fixture_dir(GetParam()), cpu::make_cpu_backend(2),
                                     {.block_size = 4, .max_model_len = 96, .kv_cache_dtype = KvCacheDtype::kFp8,
                                      .speculative_method = runtime::SpeculativeMethod::kNgram,
-                                     .num_speculative_tokens = 3});
+                                     .num_speculative_tokens = 3,
+                                     .speculative_adaptive = false});
   ASSERT_TRUE(plain && spec.ok()) << spec.status().to_string();
   const std::vector<std::vector<int32_t>> prompts = {{3, 1, 4, 1, 5, 3, 1, 4, 1, 5, 3, 1, 4},
                                                      {9, 2, 6, 9, 2, 6, 9, 2, 6},

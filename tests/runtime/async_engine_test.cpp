@@ -167,6 +167,7 @@ TEST(AsyncEngine, SpeculativeStepsStreamEveryAcceptedTokenInOrder) {
   EngineOptions spec = options;
   spec.speculative_method = SpeculativeMethod::kNgram;
   spec.num_speculative_tokens = 3;
+  spec.speculative_adaptive = false;  // every step at depth 3 where drafts exist
   auto engine = start("llama", spec);
   ASSERT_TRUE(engine);
   std::vector<std::shared_ptr<RequestStream>> streams;

@@ -157,9 +157,12 @@ std::vector<Request> greedy_requests(int32_t n) {
   return out;
 }
 
-EngineOptions spec_options(EngineOptions o, int32_t k) {
+// Fixed depth K unless adaptive (runtime/adaptive_depth.h: the depth then depends on
+// measured step times, so only outputs, not draft counts, are checked under it).
+EngineOptions spec_options(EngineOptions o, int32_t k, bool adaptive = false) {
   o.speculative_method = SpeculativeMethod::kNgram;
   o.num_speculative_tokens = k;
+  o.speculative_adaptive = adaptive;
   return o;
 }
 
@@ -283,6 +286,42 @@ TEST_P(SpeculativeFixture, LongestGoldenPromptGivesTheSameGreedyOutputs) {
   report_acceptance(GetParam() + " longest prompt", spec->stats());
   EXPECT_GT(spec->stats().spec_draft_tokens, 0);
   EXPECT_EQ(spec->stats().kv_blocks_used, 0);
+}
+
+// Adaptive depth: whatever depths the policy picks from this machine's timings (its
+// warm-up runs K-token drafts, then k = 0 or probes on the compute-bound reference),
+// greedy outputs equal those without speculation, over a batch joining mid-way and the
+// fixture's longest golden prompt.
+TEST_P(SpeculativeFixture, GreedyOutputsEqualUnderAdaptiveDepth) {
+  const EngineOptions base{.block_size = 4, .max_model_len = 128, .prefill_chunk = 8, .max_num_seqs = 16,
+                           .max_num_batched_tokens = 48};
+  auto plain = test::load_fixture(GetParam(), base);
+  auto spec = test::load_fixture(GetParam(), spec_options(base, 3, /*adaptive=*/true));
+  ASSERT_TRUE(plain && spec);
+  std::vector<Request> requests = greedy_requests(8);
+  const nlohmann::json golden = testing::read_json(testing::fixture_dir(GetParam()) + "/golden.json");
+  requests.push_back({.prompt = golden[golden.contains("prompt_xlong") ? "prompt_xlong" : "prompt_long"]
+                                    .get<std::vector<int32_t>>(),
+                      .sampling = {.logprobs = 2},
+                      .max_tokens = 40,
+                      .ignore_eos = true});
+  const Outputs want = test::run_together(*plain, requests);
+  Outputs got;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_TRUE(spec->add_request(i, std::make_shared<const Request>(requests[i])).ok());
+    if (i % 2 == 1) test::collect(got, spec->step());
+  }
+  test::run_until_idle(*spec, got);
+  expect_same(got, want, GetParam() + " adaptive");
+  const EngineStats s = spec->stats();
+  report_acceptance(GetParam() + " adaptive", s);
+  std::printf("[ spec     ] %s adaptive: mean depth %.2f over %lld steps with drafts\n", GetParam().c_str(),
+              double(s.spec_depth_total) / double(std::max<int64_t>(1, s.spec_depth_steps)),
+              (long long)s.spec_depth_steps);
+  EXPECT_GT(s.spec_depth_steps, 0);
+  EXPECT_LE(s.spec_depth_total, 3 * s.spec_depth_steps);
+  EXPECT_EQ(s.generated_tokens, plain->stats().generated_tokens);
+  EXPECT_EQ(s.kv_blocks_used, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, SpeculativeFixture,

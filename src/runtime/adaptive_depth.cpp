@@ -1,0 +1,146 @@
+#include "runtime/adaptive_depth.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/check.h"
+
+namespace kiln::runtime {
+
+void AdaptiveDepth::Ema::add(double x, double decay, int64_t units) {
+  n += units;
+  const double forget = 1.0 - std::pow(1.0 - decay, double(units));
+  value += std::max(forget, double(units) / double(n)) * (x - value);
+}
+
+AdaptiveDepth::AdaptiveDepth(const AdaptiveDepthConfig& config)
+    : config_(config),
+      acceptance_ema_(size_t(std::max(config.max_depth, 1)), Ema{.n = kPriorTests, .value = 0.5}),
+      acceptance_(acceptance_ema_.size(), 0.5),
+      step_tested_(acceptance_.size(), 0),
+      step_accepted_(acceptance_.size(), 0) {
+  KILN_CHECK_GE(config.max_depth, 1) << "adaptive depth needs num_speculative_tokens >= 1";
+  KILN_CHECK_GE(config.probe_interval, 1);
+}
+
+int32_t AdaptiveDepth::choose(std::span<const int32_t> draft_lengths) {
+  if (std::none_of(draft_lengths.begin(), draft_lengths.end(), [](int32_t n) { return n > 0; })) return 0;
+  const int32_t k = decide(draft_lengths);
+  ++choices_;
+  depth_total_ += k;
+  recent_depth_ += std::max(1.0 / 32, 1.0 / double(choices_)) * (double(k) - recent_depth_);
+  return k;
+}
+
+int32_t AdaptiveDepth::decide(std::span<const int32_t> draft_lengths) {
+  const int32_t max_k = config_.max_depth;
+  if (!config_.adaptive) return max_k;
+  // Warm-up: the cost of a decode step first, then that of a verify step at depth K (which
+  // also measures acceptance at every position the drafts reach).
+  if (decode_timed_ < config_.warmup_steps) return 0;
+  if (verify_timed_ < config_.warmup_steps) return max_k;
+  const StepCostModel cost = cost_model();
+  const int32_t chosen = best_depth(acceptance_, cost, draft_lengths, max_k);
+  int32_t interval = config_.probe_interval;
+  if (chosen == 0 &&
+      best_depth(std::vector<double>(size_t(max_k), kHopefulAcceptance), cost, draft_lengths, max_k) == 0)
+    interval *= std::max(config_.hopeless_probe_factor, 1);
+  if (++since_probe_ < interval) return chosen;
+  since_probe_ = 0;
+  // A probe: while speculation loses, each depth 1 .. K in turn (the acceptance of deeper
+  // positions and the cost of more rows); while it wins, no drafts (the decode cost, which
+  // changes with the batch) and K in turn.
+  ++probes_;
+  const int32_t turn = probe_cursor_++;
+  if (chosen == 0) return 1 + turn % max_k;
+  if (chosen == max_k) return 0;
+  return turn % 2 == 0 ? 0 : max_k;
+}
+
+void AdaptiveDepth::record_verification(int32_t n_draft, int32_t n_accepted) {
+  KILN_CHECK(n_draft >= 1 && n_draft <= config_.max_depth && n_accepted >= 0 && n_accepted <= n_draft)
+      << "verification of " << n_accepted << " of " << n_draft << " drafts, K = " << config_.max_depth;
+  // Position i is tested when every draft before it stood; it stands when i <= n_accepted.
+  const int32_t tested = std::min(n_accepted + 1, n_draft);
+  for (int32_t i = 0; i < tested; ++i) {
+    ++step_tested_[size_t(i)];
+    if (i < n_accepted) ++step_accepted_[size_t(i)];
+  }
+}
+
+void AdaptiveDepth::record_step(bool timed, bool verify, int64_t rows, double seconds) {
+  ++steps_;
+  for (size_t i = 0; i < acceptance_.size(); ++i) {
+    if (step_tested_[i] == 0) continue;
+    acceptance_ema_[i].add(double(step_accepted_[i]) / double(step_tested_[i]), config_.decay, step_tested_[i]);
+    acceptance_[i] = acceptance_ema_[i].value;
+    step_tested_[i] = step_accepted_[i] = 0;
+  }
+  if (!timed || rows <= 0) return;
+  Ema& r = verify ? verify_rows_ : decode_rows_;
+  Ema& t = verify ? verify_seconds_ : decode_seconds_;
+  int64_t& last = verify ? verify_last_step_ : decode_last_step_;
+  // The steps since this kind's last measurement, as steps of forgetting (the first
+  // measurement of a kind starts its mean: `units` only sets its weight among few).
+  const int64_t gap = r.n == 0 ? 1 : steps_ - last;
+  last = steps_;
+  r.add(double(rows), config_.decay, gap);
+  t.add(seconds, config_.decay, gap);
+  ++(verify ? verify_timed_ : decode_timed_);
+}
+
+StepCostModel AdaptiveDepth::cost_model() const {
+  StepCostModel m;
+  if (decode_rows_.n == 0 || verify_rows_.n == 0) return m;
+  m.known = true;
+  const double rd = decode_rows_.value, td = decode_seconds_.value;
+  const double rv = verify_rows_.value, tv = verify_seconds_.value;
+  if (std::fabs(rv - rd) >= 0.5) {
+    // The line through the two points.
+    m.per_row_s = std::max(0.0, (tv - td) / (rv - rd));
+    m.fixed_s = td - m.per_row_s * rd;
+    if (m.fixed_s < 0.0) {
+      // Rows costing more than linearly: the line through the origin and the dearer point,
+      // which prices every extra row at least as high as measured.
+      m.fixed_s = 0.0;
+      m.per_row_s = std::max(td / rd, tv / rv);
+    }
+  } else {
+    // No spread in rows to separate the parts: everything per row (speculation then loses
+    // unless acceptance is perfect, the safe side).
+    m.per_row_s = (td + tv) / (rd + rv);
+  }
+  return m;
+}
+
+int32_t AdaptiveDepth::best_depth(std::span<const double> acceptance, const StepCostModel& cost,
+                                  std::span<const int32_t> draft_lengths, int32_t max_depth) {
+  if (!cost.known) return 0;
+  // prefix[i] = prod_{j <= i} a_j: the expected tokens a sequence gains from its i-th draft.
+  std::vector<double> prefix(size_t(std::max(max_depth, 0)) + 1, 0.0);
+  double p = 1.0;
+  for (int32_t i = 1; i <= max_depth; ++i) {
+    p *= size_t(i) <= acceptance.size() ? std::clamp(acceptance[size_t(i - 1)], 0.0, 1.0) : 0.0;
+    prefix[size_t(i)] = p;
+  }
+  const auto tokens_per_second = [&](int32_t k) {
+    double tokens = 0.0, rows = 0.0;
+    for (int32_t len : draft_lengths) {
+      const int32_t d = std::min(k, std::max(len, 0));
+      rows += 1.0 + d;
+      tokens += 1.0;
+      for (int32_t i = 1; i <= d; ++i) tokens += prefix[size_t(i)];
+    }
+    return tokens / std::max(cost.seconds(rows), 1e-12);
+  };
+  const double base = tokens_per_second(0);
+  int32_t best = 0;
+  double best_rate = base * (1.0 + kMargin);
+  for (int32_t k = 1; k <= max_depth; ++k) {
+    const double rate = tokens_per_second(k);
+    if (rate > best_rate) best = k, best_rate = rate;
+  }
+  return best;
+}
+
+}  // namespace kiln::runtime

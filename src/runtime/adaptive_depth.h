@@ -1,0 +1,121 @@
+// Adaptive speculation depth: each step's draft length k in [0, K] (K =
+// --num-speculative-tokens), chosen from online measurements so that speculation does not
+// make throughput worse than decoding one token per step.
+//
+//   acceptance by position: a_i = P(draft i stands | drafts 1 .. i-1 stood), an EMA over
+//     the recent tests of position i (a step's rate, accepted / tested at i, weighted by its
+//     tests), starting from kPriorTests pseudo-tests at 1/2 so that one early rejection
+//     does not rule a position out until a rare probe tests it again;
+//   step cost: the wall time of a step as a line in its query rows, t(R) = fixed + per_row R,
+//     through two EMA points, one of decode-only steps (R = B sequences) and one of verify
+//     steps (R = B + drafts); steps that carry prefill chunks are not timed. On a GPU a
+//     decode step is bound by reading the weights, so per_row is small and speculation pays;
+//     on the CPU reference (compute-bound) a verify row costs what a decode row costs, fixed
+//     is about 0 and it does not.
+//   choice: with the drafts proposed at depth K (length L_s for decoding sequence s, 0 when
+//     none), the k maximising
+//         sum_s E_s(k) / t(sum_s (1 + min(k, L_s))),  E_s(k) = 1 + sum_{i <= min(k, L_s)} prod_{j <= i} a_j,
+//     where k > 0 must beat k = 0 by kMargin. The batch size enters through B in t(R): once
+//     the rows of B (k + 1) cost about (k + 1) times those of B, the choice falls back to 0.
+//   measuring: the first steps with drafts run at k = 0 (decode cost), then at K (verify cost
+//     and acceptance at every position); afterwards one step in probe_interval runs at
+//     another depth (1 .. K in turn while the choice is 0; 0 while it is K; 0 and K
+//     alternately in between), so an estimate that says "speculation loses" can recover,
+//     and one that says it wins is checked against a fresh decode step. Where speculation
+//     would lose even at 90% acceptance, probes are hopeless_probe_factor times rarer.
+//
+// Greedy outputs do not depend on k (verification is exact). At temperature > 0 the emitted
+// tokens are distributed exactly as without speculation, but which draws are made depends on
+// k, so with adaptive depth a seeded sampled request is reproducible only with
+// --speculative-adaptive off (k then is K wherever drafts and blocks allow).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace kiln::runtime {
+
+struct AdaptiveDepthConfig {
+  int32_t max_depth = 1;        // K >= 1
+  bool adaptive = true;         // false: always K
+  int32_t probe_interval = 32;  // steps with drafts between two probes
+  // ... times this while even drafts standing kHopefulAcceptance of the time would not pay
+  // (the CPU reference): then only the cost line could change the choice, and it changes
+  // slowly, so probes are rarer there and cost less.
+  int32_t hopeless_probe_factor = 8;
+  // EMA forgetting. Step cost: per step, so a measurement made `gap` steps after the
+  // previous one of its kind weighs 1 - (1 - decay)^gap and a cost only probes refresh
+  // follows the present as closely as one refreshed every step. Acceptance: per verified
+  // draft position (a step that tested position i m times weighs 1 - (1 - decay)^m), since
+  // each test is a single accept / reject. Both start as plain means.
+  double decay = 1.0 / 32;
+  int32_t warmup_steps = 2;     // timed steps of each kind before the model decides
+};
+
+// The measured line t(R) = fixed_s + per_row_s * R (seconds); known once both kinds of step
+// have been timed.
+struct StepCostModel {
+  bool known = false;
+  double fixed_s = 0.0, per_row_s = 0.0;
+  double seconds(double rows) const { return fixed_s + per_row_s * rows; }
+};
+
+class AdaptiveDepth {
+ public:
+  // A choice that k > 0 must beat by this fraction of k = 0's tokens per second.
+  static constexpr double kMargin = 0.02;
+  static constexpr double kHopefulAcceptance = 0.9;
+  static constexpr int64_t kPriorTests = 2;
+
+  explicit AdaptiveDepth(const AdaptiveDepthConfig& config);
+
+  // This step's depth, given the lengths of the drafts proposed at depth K for the decoding
+  // sequences (0: none). 0 when no sequence has a draft (not counted as a choice).
+  int32_t choose(std::span<const int32_t> draft_lengths);
+  // A sequence's verification in the current step: n_draft drafts, the first n_accepted stood.
+  void record_verification(int32_t n_draft, int32_t n_accepted);
+  // The end of a step: the verifications recorded since the last call enter the acceptance
+  // EMA; a step whose sequences were all decoding (timed) enters the cost EMA of its kind
+  // (verify: it had drafts), rows = its query rows.
+  void record_step(bool timed, bool verify, int64_t rows, double seconds);
+
+  // The best depth for these drafts under the given estimates (acceptance[i - 1] = a_i;
+  // positions past its end count as 0); 0 when the model is unknown or k > 0 does not win
+  // by kMargin.
+  static int32_t best_depth(std::span<const double> acceptance, const StepCostModel& cost,
+                            std::span<const int32_t> draft_lengths, int32_t max_depth);
+
+  const AdaptiveDepthConfig& config() const { return config_; }
+  // a_i estimates, i = 1 .. K (1/2 where never measured).
+  const std::vector<double>& acceptance() const { return acceptance_; }
+  StepCostModel cost_model() const;
+  // Choices made (steps where some sequence had a draft), the sum of their depths, and an
+  // EMA of the recent ones.
+  int64_t choices() const { return choices_; }
+  int64_t depth_total() const { return depth_total_; }
+  double recent_depth() const { return recent_depth_; }
+  int64_t probes() const { return probes_; }
+
+ private:
+  struct Ema {
+    int64_t n = 0;  // units (steps or tests) so far
+    double value = 0.0;
+    // x measured over `units` units, forgetting `decay` of the past per unit.
+    void add(double x, double decay, int64_t units);
+  };
+  int32_t decide(std::span<const int32_t> draft_lengths);
+
+  AdaptiveDepthConfig config_;
+  std::vector<Ema> acceptance_ema_;
+  std::vector<double> acceptance_;                    // acceptance_ema_'s values
+  std::vector<int64_t> step_tested_, step_accepted_;  // the current step's counts by position
+  Ema decode_rows_, decode_seconds_, verify_rows_, verify_seconds_;
+  int64_t decode_last_step_ = 0, verify_last_step_ = 0;
+  int32_t decode_timed_ = 0, verify_timed_ = 0;  // timed steps of each kind (warm-up)
+  int64_t steps_ = 0, choices_ = 0, depth_total_ = 0, probes_ = 0;
+  int32_t probe_cursor_ = 0, since_probe_ = 0;
+  double recent_depth_ = 0.0;
+};
+
+}  // namespace kiln::runtime

@@ -1,0 +1,177 @@
+// The adaptive speculation depth policy (runtime/adaptive_depth.h) on synthetic
+// measurements: the choice for given estimates, the estimates it builds from steps, and the
+// closed loop on simulated machines whose step cost is fixed_ms + per_row_ms * rows.
+#include "runtime/adaptive_depth.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <vector>
+
+namespace kiln::runtime {
+namespace {
+
+StepCostModel cost(double fixed_ms, double per_row_ms) {
+  return {.known = true, .fixed_s = fixed_ms * 1e-3, .per_row_s = per_row_ms * 1e-3};
+}
+
+TEST(AdaptiveDepth, HighAcceptanceAndCheapRowsChooseFullDepth) {
+  const std::vector<double> a = {0.9, 0.9, 0.9};
+  EXPECT_EQ(AdaptiveDepth::best_depth(a, cost(10, 0.1), std::vector<int32_t>{3}, 3), 3);
+  EXPECT_EQ(AdaptiveDepth::best_depth(a, cost(10, 0.1), std::vector<int32_t>(8, 3), 3), 3);
+  // Drafts shorter than K: nothing beyond them is counted, so K is as good as their length.
+  EXPECT_EQ(AdaptiveDepth::best_depth(a, cost(10, 0.1), std::vector<int32_t>{1, 0, 1}, 3), 1);
+}
+
+TEST(AdaptiveDepth, LowAcceptanceChoosesNoDrafts) {
+  const std::vector<double> a = {0.05, 0.05, 0.05};
+  EXPECT_EQ(AdaptiveDepth::best_depth(a, cost(10, 3), std::vector<int32_t>{3}, 3), 0);
+  EXPECT_EQ(AdaptiveDepth::best_depth(std::vector<double>{0.0, 0.0, 0.0}, cost(10, 0.1), std::vector<int32_t>{3}, 3), 0);
+}
+
+// The CPU reference: a verify row costs what a decode row costs; no acceptance below 1 pays.
+TEST(AdaptiveDepth, RowsCostingLinearlyChooseNoDrafts) {
+  for (double a : {0.3, 0.6, 0.95})
+    EXPECT_EQ(AdaptiveDepth::best_depth(std::vector<double>(5, a), cost(0, 1), std::vector<int32_t>{5, 5, 2}, 5), 0)
+        << "acceptance " << a;
+  // A small fixed part does not change that at moderate acceptance.
+  EXPECT_EQ(AdaptiveDepth::best_depth(std::vector<double>(3, 0.6), cost(0.1, 1), std::vector<int32_t>{3}, 3), 0);
+}
+
+// A weight-bound step (10 ms) whose rows cost 0.2 ms each: speculation pays for one stream
+// and fades as the batch grows (the cost of B (k + 1) rows takes over).
+TEST(AdaptiveDepth, DepthFadesWithBatchSize) {
+  const std::vector<double> a = {0.7, 0.7, 0.7};
+  int32_t last = 4;
+  std::vector<int32_t> depths;
+  for (int32_t batch : {1, 8, 32, 64, 128, 256}) {
+    const int32_t k = AdaptiveDepth::best_depth(a, cost(10, 0.2), std::vector<int32_t>(size_t(batch), 3), 3);
+    EXPECT_LE(k, last) << "batch " << batch;
+    depths.push_back(k);
+    last = k;
+  }
+  EXPECT_EQ(depths.front(), 3);
+  EXPECT_EQ(depths.back(), 0);
+  EXPECT_EQ(AdaptiveDepth::best_depth(a, StepCostModel{}, std::vector<int32_t>{3}, 3), 0) << "unknown cost";
+}
+
+TEST(AdaptiveDepth, MeasuresAcceptanceByPositionAndTheCostLine) {
+  AdaptiveDepth p({.max_depth = 3});
+  p.record_verification(3, 1);  // position 1 stood, 2 was rejected, 3 not tested
+  p.record_step(false, true, 0, 0.0);
+  // Two pseudo-tests at 1/2, then the plain mean of the tests' outcomes.
+  EXPECT_DOUBLE_EQ(p.acceptance()[0], 2.0 / 3.0);
+  EXPECT_DOUBLE_EQ(p.acceptance()[1], 1.0 / 3.0);
+  EXPECT_DOUBLE_EQ(p.acceptance()[2], 0.5);
+  p.record_verification(3, 3);
+  p.record_verification(2, 0);  // position 1 rejected
+  p.record_step(false, true, 0, 0.0);
+  // Position 1: 2 of 3 tests stood; with the pseudo-tests, 3 of 5.
+  EXPECT_DOUBLE_EQ(p.acceptance()[0], 0.6);
+  EXPECT_DOUBLE_EQ(p.acceptance()[1], 0.5);
+  EXPECT_DOUBLE_EQ(p.acceptance()[2], 2.0 / 3.0);
+  EXPECT_FALSE(p.cost_model().known);
+  p.record_step(true, false, 2, 10e-3);  // decode: 2 rows, 10 ms
+  p.record_step(true, true, 6, 14e-3);   // verify: 6 rows, 14 ms
+  const StepCostModel m = p.cost_model();
+  ASSERT_TRUE(m.known);
+  EXPECT_NEAR(m.per_row_s, 1e-3, 1e-12);
+  EXPECT_NEAR(m.fixed_s, 8e-3, 1e-12);
+}
+
+TEST(AdaptiveDepth, OffAlwaysChoosesFullDepthAndNoDraftsIsNoChoice) {
+  AdaptiveDepth p({.max_depth = 4, .adaptive = false});
+  EXPECT_EQ(p.choose(std::vector<int32_t>{0, 0}), 0);
+  EXPECT_EQ(p.choices(), 0);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(p.choose(std::vector<int32_t>{2, 0}), 4);
+  EXPECT_EQ(p.choices(), 5);
+  EXPECT_EQ(p.depth_total(), 20);
+  EXPECT_DOUBLE_EQ(p.recent_depth(), 4.0);
+}
+
+// A simulated machine: a step of R rows takes fixed_ms + per_row_ms * R; draft i stands with
+// probability accept (given the ones before it stood).
+struct Machine {
+  double fixed_ms = 0.0, per_row_ms = 1.0, accept = 0.6;
+};
+
+// n steps of `batch` sequences that always have K-token drafts; the depths chosen.
+std::vector<int32_t> run(AdaptiveDepth& policy, const Machine& m, int32_t n, int32_t batch, std::mt19937& rng) {
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  const std::vector<int32_t> lengths(size_t(batch), policy.config().max_depth);
+  std::vector<int32_t> out;
+  for (int32_t step = 0; step < n; ++step) {
+    const int32_t k = policy.choose(lengths);
+    out.push_back(k);
+    const int64_t rows = int64_t(batch) * (1 + k);
+    if (k > 0)
+      for (int32_t s = 0; s < batch; ++s) {
+        int32_t accepted = 0;
+        while (accepted < k && u(rng) < m.accept) ++accepted;
+        policy.record_verification(k, accepted);
+      }
+    policy.record_step(true, k > 0, rows, (m.fixed_ms + m.per_row_ms * double(rows)) * 1e-3);
+  }
+  return out;
+}
+
+int64_t count(const std::vector<int32_t>& v, size_t from, int32_t k) {
+  return std::count(v.begin() + long(from), v.end(), k);
+}
+
+// The CPU reference's shape (rows cost linearly): after the warm-up the policy decodes
+// without drafts. Even 90% acceptance would not pay there, so it probes one step in 256
+// (32 x 8), at each depth 1 .. K in turn.
+TEST(AdaptiveDepth, LinearCostFallsBackToNoDraftsAndProbesRarely) {
+  AdaptiveDepth p({.max_depth = 3});
+  std::mt19937 rng(1);
+  const std::vector<int32_t> k = run(p, {.fixed_ms = 0.05, .per_row_ms = 2.0, .accept = 0.6}, 4 + 256 * 6, 1, rng);
+  const size_t settled = 4;
+  const int64_t drafted = int64_t(k.size() - settled) - count(k, settled, 0);
+  EXPECT_EQ(drafted, 6) << "probes only";
+  for (int32_t d = 1; d <= 3; ++d) EXPECT_EQ(count(k, settled, d), 2) << "probes at depth " << d;
+  EXPECT_EQ(p.probes(), 6);
+}
+
+// Rows that cost something but not everything (10 ms + 3 ms per row): at 20% acceptance
+// drafts do not pay, at 90% they would, so probes come one step in 32.
+TEST(AdaptiveDepth, LowAcceptanceFallsBackToNoDraftsAndProbesEvery32Steps) {
+  AdaptiveDepth p({.max_depth = 3});
+  std::mt19937 rng(4);
+  const std::vector<int32_t> k = run(p, {.fixed_ms = 10.0, .per_row_ms = 3.0, .accept = 0.2}, 64 + 32 * 20, 1, rng);
+  const int64_t drafted = int64_t(k.size() - 64) - count(k, 64, 0);
+  EXPECT_GE(drafted, 18);
+  EXPECT_LE(drafted, 22) << "probes only";
+  for (int32_t d = 1; d <= 3; ++d) EXPECT_GE(count(k, 64, d), 6) << "probes at depth " << d;
+}
+
+// A weight-bound machine: full depth, with a decode step now and then to keep the
+// decode cost current; at 256 streams the same machine's rows dominate and it stops.
+TEST(AdaptiveDepth, CheapRowsChooseFullDepthUntilTheBatchMakesThemDear) {
+  AdaptiveDepth p({.max_depth = 3});
+  std::mt19937 rng(2);
+  const Machine gpu{.fixed_ms = 10.0, .per_row_ms = 0.2, .accept = 0.7};
+  const std::vector<int32_t> one = run(p, gpu, 320, 1, rng);
+  EXPECT_GE(count(one, 64, 3), 240);
+  EXPECT_GE(count(one, 64, 0), 4) << "decode probes";
+  const std::vector<int32_t> many = run(p, gpu, 320, 256, rng);
+  EXPECT_GE(count(many, 160, 0), 150) << "speculation off at 256 streams";
+}
+
+// Estimates recover both ways: rows getting cheap (probes find it), and dear again.
+TEST(AdaptiveDepth, RecoversWhenTheCostOfRowsChanges) {
+  AdaptiveDepth p({.max_depth = 4});
+  std::mt19937 rng(3);
+  const Machine cpu{.fixed_ms = 0.0, .per_row_ms = 1.0, .accept = 0.8};
+  const Machine gpu{.fixed_ms = 10.0, .per_row_ms = 0.1, .accept = 0.8};
+  run(p, cpu, 300, 1, rng);
+  EXPECT_LT(double(p.depth_total()) / double(p.choices()), 0.3);
+  const std::vector<int32_t> cheap = run(p, gpu, 300, 1, rng);
+  EXPECT_GE(count(cheap, 150, 4), 140) << "recovered to full depth";
+  const std::vector<int32_t> dear = run(p, cpu, 400, 1, rng);
+  EXPECT_GE(count(dear, 250, 0), 140) << "fell back to no drafts";
+}
+
+}  // namespace
+}  // namespace kiln::runtime
