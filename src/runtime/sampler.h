@@ -84,6 +84,17 @@ class Sampler {
   // The next draw in [0, 1): the top 24 bits of one generator output, exact in fp32
   // (so the value the backend sees is the value drawn). One per sampled token.
   float next_uniform() { return float(rng_() >> 40) * 0x1p-24f; }
+  // The next n draws without taking them, and taking n (speculative verification: the
+  // draws of the tokens it emits are exactly those decoding one token per step makes).
+  std::vector<float> peek_uniforms(size_t n) const {
+    std::mt19937_64 ahead = rng_;
+    std::vector<float> u(n);
+    for (float& x : u) x = float(ahead() >> 40) * 0x1p-24f;
+    return u;
+  }
+  void skip_uniforms(size_t n) {
+    for (size_t i = 0; i < n; ++i) rng_();
+  }
 
   // The per-row parameters of the sample op.
   ops::SamplingParams op_params() const {

@@ -1,5 +1,5 @@
 // Speculative decoding on the CPU reference (runtime/speculative.h, ngram_drafter.h): the
-// n-gram drafter, the rejection sampler's distribution, and engines with n-gram drafts
+// n-gram drafter, verification's distribution at temperature > 0, and engines with n-gram drafts
 // giving exactly the tokens and logprobs of engines without them.
 #include <algorithm>
 #include <cmath>
@@ -9,6 +9,8 @@
 
 #include "engine_test_util.h"
 #include "runtime/ngram_drafter.h"
+#include "backends/cpu/cpu_backend.h"
+#include "ops/sampling.h"
 #include "runtime/speculative.h"
 
 namespace kiln::runtime {
@@ -61,14 +63,20 @@ double chi_square_critical_0001(int dof) {
   return q[dof];
 }
 
-// A draft accepted with p(d), else replaced by a draw from (p - onehot(d))+: each emitted
-// token is distributed as p. 200,000 draws per case; the test fails at significance 0.001
-// (so a correct sampler fails one case in a thousand; the seeds are fixed, so it passes or
-// fails for good).
-TEST(RejectionSampler, EmittedTokensFollowTheTargetDistributionForLikelyAndUnlikelyDrafts) {
+// Verification at temperature > 0 samples each row with the draw decoding would make
+// there and keeps a draft while it equals the sampled token: over many seeds the first
+// emitted token is distributed as p and the draft stands with probability p(draft).
+// 100,000 seeds per case; the chi-square test fails at significance 0.001 (the seeds are
+// fixed, so it passes or fails for good).
+TEST(SpeculativeVerify, EmittedTokensFollowTheTargetDistributionForLikelyAndUnlikelyDrafts) {
+  auto be = cpu::make_cpu_backend(1);
   const std::vector<float> logits = {2.0f, 1.2f, 0.3f, -0.5f, 1.0f, -2.0f};  // 6 tokens
+  const int32_t vocab = int32_t(logits.size());
+  Tensor rows = be->alloc(DType::kF32, {2, vocab});  // [last, d1]: the same logits twice
+  std::vector<float> two(logits);
+  two.insert(two.end(), logits.begin(), logits.end());
   struct Case {
-    ops::SamplingParams params;
+    SamplingParams params;
     int32_t draft;
   };
   const std::vector<Case> cases = {
@@ -78,25 +86,26 @@ TEST(RejectionSampler, EmittedTokensFollowTheTargetDistributionForLikelyAndUnlik
       {{.temperature = 1.3f, .top_p = 0.8f}, 2},  // outside the kept set: never accepted
       {{.temperature = 1.0f, .min_p = 0.2f}, 1},
   };
-  const int64_t n = 200000;
+  const int64_t n = 100000;
   for (size_t ci = 0; ci < cases.size(); ++ci) {
     const Case& c = cases[ci];
-    const TargetDistribution dist = target_distribution(logits, c.params);
+    Sampler probe(c.params);
+    const ops::SamplingCandidates cand = ops::sampling_candidates(logits.data(), vocab, probe.op_params());
     std::vector<double> p(logits.size(), 0.0);
-    for (size_t i = 0; i < dist.ids.size(); ++i) p[size_t(dist.ids[i])] = dist.probs[i];
-    std::mt19937_64 rng(12345 + ci);
-    const auto uniform = [&rng] { return float(rng() >> 40) * 0x1p-24f; };  // as Sampler draws
+    for (size_t i = 0; i < cand.keep; ++i) p[size_t(cand.ids[i])] = cand.p[i] / cand.kept;
     std::vector<int64_t> counts(logits.size(), 0);
     int64_t accepted = 0;
     for (int64_t i = 0; i < n; ++i) {
-      const DraftVerdict v = accept_or_resample(dist, c.draft, uniform);
-      ++counts[size_t(v.token)];
-      if (v.accepted) {
-        ++accepted;
-        EXPECT_EQ(v.token, c.draft);
-      } else {
-        EXPECT_NE(v.token, c.draft);
-      }
+      SamplingParams sp = c.params;
+      sp.seed = 1000003 * ci + uint64_t(i);
+      Sampler sampler(sp);
+      be->from_host_f32(two.data(), rows);
+      const int32_t draft[] = {c.draft};
+      const Verification v = verify_drafts(*be, rows, sampler, draft);
+      ASSERT_FALSE(v.tokens.empty());
+      ++counts[size_t(v.tokens[0].token)];
+      EXPECT_EQ(v.n_accepted == 1, v.tokens[0].token == c.draft);
+      accepted += v.n_accepted;
     }
     const ChiSquare chi = chi_square(counts, p, n);
     EXPECT_FALSE(chi.outside_support) << "case " << ci;
@@ -104,32 +113,6 @@ TEST(RejectionSampler, EmittedTokensFollowTheTargetDistributionForLikelyAndUnlik
     // The acceptance rate is p(draft), within 5 standard deviations.
     const double pd = p[size_t(c.draft)], sd = std::sqrt(pd * (1.0 - pd) / double(n));
     EXPECT_NEAR(double(accepted) / double(n), pd, 5.0 * sd + 1e-12) << "case " << ci;
-  }
-}
-
-// The host distribution is the sample op's: the same uniform draws the same token.
-TEST(RejectionSampler, TargetDistributionDrawsWhatTheSampleOpDraws) {
-  auto be = cpu::make_cpu_backend(1);
-  std::mt19937 rng(7);
-  std::normal_distribution<float> normal(0.0f, 2.0f);
-  const int32_t vocab = 50;
-  const std::vector<ops::SamplingParams> params = {{.temperature = 0.0f},
-                                                   {.temperature = 1.0f},
-                                                   {.temperature = 0.5f, .top_k = 7},
-                                                   {.temperature = 1.5f, .top_p = 0.7f},
-                                                   {.temperature = 0.8f, .min_p = 0.1f}};
-  for (int trial = 0; trial < 40; ++trial) {
-    std::vector<float> row(static_cast<size_t>(vocab));
-    for (float& x : row) x = normal(rng);
-    Tensor logits = be->alloc(DType::kF32, {1, vocab});
-    be->from_host_f32(row.data(), logits);
-    for (const ops::SamplingParams& p : params) {
-      const float u = float(rng() >> 8) * 0x1p-24f;
-      int32_t token = -1;
-      be->sample({.logits = logits, .params = std::span(&p, 1), .uniform = std::span(&u, 1),
-                  .tokens = std::span(&token, 1)});
-      EXPECT_EQ(target_distribution(row, p).draw(double(u)), token) << "trial " << trial << " t " << p.temperature;
-    }
   }
 }
 
@@ -330,9 +313,10 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, SpeculativeFixture,
                                            "deepseek_v32", "glm_moe_dsa"),
                          [](const auto& info) { return info.param; });
 
-// Sampling at temperature > 0 with drafts: reproducible from the seed, every filter and
-// penalty accepted by the verifier, stop conditions honoured, blocks freed.
-TEST(Speculative, SampledOutputsAreReproducibleAndEndWhereTheyShould) {
+// Sampling at temperature > 0 with drafts gives exactly the tokens and logprobs of decoding
+// without them (same seeds), at fixed and adaptive depth, with every filter and penalty;
+// stop conditions honoured, blocks freed.
+TEST(Speculative, SampledOutputsEqualThoseWithoutSpeculation) {
   std::vector<Request> requests;
   for (int32_t i = 0; i < 10; ++i) {
     // Low temperatures: the tiny random models then loop as they do greedily, so drafts
@@ -344,10 +328,13 @@ TEST(Speculative, SampledOutputsAreReproducibleAndEndWhereTheyShould) {
     if (i % 5 == 4) p.repetition_penalty = 1.2f;
     requests.push_back({.prompt = repetitive_prompt(i), .sampling = p, .max_tokens = 20, .ignore_eos = true});
   }
-  Outputs out[2];
-  EngineStats stats[2];
-  for (int run = 0; run < 2; ++run) {
-    auto e = test::load_fixture("qwen3", spec_options({.block_size = 4, .max_model_len = 64}, 3));
+  // Fixed depth 3, adaptive depth, and no speculation: the same tokens and logprobs.
+  Outputs out[3];
+  EngineStats stats[3];
+  const EngineOptions base{.block_size = 4, .max_model_len = 64};
+  const EngineOptions options[3] = {spec_options(base, 3), spec_options(base, 3, /*adaptive=*/true), base};
+  for (int run = 0; run < 3; ++run) {
+    auto e = test::load_fixture("qwen3", options[run]);
     ASSERT_TRUE(e);
     out[run] = test::run_together(*e, requests);
     stats[run] = e->stats();
@@ -355,9 +342,11 @@ TEST(Speculative, SampledOutputsAreReproducibleAndEndWhereTheyShould) {
   }
   report_acceptance("qwen3 sampled", stats[0]);
   EXPECT_GT(stats[0].spec_accepted_tokens, 0);
+  EXPECT_LT(stats[0].spec_accepted_tokens, stats[0].spec_draft_tokens) << "some drafts were rejected";
   for (size_t i = 0; i < requests.size(); ++i) {
     const test::SampleOut& o = out[0].at({i, 0});
-    EXPECT_EQ(o, out[1].at({i, 0})) << "request " << i;
+    EXPECT_EQ(o, out[1].at({i, 0})) << "request " << i << ", adaptive depth";
+    EXPECT_EQ(o, out[2].at({i, 0})) << "request " << i << ", without speculation";
     EXPECT_EQ(o.tokens.size(), 20u) << "request " << i;
     EXPECT_EQ(o.finish, FinishReason::kLength);
     for (float lp : o.logprobs) EXPECT_LE(lp, 0.0f);
