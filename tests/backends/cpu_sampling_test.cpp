@@ -280,7 +280,9 @@ TEST(CpuSampling, TokenMasksSampleTheLogitsWithTheMaskedAtMinusInfinity) {
         if (ops::token_allowed(row, i) && (best < 0 || v[size_t(r * vocab + i)] > v[size_t(r * vocab + best)])) best = i;
       EXPECT_EQ(a[size_t(r)], best) << "row " << r;
     }
-    if (r % 4 == 2) EXPECT_EQ(lp_a[size_t(r)], 0.0f) << "a single allowed token has probability 1";
+    if (r % 4 == 2) {
+      EXPECT_EQ(lp_a[size_t(r)], 0.0f) << "a single allowed token has probability 1";
+    }
   }
 }
 

@@ -102,7 +102,9 @@ TEST_P(KvCacheFp8, LogitsStayCloseToTheUnquantizedCache) {
   const bool dsa = testing::is_dsa_fixture(GetParam());
   const Compared c = compare_logits(GetParam(), dsa ? 8 : 0);
   EXPECT_LT(c.rms_err, 0.25);
-  if (!dsa) EXPECT_GE(c.agree, int(0.8 * c.positions));
+  if (!dsa) {
+    EXPECT_GE(c.agree, int(0.8 * c.positions));
+  }
 }
 
 TEST_P(KvCacheFp8, BatchEqualsSeparateGenerations) {
