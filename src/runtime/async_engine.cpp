@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 
 #include "core/log.h"
 
@@ -108,6 +109,10 @@ void AsyncEngine::end_stream(RequestStream& s, FinishReason reason, int32_t samp
 void AsyncEngine::dispatch(std::vector<StepOutput>& outs) {
   const Clock::time_point now = Clock::now();
   std::vector<uint64_t> overflowed;
+  // A sample may get several tokens in one step (speculative decoding): the time since its
+  // previous token is shared by them, so the inter-token latency is per token.
+  std::map<std::pair<uint64_t, int32_t>, std::pair<int32_t, double>> per_sample;  // tokens, gap each
+  for (const StepOutput& o : outs) ++per_sample[{o.request_id, o.sample_index}].first;
   for (StepOutput& o : outs) {
     auto it = streams_.find(o.request_id);
     if (it == streams_.end()) continue;
@@ -118,7 +123,9 @@ void AsyncEngine::dispatch(std::vector<StepOutput>& outs) {
     }
     Clock::time_point& last = s.last_token_[size_t(o.sample_index)];
     if (last == kEnded) continue;
-    if (last != Clock::time_point{}) metrics_.inter_token_latency.observe(std::chrono::duration<double>(now - last).count());
+    auto& [n_tokens, gap] = per_sample[{o.request_id, o.sample_index}];
+    if (last != Clock::time_point{} && last != now) gap = std::chrono::duration<double>(now - last).count() / n_tokens;
+    if (last != Clock::time_point{}) metrics_.inter_token_latency.observe(gap);
     last = now;
     const FinishReason f = o.finish;
     if (!s.push({.sample_index = o.sample_index, .has_token = true, .token = std::move(o.token), .finish = f})) {

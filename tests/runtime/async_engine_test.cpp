@@ -186,6 +186,14 @@ TEST(AsyncEngine, SpeculativeStepsStreamEveryAcceptedTokenInOrder) {
   const AsyncEngineStats st = engine->stats();
   EXPECT_GT(st.engine.spec_accepted_tokens, 0);
   EXPECT_EQ(st.engine.kv_blocks_used, 0);
+  // One inter-token latency per token after each sample's first (tokens that arrive together
+  // share the time since the previous one, AsyncEngine::dispatch).
+  const Histogram::Snapshot itl = engine->metrics().inter_token_latency.snapshot();
+  int64_t tokens_after_first = 0;
+  for (size_t i = 0; i < requests.size(); ++i)
+    tokens_after_first += int64_t(requests[i].n) * (requests[i].max_tokens - 1);
+  EXPECT_EQ(itl.count, tokens_after_first);
+  EXPECT_GT(itl.sum, 0.0);
 }
 
 TEST(AsyncEngine, CancelEndsTheStreamAndFreesItsBlocks) {
