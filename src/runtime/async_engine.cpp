@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <map>
 
 #include "core/log.h"
 
@@ -109,11 +108,15 @@ void AsyncEngine::end_stream(RequestStream& s, FinishReason reason, int32_t samp
 void AsyncEngine::dispatch(std::vector<StepOutput>& outs) {
   const Clock::time_point now = Clock::now();
   std::vector<uint64_t> overflowed;
-  // A sample may get several tokens in one step (speculative decoding): the time since its
-  // previous token is shared by them, so the inter-token latency is per token.
-  std::map<std::pair<uint64_t, int32_t>, std::pair<int32_t, double>> per_sample;  // tokens, gap each
-  for (const StepOutput& o : outs) ++per_sample[{o.request_id, o.sample_index}].first;
-  for (StepOutput& o : outs) {
+  // A sample may get several tokens in one step (speculative decoding), consecutive in
+  // `outs`: the time since its previous token is shared by them, so the inter-token
+  // latency is per token.
+  const auto same_sample = [&](size_t a, size_t b) {
+    return outs[a].request_id == outs[b].request_id && outs[a].sample_index == outs[b].sample_index;
+  };
+  double gap = 0.0;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    StepOutput& o = outs[i];
     auto it = streams_.find(o.request_id);
     if (it == streams_.end()) continue;
     RequestStream& s = *it->second;
@@ -123,8 +126,11 @@ void AsyncEngine::dispatch(std::vector<StepOutput>& outs) {
     }
     Clock::time_point& last = s.last_token_[size_t(o.sample_index)];
     if (last == kEnded) continue;
-    auto& [n_tokens, gap] = per_sample[{o.request_id, o.sample_index}];
-    if (last != Clock::time_point{} && last != now) gap = std::chrono::duration<double>(now - last).count() / n_tokens;
+    if (i == 0 || !same_sample(i - 1, i)) {  // the first of this sample's tokens in the step
+      size_t n = 1;
+      while (i + n < outs.size() && same_sample(i, i + n)) ++n;
+      gap = last == Clock::time_point{} ? 0.0 : std::chrono::duration<double>(now - last).count() / double(n);
+    }
     if (last != Clock::time_point{}) metrics_.inter_token_latency.observe(gap);
     last = now;
     const FinishReason f = o.finish;

@@ -132,57 +132,50 @@ std::vector<uint32_t> token_masks(std::span<Sampler* const> samplers, int64_t vo
   return masks;
 }
 
-std::vector<SampledToken> sample_rows(ops::Backend& backend, const Tensor& logits,
-                                      std::span<Sampler* const> samplers, std::vector<uint32_t> masks) {
+void SampleCall::add(const Sampler& s, float uniform, std::span<const int32_t> then_generated) {
+  const SamplingParams& p = s.params();
+  params_.push_back(s.op_params());
+  uniform_.push_back(uniform);
+  n_logprobs_.push_back(p.logprobs);
+  // Every row gets an entry (an empty list without penalties); unused when no row has any.
+  penalties_.push_back({.repetition = p.repetition_penalty, .presence = p.presence_penalty,
+                        .frequency = p.frequency_penalty});
+  if (p.has_penalties()) {
+    s.penalty_list(penalty_tokens_, penalty_counts_, then_generated);
+    any_penalties_ = true;
+  }
+  penalty_start_.push_back(int32_t(penalty_tokens_.size()));
+}
+
+std::vector<SampledToken> SampleCall::sample(ops::Backend& backend, const Tensor& logits,
+                                             std::span<const uint32_t> allowed) {
+  const size_t n = params_.size();
   KILN_CHECK_EQ(logits.rank(), 2) << "sampler: logits " << logits.shape;
-  KILN_CHECK_EQ(logits.dim(0), int64_t(samplers.size())) << "sampler: one row per sampler";
-  const size_t n = samplers.size();
-  std::vector<ops::SamplingParams> params(n);
-  std::vector<float> uniform(n);
-  int32_t n_top = 0;
-  bool any_logprobs = false, any_penalties = false;
-  for (size_t r = 0; r < n; ++r) {
-    params[r] = samplers[r]->op_params();
-    uniform[r] = samplers[r]->next_uniform();
-    n_top = std::max(n_top, samplers[r]->params().logprobs);
-    any_logprobs = any_logprobs || samplers[r]->params().logprobs >= 0;
-    any_penalties = any_penalties || samplers[r]->params().has_penalties();
-  }
-  std::vector<ops::PenaltyParams> penalties;
-  std::vector<int32_t> penalty_start, penalty_tokens, penalty_counts;
-  if (any_penalties) {
-    penalty_start.push_back(0);
-    for (Sampler* s : samplers) {
-      const SamplingParams& p = s->params();
-      penalties.push_back({.repetition = p.repetition_penalty, .presence = p.presence_penalty,
-                           .frequency = p.frequency_penalty});
-      s->penalty_list(penalty_tokens, penalty_counts);
-      penalty_start.push_back(int32_t(penalty_tokens.size()));
-    }
-  }
-  // Structured output: a mask per row, all ones for the rows without a constraint.
-  std::vector<uint32_t> allowed = masks.empty() ? token_masks(samplers, logits.dim(1)) : std::move(masks);
-  KILN_CHECK(allowed.empty() || allowed.size() == n * size_t(ops::token_mask_words(logits.dim(1))))
-      << "sample_rows: token masks of " << allowed.size() << " words for " << n << " rows";
+  KILN_CHECK_EQ(logits.dim(0), int64_t(n)) << "sampler: one row per sampled row";
+  const int32_t n_top = std::max(0, *std::max_element(n_logprobs_.begin(), n_logprobs_.end()));
+  const bool any_logprobs = std::any_of(n_logprobs_.begin(), n_logprobs_.end(), [](int32_t k) { return k >= 0; });
   std::vector<int32_t> tokens(n), top_ids(n * size_t(n_top));
   std::vector<float> logprobs(any_logprobs ? n : 0), top_logprobs(n * size_t(n_top));
-  backend.sample({.logits = logits,
-                  .params = params,
-                  .uniform = uniform,
-                  .n_top = n_top,
-                  .tokens = tokens,
-                  .logprobs = logprobs,
-                  .top_ids = top_ids,
-                  .top_logprobs = top_logprobs,
-                  .penalties = penalties,
-                  .penalty_start = penalty_start,
-                  .penalty_tokens = penalty_tokens,
-                  .penalty_counts = penalty_counts,
-                  .allowed = allowed});
+  ops::SampleArgs a{.logits = logits,
+                    .params = params_,
+                    .uniform = uniform_,
+                    .n_top = n_top,
+                    .tokens = tokens,
+                    .logprobs = logprobs,
+                    .top_ids = top_ids,
+                    .top_logprobs = top_logprobs,
+                    .allowed = allowed};
+  if (any_penalties_) {
+    a.penalties = penalties_;
+    a.penalty_start = penalty_start_;
+    a.penalty_tokens = penalty_tokens_;
+    a.penalty_counts = penalty_counts_;
+  }
+  backend.sample(a);
   std::vector<SampledToken> out(n);
   for (size_t r = 0; r < n; ++r) {
     out[r].token = tokens[r];
-    const int32_t k = samplers[r]->params().logprobs;
+    const int32_t k = n_logprobs_[r];
     if (k < 0) continue;
     out[r].logprob = logprobs[r];
     const auto first = long(r * size_t(n_top));
@@ -190,6 +183,18 @@ std::vector<SampledToken> sample_rows(ops::Backend& backend, const Tensor& logit
     out[r].top_logprobs.assign(top_logprobs.begin() + first, top_logprobs.begin() + first + k);
   }
   return out;
+}
+
+std::vector<SampledToken> sample_rows(ops::Backend& backend, const Tensor& logits,
+                                      std::span<Sampler* const> samplers, std::vector<uint32_t> masks) {
+  KILN_CHECK_EQ(logits.dim(0), int64_t(samplers.size())) << "sampler: one row per sampler";
+  SampleCall call;
+  for (Sampler* s : samplers) call.add(*s, s->next_uniform());
+  // Structured output: a mask per row, all ones for the rows without a constraint.
+  const std::vector<uint32_t> allowed = masks.empty() ? token_masks(samplers, logits.dim(1)) : std::move(masks);
+  KILN_CHECK(allowed.empty() || allowed.size() == samplers.size() * size_t(ops::token_mask_words(logits.dim(1))))
+      << "sample_rows: token masks of " << allowed.size() << " words for " << samplers.size() << " rows";
+  return call.sample(backend, logits, allowed);
 }
 
 }  // namespace kiln::runtime

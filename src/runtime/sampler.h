@@ -142,6 +142,27 @@ class Sampler {
 // `max_threads` threads. The engine computes them while the step's forward pass runs.
 std::vector<uint32_t> token_masks(std::span<Sampler* const> samplers, int64_t vocab, int max_threads = 4);
 
+// The rows of one sample op call (ops::SampleArgs) and what each asks for; add() a row at a
+// time, then sample(). Shared by sample_rows and speculative verification.
+class SampleCall {
+ public:
+  // A row sampled with `s`'s parameters and draw `uniform`; its penalties (when it has
+  // any) count `then_generated` as generated after what `s` observed.
+  void add(const Sampler& s, float uniform, std::span<const int32_t> then_generated = {});
+  // Row r of logits [rows added, vocab] (penalised in place), masked by `allowed` (rows of
+  // ops::token_mask_words(vocab) words, or empty): its token, and its logprob and the top
+  // alternatives its sampler asks for.
+  std::vector<SampledToken> sample(ops::Backend& backend, const Tensor& logits, std::span<const uint32_t> allowed = {});
+
+ private:
+  std::vector<ops::SamplingParams> params_;
+  std::vector<float> uniform_;
+  std::vector<int32_t> n_logprobs_;  // per row, -1: none
+  std::vector<ops::PenaltyParams> penalties_;
+  std::vector<int32_t> penalty_start_{0}, penalty_tokens_, penalty_counts_;
+  bool any_penalties_ = false;
+};
+
 // Samples row r of logits [samplers.size(), vocab] with samplers[r], all rows in one
 // backend call; each sampler draws its own uniform. Rows whose sampler has penalties
 // get them (the logits are penalised in place). `masks`: token_masks of these samplers

@@ -275,6 +275,26 @@ std::vector<std::string> string_vocab(size_t n, uint64_t seed) {
   return v;
 }
 
+// Before every byte of `doc` (which g accepts whole), the mask uncached and through one
+// MaskCache equals brute force; then doc is complete.
+void expect_masks_match_brute_force_at_every_byte(const TokenMasker& masker, const std::vector<std::string>& vocab,
+                                                  uint32_t eos, const std::shared_ptr<const CompiledGrammar>& g,
+                                                  const std::string& doc) {
+  Matcher m(g);
+  MaskCache cache;
+  std::vector<uint32_t> mask(masker.mask_words()), cached(masker.mask_words());
+  for (size_t i = 0; i <= doc.size(); ++i) {
+    const std::vector<uint32_t> want = brute_force_mask(m, vocab, eos);
+    masker.fill_mask(m, mask.data());
+    ASSERT_EQ(mask, want) << doc << " after " << i << " bytes";
+    masker.fill_mask(m, cached.data(), &cache);
+    ASSERT_EQ(cached, want) << doc << " after " << i << " bytes (cached)";
+    if (i == doc.size()) break;
+    ASSERT_TRUE(m.accept(doc.substr(i, 1))) << doc << " byte " << i;
+  }
+  EXPECT_TRUE(m.is_complete()) << doc;
+}
+
 // Masks inside strings of every kind (free, escapes, UTF-8, maxLength below and above the
 // probe's chain, minLength, patterns anchored and searched, a format, nested objects and
 // arrays, a pattern whose first character picks a branch, and any JSON object) at every byte of documents, mid-character and mid-escape
@@ -298,22 +318,8 @@ TEST(TokenMask, StringMasksEqualBruteForceAtEveryByte) {
       {kStrings, R"({"s":"","b":"","m":"ab","p":"a","q":"abxc","d":"1999-12-31","n":{},"r":"bé"})"},
       {R"({"type":"object"})", R"({"a":"x\"😀","b":{"c":["é\u00e9",{"d":"deep \"str\" 日本"}]},"e":"","f":[1,"\\"]})"},
   };
-  for (const auto& [schema_text, doc] : cases) {
-    auto g = schema_grammar(schema_text);
-    MaskCache cache;
-    Matcher m(g);
-    std::vector<uint32_t> mask(masker.mask_words()), cached(masker.mask_words());
-    for (size_t i = 0; i <= doc.size(); ++i) {
-      const std::vector<uint32_t> want = brute_force_mask(m, vocab, eos);
-      masker.fill_mask(m, mask.data());
-      ASSERT_EQ(mask, want) << doc << " after " << i << " bytes";
-      masker.fill_mask(m, cached.data(), &cache);
-      ASSERT_EQ(cached, want) << doc << " after " << i << " bytes (cached)";
-      if (i == doc.size()) break;
-      ASSERT_TRUE(m.accept(doc.substr(i, 1))) << doc << " byte " << i;
-    }
-    EXPECT_TRUE(m.is_complete()) << doc;
-  }
+  for (const auto& [schema_text, doc] : cases)
+    expect_masks_match_brute_force_at_every_byte(masker, vocab, eos, schema_grammar(schema_text), doc);
 }
 
 // The plain runs on a vocabulary of plain text only (every subtree decided without a walk)
@@ -326,19 +332,8 @@ TEST(TokenMask, StringMasksWithAllPlainAndNoPlainVocabularies) {
   for (const std::vector<std::string>& vocab : vocabs) {
     const uint32_t eos = static_cast<uint32_t>(vocab.size() - 1);
     const TokenMasker masker(vocab, eos);
-    for (const std::string doc : {R"(["ab","é","","\n"])", R"(["日本"])"}) {
-      Matcher m(g);
-      MaskCache cache;
-      std::vector<uint32_t> mask(masker.mask_words()), cached(masker.mask_words());
-      for (size_t i = 0; i <= doc.size(); ++i) {
-        const std::vector<uint32_t> want = brute_force_mask(m, vocab, eos);
-        masker.fill_mask(m, mask.data());
-        ASSERT_EQ(mask, want) << doc << " after " << i << " bytes";
-        masker.fill_mask(m, cached.data(), &cache);
-        ASSERT_EQ(cached, want) << doc << " after " << i << " bytes (cached)";
-        if (i < doc.size()) ASSERT_TRUE(m.accept(doc.substr(i, 1)));
-      }
-    }
+    for (const std::string doc : {R"(["ab","é","","\n"])", R"(["日本"])"})
+      expect_masks_match_brute_force_at_every_byte(masker, vocab, eos, g, doc);
   }
 }
 

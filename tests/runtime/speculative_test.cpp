@@ -142,6 +142,18 @@ std::vector<Request> greedy_requests(int32_t n) {
 
 // Fixed depth K unless adaptive (runtime/adaptive_depth.h: the depth then depends on
 // measured step times, so only outputs, not draft counts, are checked under it).
+// Runs `requests` (ids 0, 1, ...) with a step after every second one is added, so that the
+// later ones join while the earlier decode (drafted and undrafted rows in one step).
+Outputs run_joining(Engine& e, const std::vector<Request>& requests) {
+  Outputs got;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_TRUE(e.add_request(i, std::make_shared<const Request>(requests[i])).ok()) << "request " << i;
+    if (i % 2 == 1) test::collect(got, e.step());
+  }
+  test::run_until_idle(e, got);
+  return got;
+}
+
 EngineOptions spec_options(EngineOptions o, int32_t k, bool adaptive = false) {
   o.speculative_method = SpeculativeMethod::kNgram;
   o.num_speculative_tokens = k;
@@ -182,13 +194,7 @@ TEST_P(SpeculativeFixture, GreedyOutputsEqualThoseWithoutSpeculationUnderBatchin
   ASSERT_TRUE(plain && spec);
   const std::vector<Request> requests = greedy_requests(12);
   const Outputs want = test::run_together(*plain, requests);
-  // Half of them first, the rest joining while those decode.
-  Outputs got;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    ASSERT_TRUE(spec->add_request(i, std::make_shared<const Request>(requests[i])).ok());
-    if (i % 2 == 1) test::collect(got, spec->step());
-  }
-  test::run_until_idle(*spec, got);
+  const Outputs got = run_joining(*spec, requests);
   expect_same(got, want, GetParam());
   const EngineStats s = spec->stats();
   report_acceptance(GetParam(), s);
@@ -289,12 +295,7 @@ TEST_P(SpeculativeFixture, GreedyOutputsEqualUnderAdaptiveDepth) {
                       .max_tokens = 40,
                       .ignore_eos = true});
   const Outputs want = test::run_together(*plain, requests);
-  Outputs got;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    ASSERT_TRUE(spec->add_request(i, std::make_shared<const Request>(requests[i])).ok());
-    if (i % 2 == 1) test::collect(got, spec->step());
-  }
-  test::run_until_idle(*spec, got);
+  const Outputs got = run_joining(*spec, requests);
   expect_same(got, want, GetParam() + " adaptive");
   const EngineStats s = spec->stats();
   report_acceptance(GetParam() + " adaptive", s);
