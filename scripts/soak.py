@@ -311,7 +311,7 @@ def rss_mib(pid):
 
 def device_mib(pid):
     """nvidia-smi's device memory of the process (if it is not listed, as in some
-    containers, the used memory of every GPU), or None without nvidia-smi."""
+    containers, the used memory of every GPU it may use), or None without nvidia-smi."""
     def q(args):
         try:
             p = subprocess.run(["nvidia-smi"] + args, capture_output=True, text=True, timeout=20)
@@ -324,7 +324,10 @@ def device_mib(pid):
     rows = [[s.strip() for s in line.split(",")] for line in apps.split("\n") if "," in line]
     mine = [float(used) for p, used in rows if p == str(pid)]
     if not mine:
-        gpus = q(["--query-gpu=memory.used", "--format=csv,noheader,nounits"])
+        # Only the GPUs kiln sees (CUDA_VISIBLE_DEVICES as indices): others may be busy.
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        only = ["-i", visible] if re.fullmatch(r"\d+(,\d+)*", visible) else []
+        gpus = q(["--query-gpu=memory.used", "--format=csv,noheader,nounits"] + only)
         if gpus is None:
             return None
         mine = [float(s) for s in gpus.split("\n") if s.strip()]

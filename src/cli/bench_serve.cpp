@@ -63,6 +63,8 @@ struct BenchOptions {
   std::string json_path;
   std::string html_path;
   int timeout_s = 600;  // per read of a response
+  std::string json_schema_path;  // every request constrained by this schema (response_format)
+  json json_schema;              // its contents, read once
 };
 
 // --url split for httplib: "scheme://host:port" and the API prefix ("/v1" unless the URL names one).
@@ -222,6 +224,8 @@ Request make_request(std::mt19937_64& rng, const BenchOptions& o, const std::str
   json body = {{"model", model},          {"max_tokens", o.output_len},
                {"ignore_eos", true},      {"temperature", 0},
                {"stream", true},          {"stream_options", {{"include_usage", true}}}};
+  if (!o.json_schema.is_null())
+    body["response_format"] = {{"type", "json_schema"}, {"json_schema", {{"name", "bench"}, {"schema", o.json_schema}}}};
   if (o.endpoint == "completions") {
     // Token ids, so the input length is exact whatever the tokenizer.
     std::uniform_int_distribution<int> id(0, o.vocab - 1);
@@ -562,6 +566,7 @@ json level_json(const BenchOptions& o, const std::string& model, const LevelRun&
                  {"num_requests", l.num_requests}, {"concurrency", l.concurrency > 0 ? json(l.concurrency) : json()},
                  {"request_rate", l.request_rate > 0 ? json(l.request_rate) : json()}, {"warmup", o.warmup},
                  {"seed", o.seed}, {"date", run.date}};
+  if (!o.json_schema.is_null()) config["json_schema"] = o.json_schema;
 #ifdef KILN_VERSION
   config["kiln_version"] = KILN_VERSION;
 #endif
@@ -599,6 +604,11 @@ Status write_json(const BenchOptions& o, const json& report) {
 int run_bench(BenchOptions o) {
   std::signal(SIGPIPE, SIG_IGN);  // a server gone mid-request is a failed request
   if (o.request_rate == 0 && o.concurrency.empty()) return fail(invalid_argument("--concurrency is empty"));
+  if (!o.json_schema_path.empty()) {
+    std::ifstream f(o.json_schema_path);
+    o.json_schema = json::parse(f, nullptr, /*allow_exceptions=*/false);
+    if (!o.json_schema.is_object()) return fail_msg("--json-schema " + o.json_schema_path + " is not a JSON object");
+  }
   Result<Target> target = parse_url(o.url);
   if (!target.ok()) return fail(target.status());
   std::string model = o.model;
@@ -664,6 +674,9 @@ void add_bench_command(CLI::App& app, Subcommands& commands) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--api-key", o->api_key, "sent as Authorization: Bearer KEY");
   cmd->add_option("--timeout", o->timeout_s, "seconds to wait for each read of a response")->check(CLI::PositiveNumber);
+  cmd->add_option("--json-schema", o->json_schema_path,
+                  "constrain every request's output by this JSON schema file (response_format json_schema)")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--json", o->json_path, "write every level's config, summary and requests to this file");
   cmd->add_option("--html", o->html_path, "write a self-contained HTML report (charts, table) to this file");
   commands.emplace_back(cmd, [o] { return run_bench(*o); });

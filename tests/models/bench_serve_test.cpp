@@ -187,6 +187,35 @@ TEST(BenchServe, ReportsEveryLevelAgainstTheDemoServer) {
   }
 }
 
+// --json-schema constrains every request (response_format json_schema): a boolean schema
+// is complete after "true" or "false", so each request ends well before its 16 tokens
+// even with ignore_eos, and the report keeps the schema.
+TEST(BenchServe, JsonSchemaConstrainsEveryRequest) {
+  const TempDir tmp("kiln_bench_schema");
+  const fs::path& dir = tmp.path;
+  DemoServer server(dir);
+  const std::string url = server.wait_for_url(std::chrono::seconds(60));
+  ASSERT_FALSE(url.empty()) << "kiln serve printed no ready line within 60 s:\n" << server.log();
+  const fs::path schema = dir / "schema.json", json_path = dir / "bench.json";
+  std::ofstream(schema) << R"({"type": "boolean"})";
+  const BenchRun r = bench("--url " + url + " --input-len 16 --output-len 16 --concurrency 2 --num-prompts 4 " +
+                           "--json-schema " + schema.string() + " --json " + json_path.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err << "\nkiln serve:\n" << server.log();
+  std::ifstream f(json_path);
+  const nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << "unreadable " << json_path;
+  const nlohmann::json& level = j["levels"][0];
+  EXPECT_EQ(level["config"]["json_schema"], nlohmann::json::parse(R"({"type": "boolean"})"));
+  ASSERT_EQ(level["requests"].size(), 4u);
+  for (const nlohmann::json& q : level["requests"]) {
+    EXPECT_TRUE(q["ok"].get<bool>()) << q.dump();
+    EXPECT_GE(q["output_tokens"].get<int>(), 1) << q.dump();
+    EXPECT_LT(q["output_tokens"].get<int>(), 16) << q.dump();  // "false" is at most 5 byte tokens
+  }
+  const BenchRun bad = bench("--url " + url + " --json-schema " + (dir / "missing.json").string());
+  EXPECT_NE(bad.exit_code, 0);
+}
+
 TEST(BenchServe, AClosedPortFailsWithAMessageNamingTheUrl) {
   const std::string url = "http://127.0.0.1:" + std::to_string(closed_port());
   const BenchRun r = bench("--url " + url + " --input-len 4 --output-len 2 --warmup 0");
