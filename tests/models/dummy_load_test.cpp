@@ -100,6 +100,9 @@ TEST(ShippedConfigs, ParseWithThePublishedDimensions) {
       {"Qwen3.5-35B-A3B", "Qwen3_5MoeForConditionalGeneration", 2048, 40, 256, 248320},
       {"GLM-5", "GlmMoeDsaForCausalLM", 6144, 78, 256, 154880},
       {"DeepSeek-V3.2", "DeepseekV32ForCausalLM", 7168, 61, 256, 129280},
+      {"GLM-5-FP8", "GlmMoeDsaForCausalLM", 6144, 78, 256, 154880},
+      {"DeepSeek-V3.2-FP8", "DeepseekV32ForCausalLM", 7168, 61, 256, 129280},
+      {"Qwen3.5-397B-A17B", "Qwen3_5MoeForConditionalGeneration", 4096, 60, 512, 248320},
   };
   for (const Want& w : wants) {
     const std::string path = std::string(KILN_SOURCE_DIR) + "/configs/" + w.file + ".json";
