@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <sstream>
@@ -603,12 +604,29 @@ std::vector<StepOutput> Engine::step() {
   std::future<std::vector<uint32_t>> masks;
   if (std::any_of(samplers.begin(), samplers.end(), [](const Sampler* s) { return s->constrained(); }))
     masks = std::async(std::launch::async, [&samplers, vocab = config_.vocab_size] { return token_masks(samplers, vocab); });
-  struct JoinMasks {  // on every return: the workers read the samplers
-    std::future<std::vector<uint32_t>>& f;
-    ~JoinMasks() {
-      if (f.valid()) f.wait();
-    }
-  } join_masks{masks};
+  struct Join {  // on every return: the workers read the samplers
+    std::function<void()> wait;
+    ~Join() { wait(); }
+  } join_masks{[&masks] {
+    if (masks.valid()) masks.wait();
+  }};
+  // Constrained sequences with drafts: the masks of their verify rows, likewise (each
+  // matcher is only read by one of the two tasks: a sequence samples or verifies).
+  std::future<std::vector<std::vector<uint32_t>>> draft_masks;
+  if (std::any_of(verify.begin(), verify.end(), [](const StepBatch::Verify& v) { return v.seq->sampler.constrained(); }))
+    draft_masks = std::async(std::launch::async, [&verify, words = size_t(ops::token_mask_words(config_.vocab_size))] {
+      std::vector<std::vector<uint32_t>> out(verify.size());
+      for (size_t i = 0; i < verify.size(); ++i) {
+        Sequence& seq = *verify[i].seq;
+        if (!seq.sampler.constrained()) continue;
+        out[i].resize(size_t(verify[i].n_draft + 1) * words);
+        seq.sampler.fill_draft_masks(std::span(seq.draft.data(), size_t(verify[i].n_draft)), out[i], words);
+      }
+      return out;
+    });
+  Join join_draft_masks{[&draft_masks] {
+    if (draft_masks.valid()) draft_masks.wait();
+  }};
   // Steps whose sequences all decode (with or without drafts) price the depth policy's rows.
   const bool timed = std::all_of(schedule.seqs.begin(), schedule.seqs.end(), [](const ScheduledSeq& s) {
     return s.n_new == 1 + s.n_draft && s.seq->n_uncomputed() == 1;
@@ -642,10 +660,14 @@ std::vector<StepOutput> Engine::step() {
   }
   // Speculative verification: each sequence's rows [last, d1 .. dk] follow the sampled ones.
   int64_t row = int64_t(sampled.size());
-  for (const StepBatch::Verify& v : verify) {
+  const std::vector<std::vector<uint32_t>> verify_masks =
+      draft_masks.valid() ? draft_masks.get() : std::vector<std::vector<uint32_t>>(verify.size());
+  for (size_t i = 0; i < verify.size(); ++i) {
+    const StepBatch::Verify& v = verify[i];
     Sequence& seq = *v.seq;
     const std::span<const int32_t> draft(seq.draft.data(), size_t(v.n_draft));
-    Verification result = verify_drafts(*backend_, logits.slice0(row, row + v.n_draft + 1), seq.sampler, draft);
+    Verification result =
+        verify_drafts(*backend_, logits.slice0(row, row + v.n_draft + 1), seq.sampler, draft, verify_masks[i]);
     row += v.n_draft + 1;
     stats_.spec_draft_tokens += v.n_draft;
     stats_.spec_accepted_tokens += result.n_accepted;
@@ -692,15 +714,16 @@ void Engine::propose_drafts() {
   for (Sequence* seq : scheduler_->running()) {
     seq->draft.clear();
     const Request& r = *seq->request;
-    // Decoding sequences only; never constrained ones (the matcher would have to follow
-    // each draft) nor those the test hook forces.
-    if (seq->n_uncomputed() != 1 || seq->sampler.constrained() || size_t(seq->n_generated()) < r.forced_output.size())
-      continue;
+    // Decoding sequences only, not those the test hook forces.
+    if (seq->n_uncomputed() != 1 || size_t(seq->n_generated()) < r.forced_output.size()) continue;
     // At most one token fewer than the sequence may still emit: the target's own token
     // always follows the accepted drafts.
     const int64_t can_emit = std::min<int64_t>(r.max_tokens - seq->n_generated(), max_model_len_ - seq->n_tokens());
     const int32_t n = int32_t(std::min<int64_t>(k, can_emit - 1));
     if (n >= 1) seq->draft = ngram_draft(seq->tokens, n);
+    // Structured output: a draft stands only as a token the grammar allows, so the draft
+    // ends where the grammar stops taking it.
+    seq->draft.resize(seq->sampler.grammar_prefix(seq->draft));
     lengths.push_back(int32_t(seq->draft.size()));
   }
   // This step's depth (runtime/adaptive_depth.h): the drafts cut to it.

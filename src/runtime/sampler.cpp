@@ -89,6 +89,37 @@ bool Sampler::grammar_done() const {
   return matcher_ != nullptr && matcher_->is_complete() && !matcher_->can_continue();
 }
 
+size_t Sampler::grammar_prefix(std::span<const int32_t> draft) {
+  if (matcher_ == nullptr) return draft.size();
+  const std::vector<std::string>& bytes = *constraint_->token_bytes;
+  size_t n = 0;
+  for (; n < draft.size(); ++n) {
+    const int32_t t = draft[n];
+    if (t < 0 || size_t(t) >= bytes.size() || bytes[size_t(t)].empty() ||
+        std::find(end_ids_.begin(), end_ids_.end(), t) != end_ids_.end() || !matcher_->accept(bytes[size_t(t)]))
+      break;
+  }
+  matcher_->rollback(int(n));
+  return n;
+}
+
+void Sampler::fill_draft_masks(std::span<const int32_t> draft, std::span<uint32_t> rows, size_t words) {
+  KILN_CHECK_GE(rows.size(), (draft.size() + 1) * words) << "draft mask rows";
+  const std::vector<std::string>& bytes = *constraint_->token_bytes;
+  size_t accepted = 0;
+  for (size_t i = 0; i <= draft.size(); ++i) {
+    const std::span<uint32_t> row = rows.subspan(i * words, words);
+    std::fill(row.begin(), row.end(), 0u);
+    fill_mask(row);
+    if (i == draft.size()) break;
+    const int32_t t = draft[i];
+    KILN_CHECK(t >= 0 && size_t(t) < bytes.size() && matcher_->accept(bytes[size_t(t)]))
+        << "draft token " << t << " does not follow the grammar (grammar_prefix cuts drafts first)";
+    ++accepted;
+  }
+  matcher_->rollback(int(accepted));
+}
+
 void Sampler::penalty_list(std::vector<int32_t>& tokens, std::vector<int32_t>& counts,
                            std::span<const int32_t> then_generated) const {
   std::unordered_map<int32_t, int32_t> with_drafts;

@@ -125,6 +125,15 @@ class Sampler {
   void fill_mask(std::span<uint32_t> row);
   // The constrained output is complete and nothing may follow it: the sequence ends.
   bool grammar_done() const;
+  // Speculative drafts of a constrained sequence: how many leading tokens of `draft` the
+  // grammar takes from where the matcher stands (a token of no bytes, an end id or one the
+  // grammar rejects ends the run); all of them when unconstrained. The matcher is left
+  // where it was.
+  size_t grammar_prefix(std::span<const int32_t> draft);
+  // The masks of the rows verifying `draft` (grammar_prefix of all of it): row i
+  // (token_mask_words(vocab) words at rows[i * words]) is the mask after draft[0, i), as
+  // fill_mask would give it once those were generated. The matcher is left where it was.
+  void fill_draft_masks(std::span<const int32_t> draft, std::span<uint32_t> rows, size_t words);
 
  private:
   SamplingParams params_;

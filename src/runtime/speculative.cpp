@@ -4,7 +4,8 @@
 
 namespace kiln::runtime {
 
-Verification verify_drafts(ops::Backend& backend, const Tensor& rows, Sampler& sampler, std::span<const int32_t> draft) {
+Verification verify_drafts(ops::Backend& backend, const Tensor& rows, Sampler& sampler, std::span<const int32_t> draft,
+                           std::span<const uint32_t> allowed) {
   const int32_t k = int32_t(draft.size());
   KILN_CHECK_GE(k, 1) << "verify_drafts without drafts";
   KILN_CHECK_EQ(rows.dim(0), int64_t(k + 1)) << "verify_drafts: rows for " << k << " drafts";
@@ -15,7 +16,7 @@ Verification verify_drafts(ops::Backend& backend, const Tensor& rows, Sampler& s
   const std::vector<float> uniform = sampler.peek_uniforms(n);
   SampleCall call;
   for (size_t r = 0; r < n; ++r) call.add(sampler, uniform[r], draft.first(r));
-  std::vector<SampledToken> tokens = call.sample(backend, rows);
+  std::vector<SampledToken> tokens = call.sample(backend, rows, allowed);
   Verification out;
   // Each row's token is exactly the one decoding would emit there (the same penalised
   // logits, the same draw; greedy: the argmax): a draft stands while it equals it, and

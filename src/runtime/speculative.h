@@ -34,7 +34,10 @@ struct Verification {
 // rows of [last, d1 .. dk] (penalised in place, as sample_rows does). Logprobs (the
 // sampler's SamplingParams::logprobs) are those of each emitted token. The sampler's
 // generator advances one draw per emitted token, as decoding's does; its penalty memory
-// does not: the caller observes each emitted token it keeps.
-Verification verify_drafts(ops::Backend& backend, const Tensor& rows, Sampler& sampler, std::span<const int32_t> draft);
+// and matcher do not: the caller observes each emitted token it keeps. A constrained
+// sampler's rows are masked by `allowed` (Sampler::fill_draft_masks of these drafts),
+// so each row's token is what the constrained decoding would sample there.
+Verification verify_drafts(ops::Backend& backend, const Tensor& rows, Sampler& sampler, std::span<const int32_t> draft,
+                           std::span<const uint32_t> allowed = {});
 
 }  // namespace kiln::runtime
