@@ -7,6 +7,7 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { startServer, requirePeer, metric } from "./harness.mjs";
+import { tools, anthropicTools } from "./tools.mjs";
 
 const { OpenAI } = requirePeer("openai");
 const Anthropic = requirePeer("@anthropic-ai/sdk").default ?? requirePeer("@anthropic-ai/sdk");
@@ -34,25 +35,6 @@ after(async () => {
   }
 });
 
-const tools = [
-  {
-    type: "function",
-    function: {
-      name: "get_weather", description: "The weather in a city",
-      parameters: { type: "object", properties: { city: { type: "string", maxLength: 20 },
-                                                  unit: { enum: ["celsius", "fahrenheit"] } },
-                    required: ["city"], additionalProperties: false },
-    },
-  },
-  {
-    type: "function",
-    function: {
-      name: "add", strict: true,
-      parameters: { type: "object", properties: { a: { type: "integer" }, b: { type: "integer" } },
-                    required: ["a", "b"], additionalProperties: false },
-    },
-  },
-];
 const noThinking = { chat_template_kwargs: { enable_thinking: false } };
 
 // What must not change: the calls (names, arguments), the text and why it ended; call ids are
@@ -94,8 +76,7 @@ test("chat: a tool-calling conversation is the same with speculative decoding", 
 });
 
 test("messages: tool_choice any gives the same tool use with speculative decoding", async () => {
-  const atools = tools.map((t) => ({ name: t.function.name, description: t.function.description ?? "",
-                                     input_schema: t.function.parameters }));
+  const atools = anthropicTools;
   let uses = 0;
   for (const seed of [1, 2, 3]) {
     const body = { model: "kiln-demo", max_tokens: 200, temperature: 1, tools: atools, tool_choice: { type: "any" },

@@ -8,6 +8,7 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { startServer, requirePeer } from "./harness.mjs";
+import { tools, anthropicTools } from "./tools.mjs";
 
 const { OpenAI, BadRequestError } = requirePeer("openai");
 const Anthropic = requirePeer("@anthropic-ai/sdk").default ?? requirePeer("@anthropic-ai/sdk");
@@ -145,26 +146,6 @@ test("chat: with reasoning on, the constraint starts after the reasoning, never 
   }
 });
 
-const tools = [
-  {
-    type: "function",
-    function: {
-      name: "get_weather",
-      description: "The weather in a city",
-      parameters: { type: "object", properties: { city: { type: "string", maxLength: 20 },
-                                                  unit: { enum: ["celsius", "fahrenheit"] } },
-                    required: ["city"], additionalProperties: false },
-    },
-  },
-  {
-    type: "function",
-    function: {
-      name: "add", strict: true,
-      parameters: { type: "object", properties: { a: { type: "integer" }, b: { type: "integer" } },
-                    required: ["a", "b"], additionalProperties: false },
-    },
-  },
-];
 const argsValid = Object.fromEntries(tools.map((t) => [t.function.name, ajv.compile(t.function.parameters)]));
 
 function assertCalls(calls, what, onlyName) {
@@ -232,8 +213,7 @@ test("chat: tool_choice auto with a strict function: free text, and any call it 
 });
 
 test("messages: tool_choice any and tool always call, with valid input", async () => {
-  const atools = tools.map((t) => ({ name: t.function.name, description: t.function.description ?? "",
-                                     input_schema: t.function.parameters }));
+  const atools = anthropicTools;
   for (const seed of [1, 2]) {
     const any = await anthropic.messages.create({
       model: "kiln-demo", max_tokens: 300, temperature: 1, tools: atools, tool_choice: { type: "any" },
