@@ -144,7 +144,7 @@ TEST_F(CudaGdn, SigmoidMulMatchesCpuWithAndWithoutBroadcastAndInPlace) {
 
 TEST_F(CudaGdn, CopyRowsCopiesOneRowExactly) {
   for (DType dtype : {DType::kF32, DType::kBF16}) {
-    SCOPED_TRACE(dtype_name(dtype));
+    SCOPED_TRACE(std::string(dtype_name(dtype)));
     const Tensor host = random({4, 3, 5});
     Tensor t = dtype == DType::kF32 ? to_gpu_f32(host) : to_gpu(host);
     Tensor other = dtype == DType::kF32 ? to_gpu_f32(random({2, 3, 5})) : to_gpu(random({2, 3, 5}));
@@ -152,7 +152,7 @@ TEST_F(CudaGdn, CopyRowsCopiesOneRowExactly) {
     gpu_->copy_rows({.src = t, .src_row = 1, .dst = t, .dst_row = 3});  // within a tensor
     gpu_->copy_rows({.src = t, .src_row = 2, .dst = t, .dst_row = 2});  // onto itself: a no-op
     std::memcpy(want.as<float>() + 3 * 15, host.as<float>() + 1 * 15, 15 * sizeof(float));
-    expect_close(from_gpu(t), want, 0.0, std::string("copy_rows within ") + dtype_name(dtype));
+    expect_close(from_gpu(t), want, 0.0, "copy_rows within " + std::string(dtype_name(dtype)));
     gpu_->copy_rows({.src = t, .src_row = 0, .dst = other, .dst_row = 1});  // into another tensor
     const std::vector<float> o = from_gpu(other);
     for (int i = 0; i < 15; ++i) EXPECT_EQ(o[size_t(15 + i)], host.as<float>()[i]) << "element " << i;
