@@ -234,23 +234,23 @@ void launch_gated_delta_net(const GdnParams& p, cudaStream_t stream) {
   if (p.n_tokens == 0 || p.n_seqs == 0) return;
   const int64_t channels = 2 * int64_t(p.nk) * p.dk + int64_t(p.nv) * p.dv;
   gdn_conv_kernel<<<p.n_tokens, kConvThreads, 0, stream>>>(p);
-  KILN_CUDA_CHECK(cudaGetLastError());
+  KILN_CUDA_LAUNCH_CHECK();
   const dim3 rec_grid(ceil_div(p.dv, kRecWarps * kColsPerWarp), p.nv, p.n_seqs);
   if (p.dk <= kRowGroups * 8) gdn_recurrent_kernel<8><<<rec_grid, kRecWarps * 32, 0, stream>>>(p);
   else if (p.dk <= kRowGroups * 32) gdn_recurrent_kernel<32><<<rec_grid, kRecWarps * 32, 0, stream>>>(p);
   else gdn_recurrent_kernel<64><<<rec_grid, kRecWarps * 32, 0, stream>>>(p);  // dk <= kGdnMaxDk
-  KILN_CUDA_CHECK(cudaGetLastError());
+  KILN_CUDA_LAUNCH_CHECK();
   gdn_norm_gate_kernel<<<ceil_div(int64_t(p.n_tokens) * p.nv, kNormWarps), kNormWarps * 32, 0, stream>>>(p);
-  KILN_CUDA_CHECK(cudaGetLastError());
+  KILN_CUDA_LAUNCH_CHECK();
   gdn_conv_state_kernel<<<dim3(ceil_div(channels, kConvThreads), p.n_seqs), kConvThreads, 0, stream>>>(p);
-  KILN_CUDA_CHECK(cudaGetLastError());
+  KILN_CUDA_LAUNCH_CHECK();
 }
 
 void launch_sigmoid_mul(const bf16* x, const bf16* gate, bf16* out, int64_t rows, int64_t n, int64_t gate_cols,
                         cudaStream_t stream) {
   if (rows * n == 0) return;
   sigmoid_mul_kernel<<<ceil_div(rows * n, 256), 256, 0, stream>>>(x, gate, out, rows, n, gate_cols);
-  KILN_CUDA_CHECK(cudaGetLastError());
+  KILN_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace kiln::cuda
