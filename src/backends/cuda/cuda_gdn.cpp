@@ -123,9 +123,14 @@ void CudaBackend::gated_delta_net(const ops::GatedDeltaNetArgs& a) {
   p.dk = int32_t(dk);
   p.dv = int32_t(dv);
   p.conv_kernel = int32_t(kernel);
-  p.x = scratch<float>(n_tokens * channels, op_scratch_);
-  p.gb = scratch<float>(n_tokens * 2 * nv, op_scratch_);
-  p.o = scratch<float>(n_tokens * value_dim, op_scratch_);
+  // The fp32 scratch goes back to the cache when the op returns, not at the next step:
+  // only work queued after these kernels can reuse it (allocator.h), and a prefill's
+  // [T, channels] per layer held for the whole step would be GiBs (Qwen3-Next-80B: 96 MiB
+  // per layer at 2,048 tokens, 36 layers). A recorded graph keeps it (record_into).
+  std::vector<std::shared_ptr<void>> keep;
+  p.x = scratch<float>(n_tokens * channels, keep);
+  p.gb = scratch<float>(n_tokens * 2 * nv, keep);
+  p.o = scratch<float>(n_tokens * value_dim, keep);
   launch_gated_delta_net(p, stream_);
 }
 
