@@ -33,6 +33,9 @@ KvCache KvCache::create(ops::Backend& be, const std::vector<model::KvLayout>& la
       KILN_CHECK(n_state_slots > 0) << "a recurrent layer needs state slots";
       kv.conv_state = be.alloc(be.activation_dtype(), {n_state_slots, l.conv_channels, l.conv_kernel - 1});
       kv.recurrent_state = be.alloc(DType::kF32, {n_state_slots, l.state_heads, l.state_d_k, l.state_d_v});
+      // Zeroed (fill_random with stddev 0): a device's fresh memory may hold anything, NaN
+      // included, and the scratch row padding rows read never starts at position 0.
+      for (Tensor* t : {&kv.conv_state, &kv.recurrent_state}) be.fill_random({.out = *t, .mean = 0.0f, .stddev = 0.0f});
     } else if (l.mla) {
       kv.latent = be.alloc(dt, {n_blocks, block_size, l.d_latent_rope});
       if (fp8) kv.latent_scale = be.alloc(DType::kF32, {n_blocks, block_size, 2});

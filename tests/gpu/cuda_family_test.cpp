@@ -299,20 +299,42 @@ TEST(CudaDsa, SparseAttentionModelsAreRefusedAtLoad) {
   }
 }
 
-// Gated DeltaNet hybrids likewise: refused at load until the CUDA backend has
-// OptionalOp::kGatedDeltaNet's kernels.
-TEST(CudaGatedDeltaNet, HybridModelsAreRefusedAtLoad) {
-  for (const std::string& name : testing::cpu_only_fixtures()) {
-    auto gpu = cuda_backend("");
+// The Gated DeltaNet hybrids on their longest prompt (80 tokens), prefilled whole and in
+// chunks of 7 tokens (each chunk continues the conv and recurrent states the previous
+// one left): CUDA (warp attention) against the CPU reference in bf16-activation mode,
+// the bound of LogitsAndGreedyTokensMatchTheCpuBackend.
+class CudaHybrid : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaHybrid, LongerPromptMatchesTheCpuBackendWholeAndChunked) {
+  const std::string dir = testing::fixture_dir(GetParam());
+  const auto prompt = testing::read_json(dir + "/golden.json")["prompt_xlong"].get<std::vector<int32_t>>();
+  for (int chunk : {0, 7}) {
+    const runtime::EngineOptions opt{.block_size = 16, .max_model_len = 256, .prefill_chunk = chunk,
+                                     .max_num_seqs = 8, .kv_cache_bytes = int64_t(64) << 20};
+    auto gpu = cuda_backend("warp");
     if (!gpu.ok()) GTEST_SKIP() << gpu.status().to_string();
-    auto e = runtime::Engine::load(testing::fixture_dir(name), std::move(gpu).value(),
-                                   {.block_size = 16, .max_model_len = 256, .kv_cache_bytes = int64_t(64) << 20});
-    ASSERT_FALSE(e.ok()) << name;
-    EXPECT_NE(e.status().message().find("Gated DeltaNet"), std::string::npos) << e.status().to_string();
+    auto g = runtime::Engine::load(dir, std::move(gpu).value(), opt);
+    ASSERT_TRUE(g.ok()) << g.status().to_string();
+    auto c = runtime::Engine::load(dir, cpu::make_cpu_backend({.bf16_activations = true}), opt);
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    auto lg = (*g)->logits(prompt);
+    auto lc = (*c)->logits(prompt);
+    ASSERT_TRUE(lg.ok()) << lg.status().to_string();
+    ASSERT_TRUE(lc.ok()) << lc.status().to_string();
+    const double err = testing::relative_error(*lg, *lc);
+    std::printf("%s: %zu-token prompt, prefill chunk %d: cuda vs cpu-bf16 max |a-b| / max|ref| = %.4g\n",
+                GetParam().c_str(), prompt.size(), chunk, err);
+    EXPECT_LT(err, kTol) << "chunk " << chunk;
   }
 }
 
+INSTANTIATE_TEST_SUITE_P(Hybrid, CudaHybrid, ::testing::ValuesIn(testing::hybrid_fixtures()),
+                         [](const auto& info) { return info.param; });
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFamily, ::testing::ValuesIn(testing::cuda_fixtures(testing::all_fixtures())),
+                         [](const auto& info) { return info.param; });
+// The Gated DeltaNet hybrids (OptionalOp::kGatedDeltaNet: cuda_gdn.cpp).
+INSTANTIATE_TEST_SUITE_P(Hybrid, CudaFamily, ::testing::ValuesIn(testing::hybrid_fixtures()),
                          [](const auto& info) { return info.param; });
 // The quantized checkpoints (FP8 block / channel, NVFP4, INT4, MXFP4) on the packed
 // quantized GEMMs, against the CPU reference's exact dequantization.

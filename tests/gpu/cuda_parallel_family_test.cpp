@@ -1,6 +1,6 @@
-// Every family fixture, bf16 and quantized, split over several GPUs (NCCL): TP2, TP2
-// with expert parallelism, PP2 (and TP2 x PP2, TP4 where 4 GPUs are visible), with a
-// bf16 and an e4m3 KV cache.
+// Every family fixture, bf16 and quantized, and the Gated DeltaNet hybrids, split over
+// several GPUs (NCCL): TP2, TP2 with expert parallelism, PP2 (and TP2 x PP2, TP4 where 4
+// GPUs are visible), with a bf16 and an e4m3 KV cache.
 //
 // The reference is the CPU backend in its bf16-activation mode split the same way (the
 // same ranks over in-process groups): the split changes bf16 roundings (each rank's GEMM
@@ -142,11 +142,14 @@ TEST_P(CudaParallel, MatchesTheCpuSplitAlike) {
     GTEST_SKIP() << layout.name << " needs " << layout.parallel.world() << " GPUs, " << visible_gpus() << " visible";
   }
   const std::string dir = testing::fixture_dir(fixture);
-  const nlohmann::json config = testing::read_json(dir + "/config.json");
+  const nlohmann::json file = testing::read_json(dir + "/config.json");
+  const nlohmann::json& config = file.contains("text_config") ? file["text_config"] : file;  // a VL checkpoint
   const int64_t heads = config["num_attention_heads"].get<int64_t>();
+  // Gated DeltaNet layers split their key heads too.
+  const int64_t linear_heads = config.value("linear_num_key_heads", heads);
   const auto t0 = std::chrono::steady_clock::now();
   auto many = load(dir, layout, "warp");
-  if (heads % layout.parallel.tensor_parallel != 0) {
+  if (heads % layout.parallel.tensor_parallel != 0 || linear_heads % layout.parallel.tensor_parallel != 0) {
     ASSERT_FALSE(many.ok()) << fixture << " loaded " << heads << " heads over " << layout.name;
     return;
   }
@@ -218,6 +221,13 @@ TEST_P(CudaParallel, MatchesTheCpuSplitAlike) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaParallel,
                          ::testing::Combine(::testing::ValuesIn(testing::cuda_fixtures(testing::every_fixture())),
+                                            ::testing::Range(0, int(std::size(kLayouts)))),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + kLayouts[std::get<1>(info.param)].name;
+                         });
+// The Gated DeltaNet hybrids: their linear-attention key heads split over the ranks.
+INSTANTIATE_TEST_SUITE_P(Hybrid, CudaParallel,
+                         ::testing::Combine(::testing::ValuesIn(testing::hybrid_fixtures()),
                                             ::testing::Range(0, int(std::size(kLayouts)))),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + kLayouts[std::get<1>(info.param)].name;

@@ -241,9 +241,9 @@ TEST_P(Family2026, LongerPromptMatchesTransformers) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(CpuOnly, Family, ::testing::ValuesIn(testing::cpu_only_fixtures()),
+INSTANTIATE_TEST_SUITE_P(Hybrid, Family, ::testing::ValuesIn(testing::hybrid_fixtures()),
                          [](const auto& info) { return info.param; });
-INSTANTIATE_TEST_SUITE_P(CpuOnly, Family2026, ::testing::ValuesIn(testing::cpu_only_fixtures()),
+INSTANTIATE_TEST_SUITE_P(Hybrid, Family2026, ::testing::ValuesIn(testing::hybrid_fixtures()),
                          [](const auto& info) { return info.param; });
 
 // Quantized checkpoints in their shipped layouts (FP8 block / channel, NVFP4, INT4,

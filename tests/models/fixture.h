@@ -74,11 +74,11 @@ inline const std::vector<std::string>& all_fixtures() {
   return kNames;
 }
 
-// The 2026 families (scripts/fixtures/make_fixtures_2026.py) the CPU reference runs and
-// the CUDA backend does not yet (it refuses them at load): their goldens also hold
-// logits_xlong (80 tokens). Gated DeltaNet hybrids: qwen3_next, qwen3_5_moe (text-only
-// layout) and qwen3_5_moe_vl (the released vision-language layout).
-inline const std::vector<std::string>& cpu_only_fixtures() {
+// The Gated DeltaNet hybrids of 2026 (scripts/fixtures/make_fixtures_2026.py): qwen3_next,
+// qwen3_5_moe (text-only layout) and qwen3_5_moe_vl (the released vision-language
+// layout); their goldens also hold logits_xlong (80 tokens). Both backends run them (a
+// backend without OptionalOp::kGatedDeltaNet refuses them at load).
+inline const std::vector<std::string>& hybrid_fixtures() {
   static const std::vector<std::string> kNames = {"qwen3_next", "qwen3_5_moe", "qwen3_5_moe_vl"};
   return kNames;
 }

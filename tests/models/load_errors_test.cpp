@@ -234,7 +234,7 @@ TEST_F(LoadErrors, BackendWithoutSparseAttentionRefusesDsaModels) {
 // Likewise a backend without the Gated DeltaNet ops refuses the hybrids, naming the first
 // linear-attention layer and the ops.
 TEST_F(LoadErrors, BackendWithoutGatedDeltaNetRefusesHybridModels) {
-  for (const std::string& name : testing::cpu_only_fixtures()) {
+  for (const std::string& name : testing::hybrid_fixtures()) {
     auto e = runtime::Engine::load(testing::fixture_dir(name), std::make_unique<NoDsaBackend>(), {});
     ASSERT_FALSE(e.ok()) << name;
     const std::string m = e.status().message();

@@ -113,8 +113,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, Parallel,
                            return std::get<0>(info.param) + "_" + kLayouts[std::get<1>(info.param)].name;
                          });
 // The Gated DeltaNet hybrids: their linear-attention key heads split over the ranks.
-INSTANTIATE_TEST_SUITE_P(CpuOnly, Parallel,
-                         ::testing::Combine(::testing::ValuesIn(testing::cpu_only_fixtures()),
+INSTANTIATE_TEST_SUITE_P(Hybrid, Parallel,
+                         ::testing::Combine(::testing::ValuesIn(testing::hybrid_fixtures()),
                                             ::testing::Range(0, int(std::size(kLayouts)))),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + kLayouts[std::get<1>(info.param)].name;

@@ -169,8 +169,12 @@ void CudaBackend::begin_step(const ops::BatchMeta& b) {
   KILN_CHECK(b.slot_mapping.size() == n && b.q_start.size() == b.context_len.size() + 1)
       << "begin_step: inconsistent batch (" << n << " positions, " << b.slot_mapping.size() << " slots)";
   KILN_CHECK(b.token_ids.empty() || b.token_ids.size() == n) << "begin_step: token_ids vs positions";
-  // One buffer: positions | slot_mapping | seq_of_token | token_ids | block_table | logit_rows.
-  const size_t total = 4 * n + n_table + n_rows;
+  const size_t n_seqs = b.context_len.size(), n_slots = b.state_slots.size();
+  KILN_CHECK(n_slots == 0 || n_slots == n_seqs) << "begin_step: " << n_slots << " state slots for " << n_seqs
+                                                << " sequences";
+  // One buffer: positions | slot_mapping | seq_of_token | token_ids | block_table | logit_rows
+  // | q_start | state_slots.
+  const size_t total = 4 * n + n_table + n_rows + (n_seqs + 1) + n_slots;
   KILN_CUDA_CHECK(cudaEventSynchronize(batch_copied_));  // the previous step's copy left the staging
   if (total > batch_capacity_) {
     release_graphs();  // they read the old buffer
@@ -189,13 +193,16 @@ void CudaBackend::begin_step(const ops::BatchMeta& b) {
   std::copy(b.token_ids.begin(), b.token_ids.end(), h + 3 * n);
   std::copy(b.block_table.begin(), b.block_table.end(), h + 4 * n);
   std::copy(b.logit_rows.begin(), b.logit_rows.end(), h + 4 * n + n_table);
+  const size_t at_q = 4 * n + n_table + n_rows, at_slots = at_q + n_seqs + 1;
+  std::copy(b.q_start.begin(), b.q_start.end(), h + at_q);
+  std::copy(b.state_slots.begin(), b.state_slots.end(), h + at_slots);
   auto* d = static_cast<int32_t*>(batch_buffer_.get());
   KILN_CUDA_CHECK(cudaMemcpyAsync(d, h, total * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
   KILN_CUDA_CHECK(cudaEventRecord(batch_copied_, stream_));
   batch_ = {.positions = d, .slot_mapping = d + n, .seq_of_token = d + 2 * n, .block_table = d + 4 * n,
             .token_ids = d + 3 * n, .logit_rows = d + 4 * n + n_table, .n_tokens = b.n_tokens(),
             .n_seqs = b.n_seqs(), .max_blocks = b.max_blocks_per_seq, .block_size = b.block_size,
-            .n_logit_rows = int32_t(n_rows)};
+            .n_logit_rows = int32_t(n_rows), .q_start = d + at_q, .state_slots = n_slots ? d + at_slots : nullptr};
   host_batch_ = &b;
 }
 

@@ -74,6 +74,11 @@ class CudaBackend final : public ops::Backend {
   void moe(const ops::MoeArgs& a) override;
   void sample(const ops::SampleArgs& a) override;  // cuda_sampling.cpp
   void fill_random(const ops::FillRandomArgs& a) override;
+  // Gated DeltaNet (cuda_gdn.cpp).
+  Status supports_op(ops::OptionalOp op) const override;
+  void sigmoid_mul(const ops::SigmoidMulArgs& a) override;
+  void gated_delta_net(const ops::GatedDeltaNetArgs& a) override;
+  void copy_rows(const ops::CopyRowsArgs& a) override;
 
   const DeviceInfo& info() const { return info_; }
   cudaStream_t stream() const { return stream_; }

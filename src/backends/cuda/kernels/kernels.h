@@ -26,6 +26,8 @@ struct DeviceBatch {
   const int32_t* token_ids = nullptr;     // [n_tokens]
   const int32_t* logit_rows = nullptr;    // [n_logit_rows]
   int32_t n_tokens = 0, n_seqs = 0, max_blocks = 0, block_size = 0, n_logit_rows = 0;
+  const int32_t* q_start = nullptr;       // [n_seqs + 1]
+  const int32_t* state_slots = nullptr;   // [n_seqs], or nullptr when the batch has none
 };
 
 // ---- elementwise.cu
@@ -401,6 +403,36 @@ bool mma_peak_supported(MmaKind kind);
 // Dense TFLOP/s of back-to-back mma.sync over all SMs (best of 3 timed runs of about
 // 10-50 ms each); 0 when !mma_peak_supported(kind). Synchronizes `stream`.
 double measure_mma_peak_tflops(MmaKind kind, cudaStream_t stream);
+
+// ---- gated_delta_net.cu
+// ops::GatedDeltaNetArgs on the device: bf16 activations (qkv [T, qkv_cols], z [T, nv dv]
+// and a [T, nv] when flat, b [T, nv] or grouped [T, 2 nv]; out [T, nv dv]), bf16
+// conv_weight [channels, conv_kernel], fp32 a_log / dt_bias [nv] and norm_weight [dv];
+// conv_state [n_slots, channels, conv_kernel - 1] bf16 or fp32, recurrent_state
+// [n_slots, nv, dk, dv] fp32, both updated in place; batch arrays from DeviceBatch.
+// x [T, channels], gb [T, 2 nv] and o [T, nv dv]: fp32 scratch of the call.
+constexpr int kGdnMaxConvKernel = 8;
+constexpr int kGdnMaxDk = 256;
+struct GdnParams {
+  const bf16 *qkv = nullptr, *z = nullptr, *b = nullptr, *a = nullptr;
+  int64_t qkv_cols = 0;
+  bool grouped = false;
+  const bf16* conv_weight = nullptr;
+  const float *a_log = nullptr, *dt_bias = nullptr, *norm_weight = nullptr;
+  float norm_eps = 1e-6f;
+  void* conv_state = nullptr;
+  bool conv_state_bf16 = true;
+  float* recurrent_state = nullptr;
+  bf16* out = nullptr;
+  const int32_t *positions = nullptr, *seq_of_token = nullptr, *q_start = nullptr, *state_slots = nullptr;
+  int32_t n_tokens = 0, n_seqs = 0, nk = 0, nv = 0, dk = 0, dv = 0, conv_kernel = 0;
+  float *x = nullptr, *gb = nullptr, *o = nullptr;
+};
+void launch_gated_delta_net(const GdnParams& p, cudaStream_t stream);
+// out = x * sigmoid(gate) (ops::SigmoidMulArgs): x, out [rows, n], gate [rows, gate_cols]
+// with gate_cols n or 1 (broadcast); out may alias x.
+void launch_sigmoid_mul(const bf16* x, const bf16* gate, bf16* out, int64_t rows, int64_t n, int64_t gate_cols,
+                        cudaStream_t stream);
 
 // ---- sampling.cu
 constexpr int kSampleMaxTop = 20;  // ops::kMaxTopLogprobs
