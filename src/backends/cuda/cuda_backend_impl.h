@@ -68,6 +68,11 @@ class CudaBackend final : public ops::Backend {
   void attention(const ops::AttentionArgs& a) override;
   void mla_store(const ops::MlaStoreArgs& a) override;
   void mla_attention(const ops::MlaArgs& a) override;
+  // DeepSeek sparse attention (OptionalOp::kDsa; cuda_dsa.cpp).
+  Status supports_op(ops::OptionalOp op) const override;
+  void layer_norm(const ops::LayerNormArgs& a) override;
+  void dsa_index_store(const ops::DsaIndexStoreArgs& a) override;
+  void dsa_select(const ops::DsaSelectArgs& a) override;
   void glu(const ops::GluArgs& a) override;
   void add(const ops::AddArgs& a) override;
   void slice_columns(const ops::SliceColumnsArgs& a) override;

@@ -345,11 +345,25 @@ void CudaBackend::mla_attention(const ops::MlaArgs& a) {
         mla_mma_supported(d_latent, d_rope) && mla_mma_smem_bytes(fp8) <= smem_cap_ && !mla_mma_disabled_;
     path = mma ? MlaPath::kMma : MlaPath::kWarp;
   }
+  // DeepSeek sparse attention: each row's selection compacted (valid entries first) for
+  // the kernels.
+  MlaSelection sel;
+  if (a.selected.defined()) {
+    KILN_CHECK(a.selected.device == Device::kCuda && a.selected.dtype == DType::kI32 && a.selected.rank() == 2 &&
+               a.selected.dim(0) == b.n_tokens && a.selected.dim(1) > 0)
+        << "mla_attention: selected must be a device i32 [n_tokens, top_k], got " << dtype_name(a.selected.dtype)
+        << " " << a.selected.shape;
+    sel.top_k = int(a.selected.dim(1));
+    int32_t* list = scratch<int32_t>(int64_t(b.n_tokens) * (sel.top_k + 1), op_scratch_);
+    sel.list = list;
+    sel.count = list + int64_t(b.n_tokens) * sel.top_k;
+    launch_dsa_compact(a.selected.as<int32_t>(), sel.top_k, b, list, list + int64_t(b.n_tokens) * sel.top_k, stream_);
+  }
   const int64_t floats = int64_t(b.n_tokens) * n_heads * d_latent * 2 +
-                         (path == MlaPath::kMma ? int64_t(mla_mma_scratch_floats(b, n_heads)) : 0);
+                         (path == MlaPath::kMma ? int64_t(mla_mma_scratch_floats(b, n_heads, sel.top_k)) : 0);
   float* scratch_f = scratch<float>(floats, op_scratch_);
   launch_mla(a.q_nope.as<bf16>(), a.q_rope.as<bf16>(), cache, kv_b, a.out.as<bf16>(), scratch_f, b, n_heads, d_nope,
-             d_rope, d_v, d_latent, a.scale, path, stream_);
+             d_rope, d_v, d_latent, a.scale, path, stream_, sel);
 }
 
 void CudaBackend::glu(const ops::GluArgs& a) {

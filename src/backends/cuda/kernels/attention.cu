@@ -113,11 +113,13 @@ __global__ void __launch_bounds__(64 * kAbsorbGroups)
   }
 }
 
-// One warp per (t, h): scores over the latent cache, o_lat = sum_j p_j c_j.
+// One warp per (t, h): scores over the latent cache, o_lat = sum_j p_j c_j, over j <= p
+// or (sel.list) the token's selected positions.
 // cache_scale: [slots, 2] (latent, rope) for an e4m3 cache (T = e4m3), else unused.
 template <int kPerLat, int kPerRope, typename T>
 __global__ void mla_attend_kernel(const float* q_lat, const bf16* q_rope, const T* cache, const float* cache_scale,
-                                  float* o_lat, DeviceBatch b, int n_heads, int d_latent, int d_rope, float scale) {
+                                  float* o_lat, DeviceBatch b, int n_heads, int d_latent, int d_rope, float scale,
+                                  MlaSelection sel) {
   const int warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (warp >= b.n_tokens * n_heads) return;
   const int t = warp / n_heads;
@@ -136,8 +138,10 @@ __global__ void mla_attend_kernel(const float* q_lat, const bf16* q_rope, const 
     qr[i] = c < d_rope ? to_f(q_rope[int64_t(warp) * d_rope + c]) * scale : 0.0f;
   }
   float m = -FLT_MAX, l = 0.0f;
-  for (int j = 0; j <= p; ++j) {
-    const int64_t slot = slot_of(b, s, j);
+  const int n_keys = sel.list != nullptr ? sel.count[t] : p + 1;
+  const int32_t* list = sel.list != nullptr ? sel.list + int64_t(t) * sel.top_k : nullptr;
+  for (int i = 0; i < n_keys; ++i) {
+    const int64_t slot = slot_of(b, s, list != nullptr ? list[i] : i);
     const T* row = cache + slot * row_elems;
     const float ls = kIsFp8<T> ? cache_scale[2 * slot] : 1.0f, rs = kIsFp8<T> ? cache_scale[2 * slot + 1] : 1.0f;
     float dot = 0.0f;
@@ -296,7 +300,7 @@ const char* mla_path_name(MlaPath path) {
 
 void launch_mla(const bf16* q_nope, const bf16* q_rope, const MlaCacheView& cache, const bf16* kv_b, bf16* out,
                 float* scratch, const DeviceBatch& b, int n_heads, int d_nope, int d_rope, int d_v, int d_latent,
-                float scale, MlaPath path, cudaStream_t stream) {
+                float scale, MlaPath path, cudaStream_t stream, const MlaSelection& sel) {
   if (b.n_tokens == 0) return;
   KILN_CHECK(d_latent <= 512 && d_latent % 8 == 0 && d_rope <= 64)
       << "mla: d_latent " << d_latent << ", d_rope " << d_rope << " (supported: latent a multiple of 8 up to 512, "
@@ -310,16 +314,18 @@ void launch_mla(const bf16* q_nope, const bf16* q_rope, const MlaCacheView& cach
   KILN_CUDA_LAUNCH_CHECK();
   if (path == MlaPath::kMma) {
     KILN_CHECK(mla_mma_supported(d_latent, d_rope)) << "mla: no mma.sync kernel for latent " << d_latent;
-    launch_mla_attend_mma(q_lat, q_rope, cache, o_lat, o_lat + int64_t(rows) * d_latent, b, n_heads, scale, stream);
+    launch_mla_attend_mma(q_lat, q_rope, cache, o_lat, o_lat + int64_t(rows) * d_latent, b, n_heads, scale, stream,
+                          sel);
   } else {
     const dim3 grid(ceil_div(rows, kWarpsPerBlock)), block(32 * kWarpsPerBlock);
     if (cache.fp8) {
       mla_attend_kernel<16, 2, e4m3><<<grid, block, 0, stream>>>(q_lat, q_rope, static_cast<const e4m3*>(cache.data),
                                                                    cache.scale, o_lat, b, n_heads, d_latent, d_rope,
-                                                                   scale);
+                                                                   scale, sel);
     } else {
       mla_attend_kernel<16, 2, bf16><<<grid, block, 0, stream>>>(q_lat, q_rope, static_cast<const bf16*>(cache.data),
-                                                                   nullptr, o_lat, b, n_heads, d_latent, d_rope, scale);
+                                                                   nullptr, o_lat, b, n_heads, d_latent, d_rope, scale,
+                                                                   sel);
     }
     KILN_CUDA_LAUNCH_CHECK();
   }

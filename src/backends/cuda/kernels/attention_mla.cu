@@ -25,6 +25,11 @@
 //
 // Q is rounded to bf16 (q_lat from the fp32 absorb) and P to bf16 before P V:
 // two roundings the fp32 warp kernel (attention.cu) does not have.
+//
+// DeepSeek sparse attention (kSparse): the keys of a token are the entries of its
+// compacted selection (MlaSelection: list[0 .. count)), so key index i stands for position
+// list[i]: the tiles gather those rows and the causal mask becomes i < count (the dense
+// kernel's j <= p with p = count - 1). The dense instance is unchanged.
 #include <algorithm>
 
 #include "backends/cuda/cuda_check.h"
@@ -74,12 +79,14 @@ struct MlaParams {
   DeviceBatch b;
   int n_heads, head_tiles, n_splits;
   float scale_log2;
+  MlaSelection sel;      // kSparse: the compacted selections
 };
 
 // Rows of latent cache slots j0 .. j0 + 31 (zero past j_hi); e4m3: then their scale pairs.
+// list (sparse): key j is position list[j], else position j.
 template <typename T>
 __device__ __forceinline__ void load_latent_tile(uint32_t dst, const MlaParams& p, const int32_t* table, int j0,
-                                                 int j_hi) {
+                                                 int j_hi, const int32_t* list) {
   using L = attn::KvTile<T, kD>;
   const char* base = static_cast<const char*>(p.cache);
   for (int c = int(threadIdx.x); c < kBN * L::kChunks; c += kThreads) {  // 72 (bf16) or 36 (e4m3) per row
@@ -87,7 +94,8 @@ __device__ __forceinline__ void load_latent_tile(uint32_t dst, const MlaParams& 
     const bool valid = j <= j_hi;
     const char* src = base;
     if (valid) {
-      const int64_t slot = int64_t(__ldg(table + j / p.b.block_size)) * p.b.block_size + j % p.b.block_size;
+      const int pj = list != nullptr ? __ldg(list + j) : j;
+      const int64_t slot = int64_t(__ldg(table + pj / p.b.block_size)) * p.b.block_size + pj % p.b.block_size;
       src = base + slot * kD * int64_t(sizeof(T)) + ch * 16;
     }
     cp_async_16(dst + L::offset(r, ch), src, valid);
@@ -97,7 +105,10 @@ __device__ __forceinline__ void load_latent_tile(uint32_t dst, const MlaParams& 
       const int j = j0 + r;
       const bool valid = j <= j_hi;
       const float* src = p.scale;
-      if (valid) src = p.scale + (int64_t(__ldg(table + j / p.b.block_size)) * p.b.block_size + j % p.b.block_size) * 2;
+      if (valid) {
+        const int pj = list != nullptr ? __ldg(list + j) : j;
+        src = p.scale + (int64_t(__ldg(table + pj / p.b.block_size)) * p.b.block_size + pj % p.b.block_size) * 2;
+      }
       attn::cp_async_small<8>(dst + MlaSmem<T>::kScales + r * 8, src, valid);
     }
   }
@@ -184,7 +195,7 @@ __device__ __forceinline__ void mla_scores(uint32_t s_q, uint32_t s_kv, int warp
   }
 }
 
-template <typename T>
+template <typename T, bool kSparse>
 __global__ void __launch_bounds__(kThreads) mla_decode_kernel(const MlaParams p) {
   using M = MlaSmem<T>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -193,8 +204,11 @@ __global__ void __launch_bounds__(kThreads) mla_decode_kernel(const MlaParams p)
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int t = int(blockIdx.x) / p.head_tiles, h0 = (int(blockIdx.x) % p.head_tiles) * kRows;
   const int split = int(blockIdx.y);
-  const int s = p.b.seq_of_token[t], pos = p.b.positions[t];
+  const int s = p.b.seq_of_token[t];
   const int32_t* table = p.b.block_table + int64_t(s) * p.b.max_blocks;
+  // The last key: position p, or (sparse) index count - 1 of the selection list.
+  const int pos = kSparse ? p.sel.count[t] - 1 : p.b.positions[t];
+  const int32_t* list = kSparse ? p.sel.list + int64_t(t) * p.sel.top_k : nullptr;
 
   // This split's key tiles of [0, pos].
   const int n_kt = pos / kBN + 1, per_split = (n_kt + p.n_splits - 1) / p.n_splits;
@@ -207,7 +221,7 @@ __global__ void __launch_bounds__(kThreads) mla_decode_kernel(const MlaParams p)
     }
     return;
   }
-  load_latent_tile<T>(s_kv0, p, table, kt_begin * kBN, pos);
+  load_latent_tile<T>(s_kv0, p, table, kt_begin * kBN, pos, list);
   cp_async_commit();
   stage_q<T>(smem, p, t, h0);
 
@@ -226,7 +240,7 @@ __global__ void __launch_bounds__(kThreads) mla_decode_kernel(const MlaParams p)
     cp_async_wait<0>();
     __syncthreads();  // tile kt (and Q) landed; every warp is done with tile kt - 1 and S
     if (kt + 1 < kt_end) {
-      load_latent_tile<T>(s_kv0 + ((kt + 1 - kt_begin) & 1) * M::kTileBytes, p, table, j0 + kBN, pos);
+      load_latent_tile<T>(s_kv0 + ((kt + 1 - kt_begin) & 1) * M::kTileBytes, p, table, j0 + kBN, pos, list);
       cp_async_commit();
     }
     float sc[4] = {};
@@ -307,14 +321,15 @@ __global__ void __launch_bounds__(kLat / 4)
 
 // Enough CTAs for two per SM, each split at least kMinKeysPerSplit keys of the
 // largest context the batch shape allows (not the current one: a recorded
-// decode step keeps its grid).
-int mla_splits(const DeviceBatch& b, int head_tiles) {
+// decode step keeps its grid), or of the selection's top_k (sparse_top_k > 0).
+int mla_splits(const DeviceBatch& b, int head_tiles, int sparse_top_k) {
   int device = 0, sms = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&device));
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int64_t ctas = int64_t(b.n_tokens) * head_tiles;
   const int64_t by_sms = (2 * int64_t(sms) + ctas - 1) / ctas;
-  const int64_t by_ctx = (int64_t(b.max_blocks) * b.block_size + kMinKeysPerSplit - 1) / kMinKeysPerSplit;
+  const int64_t keys = sparse_top_k > 0 ? int64_t(sparse_top_k) : int64_t(b.max_blocks) * b.block_size;
+  const int64_t by_ctx = (keys + kMinKeysPerSplit - 1) / kMinKeysPerSplit;
   return int(std::clamp<int64_t>(std::min(by_sms, by_ctx), 1, kMaxSplits));
 }
 
@@ -323,14 +338,16 @@ int mla_splits(const DeviceBatch& b, int head_tiles) {
 bool mla_mma_supported(int d_latent, int d_rope) { return d_latent == kLat && d_rope == kRope; }
 int mla_mma_smem_bytes(bool fp8_cache) { return fp8_cache ? MlaSmem<e4m3>::kBytes : MlaSmem<bf16>::kBytes; }
 
-size_t mla_mma_scratch_floats(const DeviceBatch& b, int n_heads) {
+size_t mla_mma_scratch_floats(const DeviceBatch& b, int n_heads, int sparse_top_k) {
   const int head_tiles = (n_heads + kRows - 1) / kRows;
-  const int splits = mla_splits(b, head_tiles);
+  const int splits = mla_splits(b, head_tiles, sparse_top_k);
   return splits == 1 ? 0 : size_t(b.n_tokens) * n_heads * splits * (kLat + 2);
 }
 
 void launch_mla_attend_mma(const float* q_lat, const bf16* q_rope, const MlaCacheView& cache, float* o_lat,
-                           float* partials, const DeviceBatch& b, int n_heads, float scale, cudaStream_t stream) {
+                           float* partials, const DeviceBatch& b, int n_heads, float scale, cudaStream_t stream,
+                           const MlaSelection& sel) {
+  const bool sparse = sel.list != nullptr;
   MlaParams p{};
   p.q_lat = q_lat;
   p.q_rope = q_rope;
@@ -340,7 +357,8 @@ void launch_mla_attend_mma(const float* q_lat, const bf16* q_rope, const MlaCach
   p.b = b;
   p.n_heads = n_heads;
   p.head_tiles = (n_heads + kRows - 1) / kRows;
-  p.n_splits = mla_splits(b, p.head_tiles);
+  p.n_splits = mla_splits(b, p.head_tiles, sparse ? sel.top_k : 0);
+  p.sel = sel;
   p.scale_log2 = scale * kLog2e;
   if (p.n_splits > 1) {
     KILN_CHECK(partials != nullptr) << "mla: no scratch for split partials";
@@ -352,8 +370,13 @@ void launch_mla_attend_mma(const float* q_lat, const bf16* q_rope, const MlaCach
     kernel<<<dim3(unsigned(b.n_tokens * p.head_tiles), unsigned(p.n_splits)), kThreads, smem_bytes, stream>>>(p);
     KILN_CUDA_LAUNCH_CHECK();
   };
-  if (cache.fp8) launch(mla_decode_kernel<e4m3>, MlaSmem<e4m3>::kBytes);
-  else launch(mla_decode_kernel<bf16>, MlaSmem<bf16>::kBytes);
+  if (sparse) {
+    if (cache.fp8) launch(mla_decode_kernel<e4m3, true>, MlaSmem<e4m3>::kBytes);
+    else launch(mla_decode_kernel<bf16, true>, MlaSmem<bf16>::kBytes);
+  } else {
+    if (cache.fp8) launch(mla_decode_kernel<e4m3, false>, MlaSmem<e4m3>::kBytes);
+    else launch(mla_decode_kernel<bf16, false>, MlaSmem<bf16>::kBytes);
+  }
   if (p.n_splits > 1) {
     mla_combine_kernel<<<unsigned(b.n_tokens * n_heads), kLat / 4, 0, stream>>>(p.part_o, p.part_ml, p.n_splits,
                                                                                o_lat);

@@ -163,15 +163,51 @@ enum class MlaPath { kAuto, kWarp, kMma };
 const char* mla_path_name(MlaPath path);
 bool mla_mma_supported(int d_latent, int d_rope);
 int mla_mma_smem_bytes(bool fp8_cache = false);
-// Scratch of the kMma path's split partials (0 when it does not split).
-size_t mla_mma_scratch_floats(const DeviceBatch& b, int n_heads);
+// DeepSeek sparse attention (ops::MlaArgs::selected): token t attends to the positions
+// list[t * top_k + i], i < count[t] (launch_dsa_compact makes them from a selection), in
+// that order, instead of 0..p. list == nullptr: dense.
+struct MlaSelection {
+  const int32_t* list = nullptr;   // [n_tokens, top_k]
+  const int32_t* count = nullptr;  // [n_tokens], each >= 1
+  int top_k = 0;
+};
+// Scratch of the kMma path's split partials (0 when it does not split); sparse_top_k:
+// the selection's top_k when sparse (it bounds the keys per row), else 0.
+size_t mla_mma_scratch_floats(const DeviceBatch& b, int n_heads, int sparse_top_k = 0);
 // scratch: n_tokens * n_heads * d_latent * 2 floats, then (kMma) mla_mma_scratch_floats.
 void launch_mla(const bf16* q_nope, const bf16* q_rope, const MlaCacheView& cache, const bf16* kv_b, bf16* out,
                 float* scratch, const DeviceBatch& b, int n_heads, int d_nope, int d_rope, int d_v, int d_latent,
-                float scale, MlaPath path, cudaStream_t stream);
+                float scale, MlaPath path, cudaStream_t stream, const MlaSelection& sel = {});
 // The kMma attend step: o_lat [n_tokens, n_heads, 512] fp32 from q_lat (fp32) and q_rope.
 void launch_mla_attend_mma(const float* q_lat, const bf16* q_rope, const MlaCacheView& cache, float* o_lat,
-                           float* partials, const DeviceBatch& b, int n_heads, float scale, cudaStream_t stream);
+                           float* partials, const DeviceBatch& b, int n_heads, float scale, cudaStream_t stream,
+                           const MlaSelection& sel = {});
+
+// ---- dsa.cu: DeepSeek sparse attention (ops::LayerNormArgs, DsaSelectArgs, MlaArgs::selected)
+// out = LayerNorm(x) * weight + bias per row (fp32 math; bias may be null; out may alias x).
+void launch_layer_norm(const bf16* x, const float* weight, const float* bias, bf16* out, int64_t rows, int64_t dim,
+                       float eps, cudaStream_t stream);
+// The indexer's key cache: bf16, or e4m3 codes with one fp32 scale per slot.
+struct DsaIndexCacheView {
+  const void* data = nullptr;    // [n_blocks, block_size, d_index] bf16 or e4m3
+  const float* scale = nullptr;  // e4m3: [n_blocks, block_size]; bf16: nullptr
+  bool fp8 = false;
+};
+// Dynamic shared memory of the scores kernel (launch_dsa_select refuses above smem_cap).
+int dsa_score_smem_bytes(int n_heads, int d_index);
+// The uint32 scratch launch_dsa_select needs: a chunk of tokens times the context
+// capacity (max_blocks * block_size), so fixed for a batch shape.
+size_t dsa_select_scratch_keys(const DeviceBatch& b);
+// ops::DsaSelectArgs: selected [n_tokens, top_k] i32 on the device; q [n_tokens, n_heads,
+// d_index], weights [n_tokens, n_heads].
+void launch_dsa_select(const bf16* q, const bf16* weights, const DsaIndexCacheView& cache, int32_t* selected,
+                       uint32_t* scratch, const DeviceBatch& b, int n_heads, int d_index, int top_k, float scale,
+                       float weight_scale, int smem_cap, cudaStream_t stream);
+// list [n_tokens, top_k], count [n_tokens]: per token the entries j of selected[t, :] with
+// 0 <= j <= p, in their order (-1 and out-of-range entries dropped). A row without any
+// (never one dsa_select makes) attends to its own position p.
+void launch_dsa_compact(const int32_t* selected, int top_k, const DeviceBatch& b, int32_t* list, int32_t* count,
+                        cudaStream_t stream);
 
 // ---- moe.cu
 struct MoeRouting {
