@@ -285,20 +285,6 @@ INSTANTIATE_TEST_SUITE_P(Fp8, CudaW8a8,
                                            "glm4_moe_fp8_channel"),
                          [](const auto& info) { return info.param; });
 
-// DeepSeek sparse attention has no CUDA kernels: such a model is refused at load with an
-// error that names it, never run densely (tests/models/load_errors_test.cpp holds the
-// same for any backend without OptionalOp::kDsa).
-TEST(CudaDsa, SparseAttentionModelsAreRefusedAtLoad) {
-  for (const char* name : {"deepseek_v32", "glm_moe_dsa"}) {
-    auto gpu = cuda_backend("");
-    if (!gpu.ok()) GTEST_SKIP() << gpu.status().to_string();
-    auto e = runtime::Engine::load(testing::fixture_dir(name), std::move(gpu).value(),
-                                   {.block_size = 16, .max_model_len = 256, .kv_cache_bytes = int64_t(64) << 20});
-    ASSERT_FALSE(e.ok()) << name;
-    EXPECT_NE(e.status().message().find("DeepSeek sparse attention"), std::string::npos) << e.status().to_string();
-  }
-}
-
 // The Gated DeltaNet hybrids on their longest prompt (80 tokens), prefilled whole and in
 // chunks of 7 tokens (each chunk continues the conv and recurrent states the previous
 // one left): CUDA (warp attention) against the CPU reference in bf16-activation mode,
@@ -331,7 +317,7 @@ TEST_P(CudaHybrid, LongerPromptMatchesTheCpuBackendWholeAndChunked) {
 INSTANTIATE_TEST_SUITE_P(Hybrid, CudaHybrid, ::testing::ValuesIn(testing::hybrid_fixtures()),
                          [](const auto& info) { return info.param; });
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFamily, ::testing::ValuesIn(testing::cuda_fixtures(testing::all_fixtures())),
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFamily, ::testing::ValuesIn(testing::all_fixtures()),
                          [](const auto& info) { return info.param; });
 // The Gated DeltaNet hybrids (OptionalOp::kGatedDeltaNet: cuda_gdn.cpp).
 INSTANTIATE_TEST_SUITE_P(Hybrid, CudaFamily, ::testing::ValuesIn(testing::hybrid_fixtures()),

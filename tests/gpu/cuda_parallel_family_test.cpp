@@ -220,7 +220,7 @@ TEST_P(CudaParallel, MatchesTheCpuSplitAlike) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaParallel,
-                         ::testing::Combine(::testing::ValuesIn(testing::cuda_fixtures(testing::every_fixture())),
+                         ::testing::Combine(::testing::ValuesIn(testing::every_fixture()),
                                             ::testing::Range(0, int(std::size(kLayouts)))),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + kLayouts[std::get<1>(info.param)].name;

@@ -83,18 +83,9 @@ inline const std::vector<std::string>& hybrid_fixtures() {
   return kNames;
 }
 
-// Fixtures the CUDA backend refuses at load (a model::check_backend_support error):
-// DeepSeek sparse attention (deepseek_v32, glm_moe_dsa) runs on the CPU reference only.
+// DeepSeek sparse attention (deepseek_v32, glm_moe_dsa): their goldens' top-k ties. Both
+// backends run them (a backend without OptionalOp::kDsa refuses them at load).
 inline bool is_dsa_fixture(const std::string& name) { return name == "deepseek_v32" || name == "glm_moe_dsa"; }
-inline bool cpu_only_fixture(const std::string& name) { return is_dsa_fixture(name); }
-
-// The fixtures of `names` the CUDA backend runs (tests/gpu).
-inline std::vector<std::string> cuda_fixtures(const std::vector<std::string>& names) {
-  std::vector<std::string> v;
-  for (const std::string& n : names)
-    if (!cpu_only_fixture(n)) v.push_back(n);
-  return v;
-}
 
 inline const std::vector<std::string>& quant_fixtures() {
   static const std::vector<std::string> kNames = {
