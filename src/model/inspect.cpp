@@ -165,8 +165,8 @@ Status check_backend_support(const CausalLM& lm, const ops::Backend& be) {
     Status s = be.supports_op(ops::OptionalOp::kDsa);
     if (!s.ok()) {
       return s.with_context("layer " + std::to_string(lm.first_layer + int64_t(i)) +
-                            " uses DeepSeek sparse attention (DeepSeek-V3.2 / GLM-5), which runs on the CPU "
-                            "reference backend only so far");
+                            " uses DeepSeek sparse attention (DeepSeek-V3.2 / GLM-5), which the CPU and CUDA "
+                            "backends implement");
     }
   }
   for (size_t i = 0; i < lm.layers.size(); ++i) {

@@ -274,6 +274,7 @@ void launch_dsa_select(const bf16* q, const bf16* weights, const DsaIndexCacheVi
   KILN_CHECK(smem <= smem_cap) << "dsa_select: " << n_heads << " index heads of " << d_index << " need " << smem
                                << " bytes of shared memory (cap " << smem_cap << ")";
   const int ctx_cap = b.max_blocks * b.block_size;
+  KILN_CHECK(ctx_cap > 0) << "dsa_select: a batch without block tables";
   const int64_t chunk = int64_t(dsa_select_scratch_keys(b)) / ctx_cap;
   ScoreParams p{};
   p.q = q;
