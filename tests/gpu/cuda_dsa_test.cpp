@@ -81,6 +81,20 @@ TEST_F(CudaDsa, SupportsTheOptionalOps) {
   EXPECT_TRUE(gpu_->supports_op(ops::OptionalOp::kDsa).ok());
 }
 
+// The start-up self-test's DSA paths (bf16 and e4m3 caches) pass, so DSA stays enabled.
+TEST_F(CudaDsa, SelfTestPassesTheDsaPaths) {
+  int n = 0;
+  for (const cuda::PathResult& r : cuda::run_self_test(*gpu_)) {
+    if (r.path.rfind("dsa (", 0) != 0) continue;
+    ++n;
+    std::printf("self-test %s: %s, max rel err %.4g %s\n", r.path.c_str(), r.passed ? "pass" : "FAIL", r.rel_err,
+                r.detail.c_str());
+    EXPECT_TRUE(r.passed) << r.path << ": " << r.detail;
+  }
+  EXPECT_EQ(n, 2);
+  EXPECT_TRUE(gpu_->supports_op(ops::OptionalOp::kDsa).ok()) << gpu_->supports_op(ops::OptionalOp::kDsa).to_string();
+}
+
 TEST_F(CudaDsa, LayerNormMatchesCpuInPlace) {
   const int64_t rows = 37;
   for (int64_t dim : {128, 1000}) {

@@ -122,6 +122,9 @@ class CudaBackend final : public ops::Backend {
   // MLA attend path control, likewise (the warp kernel remains).
   void force_mla_path(MlaPath p) { forced_mla_path_ = p; }
   void disable_mla_mma() { mla_mma_disabled_ = true; }
+  // DeepSeek sparse attention control (the self-test): after a failure supports_op(kDsa)
+  // refuses with this reason, so such models are refused at load.
+  void disable_dsa(std::string reason) { dsa_disabled_ = std::move(reason); }
 
  private:
   // Device scratch of n elements of T, valid until the stream passes this op.
@@ -242,6 +245,7 @@ class CudaBackend final : public ops::Backend {
   bool grouped_moe_disabled_ = false;
   MlaPath forced_mla_path_ = MlaPath::kAuto;
   bool mla_mma_disabled_ = false;
+  std::string dsa_disabled_;  // non-empty: the self-test failure that disabled DSA
   std::string quantized_disabled_;  // non-empty: the self-test failure that disabled them
   bool native_quant_moe_[2] = {false, false};  // by quant_native_act_format
   bool w8a8_ = true;

@@ -35,7 +35,11 @@ DsaIndexCacheView check_index_cache(const Tensor& cache, const Tensor& scale, co
 }  // namespace
 
 Status CudaBackend::supports_op(ops::OptionalOp op) const {
-  if (op == ops::OptionalOp::kDsa) return Status::Ok();
+  if (op == ops::OptionalOp::kDsa) {
+    if (dsa_disabled_.empty()) return Status::Ok();
+    return unsupported("the cuda backend's DeepSeek sparse attention kernels failed the start-up self-test (" +
+                       dsa_disabled_ + ")");
+  }
   return ops::Backend::supports_op(op);
 }
 

@@ -233,6 +233,72 @@ PathResult test_mla(Harness& h, bool fp8) {
   return h.compare(std::string("mla (") + (fp8 ? "fp8 cache, " : "") + "absorbed, latent 512 + rope 64)", out, ref);
 }
 
+// DeepSeek sparse attention (OptionalOp::kDsa): the indexer key's LayerNorm (in place),
+// its cache store, the top-k selection (equal to the CPU's: the GPU scores with the CPU's
+// own operations, kernels/dsa.cu) and MLA over that selection on the MLA path the
+// self-test left chosen. Not required: a failure refuses DSA models at load instead.
+PathResult test_dsa(Harness& h, bool fp8) {
+  PathResult res{.path = std::string("dsa (") + (fp8 ? "fp8 cache, " : "") +
+                         "layer_norm, index store, top-k 8 of 40, MLA over the selection)",
+                 .tolerance = kTolerance, .required = false};
+  ops::Backend& gpu = h.gpu_backend();
+  const int n_heads = 4, d = 32, top_k = 8, n_q = 3;
+  const ops::BatchMeta b1 = scattered_batch({{40, 40}}, 16, 4), b2 = scattered_batch({{n_q, 40}}, 16, 4);
+  Tensor k = h.random({40, d}), w = h.random({d}), bias = h.random({d}, 0.5f);
+  Tensor kn = h.cpu_out({40, d}), kg = h.gpu(k);
+  h.cpu().layer_norm({.x = k, .weight = w, .bias = bias, .out = kn, .eps = 1e-6f});
+  gpu.layer_norm({.x = kg, .weight = gpu.upload(w), .bias = gpu.upload(bias), .out = kg, .eps = 1e-6f});
+  if (PathResult ln = h.compare(res.path, kg, kn); !ln.passed) {
+    res.detail = "layer_norm: " + ln.detail;
+    return res;
+  }
+  // Both caches from the CPU's normalised keys (bf16-representable: its bf16 mode).
+  const SelfTestCache ic = make_cache(h, {4, 16, d}, 1, fp8);
+  const Tensor cs = fp8 ? ic.cpu_scale.reshape({4, 16}) : Tensor{}, gs = fp8 ? ic.gpu_scale.reshape({4, 16}) : Tensor{};
+  h.cpu().dsa_index_store({.k = kn, .index_cache = ic.cpu, .index_scale = cs, .batch = &b1});
+  gpu.begin_step(b1);
+  gpu.dsa_index_store({.k = h.gpu(kn), .index_cache = ic.gpu, .index_scale = gs, .batch = &b1});
+  Tensor q = h.random({n_q, n_heads, d}), wts = h.random({n_q, n_heads});
+  Tensor sel_c = host_tensor(DType::kI32, {n_q, top_k});
+  h.cpu().dsa_select({.q = q, .weights = wts, .index_cache = ic.cpu, .index_scale = cs, .selected = sel_c,
+                      .batch = &b2, .scale = 0.18f, .weight_scale = 0.5f});
+  Tensor sel_g = gpu.alloc(DType::kI32, {n_q, top_k});
+  gpu.synchronize();
+  KILN_CUDA_CHECK(cudaMemset(sel_g.data, 0x5a, size_t(sel_g.nbytes())));  // neither a position nor -1
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  gpu.begin_step(b2);
+  gpu.dsa_select({.q = h.gpu(q), .weights = h.gpu(wts), .index_cache = ic.gpu, .index_scale = gs, .selected = sel_g,
+                  .batch = &b2, .scale = 0.18f, .weight_scale = 0.5f});
+  std::vector<int32_t> got(size_t(n_q) * top_k);
+  gpu.synchronize();
+  KILN_CUDA_CHECK(cudaMemcpy(got.data(), sel_g.data, got.size() * 4, cudaMemcpyDeviceToHost));
+  if (!std::equal(got.begin(), got.end(), sel_c.as<int32_t>())) {
+    res.detail = "dsa_select: a selection unlike the CPU's";
+    return res;
+  }
+  const int mh = 2, d_nope = 128, d_rope = 64, d_v = 128, d_latent = 512;
+  Tensor lat = h.random({40, d_latent}), rope = h.random({40, d_rope});
+  const SelfTestCache lc = make_cache(h, {4, 16, d_latent + d_rope}, 2, fp8);
+  h.cpu().mla_store({.kv_latent = lat, .k_rope = rope, .latent_cache = lc.cpu, .latent_scale = lc.cpu_scale,
+                     .batch = &b1});
+  gpu.begin_step(b1);
+  gpu.mla_store({.kv_latent = h.gpu(lat), .k_rope = h.gpu(rope), .latent_cache = lc.gpu, .latent_scale = lc.gpu_scale,
+                 .batch = &b1});
+  Tensor kv_b = h.random({mh * (d_nope + d_v), d_latent}, 0.05f);
+  ops::Weight wc{.data = h.bf16(kv_b)}, wg{.data = gpu.upload(wc.data)};
+  Tensor qn = h.random({n_q, mh, d_nope}), qr = h.random({n_q, mh, d_rope});
+  Tensor ref = h.cpu_out({n_q, mh, d_v}), out = h.poisoned(ref.shape);
+  h.cpu().mla_attention({.q_nope = qn, .q_rope = qr, .latent_cache = lc.cpu, .latent_scale = lc.cpu_scale,
+                         .kv_b = &wc, .out = ref, .batch = &b2, .scale = 0.07f, .selected = sel_c});
+  gpu.begin_step(b2);
+  gpu.mla_attention({.q_nope = h.gpu(qn), .q_rope = h.gpu(qr), .latent_cache = lc.gpu, .latent_scale = lc.gpu_scale,
+                     .kv_b = &wg, .out = out, .batch = &b2, .scale = 0.07f, .selected = sel_g});
+  res = h.compare(res.path, out, ref);
+  res.required = false;
+  if (!res.passed) res.detail = "MLA over the selection: " + res.detail;
+  return res;
+}
+
 PathResult test_moe(Harness& h, ops::RouterKind kind, int n_tokens) {
   const int n_experts = 8, top_k = 2, d = 128, d_ff = 64;
   const bool gpt_oss = kind == ops::RouterKind::kTopKSoftmax;
@@ -645,6 +711,15 @@ std::vector<PathResult> run_self_test(ops::Backend& gpu) {
       r.push_back(t);
     }
     if (cuda) cuda->force_mla_path(MlaPath::kAuto);
+  }
+  // DeepSeek sparse attention, over bf16 and e4m3 caches, on the MLA path chosen above.
+  for (bool fp8 : {false, true}) {
+    PathResult t = test_dsa(h, fp8);
+    if (!t.passed && cuda) {
+      cuda->disable_dsa(t.path + ": " + t.detail);
+      KILN_LOG(kWarn, "CUDA self-test: DeepSeek sparse attention models will be refused at load: " << t.detail);
+    }
+    r.push_back(t);
   }
   // MoE experts: the GEMV path (required), then the grouped GEMMs in their decode
   // (5 tokens) and prefill (160 tokens: 40 rows per expert) tile shapes, and the
