@@ -211,7 +211,7 @@ TEST_F(LoadErrors, MissingIndexerTensorIsNamed) {
   EXPECT_NE(s.message().find(name), std::string::npos) << s.message();
 }
 
-// A backend without DeepSeek sparse attention (the CUDA one so far) refuses such a model
+// A backend without DeepSeek sparse attention (supports_op(kDsa) not Ok) refuses such a model
 // at load, naming the layer and what is missing, instead of running it densely.
 class NoDsaBackend : public testing::DelegatingBackend {
  public:
