@@ -68,8 +68,10 @@ class CudaBackend final : public ops::Backend {
   void attention(const ops::AttentionArgs& a) override;
   void mla_store(const ops::MlaStoreArgs& a) override;
   void mla_attention(const ops::MlaArgs& a) override;
-  // DeepSeek sparse attention (OptionalOp::kDsa; cuda_dsa.cpp).
+  // The optional ops (cuda_dsa.cpp): DeepSeek sparse attention (unless its self-test
+  // failed) and Gated DeltaNet.
   Status supports_op(ops::OptionalOp op) const override;
+  // DeepSeek sparse attention (OptionalOp::kDsa; cuda_dsa.cpp).
   void layer_norm(const ops::LayerNormArgs& a) override;
   void dsa_index_store(const ops::DsaIndexStoreArgs& a) override;
   void dsa_select(const ops::DsaSelectArgs& a) override;
@@ -79,8 +81,7 @@ class CudaBackend final : public ops::Backend {
   void moe(const ops::MoeArgs& a) override;
   void sample(const ops::SampleArgs& a) override;  // cuda_sampling.cpp
   void fill_random(const ops::FillRandomArgs& a) override;
-  // Gated DeltaNet (cuda_gdn.cpp).
-  Status supports_op(ops::OptionalOp op) const override;
+  // Gated DeltaNet (OptionalOp::kGatedDeltaNet; cuda_gdn.cpp).
   void sigmoid_mul(const ops::SigmoidMulArgs& a) override;
   void gated_delta_net(const ops::GatedDeltaNetArgs& a) override;
   void copy_rows(const ops::CopyRowsArgs& a) override;

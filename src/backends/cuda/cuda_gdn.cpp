@@ -21,11 +21,6 @@ const float* f32_vector(const Tensor& t, int64_t n, const char* what) {
 
 }  // namespace
 
-Status CudaBackend::supports_op(ops::OptionalOp op) const {
-  if (op == ops::OptionalOp::kGatedDeltaNet) return Status::Ok();
-  return ops::Backend::supports_op(op);
-}
-
 void CudaBackend::sigmoid_mul(const ops::SigmoidMulArgs& a) {
   check_bf16(a.x, "sigmoid_mul x", 2);
   check_bf16(a.gate, "sigmoid_mul gate", 2);
