@@ -209,8 +209,8 @@ struct DsaIndexStoreArgs {
 // (fp32, heads in ascending order). selected[t, :] lists the top_k positions of highest
 // score, ties to the lower position (so a row's selection depends on its own scores only,
 // never on how its sequence is split into steps; transformers' torch.topk breaks exact
-// ties in an implementation-defined way: cpu::CpuOptions::dsa_torch_ties mirrors it for
-// the goldens), in ascending position order; when p + 1 <= top_k
+// ties in an implementation-defined way, so the DSA fixtures are made without ties), in
+// ascending position order; when p + 1 <= top_k
 // every j <= p is listed (dense), and the rest of the row is -1. Positions past p never
 // count (causal), as transformers' additive mask makes them -inf before its topk.
 struct DsaSelectArgs {

@@ -27,12 +27,8 @@ constexpr double kLogitTolerance = 1e-4;
 
 class Family : public ::testing::TestWithParam<std::string> {
  protected:
-  // dsa_torch_ties: DeepSeek sparse attention's top-k ties broken as torch.topk breaks
-  // them (cpu::CpuOptions; no effect on other families): the 2026 DSA fixtures' random
-  // indexers score many positions exactly 0 (relu), and their goldens hold torch's choice.
-  std::unique_ptr<runtime::Engine> load(int32_t prefill_chunk, int32_t block_size = 16, bool dsa_torch_ties = true) {
-    auto e = runtime::Engine::load(testing::fixture_dir(GetParam()),
-                                   cpu::make_cpu_backend({.n_threads = 2, .dsa_torch_ties = dsa_torch_ties}),
+  std::unique_ptr<runtime::Engine> load(int32_t prefill_chunk, int32_t block_size = 16) {
+    auto e = runtime::Engine::load(testing::fixture_dir(GetParam()), cpu::make_cpu_backend({.n_threads = 2}),
                                    {.block_size = block_size, .max_model_len = 256,
                                     .prefill_chunk = prefill_chunk});
     EXPECT_TRUE(e.ok()) << e.status().to_string();
@@ -62,10 +58,6 @@ TEST_P(Family, LogitsMatchTransformers) {
 // Chunked prefill with small blocks: later chunks read earlier tokens through
 // the block table (the decode path), with blocks of 4 scattered by the allocator.
 TEST_P(Family, ChunkedPrefillThroughPagedCacheMatches) {
-  // DeepSeek sparse attention: torch.topk breaks the goldens' exact ties depending on how
-  // many keys the call sees, which chunking changes (transformers' own chunked prefill
-  // would select differently too); Dsa.ChunkedPrefillEqualsWholePrefill checks chunking.
-  if (testing::is_dsa_fixture(GetParam())) GTEST_SKIP() << "tie-dependent golden (see Dsa tests)";
   auto engine = load(5, 4);
   ASSERT_TRUE(engine);
   const nlohmann::json g = golden();
@@ -76,11 +68,6 @@ TEST_P(Family, ChunkedPrefillThroughPagedCacheMatches) {
 }
 
 TEST_P(Family, GreedyTokensMatchTransformers) {
-  // DeepSeek sparse attention: the golden recomputes the whole sequence at every step,
-  // so its earlier rows' tied selections follow each step's length, which a KV cache
-  // cannot; Dsa.GreedyByRecomputeMatchesTransformers and Dsa.DecodeEqualsPrefill split
-  // that check in two.
-  if (testing::is_dsa_fixture(GetParam())) GTEST_SKIP() << "tie-dependent golden (see Dsa tests)";
   auto engine = load(0);
   ASSERT_TRUE(engine);
   const nlohmann::json g = golden();
@@ -138,13 +125,13 @@ TEST_P(Dsa, GreedyByRecomputeMatchesTransformers) {
 // With the engine's own tie rule a row's selection depends on its scores alone: chunks of
 // 5 or 7 over blocks of 4 give the whole prefill's logits.
 TEST_P(Dsa, ChunkedPrefillEqualsWholePrefill) {
-  auto whole = load(0, 16, false);
+  auto whole = load(0, 16);
   ASSERT_TRUE(whole);
   for (const std::string which : {"long", "xlong"}) {
     auto want = whole->logits(prompt(which));
     ASSERT_TRUE(want.ok()) << want.status().to_string();
     for (int32_t chunk : {5, 7}) {
-      auto engine = load(chunk, 4, false);
+      auto engine = load(chunk, 4);
       ASSERT_TRUE(engine);
       auto got = engine->logits(prompt(which));
       ASSERT_TRUE(got.ok()) << got.status().to_string();
@@ -157,7 +144,7 @@ TEST_P(Dsa, ChunkedPrefillEqualsWholePrefill) {
 // the whole sequence's logits recomputed in one prefill (the decode rows select from the
 // cache exactly as prefill rows do).
 TEST_P(Dsa, DecodeEqualsPrefill) {
-  auto engine = load(0, 16, false);
+  auto engine = load(0, 16);
   ASSERT_TRUE(engine);
   for (const std::string which : {"long", "xlong"}) {
     auto gen = engine->generate(prompt(which), 12, {.temperature = 0.0f}, /*ignore_eos=*/true);

@@ -31,9 +31,7 @@ const Layout kLayouts[] = {
 
 Result<std::unique_ptr<runtime::Engine>> load(const std::string& fixture, const runtime::ParallelConfig& p) {
   std::vector<std::unique_ptr<ops::Backend>> backends;
-  // dsa_torch_ties: the DeepSeek sparse attention goldens' top-k ties as torch breaks them
-  // (family_test.cpp says why; no effect on the other families).
-  for (int r = 0; r < p.world(); ++r) backends.push_back(cpu::make_cpu_backend({.n_threads = 1, .dsa_torch_ties = true}));
+  for (int r = 0; r < p.world(); ++r) backends.push_back(cpu::make_cpu_backend({.n_threads = 1}));
   return runtime::Engine::load(testing::fixture_dir(fixture), std::move(backends),
                                {.block_size = 4, .max_model_len = 256, .parallel = p});
 }

@@ -368,30 +368,6 @@ PagedCache check_index_cache(const Tensor& cache, const Tensor& scale, const cha
   return check_cache(cache, s, 3, 1, what);
 }
 
-// CpuOptions::dsa_torch_ties: the positions <= p (scores.size() = p + 1) among the top_k
-// of n_keys keys, keys past p at the lowest float, picked as torch.topk's CPU kernel
-// (aten TopKImpl.h, largest) picks them: (value, index) pairs compared by value alone,
-// std::partial_sort when k * 64 <= n_keys, else std::nth_element.
-void torch_topk(const std::vector<float>& scores, int64_t n_keys, int64_t top_k,
-                std::vector<std::pair<float, int64_t>>& queue, std::vector<int32_t>& picked) {
-  const int64_t n = int64_t(scores.size());
-  queue.resize(size_t(n_keys));
-  for (int64_t j = 0; j < n_keys; ++j)
-    queue[size_t(j)] = {j < n ? scores[size_t(j)] : std::numeric_limits<float>::lowest(), j};
-  const int64_t k = std::min(top_k, n_keys);
-  const auto greater = [](const std::pair<float, int64_t>& x, const std::pair<float, int64_t>& y) {
-    return x.first > y.first;
-  };
-  if (k * 64 <= n_keys) {
-    std::partial_sort(queue.begin(), queue.begin() + k, queue.end(), greater);
-  } else {
-    std::nth_element(queue.begin(), queue.begin() + k - 1, queue.end(), greater);
-  }
-  picked.clear();
-  for (int64_t i = 0; i < k; ++i)
-    if (queue[size_t(i)].second < n) picked.push_back(int32_t(queue[size_t(i)].second));
-}
-
 }  // namespace
 
 // index_cache[slot_mapping[t]] = k[t] (an e4m3 cache: one row, one scale).
@@ -438,7 +414,6 @@ void CpuBackend::dsa_select(const ops::DsaSelectArgs& a) {
   pool_.parallel_for(n_tokens, [&](int64_t t0, int64_t t1) {
     std::vector<float> scores, buf(static_cast<size_t>(d_index));
     std::vector<int32_t> order;
-    std::vector<std::pair<float, int64_t>> queue;
     for (int64_t t = t0; t < t1; ++t) {
       const int32_t s = seq_of[t], p = b.positions[t];
       const int64_t n = int64_t(p) + 1;
@@ -460,16 +435,12 @@ void CpuBackend::dsa_select(const ops::DsaSelectArgs& a) {
         }
         scores[size_t(j)] = score;
       }
-      if (dsa_torch_ties_) {
-        torch_topk(scores, b.context_len[s], top_k, queue, order);
-      } else {
-        order.resize(size_t(n));
-        std::iota(order.begin(), order.end(), 0);
-        std::partial_sort(order.begin(), order.begin() + top_k, order.end(), [&](int32_t x, int32_t y) {
-          return scores[size_t(x)] != scores[size_t(y)] ? scores[size_t(x)] > scores[size_t(y)] : x < y;
-        });
-        order.resize(size_t(top_k));
-      }
+      order.resize(size_t(n));
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + top_k, order.end(), [&](int32_t x, int32_t y) {
+        return scores[size_t(x)] != scores[size_t(y)] ? scores[size_t(x)] > scores[size_t(y)] : x < y;
+      });
+      order.resize(size_t(top_k));
       std::sort(order.begin(), order.end());
       std::copy(order.begin(), order.end(), row);  // the rest of the row stays -1
     }

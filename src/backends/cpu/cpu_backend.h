@@ -24,15 +24,6 @@ struct CpuOptions {
   // activations quantized to e4m3 per row and 128 inputs, as the CUDA backend's W8A8
   // GEMMs do for prefill-shaped calls: the reference those are tested against.
   bool fp8_activations = false;
-  // DeepSeek sparse attention's top-k with ties broken as torch.topk on the CPU breaks
-  // them (libstdc++ nth_element / partial_sort by score alone over the step's context_len
-  // keys, the not-yet-causal ones at the lowest float): what transformers computes for
-  // the same call (the whole prompt in one forward: its fp32 goldens). Off (the default:
-  // ties to the lower position, ops::DsaSelectArgs), a row's selection depends on its own
-  // scores only; on, on how the prompt is split into steps, so prefix caching, chunked
-  // prefill and preemption may change a tied row's selection. Only for comparing with
-  // goldens whose random indexers tie (relu makes exact-zero scores common there).
-  bool dsa_torch_ties = false;
 };
 
 // n_threads <= 0: all hardware threads.

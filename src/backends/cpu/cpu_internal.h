@@ -74,7 +74,7 @@ void route(const float* logits, const float* correction_bias, const ops::RouterP
 class CpuBackend final : public ops::Backend {
  public:
   explicit CpuBackend(const CpuOptions& o)
-      : pool_(o.n_threads), bf16_activations_(o.bf16_activations), dsa_torch_ties_(o.dsa_torch_ties),
+      : pool_(o.n_threads), bf16_activations_(o.bf16_activations),
         weights_{.bf16_tiles = o.bf16_activations, .fp8_act = o.fp8_activations} {}
 
   std::string name() const override {
@@ -127,7 +127,6 @@ class CpuBackend final : public ops::Backend {
 
   ThreadPool pool_;
   bool bf16_activations_ = false;
-  bool dsa_torch_ties_ = false;  // CpuOptions::dsa_torch_ties
   MatvecMode weights_;  // how linear and moe read their weights (CpuOptions)
 };
 
