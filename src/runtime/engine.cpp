@@ -7,6 +7,7 @@
 #include <fstream>
 #include <functional>
 #include <future>
+#include <thread>
 #include <mutex>
 #include <sstream>
 
@@ -71,6 +72,8 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_dir,
                        "use --speculative-method off");
   }
   KILN_RETURN_IF_ERROR(e->size_kv_cache(options).with_context("loading " + model_dir));
+  if (e->backend_->name().rfind("cpu", 0) != 0)  // not the CPU reference
+    e->mask_threads_ = std::clamp(int(std::thread::hardware_concurrency()) / 2, 4, 16);
   if (options.speculative_method != SpeculativeMethod::kOff)
     e->depth_ = std::make_unique<AdaptiveDepth>(AdaptiveDepthConfig{.max_depth = options.num_speculative_tokens,
                                                                      .adaptive = options.speculative_adaptive});
@@ -603,7 +606,9 @@ std::vector<StepOutput> Engine::step() {
   // forward pass runs (each sampler's matcher stands where its last token left it).
   std::future<std::vector<uint32_t>> masks;
   if (std::any_of(samplers.begin(), samplers.end(), [](const Sampler* s) { return s->constrained(); }))
-    masks = std::async(std::launch::async, [&samplers, vocab = config_.vocab_size] { return token_masks(samplers, vocab); });
+    masks = std::async(std::launch::async, [&samplers, vocab = config_.vocab_size, threads = mask_threads_] {
+      return token_masks(samplers, vocab, threads);
+    });
   struct Join {  // on every return: the workers read the samplers
     std::function<void()> wait;
     ~Join() { wait(); }
