@@ -101,8 +101,8 @@ int print_ranks(const formats::ModelConfig& config, const formats::QuantConfig& 
                 human_bytes(double(r.kv_bytes_per_token) * double(max_len) + double(r.state_bytes_per_sequence)).c_str(),
                 ("~" + human_bytes(double(r.activation_bytes))).c_str());
     if (gpu > 0) {
-      // What kiln serve keeps back (engine.cpp): the larger of 512 MiB and 1/64 of the card.
-      const int64_t reserve = std::max<int64_t>(runtime::kDeviceReserveBytes, gpu / 64);
+      // What kiln serve keeps back (runtime::device_reserve_bytes).
+      const int64_t reserve = runtime::device_reserve_bytes(gpu);
       // Recurrent models: max_num_seqs state rows, a scratch row and as many checkpoints.
       const int64_t states = (2 * int64_t(so.max_num_seqs) + 1) * r.state_bytes_per_sequence;
       const int64_t left = gpu - r.weight_bytes - r.activation_bytes - reserve - states;

@@ -9,6 +9,8 @@
 // - a call with inconsistent shapes is a bug in the caller and fails a KILN_CHECK.
 #pragma once
 
+#include <algorithm>
+
 #include <array>
 #include <cstdint>
 #include <functional>
@@ -484,6 +486,15 @@ inline float apply_penalty(float x, const PenaltyParams& p, int32_t n_generated)
 }
 
 // A device backend's memory, for sizing the KV cache (the CPU reference has none).
+// Device memory a backend may hold for recorded steps beyond the step it measured (a CUDA
+// graph keeps every block its kernels used, so a recorded step holds the sum of its
+// allocations, and each batch shape has its own): 1/32 of the device, 256 MiB to 8 GiB.
+// The KV cache leaves it free (runtime::device_reserve_bytes); a backend records no step
+// that would take it past this.
+inline int64_t graph_memory_budget(int64_t device_total) {
+  return std::clamp<int64_t>(device_total / 32, int64_t(256) << 20, int64_t(8) << 30);
+}
+
 struct MemoryInfo {
   int64_t device_total = 0;  // bytes on the device
   int64_t available = 0;     // free on the device plus what the backend's cache holds unused

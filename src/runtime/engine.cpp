@@ -162,7 +162,7 @@ Status Engine::check_layout_fits(const formats::QuantConfig& quant, const Engine
   }
   for (const RankSizing& r : *sizes) {
     const ops::MemoryInfo mem = *runner_->backend(r.rank).memory_info();
-    const int64_t reserve = std::max<int64_t>(kDeviceReserveBytes, mem.device_total / 64);
+    const int64_t reserve = device_reserve_bytes(mem.device_total);
     const int64_t need = r.weight_bytes + r.activation_bytes + reserve;
     KILN_LOG(kInfo, "rank " << r.rank << " sized: " << mib(r.weight_bytes) << " of weights, about "
                             << mib(r.activation_bytes) << " of activations, " << mib(reserve) << " kept; "
@@ -232,7 +232,7 @@ Status Engine::size_kv_cache(const EngineOptions& o) {
       // driver's local memory (the largest stack launched so far times the resident
       // threads), cuBLASLt and CUDA graph executables of new batch shapes. gpt-oss-120b on
       // an 80 GB card, with 10% of ~4.9 GB left over, died at 128 streams in cuBLASLt.
-      const int64_t reserve = std::max<int64_t>(kDeviceReserveBytes, mem.device_total / 64);
+      const int64_t reserve = device_reserve_bytes(mem.device_total);
       const int64_t free_bytes = mem.available - peak - reserve;
       if (free_bytes <= 0) {
         return Status(StatusCode::kResourceExhausted,

@@ -7,6 +7,7 @@
 //     -> finished sequences free their blocks
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <stdexcept>
 #include <memory>
@@ -74,6 +75,12 @@ struct EngineOptions {
 constexpr int64_t kDefaultCpuKvBytes = int64_t(256) << 20;
 // Device memory the KV cache leaves to the runtime (at least; 1/64 of the device if more).
 constexpr int64_t kDeviceReserveBytes = int64_t(512) << 20;
+// What a device keeps back from the KV cache: that reserve (the driver's local memory,
+// cuBLASLt, graph executables) plus the memory recorded steps may hold
+// (ops::graph_memory_budget).
+inline int64_t device_reserve_bytes(int64_t device_total) {
+  return std::max<int64_t>(kDeviceReserveBytes, device_total / 64) + ops::graph_memory_budget(device_total);
+}
 
 struct GenerateResult {
   std::vector<int32_t> tokens;  // generated ids (the final eos included if one stopped it)

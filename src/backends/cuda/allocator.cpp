@@ -60,7 +60,10 @@ std::shared_ptr<void> CachingAllocator::slab_block(size_t bytes) {
   // The block shares the slab's ownership (the aliasing constructor).
   std::shared_ptr<void> block(slab, static_cast<char*>(slab.get()) + slab_used_);
   slab_used_ += bytes;
-  if (record_ != nullptr) record_->push_back(block);
+  if (record_ != nullptr) {
+    record_->push_back(block);
+    recorded_bytes_ += bytes;
+  }
   return block;
 }
 
@@ -84,7 +87,10 @@ std::shared_ptr<void> CachingAllocator::allocate(size_t bytes, bool exact) {
   std::shared_ptr<CachingAllocator> self = shared_from_this();
   std::shared_ptr<void> block(p, [self, cls](void* q) { self->give_back(q, cls); });
   std::lock_guard<std::mutex> lock(mu_);
-  if (record_ != nullptr) record_->push_back(block);
+  if (record_ != nullptr) {
+    record_->push_back(block);
+    recorded_bytes_ += cls;
+  }
   return block;
 }
 

@@ -39,9 +39,15 @@ class CachingAllocator : public std::enable_shared_from_this<CachingAllocator> {
   void release_cached();
   // While set, every block handed out is also appended to *sink (a CUDA graph
   // being recorded keeps the blocks its kernels use); nullptr stops recording.
+  // recorded_bytes: the bytes of the blocks appended since the last non-null sink.
   void record_into(std::vector<std::shared_ptr<void>>* sink) {
     std::lock_guard<std::mutex> lock(mu_);
     record_ = sink;
+    if (sink != nullptr) recorded_bytes_ = 0;
+  }
+  size_t recorded_bytes() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return recorded_bytes_;
   }
 
  private:
@@ -57,6 +63,7 @@ class CachingAllocator : public std::enable_shared_from_this<CachingAllocator> {
   std::map<size_t, std::vector<void*>> free_;  // size class -> free blocks
   size_t in_use_ = 0, cached_ = 0, peak_ = 0;
   std::vector<std::shared_ptr<void>>* record_ = nullptr;
+  size_t recorded_bytes_ = 0;
   // The slab exact blocks are carved from (bump allocation; its blocks keep it alive).
   std::weak_ptr<void> slab_;
   size_t slab_used_ = 0;

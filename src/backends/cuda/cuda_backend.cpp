@@ -73,6 +73,9 @@ CudaBackend::CudaBackend(const DeviceInfo& info, int smem_cap, bool graphs)
   KILN_CUDA_CHECK(cudaEventCreateWithFlags(&batch_copied_, cudaEventDisableTiming));
   KILN_CUBLAS_CHECK(cublasLtCreate(&lt_));
   allocator_ = CachingAllocator::create(info.index);
+  size_t free_bytes = 0, total_bytes = 0;
+  KILN_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  graph_budget_ = size_t(ops::graph_memory_budget(int64_t(total_bytes)));
   workspace_ = allocator_->allocate(workspace_bytes_);
 }
 
@@ -210,6 +213,7 @@ void CudaBackend::release_graphs() {
   for (auto& [key, g] : graphs_)
     if (g.exec) cudaGraphExecDestroy(g.exec);
   graphs_.clear();
+  graph_bytes_ = 0;
 }
 
 // Decode-shaped steps (one new token per sequence, up to kMaxGraphTokens) are
@@ -247,6 +251,24 @@ Tensor CudaBackend::run_step(const ops::BatchMeta& b, uint64_t key, const std::f
     begin_step(b);
     return ops();
   }
+  // The recording holds every block its step allocated (none is reused within it): past
+  // the budget the KV cache left for recordings, this shape runs eagerly instead.
+  const size_t bytes = allocator_->recorded_bytes();
+  if (graph_bytes_ + bytes > graph_budget_) {
+    cudaGraphExecDestroy(exec);
+    g.failed = true;
+    if (!graph_budget_logged_) {
+      graph_budget_logged_ = true;
+      KILN_LOG(kInfo, "cuda: recorded decode steps hold " << (graph_bytes_ >> 20) << " MiB; a step of " << b.n_seqs()
+                                                          << " sequences would add " << (bytes >> 20)
+                                                          << " MiB, past the " << (graph_budget_ >> 20)
+                                                          << " MiB budget: such shapes run eagerly");
+    }
+    keep.clear();
+    begin_step(b);
+    return ops();
+  }
+  graph_bytes_ += bytes;
   g.exec = exec;
   g.out = out;
   g.keep = std::move(keep);

@@ -217,6 +217,10 @@ class CudaBackend final : public ops::Backend {
   std::map<GraphKey, StepGraph> graphs_;
   bool graphs_enabled_ = true;
   int64_t graph_replays_ = 0;
+  // Bytes the recorded steps hold, and the most they may (ops::graph_memory_budget): a
+  // shape whose recording would pass it runs eagerly.
+  size_t graph_bytes_ = 0, graph_budget_ = 0;
+  bool graph_budget_logged_ = false;
   void release_graphs();
   // Device copies of per-model constants, keyed by the host object and checked
   // against its content on every lookup (a freed object's address may be reused).
