@@ -1,0 +1,107 @@
+// Per-kernel GPU time of any CUDA process, without a profiler (the GPU machines have no
+// nsys): a library to preload, which turns on CUPTI's activity records of every kernel
+// (CUDA-graph replays included) and, when the process exits, prints the time per kernel
+// name, largest first:
+//   LD_PRELOAD=build-gpu/tests/libkiln_kernel_trace.so build-gpu/bin/kiln generate
+//     --model configs/Qwen3-30B-A3B.json --load-format dummy --backend cuda --max-tokens 256
+//     --ignore-eos
+// (one command line; tests/CMakeLists.txt builds it with the GPU tests when CUPTI is found)
+// KILN_KERNEL_TRACE_OUT=FILE writes the table there instead of stderr. Times are each
+// kernel's own (start to end on the GPU), summed over devices; gaps between kernels (launch
+// latency, host work) are the difference between "kernels" and the wall time of a step.
+#include <cupti.h>
+
+#include <cxxabi.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Stat {
+  uint64_t count = 0, ns = 0;
+};
+
+std::mutex mu;
+std::map<std::string, Stat>* stats = nullptr;  // leaked on purpose: read at exit
+uint64_t first_start = UINT64_MAX, last_end = 0;
+
+constexpr size_t kBufferBytes = size_t(8) << 20;
+
+std::string readable(const char* mangled) {
+  if (mangled == nullptr) return "?";
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> d(abi::__cxa_demangle(mangled, nullptr, nullptr, &status), std::free);
+  std::string s = status == 0 && d ? d.get() : mangled;
+  // The kernel and its template arguments, not the parameter list.
+  if (const size_t paren = s.find('('); paren != std::string::npos && paren > 0) s.resize(paren);
+  return s.size() > 110 ? s.substr(0, 107) + "..." : s;
+}
+
+void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, kBufferBytes));
+  *size = *buffer ? kBufferBytes : 0;
+  *max_records = 0;
+}
+
+void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
+  CUpti_Activity* record = nullptr;
+  std::lock_guard<std::mutex> lock(mu);
+  while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+    if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && record->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
+    const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
+    Stat& s = (*stats)[readable(k->name)];
+    ++s.count;
+    s.ns += k->end - k->start;
+    first_start = std::min<uint64_t>(first_start, k->start);
+    last_end = std::max<uint64_t>(last_end, k->end);
+  }
+  std::free(buffer);
+}
+
+void report() {
+  cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  std::lock_guard<std::mutex> lock(mu);
+  const char* path = std::getenv("KILN_KERNEL_TRACE_OUT");
+  FILE* f = path && *path ? std::fopen(path, "w") : nullptr;
+  FILE* out = f ? f : stderr;
+  std::vector<std::pair<std::string, Stat>> rows(stats->begin(), stats->end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
+  uint64_t total = 0, launches = 0;
+  for (const auto& [name, s] : rows) {
+    total += s.ns;
+    launches += s.count;
+  }
+  std::fprintf(out, "kernel_trace: %llu kernels, %.3f ms of kernel time, %.3f ms from the first start to the last end\n",
+               (unsigned long long)launches, double(total) / 1e6,
+               last_end > first_start ? double(last_end - first_start) / 1e6 : 0.0);
+  std::fprintf(out, "%12s %10s %10s %7s  %s\n", "total ms", "count", "mean us", "share", "kernel");
+  for (const auto& [name, s] : rows)
+    std::fprintf(out, "%12.3f %10llu %10.2f %6.1f%%  %s\n", double(s.ns) / 1e6, (unsigned long long)s.count,
+                 double(s.ns) / 1e3 / double(std::max<uint64_t>(s.count, 1)),
+                 total ? 100.0 * double(s.ns) / double(total) : 0.0, name.c_str());
+  if (f) std::fclose(f);
+}
+
+// Runs when the library is loaded (LD_PRELOAD), before main.
+struct Start {
+  Start() {
+    stats = new std::map<std::string, Stat>();
+    if (cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed) != CUPTI_SUCCESS ||
+        cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS) {
+      std::fprintf(stderr, "kernel_trace: CUPTI refused the kernel activity records; nothing will be traced\n");
+      return;
+    }
+    cuptiActivityFlushPeriod(250);  // ms: records reach us while the process runs, not only at exit
+    std::atexit(report);
+  }
+} start;
+
+}  // namespace
