@@ -278,6 +278,25 @@ struct CopyRowsArgs {
   int64_t dst_row = 0;
 };
 
+// The shape contracts of SigmoidMulArgs and CopyRowsArgs, checked by every backend at entry
+// (after its own dtype and device checks); check_copy_rows returns the bytes of one row.
+inline void check_sigmoid_mul_args(const SigmoidMulArgs& a) {
+  KILN_CHECK_EQ(a.out.shape, a.x.shape) << "sigmoid_mul: out.shape vs x.shape";
+  const int64_t gn = a.gate.dim(1);
+  KILN_CHECK(a.gate.dim(0) == a.x.dim(0) && (gn == a.x.dim(1) || gn == 1))
+      << "sigmoid_mul: gate " << a.gate.shape << " for x " << a.x.shape;
+}
+inline int64_t check_copy_rows_args(const CopyRowsArgs& a) {
+  KILN_CHECK(a.src.dtype == a.dst.dtype && a.src.rank() >= 1 && a.dst.rank() == a.src.rank())
+      << "copy_rows: " << a.src.shape << " " << dtype_name(a.src.dtype) << " into " << a.dst.shape << " "
+      << dtype_name(a.dst.dtype);
+  const int64_t row_elems = a.src.numel() / a.src.dim(0);
+  KILN_CHECK(a.dst.numel() / a.dst.dim(0) == row_elems) << "copy_rows: row shapes differ";
+  KILN_CHECK(a.src_row >= 0 && a.src_row < a.src.dim(0) && a.dst_row >= 0 && a.dst_row < a.dst.dim(0))
+      << "copy_rows: row " << a.src_row << " of " << a.src.dim(0) << " into " << a.dst_row << " of " << a.dst.dim(0);
+  return row_elems * dtype_bits(a.src.dtype) / 8;
+}
+
 // Gated DeltaNet (Qwen3-Next, Qwen3.5): linear attention with a recurrent state per
 // sequence, over the step's tokens in order, as transformers computes it:
 //   x = [q | k | v] (per token, nk dk + nk dk + nv dv channels) through a causal

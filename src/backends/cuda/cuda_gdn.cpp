@@ -25,22 +25,14 @@ void CudaBackend::sigmoid_mul(const ops::SigmoidMulArgs& a) {
   check_bf16(a.x, "sigmoid_mul x", 2);
   check_bf16(a.gate, "sigmoid_mul gate", 2);
   check_bf16(a.out, "sigmoid_mul out", 2);
-  KILN_CHECK_EQ(a.out.shape, a.x.shape) << "sigmoid_mul: out.shape vs x.shape";
+  ops::check_sigmoid_mul_args(a);
   const int64_t rows = a.x.dim(0), n = a.x.dim(1), gn = a.gate.dim(1);
-  KILN_CHECK(a.gate.dim(0) == rows && (gn == n || gn == 1)) << "sigmoid_mul: gate " << a.gate.shape << " for x " << a.x.shape;
   launch_sigmoid_mul(a.x.as<bf16>(), a.gate.as<bf16>(), a.out.as<bf16>(), rows, n, gn, stream_);
 }
 
 void CudaBackend::copy_rows(const ops::CopyRowsArgs& a) {
-  KILN_CHECK(a.src.device == Device::kCuda && a.dst.device == Device::kCuda && a.src.dtype == a.dst.dtype &&
-             a.src.rank() >= 1 && a.dst.rank() == a.src.rank())
-      << "copy_rows: " << a.src.shape << " " << dtype_name(a.src.dtype) << " into " << a.dst.shape << " "
-      << dtype_name(a.dst.dtype);
-  const int64_t row_elems = a.src.numel() / a.src.dim(0);
-  KILN_CHECK(a.dst.numel() / a.dst.dim(0) == row_elems) << "copy_rows: row shapes differ";
-  KILN_CHECK(a.src_row >= 0 && a.src_row < a.src.dim(0) && a.dst_row >= 0 && a.dst_row < a.dst.dim(0))
-      << "copy_rows: row " << a.src_row << " of " << a.src.dim(0) << " into " << a.dst_row << " of " << a.dst.dim(0);
-  const int64_t bytes = row_elems * dtype_bits(a.src.dtype) / 8;
+  KILN_CHECK(a.src.device == Device::kCuda && a.dst.device == Device::kCuda) << "copy_rows: host tensors on cuda";
+  const int64_t bytes = ops::check_copy_rows_args(a);
   const char* src = static_cast<const char*>(a.src.data) + a.src_row * bytes;
   char* dst = static_cast<char*>(a.dst.data) + a.dst_row * bytes;
   if (src == dst || bytes == 0) return;  // distinct rows never overlap
