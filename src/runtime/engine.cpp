@@ -72,7 +72,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_dir,
                        "use --speculative-method off");
   }
   KILN_RETURN_IF_ERROR(e->size_kv_cache(options).with_context("loading " + model_dir));
-  if (e->backend_->name().rfind("cpu", 0) != 0)  // not the CPU reference
+  if (e->backend_->memory_info())  // a device backend: the host's cores are free during a step
     e->mask_threads_ = std::clamp(int(std::thread::hardware_concurrency()) / 2, 4, 16);
   if (options.speculative_method != SpeculativeMethod::kOff)
     e->depth_ = std::make_unique<AdaptiveDepth>(AdaptiveDepthConfig{.max_depth = options.num_speculative_tokens,
