@@ -58,9 +58,10 @@ void add_common(CLI::App* cmd, CommonOptions& o, bool model_option) {
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
   cmd->add_option("--speculative-method", o.speculative_method,
-                  "speculative decoding: off, or ngram (drafts looked up in the sequence's own tokens, verified "
-                  "exactly by the model; not for Gated DeltaNet models)")
-      ->check(CLI::IsMember({"off", "ngram"}));
+                  "speculative decoding: off; ngram (drafts looked up in the sequence's own tokens); or mtp "
+                  "(drafts from the checkpoint's multi-token prediction layer: DeepSeek-V3, GLM-4.5 and later); "
+                  "verified exactly by the model; not for Gated DeltaNet models")
+      ->check(CLI::IsMember({"off", "ngram", "mtp"}));
   cmd->add_option("--num-speculative-tokens", o.num_speculative_tokens,
                   "draft tokens per sequence and step with --speculative-method (at least 1)")
       ->check(CLI::Range(0, 64));
@@ -80,8 +81,9 @@ runtime::EngineOptions engine_options(const CommonOptions& o) {
           .kv_cache_dtype = *kv_dtype,
           .load_format = o.load_format == "dummy" ? runtime::LoadFormat::kDummy : runtime::LoadFormat::kAuto,
           .num_layers = o.num_layers,
-          .speculative_method =
-              o.speculative_method == "ngram" ? runtime::SpeculativeMethod::kNgram : runtime::SpeculativeMethod::kOff,
+          .speculative_method = o.speculative_method == "ngram" ? runtime::SpeculativeMethod::kNgram
+                                : o.speculative_method == "mtp" ? runtime::SpeculativeMethod::kMtp
+                                                                : runtime::SpeculativeMethod::kOff,
           .num_speculative_tokens = o.num_speculative_tokens,
           .speculative_adaptive = o.speculative_adaptive != "off",
           .parallel = {.tensor_parallel = o.tensor_parallel,

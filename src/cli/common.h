@@ -30,7 +30,7 @@ struct CommonOptions {
   int pipeline_parallel = 1;
   bool expert_parallel = false;
   double watchdog_timeout = 60.0;  // seconds; 0: off
-  std::string speculative_method = "off";  // off | ngram
+  std::string speculative_method = "off";  // off | ngram | mtp
   int num_speculative_tokens = 0;
   std::string speculative_adaptive = "on";  // on | off (runtime/adaptive_depth.h)
 };

@@ -205,6 +205,7 @@ Status parse_indexer(const json& root, const Reader& r, const std::string& sourc
 int64_t ModelConfig::sliding_window_of_layer(int64_t i) const {
   if (!sliding_window || *sliding_window <= 0) return 0;
   if (layer_types.empty()) return *sliding_window;
+  if (i < 0 || size_t(i) >= layer_types.size()) return 0;  // an MTP layer after a --num-layers cut
   return layer_types[size_t(i)] == "sliding_attention" ? *sliding_window : 0;
 }
 
@@ -237,6 +238,9 @@ Result<ModelConfig> parse_config(const std::string& json_text, const std::string
   KILN_RETURN_IF_ERROR(r.get_int("vocab_size", &c.vocab_size, true));
   KILN_RETURN_IF_ERROR(r.get_int("hidden_size", &c.d_model, true));
   KILN_RETURN_IF_ERROR(r.get_int("num_hidden_layers", &c.n_layers, true));
+  KILN_RETURN_IF_ERROR(r.get_int("num_nextn_predict_layers", &c.n_mtp_layers));
+  if (c.n_mtp_layers < 0) return corrupt(source + ": num_nextn_predict_layers must not be negative");
+  c.mtp_first_layer = c.n_layers;
   KILN_RETURN_IF_ERROR(r.get_int("num_attention_heads", &c.n_heads, true));
   c.n_kv_heads = c.n_heads;
   KILN_RETURN_IF_ERROR(r.get_int("num_key_value_heads", &c.n_kv_heads));

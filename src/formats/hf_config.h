@@ -40,7 +40,11 @@ struct ModelConfig {
 
   int64_t vocab_size = 0;
   int64_t d_model = 0;        // hidden_size
-  int64_t n_layers = 0;       // num_hidden_layers
+  int64_t n_layers = 0;       // num_hidden_layers (a --num-layers cut lowers it)
+  // Multi-token prediction layers stored after the decoder layers (DeepSeek-V3, GLM-4.5+:
+  // num_nextn_predict_layers, as model.layers.{mtp_first_layer + i}); 0: none.
+  int64_t n_mtp_layers = 0;
+  int64_t mtp_first_layer = 0;  // num_hidden_layers as the checkpoint has it
   int64_t n_heads = 0;        // num_attention_heads
   int64_t n_kv_heads = 0;     // num_key_value_heads (default n_heads)
   int64_t d_head = 0;         // head_dim (default d_model / n_heads)

@@ -177,49 +177,78 @@ void Moe::forward(ops::Backend& be, const Tensor& x, Tensor& out) const {
   }
 }
 
+namespace {
+
+KvLayout kv_layout(const DecoderLayer& l) {
+  KvLayout kl;
+  if (const auto* a = std::get_if<Attention>(&l.attn)) {
+    kl.n_kv_heads = a->n_kv_heads;
+    kl.d_head = a->d_head;
+  } else if (const auto* g = std::get_if<GatedDeltaNet>(&l.attn)) {
+    kl.recurrent = true;
+    kl.conv_channels = g->conv_channels();
+    kl.conv_kernel = g->conv_kernel;
+    kl.state_heads = g->n_v_heads;
+    kl.state_d_k = g->d_k;
+    kl.state_d_v = g->d_v;
+  } else {
+    const Mla& m = std::get<Mla>(l.attn);
+    kl.mla = true;
+    kl.d_latent_rope = m.d_latent + m.d_rope;
+    kl.d_index = m.indexer ? m.indexer->d_index : 0;
+  }
+  return kl;
+}
+
+}  // namespace
+
 std::vector<KvLayout> CausalLM::kv_layouts() const {
   std::vector<KvLayout> out;
-  for (const DecoderLayer& l : layers) {
-    KvLayout kl;
-    if (const auto* a = std::get_if<Attention>(&l.attn)) {
-      kl.n_kv_heads = a->n_kv_heads;
-      kl.d_head = a->d_head;
-    } else if (const auto* g = std::get_if<GatedDeltaNet>(&l.attn)) {
-      kl.recurrent = true;
-      kl.conv_channels = g->conv_channels();
-      kl.conv_kernel = g->conv_kernel;
-      kl.state_heads = g->n_v_heads;
-      kl.state_d_k = g->d_k;
-      kl.state_d_v = g->d_v;
-    } else {
-      const Mla& m = std::get<Mla>(l.attn);
-      kl.mla = true;
-      kl.d_latent_rope = m.d_latent + m.d_rope;
-      kl.d_index = m.indexer ? m.indexer->d_index : 0;
-    }
-    out.push_back(kl);
-  }
+  for (const DecoderLayer& l : layers) out.push_back(kv_layout(l));
+  if (mtp) out.push_back(kv_layout(mtp->block));
   return out;
 }
 
-Tensor CausalLM::forward(ops::Backend& be, const ops::BatchMeta& batch, std::vector<LayerKv>& kv) const {
+Tensor CausalLM::forward(ops::Backend& be, const ops::BatchMeta& batch, std::vector<LayerKv>& kv,
+                         const Tensor& hidden) const {
   KILN_CHECK_EQ(int64_t(batch.token_ids.size()), int64_t(batch.n_tokens())) << "forward: token_ids vs positions";
-  KILN_CHECK_EQ(kv.size(), layers.size());
-  return be.run_step(batch, uint64_t(reinterpret_cast<uintptr_t>(this)), [&] { return step_ops(be, batch, kv); });
+  KILN_CHECK_EQ(kv.size(), layers.size() + (mtp ? 1 : 0));
+  KILN_CHECK(!hidden.defined() || (hidden.dim(0) >= batch.n_tokens() && hidden.dim(1) == d_model))
+      << "forward: hidden rows " << hidden.shape << " for " << batch.n_tokens() << " tokens";
+  return be.run_step(batch, uint64_t(reinterpret_cast<uintptr_t>(this)), [&] { return step_ops(be, batch, kv, hidden); });
 }
 
-Tensor CausalLM::step_ops(ops::Backend& be, const ops::BatchMeta& batch, std::vector<LayerKv>& kv) const {
+void CausalLM::reduce(ops::Backend& be, Tensor& partial) const {
+  if (tp == nullptr) return;
+  tp->all_reduce(partial);
+  be.after_collective(partial);
+}
+
+void CausalLM::layer_step(ops::Backend& be, const DecoderLayer& l, const ops::BatchMeta& batch, LayerKv& kv,
+                          Tensor& residual, Tensor& normed, Tensor& block_out, bool first, Tensor& dsa_selection) const {
+  be.rms_norm({.x = first ? residual : block_out, .weight = l.input_norm, .residual = first ? Tensor{} : residual,
+               .out = normed, .eps = norm_eps});
+  if (const auto* a = std::get_if<Attention>(&l.attn)) {
+    a->forward(be, normed, batch, kv, block_out, tp);
+  } else if (const auto* m = std::get_if<Mla>(&l.attn)) {
+    m->forward(be, normed, batch, kv, block_out, dsa_selection);
+  } else {
+    std::get<GatedDeltaNet>(l.attn).forward(be, normed, batch, kv, block_out);
+  }
+  reduce(be, block_out);
+  be.rms_norm({.x = block_out, .weight = l.post_attn_norm, .residual = residual, .out = normed, .eps = norm_eps});
+  std::visit([&](const auto& f) { f.forward(be, normed, block_out); }, l.ffn);
+  reduce(be, block_out);
+}
+
+Tensor CausalLM::step_ops(ops::Backend& be, const ops::BatchMeta& batch, std::vector<LayerKv>& kv,
+                          const Tensor& hidden) const {
   const int64_t n_tokens = batch.n_tokens();
-  const auto reduce = [&](Tensor& partial) {
-    if (tp == nullptr) return;
-    tp->all_reduce(partial);
-    be.after_collective(partial);
-  };
   Tensor residual = act(be, {n_tokens, d_model});
   if (first_stage) {
     be.embedding({.table = embed, .out = residual, .from_batch = ops::BatchIds::kTokens, .batch = &batch,
                   .id_begin = vocab_begin, .vocab_size = vocab_size});
-    reduce(residual);
+    reduce(be, residual);
   } else {
     pp->recv(residual, prev_stage);
   }
@@ -228,26 +257,9 @@ Tensor CausalLM::step_ops(ops::Backend& be, const ops::BatchMeta& batch, std::ve
   // `residual` and normalises it in one call.
   Tensor normed = act(be, {n_tokens, d_model});
   Tensor block_out = act(be, {n_tokens, d_model});
-  bool first = true;
   Tensor dsa_selection;  // the latest DeepSeek sparse attention selection of this step
-  for (size_t i = 0; i < layers.size(); ++i) {
-    const DecoderLayer& l = layers[i];
-    be.rms_norm({.x = first ? residual : block_out, .weight = l.input_norm,
-                 .residual = first ? Tensor{} : residual, .out = normed, .eps = norm_eps});
-    first = false;
-    if (const auto* a = std::get_if<Attention>(&l.attn)) {
-      a->forward(be, normed, batch, kv[i], block_out, tp);
-    } else if (const auto* m = std::get_if<Mla>(&l.attn)) {
-      m->forward(be, normed, batch, kv[i], block_out, dsa_selection);
-    } else {
-      std::get<GatedDeltaNet>(l.attn).forward(be, normed, batch, kv[i], block_out);
-    }
-    reduce(block_out);
-    be.rms_norm({.x = block_out, .weight = l.post_attn_norm, .residual = residual, .out = normed,
-                 .eps = norm_eps});
-    std::visit([&](const auto& f) { f.forward(be, normed, block_out); }, l.ffn);
-    reduce(block_out);
-  }
+  for (size_t i = 0; i < layers.size(); ++i)
+    layer_step(be, layers[i], batch, kv[i], residual, normed, block_out, i == 0, dsa_selection);
   if (!last_stage) {  // hand the residual stream on
     if (!layers.empty()) be.add({.a = residual, .b = block_out, .out = residual});
     pp->send(residual, next_stage);
@@ -255,23 +267,62 @@ Tensor CausalLM::step_ops(ops::Backend& be, const ops::BatchMeta& batch, std::ve
   }
   be.rms_norm({.x = layers.empty() ? residual : block_out, .weight = final_norm,
                .residual = layers.empty() ? Tensor{} : residual, .out = normed, .eps = norm_eps});
+  if (hidden.defined()) be.slice_columns({.src = normed, .dst = hidden.slice0(0, n_tokens)});
 
   // Gather the requested rows, then project them to the vocabulary.
   const int64_t n_rows = int64_t(batch.logit_rows.size());
   Tensor picked = act(be, {n_rows, d_model});
   be.embedding({.table = normed, .out = picked, .from_batch = ops::BatchIds::kLogitRows, .batch = &batch});
-  return logits(be, picked);
+  return logits(be, picked, lm_head);
 }
 
-Tensor CausalLM::logits(ops::Backend& be, const Tensor& picked) const {
+Tensor CausalLM::mtp_forward(ops::Backend& be, const ops::BatchMeta& batch, const Tensor& h,
+                             std::span<const int32_t> h_rows, std::vector<LayerKv>& kv, const Tensor& out_hidden) const {
+  KILN_CHECK(mtp.has_value() && last_stage) << "mtp_forward: the model has no MTP layer here";
+  const int64_t n_tokens = batch.n_tokens();
+  KILN_CHECK_EQ(int64_t(h_rows.size()), n_tokens) << "mtp_forward: hidden rows";
+  KILN_CHECK_EQ(kv.size(), layers.size() + 1);
+  KILN_CHECK(out_hidden.dim(0) >= n_tokens && out_hidden.dim(1) == d_model) << "mtp_forward: out_hidden " << out_hidden.shape;
+  const MtpLayer& m = *mtp;
+  be.begin_step(batch);  // eager: the gathers below read host ids
+  Tensor e = act(be, {n_tokens, d_model});
+  be.embedding({.table = m.embed.defined() ? m.embed : embed, .out = e, .from_batch = ops::BatchIds::kTokens,
+                .batch = &batch, .id_begin = vocab_begin, .vocab_size = vocab_size});
+  reduce(be, e);
+  for (int64_t r = 0; r < n_tokens; ++r)  // as vLLM: no embedding at position 0
+    if (batch.positions[size_t(r)] == 0) be.fill_random({.out = e.slice0(r, r + 1), .mean = 0.0f, .stddev = 0.0f});
+  Tensor ids = host_tensor(DType::kI32, {n_tokens});
+  std::copy(h_rows.begin(), h_rows.end(), ids.as<int32_t>());
+  Tensor hn = act(be, {n_tokens, d_model});
+  be.embedding({.table = h, .ids = ids, .out = hn});
+  Tensor both = act(be, {n_tokens, 2 * d_model});
+  be.rms_norm({.x = e, .weight = m.enorm, .out = e, .eps = norm_eps});
+  be.rms_norm({.x = hn, .weight = m.hnorm, .out = hn, .eps = norm_eps});
+  be.slice_columns({.src = e, .dst = both, .n_cols = d_model});
+  be.slice_columns({.src = hn, .dst = both, .dst_col_begin = d_model, .n_cols = d_model});
+  Tensor residual = linear(be, both, m.eh_proj);
+  Tensor normed = act(be, {n_tokens, d_model});
+  Tensor block_out = act(be, {n_tokens, d_model});
+  Tensor dsa_selection;
+  layer_step(be, m.block, batch, kv.back(), residual, normed, block_out, true, dsa_selection);
+  const Tensor o = out_hidden.slice0(0, n_tokens);
+  be.add({.a = residual, .b = block_out, .out = o});
+  be.rms_norm({.x = o, .weight = m.head_norm, .out = normed, .eps = norm_eps});
+  const int64_t n_rows = int64_t(batch.logit_rows.size());
+  Tensor picked = act(be, {n_rows, d_model});
+  be.embedding({.table = normed, .out = picked, .from_batch = ops::BatchIds::kLogitRows, .batch = &batch});
+  return logits(be, picked, m.head.defined() ? m.head : lm_head);
+}
+
+Tensor CausalLM::logits(ops::Backend& be, const Tensor& picked, const ops::Weight& head) const {
   const int64_t n_rows = picked.dim(0);
-  if (tp == nullptr) return linear(be, picked, lm_head);
+  if (tp == nullptr) return linear(be, picked, head);
   // Vocab-parallel: every rank projects its part (padded to vocab_part columns), the
   // parts are gathered, and their columns laid side by side.
   Tensor part = act(be, {n_rows, vocab_part});
-  const int64_t rows_here = lm_head.n_out();
+  const int64_t rows_here = head.n_out();
   Tensor mine = rows_here == vocab_part ? part : act(be, {n_rows, rows_here});
-  be.linear({.x = picked, .w = &lm_head, .out = mine});
+  be.linear({.x = picked, .w = &head, .out = mine});
   if (rows_here != vocab_part) be.slice_columns({.src = mine, .dst = part, .n_cols = rows_here});
   Tensor parts = act(be, {int64_t(tp->size()), n_rows, vocab_part});
   tp->all_gather(part, parts);

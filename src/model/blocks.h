@@ -3,6 +3,7 @@
 #pragma once
 
 #include <optional>
+#include <span>
 #include <variant>
 #include <vector>
 
@@ -181,6 +182,22 @@ struct DecoderLayer {
   std::variant<Mlp, Moe> ffn;
 };
 
+// A multi-token prediction (MTP) layer (DeepSeek-V3, GLM-4.5 and later: the checkpoint's
+// model.layers.N for N = num_hidden_layers; vLLM's deepseek_mtp computes it): at position
+// t, from the model's final (normed) hidden state h_t and the next token x_{t+1},
+//   u = eh_proj([enorm(embed(x_{t+1})) | hnorm(h_t)])   (the embedding zero at position 0)
+//   o = block(u)   (a decoder layer with its own KV cache: the residual stream's output)
+//   logits = head(head_norm(o))   predicting x_{t+2}.
+// Chained drafts feed o back as h and the drafted token as x (CausalLM::mtp_forward).
+struct MtpLayer {
+  Tensor enorm, hnorm;  // [d_model]
+  ops::Weight eh_proj;  // [d_model, 2 d_model] (whole on every tensor-parallel rank)
+  DecoderLayer block;
+  Tensor head_norm;     // shared_head.norm [d_model]
+  Tensor embed;         // the layer's own embedding rows, or undefined: the model's
+  ops::Weight head;     // shared_head.head, or undefined: the model's lm_head
+};
+
 // A decoder-only causal LM: embed -> layers (pre-norm residual) -> norm -> lm_head.
 //
 // Parallel (docs/ARCHITECTURE.md "Many GPUs"): a tensor-parallel rank holds a slice of
@@ -202,7 +219,9 @@ struct CausalLM {
   comm::Communicator* tp = nullptr;  // null: one tensor-parallel rank
   comm::Communicator* pp = nullptr;  // null: one stage
   int prev_stage = -1, next_stage = -1;
+  std::optional<MtpLayer> mtp;  // loaded for --speculative-method mtp (model::Shard::mtp)
 
+  // One per layer, then the MTP layer's when there is one (its cache is the last entry).
   std::vector<KvLayout> kv_layouts() const;
 
   // Runs one step over the flattened batch (batch.token_ids) through
@@ -210,11 +229,28 @@ struct CausalLM {
   // (activation dtype) of the requested rows, valid until the next step; a stage
   // before the last returns an undefined tensor, and a tensor-parallel rank other than
   // the group's first the gathered vocabulary parts (only the first assembles the logits).
-  Tensor forward(ops::Backend& be, const ops::BatchMeta& batch, std::vector<LayerKv>& kv) const;
+  // `hidden`, when defined ([>= n_tokens, d_model], memory that outlives the step),
+  // receives the final normed hidden state of every row of the batch (what the MTP layer
+  // reads).
+  Tensor forward(ops::Backend& be, const ops::BatchMeta& batch, std::vector<LayerKv>& kv,
+                 const Tensor& hidden = {}) const;
+
+  // The MTP layer over `batch` (eagerly, never recorded): row r is position
+  // batch.positions[r] with next token batch.token_ids[r] and previous hidden state
+  // h.index0(h_rows[r]) (h: [*, d_model]). Writes the layer's output rows o into
+  // `out_hidden` [>= n_tokens, d_model] and returns the logits of batch.logit_rows, as
+  // forward does. kv: the model's caches (the MTP layer's is the last).
+  Tensor mtp_forward(ops::Backend& be, const ops::BatchMeta& batch, const Tensor& h, std::span<const int32_t> h_rows,
+                     std::vector<LayerKv>& kv, const Tensor& out_hidden) const;
 
  private:
-  Tensor step_ops(ops::Backend& be, const ops::BatchMeta& batch, std::vector<LayerKv>& kv) const;
-  Tensor logits(ops::Backend& be, const Tensor& picked) const;
+  Tensor step_ops(ops::Backend& be, const ops::BatchMeta& batch, std::vector<LayerKv>& kv, const Tensor& hidden) const;
+  // One pre-norm decoder layer: adds the previous block's output (none when `first`) into
+  // `residual`, then attention and ffn; block_out holds the ffn's output.
+  void layer_step(ops::Backend& be, const DecoderLayer& l, const ops::BatchMeta& batch, LayerKv& kv, Tensor& residual,
+                  Tensor& normed, Tensor& block_out, bool first, Tensor& dsa_selection) const;
+  void reduce(ops::Backend& be, Tensor& partial) const;
+  Tensor logits(ops::Backend& be, const Tensor& picked, const ops::Weight& head) const;
 };
 
 }  // namespace kiln::model

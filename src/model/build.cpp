@@ -208,6 +208,22 @@ Status load_layer_norms(WeightLoader& w, const formats::ModelConfig& c, int64_t 
 
 namespace kiln::model {
 
+Result<MtpLayer> load_mtp_layer(WeightLoader& w, const formats::ModelConfig& c, int64_t layer, const LayerBinder& bind) {
+  const std::string p = layer_prefix(layer);
+  MtpLayer m;
+  KILN_ASSIGN_OR_RETURN(m.enorm, w.norm(p + ".enorm.weight", {c.d_model}, c.norm_weight_offset));
+  KILN_ASSIGN_OR_RETURN(m.hnorm, w.norm(p + ".hnorm.weight", {c.d_model}, c.norm_weight_offset));
+  KILN_ASSIGN_OR_RETURN(m.eh_proj, w.linear(p + ".eh_proj", c.d_model, 2 * c.d_model, false));
+  KILN_ASSIGN_OR_RETURN(m.head_norm, w.norm(p + ".shared_head.norm.weight", {c.d_model}, c.norm_weight_offset));
+  KILN_RETURN_IF_ERROR(load_layer_norms(w, c, layer, m.block));
+  KILN_RETURN_IF_ERROR(bind(layer, p, m.block));
+  // DeepSeek-V3 stores copies of the embedding and the output head in the layer; the
+  // model's own are used (the technical report: the MTP modules share them).
+  w.skip_prefix(p + ".embed_tokens.");
+  w.skip_prefix(p + ".shared_head.head.");
+  return m;
+}
+
 Result<CausalLM> build_decoder(WeightLoader& w, const formats::ModelConfig& c, const LayerBinder& bind) {
   const Shard& sh = w.shard();
   const int64_t end = sh.layer_end < 0 ? c.n_layers : std::min(sh.layer_end, c.n_layers);
@@ -221,6 +237,16 @@ Result<CausalLM> build_decoder(WeightLoader& w, const formats::ModelConfig& c, c
     KILN_RETURN_IF_ERROR(load_layer_norms(w, c, i, l));
     KILN_RETURN_IF_ERROR(bind(i, layer_prefix(i), l));
     lm.layers.push_back(std::move(l));
+  }
+  // The MTP layers (after the decoder layers in the checkpoint): the first one for
+  // --speculative-method mtp, on the last stage; otherwise left alone.
+  for (int64_t i = 0; i < c.n_mtp_layers; ++i) {
+    const std::string p = layer_prefix(c.mtp_first_layer + i);
+    if (i == 0 && sh.mtp && sh.last_stage) {
+      KILN_ASSIGN_OR_RETURN(lm.mtp, load_mtp_layer(w, c, c.mtp_first_layer, bind));
+    } else {
+      w.skip_prefix(p + ".");
+    }
   }
   // A pipeline stage leaves the other stages' tensors alone.
   if (!sh.first_stage || !sh.last_stage) {

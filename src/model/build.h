@@ -56,8 +56,12 @@ std::string layer_prefix(int64_t layer);  // "model.layers.N"
 // Binds attention and ffn of decoder layer `layer` ("model.layers.N" = prefix).
 using LayerBinder =
     std::function<Status(int64_t layer, const std::string& prefix, DecoderLayer& l)>;
+// The MTP layer stored as decoder layer `layer` (model::MtpLayer): its norms and eh_proj,
+// then its decoder layer as `bind` binds the others.
+Result<MtpLayer> load_mtp_layer(WeightLoader& w, const formats::ModelConfig& c, int64_t layer, const LayerBinder& bind);
 // The decoder stack every family shares: embedding, n_layers layers (their two
-// norms, then `bind` for attention and ffn), final norm and lm_head.
+// norms, then `bind` for attention and ffn), final norm and lm_head; the first MTP layer
+// when the shard asks for it (Shard::mtp).
 Result<CausalLM> build_decoder(WeightLoader& w, const formats::ModelConfig& c, const LayerBinder& bind);
 
 }  // namespace kiln::model

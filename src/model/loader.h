@@ -30,6 +30,7 @@ struct Shard {
   int64_t layer_begin = 0;       // this pipeline stage's decoder layers [layer_begin, layer_end)
   int64_t layer_end = -1;        // -1: to the last layer
   bool first_stage = true, last_stage = true;
+  bool mtp = false;              // load the checkpoint's first MTP layer (last stage; CausalLM::mtp)
 
   // This rank's part [begin, begin + count) of n items split over the tensor-parallel
   // group: even parts, the last ones shorter when n does not divide (the vocabulary).

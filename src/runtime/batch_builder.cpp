@@ -47,6 +47,7 @@ StepBatch build_step_batch(const Schedule& schedule, int32_t block_size, int32_t
       KILN_CHECK(pad || seq.state_slot >= 0) << "a scheduled sequence without a state slot";
       b.state_slots.push_back(pad ? pad_state_slot : seq.state_slot);
     }
+    if (!pad) out.rows.push_back({.seq = s.seq, .first_row = b.n_tokens(), .first_pos = seq.n_computed, .n_rows = s.n_new});
     b.block_table.insert(b.block_table.end(), blocks.begin(), blocks.end());
     b.block_table.resize(size_t(r + 1) * width, blocks.back());
     KILN_CHECK(s.n_draft == 0 || (s.n_draft <= int32_t(seq.draft.size()) && seq.n_uncomputed() == 1))

@@ -35,6 +35,13 @@ struct StepBatch {
     int32_t n_draft = 0;
   };
   std::vector<Verify> verify;
+  // Every scheduled sequence's rows, in batch order: its first row, the position of that
+  // row (its n_computed before the step) and how many rows it has (MTP drafts read them).
+  struct Rows {
+    Sequence* seq = nullptr;
+    int32_t first_row = 0, first_pos = 0, n_rows = 0;
+  };
+  std::vector<Rows> rows;
 };
 
 // pad_state_slot >= 0: the model has recurrent layers; each row gets its sequence's

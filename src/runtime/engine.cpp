@@ -71,6 +71,13 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_dir,
                        ": Gated DeltaNet) yet: their state cannot be rolled back past rejected drafts; "
                        "use --speculative-method off");
   }
+  if (options.speculative_method == SpeculativeMethod::kMtp && !e->runner_->model(0).mtp) {
+    return invalid_argument(
+        "--speculative-method mtp needs the checkpoint's multi-token prediction layer, and " + e->config_.architecture +
+        (e->config_.n_mtp_layers == 0 ? " here has none (num_nextn_predict_layers is 0 or absent)"
+                                      : " has one kiln cannot run yet (only DeepSeek-V3 / GLM-4.5-style layers)") +
+        "; use --speculative-method ngram");
+  }
   KILN_RETURN_IF_ERROR(e->size_kv_cache(options).with_context("loading " + model_dir));
   if (e->backend_->memory_info())  // a device backend: the host's cores are free during a step
     e->mask_threads_ = std::clamp(int(std::thread::hardware_concurrency()) / 2, 4, 16);
@@ -121,7 +128,12 @@ Status Engine::load_weights(const std::string& model_dir, const EngineOptions& o
     const auto before = be.memory_info();
     model::WeightLoader loader = dummy ? model::WeightLoader::dummy(be, /*seed=*/20261123, quant)
                                        : model::WeightLoader(*ckpt, be, quant);
-    loader.set_shard(shard);
+    model::Shard sh = shard;
+    // MTP layers of the DeepSeek-V3 / GLM-4.5 kind; not yet with DeepSeek sparse attention
+    // (the layer's indexer) or a pipeline (its last stage would need the first's embedding).
+    sh.mtp = options.speculative_method == SpeculativeMethod::kMtp && config_.index_topk == 0 &&
+             options.parallel.pipeline_parallel == 1;
+    loader.set_shard(sh);
     if (options.on_load_progress) {
       loader.set_progress([&report, rank](uint64_t done, uint64_t total) { report(rank, done, total); });
     }
@@ -195,6 +207,10 @@ Status Engine::size_kv_cache(const EngineOptions& o) {
     return invalid_argument("gpu_memory_utilization must be in (0, 1] (got " +
                             std::to_string(o.gpu_memory_utilization) + ")");
   }
+  // MTP: forward keeps every row's final hidden state (the largest step's rows: its
+  // token budget, or a decode step's padded rows).
+  if (o.speculative_method == SpeculativeMethod::kMtp)
+    runner_->enable_mtp(std::max(max_batched, decode_bucket(o.max_num_seqs)));
   int64_t len = o.max_model_len > 0 ? o.max_model_len
                                     : (config_.max_position_embeddings > 0 ? config_.max_position_embeddings : 8192);
   max_model_len_ = len;
@@ -600,6 +616,7 @@ std::vector<StepOutput> Engine::step() {
   StepBatch batch = build_step_batch(schedule, kv_[0].block_size, states_.enabled() ? states_.scratch_row() : -1);
   const std::vector<Sequence*> sampled = std::move(batch.sampled);
   const std::vector<StepBatch::Verify> verify = std::move(batch.verify);
+  const std::vector<StepBatch::Rows> rows = std::move(batch.rows);
   std::vector<Sampler*> samplers;
   for (Sequence* s : sampled) samplers.push_back(&s->sampler);
   // Structured output: the token masks of this step's samples on worker threads while the
@@ -687,6 +704,7 @@ std::vector<StepOutput> Engine::step() {
     blocks_->shrink(seq.table, seq.n_computed);
     blocks_->commit(seq.table, seq.tokens, seq.n_computed);
   }
+  if (options_.speculative_method == SpeculativeMethod::kMtp) mtp_drafts(rows);
   for (uint64_t id : done) drop_request(requests_.find(id));
   if (depth_)
     depth_->record_step(timed, !verify.empty(), schedule.n_tokens,
@@ -725,7 +743,9 @@ void Engine::propose_drafts() {
     // always follows the accepted drafts.
     const int64_t can_emit = std::min<int64_t>(r.max_tokens - seq->n_generated(), max_model_len_ - seq->n_tokens());
     const int32_t n = int32_t(std::min<int64_t>(k, can_emit - 1));
-    if (n >= 1) seq->draft = ngram_draft(seq->tokens, n);
+    if (n >= 1 && options_.speculative_method == SpeculativeMethod::kNgram) seq->draft = ngram_draft(seq->tokens, n);
+    if (n >= 1 && options_.speculative_method == SpeculativeMethod::kMtp && seq->mtp_draft_at == seq->n_tokens())
+      seq->draft.assign(seq->mtp_draft.begin(), seq->mtp_draft.begin() + std::min<ptrdiff_t>(n, ssize(seq->mtp_draft)));
     // Structured output: a draft stands only as a token the grammar allows, so the draft
     // ends where the grammar stops taking it.
     seq->draft.resize(seq->sampler.grammar_prefix(seq->draft));

@@ -60,7 +60,7 @@ struct EngineOptions {
   // Recurrent (Gated DeltaNet) models with prefix caching: state checkpoints kept for
   // cached prefixes (runtime/state_cache.h); -1: max_num_seqs.
   int32_t state_checkpoints = -1;
-  // Speculative decoding (runtime/speculative.h): n-gram drafts of up to
+  // Speculative decoding (runtime/speculative.h): n-gram or MTP drafts of up to
   // num_speculative_tokens tokens per decoding sequence, verified in one step.
   SpeculativeMethod speculative_method = SpeculativeMethod::kOff;
   int32_t num_speculative_tokens = 0;  // >= 1 when speculative_method is not kOff
@@ -213,6 +213,10 @@ class Engine {
   void finish(Sequence& seq, FinishReason reason);
   // Speculative decoding: drafts for the running decoding sequences, before a step.
   void propose_drafts();
+  // --speculative-method mtp, after a step (runtime/mtp_drafts.cpp): the MTP layer over
+  // the positions each running sequence committed in it (their hidden states), then
+  // chained for up to num_speculative_tokens drafts of each decoding sequence.
+  void mtp_drafts(const std::vector<StepBatch::Rows>& rows);
   // Appends one sampled token to seq and ends it where a stop condition holds; false
   // when it ended (nothing more may follow).
   bool emit(Sequence& seq, SampledToken t, std::vector<StepOutput>& outs, std::vector<uint64_t>& done);
@@ -238,6 +242,7 @@ class Engine {
   int64_t max_model_len_ = 0;
   std::vector<int32_t> eos_ids_;
   ops::BatchMeta step_batch_;  // the current step's batch (backends read it until the step ends)
+  ops::BatchMeta mtp_batch_;   // likewise, the MTP layer's current step
   std::unordered_map<uint64_t, RequestState> requests_;
   EngineStats stats_;
   int32_t unstarted_requests_ = 0;

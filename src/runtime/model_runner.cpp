@@ -323,7 +323,8 @@ ops::BatchMeta batch_slice(const ops::BatchMeta& b, int32_t begin, int32_t end) 
 
 Result<Tensor> ModelRunner::forward(const ops::BatchMeta& batch, std::vector<KvCache>& kv) {
   KILN_CHECK_EQ(kv.size(), ranks_.size()) << "forward: KV caches per rank";
-  if (world() == 1) return ranks_[0].model.forward(backend(0), batch, kv[0].layers);
+  const auto hidden = [&](int r) { return mtp_.empty() ? Tensor{} : mtp_[size_t(r)].step_hidden; };
+  if (world() == 1) return ranks_[0].model.forward(backend(0), batch, kv[0].layers, hidden(0));
   const int tp = parallel_.tensor_parallel, pp = parallel_.pipeline_parallel;
   // A pipeline's micro-batches: the sequences in up to pp parts, their logit rows in
   // the batch's order (each sequence's rows after the previous sequence's).
@@ -350,7 +351,7 @@ Result<Tensor> ModelRunner::forward(const ops::BatchMeta& batch, std::vector<KvC
     if (hand_over && r == last) gathered = be.alloc(be.activation_dtype(), {n_rows, vocab});
     int64_t row = 0;
     for (const ops::BatchMeta* part : parts) {
-      const Tensor out = ranks_[size_t(r)].model.forward(be, *part, kv[size_t(r)].layers);
+      const Tensor out = ranks_[size_t(r)].model.forward(be, *part, kv[size_t(r)].layers, hidden(r));
       const int64_t n = int64_t(part->logit_rows.size());
       if (pp == 1 && r == 0) result = out;
       // Copied at once: the next micro-batch's step may reuse the memory.
@@ -367,6 +368,42 @@ Result<Tensor> ModelRunner::forward(const ops::BatchMeta& batch, std::vector<KvC
   }, /*watched_step=*/true));
   if (pp == 1) return result;
   return hand_over ? logits_ : backend(0).alloc(backend(0).activation_dtype(), {0, vocab});
+}
+
+void ModelRunner::enable_mtp(int32_t max_tokens) {
+  KILN_CHECK(parallel_.pipeline_parallel == 1) << "MTP with pipeline parallelism";
+  mtp_.resize(ranks_.size());
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    KILN_CHECK(ranks_[r].model.mtp.has_value()) << "rank " << r << " has no MTP layer";
+    ops::Backend& be = *ranks_[r].backend;
+    const Shape shape{max_tokens, ranks_[r].model.d_model};
+    mtp_[r].step_hidden = be.alloc(be.activation_dtype(), shape);
+    for (Tensor& t : mtp_[r].chain) t = be.alloc(be.activation_dtype(), shape);
+  }
+}
+
+Result<Tensor> ModelRunner::mtp_forward(const ops::BatchMeta& batch, std::span<const int32_t> h_rows, bool from_step,
+                                        std::vector<KvCache>& kv) {
+  KILN_CHECK(!mtp_.empty()) << "mtp_forward before enable_mtp";
+  KILN_CHECK_LE(batch.n_tokens(), mtp_[0].step_hidden.dim(0)) << "mtp_forward: rows";
+  Tensor result;
+  const auto one = [&](int r) {
+    MtpBuffers& m = mtp_[size_t(r)];
+    const int next = from_step ? 0 : 1 - m.last;
+    const Tensor& h = from_step ? m.step_hidden : m.chain[m.last];
+    Tensor out = ranks_[size_t(r)].model.mtp_forward(backend(r), batch, h, h_rows, kv[size_t(r)].layers, m.chain[next]);
+    m.last = next;
+    if (r == 0) result = out;
+  };
+  if (world() == 1) {
+    one(0);
+    return result;
+  }
+  KILN_RETURN_IF_ERROR(run([&](int r) {
+    one(r);
+    backend(r).synchronize();
+  }, /*watched_step=*/true));
+  return result;
 }
 
 }  // namespace kiln::runtime

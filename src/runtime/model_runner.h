@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,18 @@ class ModelRunner {
   // A rank's failure fails the step on every rank: the error names the rank.
   Result<Tensor> forward(const ops::BatchMeta& batch, std::vector<KvCache>& kv);
 
+  // Multi-token prediction (--speculative-method mtp; every rank's model has its MTP
+  // layer): from now on forward() keeps the final hidden state of each of up to
+  // max_tokens rows, which mtp_forward reads.
+  void enable_mtp(int32_t max_tokens);
+  bool mtp_enabled() const { return !mtp_.empty(); }
+  // The MTP layer over `batch` on every rank (model::CausalLM::mtp_forward): row r reads
+  // hidden row h_rows[r] of the last forward step (from_step) or of the last mtp_forward's
+  // outputs. Logits [batch.logit_rows.size(), vocab] on rank 0's backend, valid until the
+  // next step.
+  Result<Tensor> mtp_forward(const ops::BatchMeta& batch, std::span<const int32_t> h_rows, bool from_step,
+                             std::vector<KvCache>& kv);
+
   // Runs fn(rank) on every rank's thread at once (rank 0 on this one); the first
   // failure, after every rank has stopped (the others are aborted out of collectives).
   // With watched_step, the watchdog aborts it when no rank moves for its timeout (a
@@ -115,6 +128,12 @@ class ModelRunner {
   std::unique_ptr<Watchdog> watchdog_;
   std::optional<std::string> stuck_;  // set when a rank did not return after an abort
   std::unique_ptr<Threads> threads_;
+  struct MtpBuffers {
+    Tensor step_hidden;  // [max_tokens, d_model]: forward()'s final hidden states
+    Tensor chain[2];     // mtp_forward's outputs, alternately
+    int last = 0;        // chain[last] holds the latest
+  };
+  std::vector<MtpBuffers> mtp_;  // per rank, once enable_mtp ran
   std::vector<ops::BatchMeta> micro_;  // the current step's micro-batches
   Tensor logits_;                      // a pipeline's gathered logits (rank 0)
 };

@@ -57,6 +57,10 @@ struct Sequence {
   // Speculative decoding: tokens proposed to follow tokens.back(), verified by the next
   // step (runtime/speculative.h); set by the engine before each step, never part of tokens.
   std::vector<int32_t> draft;
+  // --speculative-method mtp: the MTP layer's drafts after tokens[0, mtp_draft_at) (made
+  // after the step that computed them; stale once tokens grow or the sequence restarts).
+  std::vector<int32_t> mtp_draft;
+  int32_t mtp_draft_at = -1;
 
   Sequence(uint64_t id, int32_t index, std::shared_ptr<const Request> r, const SamplingParams& params)
       : request_id(id), sample_index(index), request(std::move(r)), sampler(params) {}

@@ -24,7 +24,9 @@
 
 namespace kiln::runtime {
 
-enum class SpeculativeMethod { kOff, kNgram };
+// kNgram: prompt lookup (runtime/ngram_drafter.h); kMtp: the checkpoint's multi-token
+// prediction layer (model::MtpLayer), run after each step for the next one's drafts.
+enum class SpeculativeMethod { kOff, kNgram, kMtp };
 
 struct Verification {
   std::vector<SampledToken> tokens;  // 1 .. k + 1 emitted tokens, in order

@@ -1,0 +1,143 @@
+// Multi-token prediction drafts (--speculative-method mtp): after each step, the
+// checkpoint's MTP layer (model::MtpLayer) runs over what the step committed, then
+// chains for the next step's drafts.
+//
+//   catch-up: for every running sequence, one row per position t the step computed and
+//     kept (its prompt chunk, or its last token and accepted drafts): the next token
+//     x_{t+1} (known by now) and the target's final hidden state at t. This writes the MTP
+//     layer's KV cache at t, and the last row of a decoding sequence predicts d1 (the
+//     token after the one it just emitted).
+//   chain: d_j (j >= 2) from a row at the next position with d_{j-1} as the token and the
+//     MTP layer's own output as the hidden state (vLLM's deepseek_mtp chains the same
+//     way); its KV is written where the next step's verification will overwrite it.
+//
+// Drafts are the MTP logits' argmax (a point mass: runtime/speculative.h verifies them
+// exactly, greedy or sampled). Positions the step computed but rejected are not run: the
+// MTP cache holds only kept positions, rewritten by the next catch-up where the target
+// recomputes them. A prefix taken from the cache comes with the MTP layer's KV the
+// sequence that computed it wrote (its last position's used that sequence's next token:
+// only the drafts' quality can differ, never the output).
+#include <algorithm>
+
+#include "core/check.h"
+#include "core/log.h"
+#include "runtime/engine.h"
+
+namespace kiln::runtime {
+namespace {
+
+// Greedy ids of the rows of `logits` (host).
+std::vector<int32_t> argmax_rows(ops::Backend& be, const Tensor& logits) {
+  const size_t n = size_t(logits.dim(0));
+  std::vector<int32_t> ids(n);
+  if (n == 0) return ids;
+  const std::vector<ops::SamplingParams> params(n);  // temperature 0: argmax, lowest id on ties
+  const std::vector<float> uniform(n, 0.0f);
+  be.sample({.logits = logits, .params = params, .uniform = uniform, .tokens = ids});
+  return ids;
+}
+
+}  // namespace
+
+void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
+  const int32_t bs = blocks_->block_size();
+  const int32_t k = options_.num_speculative_tokens;
+  // One row per kept position of each running sequence.
+  ops::BatchMeta& b = mtp_batch_;
+  b = ops::BatchMeta{};
+  b.block_size = bs;
+  std::vector<int32_t> h_rows;
+  std::vector<Sequence*> decoding;  // sequences with a logit row, in row order
+  std::vector<const std::vector<int32_t>*> tables;
+  for (const StepBatch::Rows& r : rows) {
+    Sequence& seq = *r.seq;
+    if (seq.state != SeqState::kRunning) continue;
+    // The step's rows of this sequence that stand: those now below n_computed.
+    const int32_t kept = std::min(r.n_rows, seq.n_computed - r.first_pos);
+    if (kept <= 0) continue;
+    KILN_CHECK_LT(r.first_pos + kept, seq.n_tokens()) << "mtp: a kept position without its next token";
+    b.q_start.push_back(b.n_tokens());
+    b.context_len.push_back(r.first_pos + kept);
+    tables.push_back(&seq.table.blocks);
+    for (int32_t j = 0; j < kept; ++j) {
+      const int32_t p = r.first_pos + j;
+      b.token_ids.push_back(seq.tokens[size_t(p + 1)]);
+      b.positions.push_back(p);
+      const std::vector<int32_t>& blocks = seq.table.blocks;
+      b.slot_mapping.push_back(blocks[size_t(p / bs)] * bs + p % bs);
+      h_rows.push_back(r.first_row + j);
+    }
+    seq.mtp_draft.clear();
+    seq.mtp_draft_at = -1;
+    if (seq.n_uncomputed() == 1) {  // decoding: its last row drafts
+      b.logit_rows.push_back(b.n_tokens() - 1);
+      decoding.push_back(&seq);
+    }
+  }
+  if (b.n_tokens() == 0) return;
+  const auto fill_tables = [&] {
+    size_t width = 1;
+    for (const auto* t : tables) width = std::max(width, t->size());
+    b.max_blocks_per_seq = int32_t(width);
+    b.block_table.clear();
+    for (const auto* t : tables) {
+      b.block_table.insert(b.block_table.end(), t->begin(), t->end());
+      b.block_table.resize(b.block_table.size() + width - t->size(), t->empty() ? 0 : t->back());
+    }
+  };
+  fill_tables();
+  b.q_start.push_back(b.n_tokens());
+  const auto run = [&](bool from_step) {
+    Result<Tensor> logits = runner_->mtp_forward(b, h_rows, from_step, kv_);
+    if (!logits.ok()) {
+      KILN_LOG(kError, "MTP step failed: " << logits.status().to_string());
+      throw EngineFailure(logits.status().to_string());
+    }
+    return argmax_rows(*backend_, *logits);
+  };
+  std::vector<int32_t> ids = run(/*from_step=*/true);
+  std::vector<int32_t> prev_rows(b.logit_rows.begin(), b.logit_rows.end());
+  for (size_t i = 0; i < decoding.size(); ++i) {
+    decoding[i]->mtp_draft = {ids[i]};
+    decoding[i]->mtp_draft_at = decoding[i]->n_tokens();
+  }
+  // Chained drafts: one row per decoding sequence that may use another, at its next
+  // position (its block allocated now if need be; none free: its drafts stop here).
+  for (int32_t depth = 2; depth <= k && !decoding.empty(); ++depth) {
+    b = ops::BatchMeta{};
+    b.block_size = bs;
+    h_rows.clear();
+    tables.clear();
+    std::vector<Sequence*> next;
+    for (size_t i = 0; i < decoding.size(); ++i) {
+      Sequence& seq = *decoding[i];
+      const Request& r = *seq.request;
+      const int64_t can_emit = std::min<int64_t>(r.max_tokens - seq.n_generated(), max_model_len_ - seq.n_tokens());
+      if (depth > can_emit - 1) continue;
+      const int32_t p = seq.n_computed + depth - 2;  // the position of d_{depth - 1}
+      const int32_t need = blocks_->blocks_needed(seq.table, p + 1);
+      if (need > 0) {
+        if (!blocks_->can_allocate(need)) continue;
+        blocks_->allocate(seq.table, {}, p + 1);
+      }
+      b.q_start.push_back(b.n_tokens());
+      b.context_len.push_back(p + 1);
+      tables.push_back(&seq.table.blocks);
+      b.token_ids.push_back(seq.mtp_draft.back());
+      b.positions.push_back(p);
+      b.slot_mapping.push_back(seq.table.blocks[size_t(p / bs)] * bs + p % bs);
+      b.logit_rows.push_back(b.n_tokens() - 1);
+      h_rows.push_back(prev_rows[i]);
+      next.push_back(&seq);
+    }
+    if (next.empty()) break;
+    fill_tables();
+    b.q_start.push_back(b.n_tokens());
+    ids = run(/*from_step=*/false);
+    for (size_t i = 0; i < next.size(); ++i) next[i]->mtp_draft.push_back(ids[i]);
+    prev_rows.assign(b.logit_rows.begin(), b.logit_rows.end());
+    decoding = std::move(next);
+  }
+}
+
+}  // namespace kiln::runtime
