@@ -149,6 +149,10 @@ class Engine {
 
   // fp32 logits of every prompt position, [n_prompt][vocab].
   Result<std::vector<std::vector<float>>> logits(const std::vector<int32_t>& prompt);
+  // --speculative-method mtp: fp32 logits of the MTP layer at positions 0 .. n-2 of the
+  // prompt, each given the prompt's next token ([n_prompt - 1][vocab]: row t predicts
+  // prompt[t + 2]); in chunks of prefill_chunk like logits() (runtime/mtp_drafts.cpp).
+  Result<std::vector<std::vector<float>>> mtp_logits(const std::vector<int32_t>& prompt);
   // Up to max_new_tokens sampled tokens; stops early at an eos id unless ignore_eos.
   Result<GenerateResult> generate(const std::vector<int32_t>& prompt, int32_t max_new_tokens,
                                   const SamplingParams& sampling, bool ignore_eos = false);

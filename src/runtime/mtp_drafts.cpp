@@ -140,4 +140,57 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
   }
 }
 
+Result<std::vector<std::vector<float>>> Engine::mtp_logits(const std::vector<int32_t>& prompt) {
+  if (!runner_->mtp_enabled()) return invalid_argument("mtp_logits: the engine has no MTP layer (--speculative-method mtp)");
+  KILN_RETURN_IF_ERROR(check_prompt(prompt, 0));
+  const int32_t n = int32_t(prompt.size());
+  BlockTable table;
+  if (!blocks_->can_allocate(blocks_->blocks_needed(table, n))) return Status(StatusCode::kResourceExhausted, "KV cache full");
+  blocks_->allocate(table, {}, n);
+  const int32_t chunk = options_.prefill_chunk > 0 ? options_.prefill_chunk : n;
+  std::vector<std::vector<float>> out;
+  for (int32_t begin = 0; begin < n; begin += chunk) {
+    const int32_t end = std::min(n, begin + chunk);
+    ops::BatchMeta b;
+    b.block_size = kv_[0].block_size;
+    b.block_table = table.blocks;
+    b.max_blocks_per_seq = int32_t(table.blocks.size());
+    b.q_start = {0, end - begin};
+    b.context_len = {end};
+    for (int32_t p = begin; p < end; ++p) {
+      b.token_ids.push_back(prompt[size_t(p)]);
+      b.positions.push_back(p);
+      b.slot_mapping.push_back(int32_t(b.slot(0, p)));
+    }
+    b.logit_rows = {end - begin - 1};
+    forward(std::move(b));
+    // The MTP layer over this chunk's positions that have a next token.
+    const int32_t last = std::min(end, n - 1);
+    if (last <= begin) break;
+    ops::BatchMeta& m = mtp_batch_;
+    m = ops::BatchMeta{};
+    m.block_size = kv_[0].block_size;
+    m.block_table = table.blocks;
+    m.max_blocks_per_seq = int32_t(table.blocks.size());
+    m.q_start = {0, last - begin};
+    m.context_len = {last};
+    std::vector<int32_t> h_rows;
+    for (int32_t p = begin; p < last; ++p) {
+      m.token_ids.push_back(prompt[size_t(p + 1)]);
+      m.positions.push_back(p);
+      m.slot_mapping.push_back(int32_t(m.slot(0, p)));
+      m.logit_rows.push_back(p - begin);
+      h_rows.push_back(p - begin);
+    }
+    KILN_ASSIGN_OR_RETURN(const Tensor logits, runner_->mtp_forward(m, h_rows, /*from_step=*/true, kv_));
+    std::vector<float> flat(size_t(logits.numel()));
+    backend_->to_host_f32(logits, flat.data());
+    const size_t vocab = size_t(config_.vocab_size);
+    for (int32_t r = 0; r < last - begin; ++r)
+      out.emplace_back(flat.begin() + long(size_t(r) * vocab), flat.begin() + long(size_t(r + 1) * vocab));
+  }
+  blocks_->free(table);
+  return out;
+}
+
 }  // namespace kiln::runtime

@@ -14,9 +14,11 @@ namespace kiln::testing {
 
 // tests/data/models/<name>, or tests/data/quant/<name> for quantized fixtures
 // (made by scripts/fixtures/make_quant_fixtures.py).
-// "kiln_demo" is the built-in demo model (models/kiln-demo, trained by scripts/demo).
+// "kiln_demo" is the built-in demo model (models/kiln-demo, trained by scripts/demo);
+// "kiln_mtp_demo" the MTP demo model (models/kiln-mtp-demo, scripts/demo/train_mtp.py).
 inline std::string fixture_dir(const std::string& name) {
   if (name == "kiln_demo") return std::string(KILN_SOURCE_DIR) + "/models/kiln-demo";
+  if (name == "kiln_mtp_demo") return std::string(KILN_SOURCE_DIR) + "/models/kiln-mtp-demo";
   const std::string quant = std::string(KILN_TEST_DATA) + "/quant/" + name;
   if (std::ifstream(quant + "/config.json")) return quant;
   return std::string(KILN_TEST_DATA) + "/models/" + name;
