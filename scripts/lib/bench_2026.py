@@ -9,7 +9,7 @@ serve), metricsN.before / .after (/metrics around the benchmark); and op.json (k
 op: the ceilings). Writes summary.md and summary.json beside them and prints the table.
 
 The roofline (docs/PERF.md "2026 families: how to measure"):
-- decode step of N sequences at context c: bytes = the weights of the layers run (routed
+- decode step of N sequences (the streams) at context c (its mean while decoding): bytes = the weights of the layers run (routed
   experts: the expected distinct experts of N tokens, E (1 - (1 - k/E)^N), of E experts
   top-k) + lm_head + per sequence the cache it reads (DSA sparse: min(c, top_k) latent
   rows + c indexer keys per layer; dense MLA: c latent rows per layer; Gated DeltaNet: its
@@ -119,6 +119,9 @@ def analyse(out, cpu):
         notes.append(f"ceilings: {'assumed ' + str(CPU_COPY_GBS) + ' GB/s host copy (CPU check)' if cpu else 'MISSING (op.json)'}")
     else:
         notes.append(f"ceilings (kiln bench op): copy {bw:.0f} GB/s, mma.sync bf16 {peak:.0f} TFLOP/s")
+    for r in op.get("rows", []):
+        rows.append({"lane": "op", "op": r["op"], "shape": r["shape"], "rows": r["rows"], "time_us": r["time_us"],
+                     "fraction": r["fraction"]})
     for tag in ("dsa-sparse", "dsa-dense", "gdn"):
         d = f"{out}/{tag}"
         if not os.path.isdir(d):
@@ -151,11 +154,14 @@ def analyse(out, cpu):
             r["out_tok_s"] = lv["output_tokens_per_s"]
             if r["kind"] == "decode":
                 steps, toks, secs = step_delta(d, i, "decode")
-                n = toks / steps if steps else float(r["conc"])
-                r["decode_steps"], r["rows_per_step"] = int(steps), round(n, 2)
+                r["decode_steps"] = int(steps)
+                r["rows_per_step"] = round(toks / steps, 2) if steps else None
                 r["step_ms_mean"] = 1e3 * secs / steps if steps else None
-                # The step time: ITL p50 (robust to the few eager / graph-recording steps and the
-                # mixed steps other streams' prompts make); TPOT p50 at one stream.
+                # The step time of `conc` rows: TPOT p50 at one stream; with several, ITL p50 (the
+                # typical decode step holds every stream; the median skips the few eager and
+                # graph-recording steps, the mixed steps of other streams' prompts and the tail
+                # as streams finish, which the engine's mean over decode-only steps includes).
+                n = float(r["conc"])
                 step_ms = r["tpot_p50_ms"] if r["conc"] == 1 else r["itl_p50_ms"]
                 r["step_ms"] = step_ms
                 r["tok_s"] = 1e3 * n / step_ms if step_ms else None
@@ -217,6 +223,8 @@ def table(rows, notes):
     lines = ["| lane | model, layers | kind | context | streams | step ms (mean) | tok/s | roofline tok/s | fraction | bound | bytes/step MB (cache) | TTFT p50 ms |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        if r["lane"] == "op":
+            continue
         if "kind" not in r or "note" in r:
             lines.append(f"| {r['lane']} | {r.get('model', '')} | {r.get('kind', '')} | {r.get('ctx', '')} | "
                          f"{r.get('conc', '')} | {r.get('note', '')} | | | | | | |")
@@ -232,9 +240,21 @@ def table(rows, notes):
                      f"{fmt(tok, ',.0f')} | {fmt(r.get('roofline_tok_s'), ',.0f')} | "
                      f"{'-' if frac is None else f'{100 * frac:.1f}%'} | {r.get('bound', '-')} | {extra} | "
                      f"{fmt(r.get('ttft_p50_ms'), ',.1f')} |")
-    # Sparse against dense at each context and stream count.
-    by = {(r["lane"], r.get("ctx"), r.get("conc")): r for r in rows if r.get("kind") == "decode" and r.get("step_ms")}
+    # The attention ops alone (kiln bench op), DSA against dense at each step shape.
+    ops = [r for r in rows if r.get("lane") == "op"]
+    if ops:
+        lines += ["", "| op (kiln bench op) | rows | time (us) | fraction of copy bandwidth |", "|---|---|---|---|"]
+        lines += [f"| {r['op']} {r['shape']} | {r['rows']} | {r['time_us']:.1f} | {100 * r['fraction']:.1f}% |" for r in ops]
     cmp = []
+    for r in ops:
+        if r["op"] == "mla_attention" and r["shape"].startswith("DeepSeek-V3.2 DSA:"):
+            where = r["shape"].rsplit(", ", 1)[-1]
+            dn = next((x for x in ops if x["shape"].startswith("DeepSeek-V3.2 dense") and x["shape"].endswith(where)), None)
+            if dn:
+                cmp.append(f"- attention op, {where}: DSA {r['time_us']:.1f} us vs dense MLA {dn['time_us']:.1f} us: "
+                           f"{dn['time_us'] / r['time_us']:.2f}x")
+    # Sparse against dense end to end, at each context and stream count.
+    by = {(r["lane"], r.get("ctx"), r.get("conc")): r for r in rows if r.get("kind") == "decode" and r.get("step_ms")}
     for (lane, ctx, conc), r in sorted(by.items(), key=lambda x: (x[0][1], x[0][2])):
         if lane != "dsa-sparse" or ("dsa-dense", ctx, conc) not in by:
             continue
