@@ -56,6 +56,10 @@
 //   mla_attention decode: latent cache read + kv_b + q + out bytes; prefill: the absorbed
 //                 form's FLOPs (q absorb, causal scores over d_latent + d_rope and the
 //                 weighted latent sum, up-projection to d_v)
+//                 DSA decode (DeepSeek-V3.2): dsa_select's bytes + min(context, top_k)
+//                 latent rows + kv_b + q + out, against dense MLA over the whole context
+//   dsa_select    the index keys of the context + the indexer's q and head weights + the
+//                 selection written (its fp32 score scratch, written and read, not counted)
 //   sample        the logits read (the op returns its outputs in host memory, so the
 //                 device-to-host copy and its synchronize are inside the time)
 //

@@ -1,5 +1,6 @@
 // The cases of `kiln bench op`, in the table's order: linear, norms and elementwise ops,
-// sample, moe (bf16 and quantized experts), mla_attention, each at real model shapes.
+// sample, moe (bf16 and quantized experts), mla_attention, DSA decode against dense MLA,
+// each at real model shapes.
 // The method and the work counted per op are at the top of bench_op.cpp; the timer
 // and the random data are bench_op_harness.h. CUDA builds only: without the CUDA
 // backend this file compiles to nothing (run_bench_op says why).
@@ -544,6 +545,75 @@ void bench_mla(Bench& b, const char* model, int64_t n_heads) {
   }
 }
 
+
+// ---- DeepSeek sparse attention decode against dense MLA --------------------------------
+// DeepSeek-V3.2's attention at one decode token per sequence over long contexts: MLA over
+// every cached position (what an engine without DSA runs, kiln's KILN_DSA=dense) against
+// DSA (the indexer's dsa_select over the index cache, then MLA over the top_k selected
+// rows), and dsa_select alone. Bytes: the cache rows each must read (dense: context latent
+// rows; DSA: context index keys + min(context, top_k) latent rows), kv_b, q and out; the
+// indexer's score scratch (4 bytes per position, written and read) is not counted.
+void bench_dsa(Bench& b) {
+  constexpr int64_t kHeads = 128, kDNope = 128, kDRope = 64, kDV = 128, kDLatent = 512;
+  constexpr int64_t kIndexHeads = 64, kDIndex = 128, kTopK = 2048;
+  constexpr int kBlock = 64;
+  struct Step { int n_seqs, context; };
+  const Step steps[] = {{1, 8192}, {8, 8192}, {1, 32768}, {8, 32768}};
+  const auto where = [](const Step& s) {
+    return str(s.n_seqs) + (s.n_seqs == 1 ? " seq" : " seqs") + " x context " + str(s.context);
+  };
+  const std::string dense_shape = "DeepSeek-V3.2 dense MLA (KILN_DSA=dense), 128 heads, d_latent 512 + rope 64, ";
+  const std::string dsa_shape = "DeepSeek-V3.2 DSA: dsa_select (64 x 128 indexer, top-2048) + MLA over the selection, ";
+  const std::string select_shape = "DeepSeek-V3.2 indexer 64 heads x 128, top-2048, ";
+  bool any = false;
+  for (const Step& s : steps) {
+    any = any || b.wanted(Case{.op = "mla_attention", .shape = dense_shape + where(s), .rows = s.n_seqs}) ||
+          b.wanted(Case{.op = "mla_attention", .shape = dsa_shape + where(s), .rows = s.n_seqs}) ||
+          b.wanted(Case{.op = "dsa_select", .shape = select_shape + where(s), .rows = s.n_seqs});
+  }
+  if (!any) return;
+  auto be = b.backend();
+  const ops::Weight kv_b{.data = b.fill.weight(*be, {kHeads * (kDNope + kDV), kDLatent})};
+  const float scale = 1.0f / std::sqrt(float(kDNope + kDRope));
+  for (const Step& s : steps) {
+    const int64_t n = s.n_seqs;
+    const ops::BatchMeta batch = paged_batch(s.n_seqs, s.context, 1, kBlock, b.fill.rng());
+    const int64_t n_blocks = int64_t(batch.block_table.size());
+    Tensor cache = b.fill.activation(*be, {n_blocks, kBlock, kDLatent + kDRope});
+    Tensor index_cache = b.fill.activation(*be, {n_blocks, kBlock, kDIndex});
+    Tensor q_nope = b.fill.activation(*be, {n, kHeads, kDNope});
+    Tensor q_rope = b.fill.activation(*be, {n, kHeads, kDRope});
+    Tensor iq = b.fill.activation(*be, {n, kIndexHeads, kDIndex});
+    Tensor iw = b.fill.activation(*be, {n, kIndexHeads});
+    Tensor selected = be->alloc(DType::kI32, {n, kTopK});
+    Tensor out = be->alloc(DType::kBF16, {n, kHeads, kDV});
+    const double qo = 2.0 * double(n * kHeads * (kDNope + kDRope + kDV));
+    const double select_bytes = 2.0 * double(n) * s.context * kDIndex + 2.0 * double(n * kIndexHeads * (kDIndex + 1)) +
+                                4.0 * double(n * kTopK);
+    const auto mla = [&](const Tensor& sel) {
+      be->mla_attention({.q_nope = q_nope, .q_rope = q_rope, .latent_cache = cache, .kv_b = &kv_b, .out = out,
+                         .batch = &batch, .scale = scale, .selected = sel});
+    };
+    const auto select = [&] {
+      be->dsa_select({.q = iq, .weights = iw, .index_cache = index_cache, .selected = selected, .batch = &batch,
+                      .scale = 1.0f / std::sqrt(float(kDIndex)), .weight_scale = 1.0f / std::sqrt(float(kIndexHeads))});
+    };
+    Case dense{.op = "mla_attention", .shape = dense_shape + where(s), .rows = n};
+    dense.bytes = 2.0 * double(n) * s.context * double(kDLatent + kDRope) + double(kv_b.nbytes()) + qo;
+    b.run(*be, batch, dense, [&] { mla(Tensor{}); });
+    Case sel{.op = "dsa_select", .shape = select_shape + where(s), .rows = n};
+    sel.bytes = select_bytes;
+    b.run(*be, batch, sel, select);
+    Case dsa{.op = "mla_attention", .shape = dsa_shape + where(s), .rows = n};
+    dsa.bytes = select_bytes + 2.0 * double(n) * double(std::min<int64_t>(s.context, kTopK)) * (kDLatent + kDRope) +
+                double(kv_b.nbytes()) + qo;
+    b.run(*be, batch, dsa, [&] {
+      select();
+      mla(selected);
+    });
+  }
+}
+
 }  // namespace
 
 void run_all_cases(Bench& b) {
@@ -564,6 +634,7 @@ void run_all_cases(Bench& b) {
   bench_fp8_linear(b);
   bench_mla(b, "DeepSeek-V3", 128);
   bench_mla(b, "Kimi-K2", 64);
+  bench_dsa(b);
 }
 
 }  // namespace kiln::cli::op_bench

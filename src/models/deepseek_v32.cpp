@@ -8,7 +8,17 @@
 // - GLM-5's indexer_types: a "shared" layer has no indexer and reuses the top-k of the
 //   layer before it (the latest "full" one).
 // The MTP layers are not used.
+//
+// KILN_DSA=dense (a benchmark baseline, docs/PERF.md "2026 families: how to measure"): the
+// same model with DeepSeek sparse attention off, as engines without DSA kernels run it:
+// no indexer is loaded (its weights stay unused, no index cache), and every layer's MLA
+// attends to all positions j <= p. Equal to the sparse model while a context holds at most
+// index_topk tokens, different beyond. KILN_DSA unset, empty or "sparse": the model.
 #include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "core/log.h"
 
 #include "model/rope.h"
 #include "models/grouped_moe.h"
@@ -44,13 +54,29 @@ Result<model::DsaIndexer> load_indexer(model::WeightLoader& w, const formats::Mo
   return ix;
 }
 
+// KILN_DSA: false for the model as configured (unset, "" or "sparse"), true for "dense".
+Result<bool> dsa_dense_from_env() {
+  const char* v = std::getenv("KILN_DSA");
+  if (v == nullptr || *v == '\0' || std::string(v) == "sparse") return false;
+  if (std::string(v) == "dense") return true;
+  return invalid_argument("KILN_DSA=" + std::string(v) + ": expected sparse (the default) or dense");
+}
+
 Result<model::CausalLM> build_dsa(const formats::ModelConfig& c, model::WeightLoader& w, ops::RopeStyle index_rope) {
   if (c.index_topk <= 0) return corrupt(c.architecture + " needs index_topk (DeepSeek sparse attention)");
+  KILN_ASSIGN_OR_RETURN(const bool dense, dsa_dense_from_env());
+  if (dense) {
+    KILN_LOG(kWarn, "KILN_DSA=dense: " << c.architecture << " runs without DeepSeek sparse attention (no indexer, "
+                                       << "MLA over every position; differs from the model beyond index_topk "
+                                       << c.index_topk << " tokens): a benchmark baseline");
+  }
   const int64_t freq = std::max<int64_t>(1, c.moe_layer_freq);
   const int64_t first = w.shard().layer_begin;
   return model::build_decoder(w, c, [&](int64_t i, const std::string& p, model::DecoderLayer& l) {
     KILN_ASSIGN_OR_RETURN(model::Mla mla, model::load_mla(w, c, p + ".self_attn"));
-    if (c.indexer_types[size_t(i)] == "full") {
+    if (dense) {
+      // dense MLA: neither an indexer nor a reused selection
+    } else if (c.indexer_types[size_t(i)] == "full") {
       KILN_ASSIGN_OR_RETURN(mla.indexer, load_indexer(w, c, p + ".self_attn.indexer", index_rope));
     } else if (i == first) {
       return unsupported("layer " + std::to_string(i) + " reuses the previous layer's DSA top-k (indexer_types "

@@ -8,6 +8,8 @@
 // larger reductions without hiding a wrong formula (a wrong rope, scale or
 // routing shows up as 1e-2 or more).
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -202,6 +204,81 @@ TEST(DsaShared, GlmSharedLayerReusesThePreviousSelection) {
   const std::vector<std::vector<float>> dense_a(a->begin(), a->begin() + 8), dense_c(c->begin(), c->begin() + 8);
   EXPECT_EQ(dense_a, dense_c);
   EXPECT_GT(testing::relative_error(*a, *c), 1e-3) << "layer 1's own indexer or layer 0's: the same logits";
+}
+
+// KILN_DSA=dense (the benchmark baseline of scripts/gpu-2026-bench): no indexer, MLA over
+// every position. While a context holds at most index_topk tokens the sparse model selects
+// every position too, so the dense model's logits are the goldens' there (the short prompt,
+// and the first top_k rows of xlong); past top_k they differ from the sparse model's, but
+// stay finite, and decoding reads the whole cache as prefill does.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
+  ~ScopedEnv() { ::unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
+TEST_P(Dsa, DenseBaselineEqualsSparseWithinTopK) {
+  const std::string dir = testing::fixture_dir(GetParam());
+  const int64_t top_k = testing::read_json(dir + "/config.json")["index_topk"].get<int64_t>();
+  auto sparse = load(0, 16);
+  ASSERT_TRUE(sparse);
+  std::unique_ptr<runtime::Engine> dense;
+  {
+    ScopedEnv env("KILN_DSA", "dense");
+    dense = load(0, 16);
+    // No indexer, so no index cache; the indexer's tensors are left unused.
+    auto config = formats::load_config(dir);
+    auto ckpt = formats::Checkpoint::open(dir);
+    ASSERT_TRUE(config.ok() && ckpt.ok());
+    auto be = cpu::make_cpu_backend(1);
+    model::WeightLoader loader(*ckpt, *be);
+    auto lm = models::build_model(*config, loader);
+    ASSERT_TRUE(lm.ok()) << lm.status().to_string();
+    for (const auto& l : lm->kv_layouts()) EXPECT_EQ(l.d_index, 0);
+    EXPECT_NE(std::find(loader.unused().begin(), loader.unused().end(), "model.layers.0.self_attn.indexer.wk.weight"),
+              loader.unused().end());
+  }
+  ASSERT_TRUE(dense);
+  ASSERT_LE(int64_t(prompt("short").size()), top_k);
+  auto d_short = dense->logits(prompt("short"));
+  ASSERT_TRUE(d_short.ok()) << d_short.status().to_string();
+  EXPECT_LT(testing::relative_error(*d_short, testing::golden_logits(GetParam(), "short")), kLogitTolerance);
+
+  const auto xlong = prompt("xlong");
+  ASSERT_GT(int64_t(xlong.size()), top_k);
+  auto d = dense->logits(xlong), s = sparse->logits(xlong);
+  ASSERT_TRUE(d.ok() && s.ok());
+  for (const auto& row : *d)
+    for (float v : row) ASSERT_TRUE(std::isfinite(v));
+  const std::vector<std::vector<float>> d_head(d->begin(), d->begin() + top_k), s_head(s->begin(), s->begin() + top_k);
+  EXPECT_LT(testing::relative_error(d_head, s_head), 1e-6) << "rows whose context is at most top_k";
+  const std::vector<std::vector<float>> d_tail(d->begin() + top_k, d->end()), s_tail(s->begin() + top_k, s->end());
+  EXPECT_GT(testing::relative_error(d_tail, s_tail), 1e-3) << "past top_k the dense baseline attends to more";
+
+  // Decode past top_k on the dense model equals its own prefill's argmax.
+  auto gen = dense->generate(xlong, 6, {.temperature = 0.0f}, /*ignore_eos=*/true);
+  ASSERT_TRUE(gen.ok()) << gen.status().to_string();
+  std::vector<int32_t> all = xlong;
+  all.insert(all.end(), gen->tokens.begin(), gen->tokens.end());
+  auto logits = dense->logits(all);
+  ASSERT_TRUE(logits.ok());
+  for (size_t k = 0; k < gen->tokens.size(); ++k) {
+    const auto& row = (*logits)[xlong.size() - 1 + k];
+    EXPECT_EQ(gen->tokens[k], int32_t(std::max_element(row.begin(), row.end()) - row.begin())) << "token " << k;
+  }
+}
+
+TEST(DsaDense, UnknownKilnDsaValueIsRefused) {
+  ScopedEnv env("KILN_DSA", "off");
+  auto e = runtime::Engine::load(testing::fixture_dir("deepseek_v32"), cpu::make_cpu_backend(1),
+                                 {.block_size = 16, .max_model_len = 256});
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().to_string().find("KILN_DSA=off"), std::string::npos) << e.status().to_string();
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Dsa, ::testing::Values("deepseek_v32", "glm_moe_dsa"),
