@@ -174,8 +174,8 @@ Status check_backend_support(const CausalLM& lm, const ops::Backend& be) {
     Status s = be.supports_op(ops::OptionalOp::kGatedDeltaNet);
     if (!s.ok()) {
       return s.with_context("layer " + std::to_string(lm.first_layer + int64_t(i)) +
-                            " is a Gated DeltaNet (linear attention) layer (Qwen3-Next / Qwen3.5), which runs on the "
-                            "CPU reference backend only so far");
+                            " is a Gated DeltaNet (linear attention) layer (Qwen3-Next / Qwen3.5), which the CPU and "
+                            "CUDA backends implement");
     }
   }
   Status first;
