@@ -515,6 +515,7 @@ TokenMasker::Loop TokenMasker::probe_loop(Walker& w, const Chars& candidates) co
     if (probe_from(w, kU0, p, &lead)) out.set.flags |= kCharsMb;
   }
   out.valid = out.set.lo || out.set.hi || (out.set.flags & kCharsMb);
+  out.allowed = allowed;
   return out;
 }
 
@@ -550,7 +551,10 @@ void TokenMasker::walk(Walker& walker, size_t begin, size_t end, std::vector<Byt
       continue;
     }
     const Loop& l = loops[n.depth];
-    if (within(node_chars_[i], l)) {  // every token below is made of loop characters
+    // Every token below made of loop characters (or, when those are in the bitmask already,
+    // every other one refused: below a loop found in the walk, a token's bytes before the
+    // loop's state are not loop characters, so the loop mask does not say which are in).
+    if (l.in_mask ? decided(node_chars_[i], l) : within(node_chars_[i], l)) {
       if (!l.in_mask) mark_subtree(i, bitmask);
       i = n.subtree_end;
       continue;
@@ -652,7 +656,7 @@ void TokenMasker::fill_mask(const Matcher& m, uint32_t* bitmask, MaskCache* cach
         chain.push_back(a);
         path_in_loop = path_in_loop && in_loop(nodes_[a].byte);
       }
-      if (path_in_loop && within(node_chars_[t], top)) continue;  // in the loop mask
+      if (path_in_loop && decided(node_chars_[t], top)) continue;  // in the loop mask, or refused
       std::reverse(chain.begin(), chain.end());
       chain.push_back(t);
       size_t common = 0;

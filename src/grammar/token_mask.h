@@ -53,7 +53,9 @@
 // node the masker keeps a summary of the bytes of its subtree (its own byte and below: the
 // ASCII bytes, whether any is >= 0x80, whether every path is well-formed UTF-8); a node
 // whose summary lies within L, reached from a state looping on L, has its whole subtree of
-// tokens accepted without a step. L carries down the walk through bytes in L (the state
+// tokens accepted without a step; and where L holds from the top of the mask (its tokens are
+// in the bitmask already), a subtree whose other bytes are all ones the looping state does
+// not scan (an email's letters followed by accented ones) is decided too: nothing more in it. L carries down the walk through bytes in L (the state
 // after them is the same); elsewhere the walk probes again below nodes with big subtrees.
 // At the top of a mask the tokens made only of L's characters come from a bitmask built once
 // per loop set (cached in the masker). The cache's tainted subtrees (steps that complete into
@@ -163,12 +165,23 @@ class TokenMasker {
   static constexpr uint8_t kCharsMb = 1, kCharsOk = 2;
   struct Loop {
     Chars set;             // lo / hi: the looping ASCII bytes; kCharsMb: every multibyte character loops
+    ByteSet allowed;       // the bytes the looping state scans
     bool valid = false;
     bool in_mask = false;  // the tokens made of set's characters are already in the bitmask
   };
+  // A token (or every token of a subtree) made only of l's characters: accepted.
   static bool within(const Chars& c, const Loop& l) {
     return l.valid && (c.flags & kCharsOk) && !(c.lo & ~l.set.lo) && !(c.hi & ~l.set.hi) &&
            (!(c.flags & kCharsMb) || (l.set.flags & kCharsMb));
+  }
+  // Every token of a subtree (summary c) either made of l's characters, or refused: its first
+  // other byte, met in the looping state, is one that state does not scan. Then the subtree's
+  // accepted tokens are exactly those within l.
+  static bool decided(const Chars& c, const Loop& l) {
+    if (!l.valid || (c.lo & ~l.set.lo & l.allowed.bits[0]) || (c.hi & ~l.set.hi & l.allowed.bits[1])) return false;
+    if (!(c.flags & kCharsMb)) return true;
+    if (l.set.flags & kCharsMb) return c.flags & kCharsOk;
+    return (l.allowed.bits[2] | l.allowed.bits[3]) == 0;
   }
   // The loop set of the walker's state among `candidates` (ASCII bytes; kCharsMb: try the
   // multibyte characters too); invalid when nothing loops.
