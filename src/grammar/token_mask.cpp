@@ -58,6 +58,9 @@ TokenMasker::TokenMasker(const std::vector<std::string>& vocab, std::optional<ui
 
 namespace {
 
+// Below a node with a subtree this big and no loop carried down, a walk probes for one.
+constexpr uint32_t kLoopProbeMin = 32;
+
 using detail::Chart;
 using detail::Item;
 using PosKind = CompiledGrammar::PosKind;
@@ -537,8 +540,6 @@ template <class Walker>
 void TokenMasker::walk(Walker& walker, size_t begin, size_t end, std::vector<ByteSet>& allowed,
                        std::vector<Loop>& loops, uint32_t* bitmask, std::vector<uint32_t>* tainted,
                        uint16_t skip_limit) const {
-  // Below a node with a subtree this big and no loop carried down, the walk probes for one.
-  constexpr uint32_t kLoopProbeMin = 32;
   for (size_t i = begin; i < end;) {
     const Node& n = nodes_[i];
     if (sub_need_[i] <= skip_limit) {  // every token below is decided already
@@ -670,7 +671,9 @@ void TokenMasker::fill_mask(const Matcher& m, uint32_t* bitmask, MaskCache* cach
         path.push_back(chain[d]);
       }
       allowed[path.size()] = real.allowed_bytes();
-      loops[path.size()] = path_in_loop && in_loop(nodes_[t].byte) ? top : Loop{};
+      if (path_in_loop && in_loop(nodes_[t].byte)) loops[path.size()] = top;
+      else if (nodes_[t].subtree_end - t >= kLoopProbeMin) loops[path.size()] = probe_loop(real, node_chars_[t]);
+      else loops[path.size()] = Loop{};
       walk(real, t + 1, nodes_[t].subtree_end, allowed, loops, bitmask, nullptr);
       while (real.depth() > path.size()) real.pop();
     }
