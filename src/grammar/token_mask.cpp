@@ -508,7 +508,8 @@ TokenMasker::Loop TokenMasker::probe_loop(Walker& w, const Chars& candidates) co
     }
     w.pop();
   }
-  if (mb) {  // every multibyte character must come back to this set
+  if (mb && (out.set.lo || out.set.hi)) {  // every multibyte character must come back to this set
+    // (only tried where some ASCII byte loops: a probe that fails costs dozens of steps)
     Probe p;
     p.from = from;
     p.have_next = true;
@@ -571,7 +572,7 @@ void TokenMasker::walk(Walker& walker, size_t begin, size_t end, std::vector<Byt
       allowed[n.depth + 1] = walker.allowed_bytes();
       if (l.valid && n.byte < 0x80 && (((n.byte < 64 ? l.set.lo : l.set.hi) >> (n.byte & 63)) & 1))
         loops[n.depth + 1] = l;  // a loop character: the same state
-      else if (n.subtree_end - i >= kLoopProbeMin)
+      else if (skip_limit != kMaxNeed && n.subtree_end - i >= kLoopProbeMin)  // (kMaxNeed: plain runs did it)
         loops[n.depth + 1] = probe_loop(walker, node_chars_[i]);
       else
         loops[n.depth + 1] = Loop{};
