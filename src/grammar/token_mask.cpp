@@ -524,12 +524,12 @@ TokenMasker::Loop TokenMasker::probe_loop(Walker& w, const Chars& candidates) co
 }
 
 template <class Walker>
-TokenMasker::Loop TokenMasker::top_loop(Walker& w, uint32_t* bitmask) const {
+TokenMasker::Loop TokenMasker::top_loop(Walker& w, uint32_t* bitmask, const Chars& candidates) const {
   // Worth a probe when many bytes can follow: a loop of a few bytes decides few tokens.
   constexpr int kMinAllowed = 4;
   const ByteSet allowed = w.allowed_bytes();
   if (std::popcount(allowed.bits[0]) + std::popcount(allowed.bits[1]) < kMinAllowed && !allowed.has(0xC2)) return {};
-  Loop l = probe_loop(w, Chars{~uint64_t{0}, ~uint64_t{0}, kCharsMb});
+  Loop l = probe_loop(w, candidates);
   if (!l.valid) return l;
   const std::shared_ptr<const std::vector<uint32_t>> m = loop_mask(l);
   for (size_t i = 0; i < m->size(); ++i) bitmask[i] |= (*m)[i];
@@ -614,7 +614,7 @@ const MaskCache::Entry& TokenMasker::cached_entry(const Matcher& m, MaskCache& c
   allowed[0] = walker.allowed_bytes();
   const uint16_t skip = fill_plain(walker, e->mask.data());
   std::vector<Loop> loops(max_depth_ + 1);
-  if (skip != kMaxNeed) loops[0] = top_loop(walker, e->mask.data());
+  if (skip != kMaxNeed) loops[0] = top_loop(walker, e->mask.data(), kAllChars);
   walk(walker, 0, nodes_.size(), allowed, loops, e->mask.data(), &e->tainted, skip);
   std::shared_ptr<const MaskCache::Entry> entry = std::move(e);
   if (shared) {  // another thread may have walked the same view meanwhile: equal masks, keep one
@@ -636,7 +636,7 @@ void TokenMasker::fill_mask(const Matcher& m, uint32_t* bitmask, MaskCache* cach
     std::memset(bitmask, 0, mask_words() * sizeof(uint32_t));
     allowed[0] = real.allowed_bytes();
     const uint16_t skip = fill_plain(real, bitmask);
-    if (skip != kMaxNeed) loops[0] = top_loop(real, bitmask);
+    if (skip != kMaxNeed) loops[0] = top_loop(real, bitmask, kAllChars);
     walk(real, 0, nodes_.size(), allowed, loops, bitmask, nullptr, skip);
   } else {
     const MaskCache::Entry& e = cached_entry(m, *cache);
@@ -645,7 +645,19 @@ void TokenMasker::fill_mask(const Matcher& m, uint32_t* bitmask, MaskCache* cach
     // set outside the view): those made of the real state's loop characters are in its loop
     // mask; the others are walked with the loop carried down their path.
     constexpr size_t kMinTainted = 4;
-    const Loop top = e.tainted.size() >= kMinTainted ? top_loop(real, bitmask) : Loop{};
+    // Only the ASCII bytes on the tainted nodes' paths can make one decided: the probe tries
+    // those (in a free string, the closing quote's subtrees: one push).
+    Chars candidates;
+    if (e.tainted.size() >= kMinTainted)
+      for (uint32_t t : e.tainted) {
+        candidates.flags |= node_chars_[t].flags & kCharsMb;
+        for (uint32_t a = t; a != kNoParent; a = nodes_[a].parent) {
+          const uint8_t b = nodes_[a].byte;
+          if (b < 64) candidates.lo |= uint64_t{1} << b;
+          else if (b < 128) candidates.hi |= uint64_t{1} << (b - 64);
+        }
+      }
+    const Loop top = e.tainted.size() >= kMinTainted ? top_loop(real, bitmask, candidates) : Loop{};
     // Each context-dependent subtree: push its path on the real chart, walk below it.
     std::vector<uint32_t> path, chain;  // nodes pushed; the next one's ancestors
     auto in_loop = [&](uint8_t b) {

@@ -163,6 +163,7 @@ class TokenMasker {
     uint8_t flags = 0;        // kCharsMb, kCharsOk
   };
   static constexpr uint8_t kCharsMb = 1, kCharsOk = 2;
+  static constexpr Chars kAllChars{~uint64_t{0}, ~uint64_t{0}, kCharsMb};  // probe candidates: all
   struct Loop {
     Chars set;             // lo / hi: the looping ASCII bytes; kCharsMb: every multibyte character loops
     ByteSet allowed;       // the bytes the looping state scans
@@ -192,10 +193,10 @@ class TokenMasker {
   std::shared_ptr<const std::vector<uint32_t>> loop_mask(const Loop& l) const;
   // Sets the bits of every token in node i's subtree.
   void mark_subtree(size_t i, uint32_t* bitmask) const;
-  // The probe at the top of a mask: invalid unless enough bytes are allowed to be worth it;
-  // on success ORs loop_mask into bitmask and returns the loop with in_mask set.
+  // The probe at the top of a mask (among `candidates`): invalid unless enough bytes are
+  // allowed to be worth it; on success ORs loop_mask into bitmask, returns it with in_mask set.
   template <class Walker>
-  Loop top_loop(Walker& walker, uint32_t* bitmask) const;
+  Loop top_loop(Walker& walker, uint32_t* bitmask, const Chars& candidates) const;
 
   // Walks nodes [begin, end) (one subtree's descendants, or the whole trie) with `walker` at
   // the depth of their parent, allowed[depth] its scannable bytes; sets the bits of accepted
