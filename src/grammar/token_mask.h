@@ -42,13 +42,35 @@
 // subtrees holding tokens with '"', '\\', control bytes or broken UTF-8 are walked; inside a
 // maxLength string the chain runs to the bound. Anything the probe cannot prove (patterns,
 // formats, other grammar) gives J = 0 and the plain walk, so masks stay exact.
+//
+// Character loops (what makes masks cheap inside format and pattern strings: an email's
+// dot-atoms, `[a-z]+`, `\\w*`). A state loops on a character c when pushing c leads to a
+// set equal to it up to its own index (the plain runs' loop test); then every string of such
+// characters leaves the state unchanged, and any token made only of them is accepted. The
+// probe tests one byte per group of ASCII bytes the state's items scan alike, and, when the
+// multibyte forms are wanted, every well-formed multibyte character (as the plain probe);
+// the result is a loop set L (ASCII bytes, and "all multibyte characters" or not). Per trie
+// node the masker keeps a summary of the bytes of its subtree (its own byte and below: the
+// ASCII bytes, whether any is >= 0x80, whether every path is well-formed UTF-8); a node
+// whose summary lies within L, reached from a state looping on L, has its whole subtree of
+// tokens accepted without a step; and where L holds from the top of the mask (its tokens are
+// in the bitmask already), a subtree whose other bytes are all ones the looping state does
+// not scan (an email's letters followed by accented ones) is decided too: nothing more in it. L carries down the walk through bytes in L (the state
+// after them is the same); elsewhere the walk probes again below nodes with big subtrees.
+// At the top of a mask the tokens made only of L's characters come from a bitmask built once
+// per loop set (cached in the masker). The cache's tainted subtrees (steps that complete into
+// a set outside the local view, e.g. the character that ends an email's atom) use the same
+// test on the real chart, so a hit costs a probe instead of walking every letter subtree.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <shared_mutex>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -134,19 +156,62 @@ class TokenMasker {
     uint32_t tokens_end;
   };
   static constexpr uint32_t kNoParent = UINT32_MAX;
+  // Character loops (above): an ASCII byte set and "every multibyte character"; a summary of
+  // bytes (a node's subtree, a token) in the same form plus "well-formed UTF-8" (kCharsOk).
+  struct Chars {
+    uint64_t lo = 0, hi = 0;  // ASCII bytes 0-63, 64-127
+    uint8_t flags = 0;        // kCharsMb, kCharsOk
+  };
+  static constexpr uint8_t kCharsMb = 1, kCharsOk = 2;
+  static constexpr Chars kAllChars{~uint64_t{0}, ~uint64_t{0}, kCharsMb};  // probe candidates: all
+  struct Loop {
+    Chars set;             // lo / hi: the looping ASCII bytes; kCharsMb: every multibyte character loops
+    ByteSet allowed;       // the bytes the looping state scans
+    bool valid = false;
+    bool in_mask = false;  // the tokens made of set's characters are already in the bitmask
+  };
+  // A token (or every token of a subtree) made only of l's characters: accepted.
+  static bool within(const Chars& c, const Loop& l) {
+    return l.valid && (c.flags & kCharsOk) && !(c.lo & ~l.set.lo) && !(c.hi & ~l.set.hi) &&
+           (!(c.flags & kCharsMb) || (l.set.flags & kCharsMb));
+  }
+  // Every token of a subtree (summary c) either made of l's characters, or refused: its first
+  // other byte, met in the looping state, is one that state does not scan. Then the subtree's
+  // accepted tokens are exactly those within l.
+  static bool decided(const Chars& c, const Loop& l) {
+    if (!l.valid || (c.lo & ~l.set.lo & l.allowed.bits[0]) || (c.hi & ~l.set.hi & l.allowed.bits[1])) return false;
+    if (!(c.flags & kCharsMb)) return true;
+    if (l.set.flags & kCharsMb) return c.flags & kCharsOk;
+    return (l.allowed.bits[2] | l.allowed.bits[3]) == 0;
+  }
+  // The loop set of the walker's state among `candidates` (ASCII bytes; kCharsMb: try the
+  // multibyte characters too); invalid when nothing loops.
+  template <class Walker>
+  Loop probe_loop(Walker& walker, const Chars& candidates) const;
+  // The tokens made only of l's characters (well-formed UTF-8, a trailing partial character
+  // allowed), built once per loop set.
+  std::shared_ptr<const std::vector<uint32_t>> loop_mask(const Loop& l) const;
+  // Sets the bits of every token in node i's subtree.
+  void mark_subtree(size_t i, uint32_t* bitmask) const;
+  // The probe at the top of a mask (among `candidates`): invalid unless enough bytes are
+  // allowed to be worth it; on success ORs loop_mask into bitmask, returns it with in_mask set.
+  template <class Walker>
+  Loop top_loop(Walker& walker, uint32_t* bitmask, const Chars& candidates) const;
 
   // Walks nodes [begin, end) (one subtree's descendants, or the whole trie) with `walker` at
   // the depth of their parent, allowed[depth] its scannable bytes; sets the bits of accepted
   // tokens. A push the walker refuses (context-dependent) appends the node to `tainted`.
   // Subtrees with sub_need_ <= skip_limit are skipped (decided beforehand: plain runs).
+  // loops[d]: the loop the state after d bytes of the path is known to have (see above).
   template <class Walker>
-  void walk(Walker& walker, size_t begin, size_t end, std::vector<ByteSet>& allowed, uint32_t* bitmask,
-            std::vector<uint32_t>* tainted, uint16_t skip_limit = 0) const;
+  void walk(Walker& walker, size_t begin, size_t end, std::vector<ByteSet>& allowed, std::vector<Loop>& loops,
+            uint32_t* bitmask, std::vector<uint32_t>* tainted, uint16_t skip_limit = 0) const;
   // Plain string runs (above): sets the bits of the plain tokens the walker's state accepts
   // for sure and returns the skip limit for the walk that completes the mask.
   template <class Walker>
   uint16_t fill_plain(Walker& walker, uint32_t* bitmask) const;
   void build_plain_index(const std::vector<std::string>& vocab);
+  void build_loop_index(const std::vector<std::string>& vocab);
   const MaskCache::Entry& cached_entry(const Matcher& m, MaskCache& cache) const;
 
   size_t vocab_size_;
@@ -163,6 +228,11 @@ class TokenMasker {
   std::vector<uint32_t> plain_need_end_;    // [n]: end in plain_by_need_ of the needs <= n
   std::vector<uint32_t> plain_mask_;        // every plain token
   uint16_t max_need_ = 0;
+  // Character loops: per node its subtree's summary, per token its own; masks per loop set.
+  std::vector<Chars> node_chars_;
+  std::vector<Chars> token_chars_;
+  mutable std::mutex loop_mu_;
+  mutable std::map<std::tuple<uint64_t, uint64_t, uint8_t>, std::shared_ptr<const std::vector<uint32_t>>> loop_masks_;
 };
 
 }  // namespace kiln::grammar

@@ -15,6 +15,7 @@
 
 #include "grammar/json_instances.h"
 #include "grammar/json_schema.h"
+#include "grammar/regex.h"
 
 namespace kiln::grammar {
 namespace {
@@ -275,6 +276,20 @@ std::vector<std::string> string_vocab(size_t n, uint64_t seed) {
   return v;
 }
 
+// The first tokens two masks disagree on, for failure messages.
+std::string mask_diff(const std::vector<uint32_t>& got, const std::vector<uint32_t>& want,
+                      const std::vector<std::string>& vocab) {
+  std::string out;
+  int n = 0;
+  for (uint32_t t = 0; t < vocab.size() && n < 8; ++t) {
+    const bool g = (got[t >> 5] >> (t & 31)) & 1, w = (want[t >> 5] >> (t & 31)) & 1;
+    if (g == w) continue;
+    out += (g ? " +'" : " -'") + ojson(vocab[t]).dump(-1, ' ', false, ojson::error_handler_t::replace) + "'";
+    ++n;
+  }
+  return out;
+}
+
 // Before every byte of `doc` (which g accepts whole), the mask uncached and through one
 // MaskCache equals brute force; then doc is complete.
 void expect_masks_match_brute_force_at_every_byte(const TokenMasker& masker, const std::vector<std::string>& vocab,
@@ -286,9 +301,9 @@ void expect_masks_match_brute_force_at_every_byte(const TokenMasker& masker, con
   for (size_t i = 0; i <= doc.size(); ++i) {
     const std::vector<uint32_t> want = brute_force_mask(m, vocab, eos);
     masker.fill_mask(m, mask.data());
-    ASSERT_EQ(mask, want) << doc << " after " << i << " bytes";
+    ASSERT_TRUE(mask == want) << doc << " after " << i << " bytes:" << mask_diff(mask, want, vocab);
     masker.fill_mask(m, cached.data(), &cache);
-    ASSERT_EQ(cached, want) << doc << " after " << i << " bytes (cached)";
+    ASSERT_TRUE(cached == want) << doc << " after " << i << " bytes (cached):" << mask_diff(cached, want, vocab);
     if (i == doc.size()) break;
     ASSERT_TRUE(m.accept(doc.substr(i, 1))) << doc << " byte " << i;
   }
@@ -337,6 +352,64 @@ TEST(TokenMask, StringMasksWithAllPlainAndNoPlainVocabularies) {
   }
 }
 
+// A vocabulary for format and pattern strings (the character loops, token_mask.h): words
+// of letters, digits and an email's special characters from 1 to 40 bytes, the same glued to
+// '.', '@', '-', ':', quotes and spaces (tokens that leave a loop midway), date, time and uuid
+// pieces, UTF-8 characters whole and split, and random glue of all of them; the last is EOS.
+std::vector<std::string> format_vocab(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::string> v;
+  for (int b = 0; b < 256; ++b) v.push_back(std::string(1, static_cast<char>(b)));
+  const std::string word_chars = "abcdexyzQRS0129_+'!#~";
+  const std::vector<std::string> pieces = {".", "@", "-", ":", "\"", "\",", "\"}", " ", "T", "Z", "é", "日本", "😀",
+                                           "\xc3", "\xa9", "\xe6\x97", "\\n", "2024", "-02-", "29", "12:", ":00",
+                                           "+01:00", ".123", "deadbeef", "-4a1b-", "e89b", ".com", "@mail", "a.b",
+                                           "x@y", "192.", "168"};
+  auto word = [&](int len) {
+    std::string s;
+    for (int i = 0; i < len; ++i) s += word_chars[rng() % word_chars.size()];
+    return s;
+  };
+  for (int len : {1, 2, 3, 5, 8, 13, 21, 40})
+    for (int k = 0; k < 4; ++k) v.push_back(word(len));
+  while (v.size() < n) {
+    std::string s;
+    const int len = 1 + static_cast<int>(rng() % 4);
+    for (int i = 0; i < len; ++i) s += rng() % 10 < 6 ? word(1 + static_cast<int>(rng() % 6)) : pieces[rng() % pieces.size()];
+    v.push_back(s);
+  }
+  v.push_back("");  // EOS
+  return v;
+}
+
+const char* kFormats = R"({"type":"object","properties":{"e":{"type":"string","format":"email"},
+    "d":{"type":"string","format":"date"},"t":{"type":"string","format":"date-time"},
+    "u":{"type":"string","format":"uuid"},"h":{"type":"string","format":"time"},"i":{"type":"string","format":"ipv4"},
+    "p":{"type":"string","pattern":"^[a-z]+$"},"w":{"type":"string","pattern":"^\\w+@[a-z]{2,5}$"},
+    "a":{"type":"string","pattern":"^.*é$"},"n":{"type":"string","pattern":"^[^@]+@x$"},
+    "x":{"type":"string","pattern":"^[a-z]*(é|日)x$"},"s":{"type":"string","pattern":"[A-Z0-9 ]*x"},
+    "l":{"type":"array","items":{"type":"string","format":"email"}}},
+    "required":["e","d","t","u","h","i","p","w","a","n","x","s","l"],"additionalProperties":false})";
+const char* kFormatsDoc = R"({"e":"john.doe+x'y@mail.example-site.com","d":"2024-02-29","t":"2026-11-28T23:01:15.123+01:00",)"
+                          R"("u":"123e4567-e89b-12d3-a456-426614174000","h":"12:34:56z","i":"192.168.0.255",)"
+                          R"("p":"helloworld","w":"a_b9@abcde","a":"日本 x😀éé","n":"日本é😀 z.\"@x","x":"abcdeéx","s":"zzAB 9Qx",)"
+                          R"("l":["a@b.c","x.y.z@q-r.st","me@x.io"]})";
+
+// Masks inside format and pattern strings (email atoms and labels, dates, times, uuids,
+// ipv4, looping and counted pattern classes, `.` over multibyte characters, an unanchored
+// pattern, emails in an array) at every byte, uncached and cached: brute force.
+TEST(TokenMask, FormatAndPatternMasksEqualBruteForceAtEveryByte) {
+  const std::vector<std::string> vocab = format_vocab(2500, 39);
+  const uint32_t eos = static_cast<uint32_t>(vocab.size() - 1);
+  const TokenMasker masker(vocab, eos);
+  expect_masks_match_brute_force_at_every_byte(masker, vocab, eos, schema_grammar(kFormats), kFormatsDoc);
+  // A bare regex grammar (not a JSON string): the same loops outside JSON's string rules.
+  auto re = regex_to_grammar("[a-z.]+@[a-z]+(\\.[a-z]+)*");
+  ASSERT_TRUE(re.ok()) << re.status().to_string();
+  expect_masks_match_brute_force_at_every_byte(masker, vocab, eos, CompiledGrammar::compile(*re).value(),
+                                               "ab.cd.e@xyz.abc");
+}
+
 TEST(TokenMask, EosOnlyWhenCompleteAndSpecialTokensNever) {
   auto g = schema_grammar(R"({"type":"integer"})");
   const std::vector<std::string> vocab = {"1", "2", "", "-", "12", ""};
@@ -375,6 +448,19 @@ std::vector<std::string> bpe_like_vocab(size_t n, uint64_t seed) {
     v.push_back(s);
   }
   return v;
+}
+
+// Email masks with a BPE-shaped vocabulary (big letter subtrees: whole subtrees decided by
+// the loop, probes below big subtrees, the cache's tainted subtrees): brute force.
+TEST(TokenMask, EmailMasksWithBpeLikeVocabularyEqualBruteForce) {
+  std::vector<std::string> vocab = bpe_like_vocab(6000, 7);
+  for (const char* s : {"@", ".", "@gmail", ".com", "john", "doe", "xample", "ex", "-", "_", "mail.", "a@b", ""})
+    vocab.push_back(s);
+  const uint32_t eos = static_cast<uint32_t>(vocab.size() - 1);
+  const TokenMasker masker(vocab, eos);
+  auto g = schema_grammar(R"({"type":"array","items":{"type":"string","format":"email"}})");
+  expect_masks_match_brute_force_at_every_byte(masker, vocab, eos, g,
+                                               R"(["john.doe@example.com","a_b-c@ex-ample.co.uk"])");
 }
 
 // This thread's CPU time: the machine is shared, wall time would count other jobs.
