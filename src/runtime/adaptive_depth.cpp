@@ -26,6 +26,7 @@ AdaptiveDepth::AdaptiveDepth(const AdaptiveDepthConfig& config)
 int32_t AdaptiveDepth::choose(std::span<const int32_t> draft_lengths) {
   if (std::none_of(draft_lengths.begin(), draft_lengths.end(), [](int32_t n) { return n > 0; })) return 0;
   const int32_t k = decide(draft_lengths);
+  last_choice_ = k;
   ++choices_;
   depth_total_ += k;
   recent_depth_ += std::max(1.0 / 32, 1.0 / double(choices_)) * (double(k) - recent_depth_);

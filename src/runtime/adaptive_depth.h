@@ -30,6 +30,7 @@
 // --speculative-adaptive off (k then is K wherever drafts and blocks allow).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -73,6 +74,14 @@ class AdaptiveDepth {
   // This step's depth, given the lengths of the drafts proposed at depth K for the decoding
   // sequences (0: none). 0 when no sequence has a draft (not counted as a choice).
   int32_t choose(std::span<const int32_t> draft_lengths);
+  // How many drafts a drafter whose every draft costs a step of its own (MTP) should make
+  // for the next step: K at a fixed depth and until the warm-up has timed verify steps;
+  // then one more than the last choice (the depth can grow by one a step; a probe deeper
+  // than that tests the drafts there are), so a choice of 0 costs no chained steps.
+  int32_t drafts_wanted() const {
+    if (!config_.adaptive || verify_timed_ < config_.warmup_steps) return config_.max_depth;
+    return std::min(config_.max_depth, last_choice_ + 1);
+  }
   // A sequence's verification in the current step: n_draft drafts, the first n_accepted stood.
   void record_verification(int32_t n_draft, int32_t n_accepted);
   // The end of a step: the verifications recorded since the last call enter the acceptance
@@ -115,6 +124,7 @@ class AdaptiveDepth {
   int32_t decode_timed_ = 0, verify_timed_ = 0;  // timed steps of each kind (warm-up)
   int64_t steps_ = 0, choices_ = 0, depth_total_ = 0, probes_ = 0;
   int32_t probe_cursor_ = 0, since_probe_ = 0;
+  int32_t last_choice_ = 0;
   double recent_depth_ = 0.0;
 };
 

@@ -41,7 +41,8 @@ std::vector<int32_t> argmax_rows(ops::Backend& be, const Tensor& logits) {
 
 void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
   const int32_t bs = blocks_->block_size();
-  const int32_t k = options_.num_speculative_tokens;
+  // Chained drafts as deep as the depth policy may use next (runtime/adaptive_depth.h).
+  const int32_t k = depth_->drafts_wanted();
   // One row per kept position of each running sequence.
   ops::BatchMeta& b = mtp_batch_;
   b = ops::BatchMeta{};
@@ -75,6 +76,26 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
     }
   }
   if (b.n_tokens() == 0) return;
+  // A decode-shaped batch (one row per sequence, each reading its own hidden row and
+  // drafting) is padded as decode steps are (build_step_batch): few shapes, so a GPU
+  // backend replays recordings of them (model::CausalLM::mtp_forward).
+  const auto pad_decode_shape = [&] {
+    const int32_t n = b.n_tokens();
+    if (n != b.n_seqs() || int32_t(b.logit_rows.size()) != n) return;
+    for (int32_t r = 0; r < n; ++r)
+      if (h_rows[size_t(r)] != r) return;
+    for (int32_t r = n; r < decode_bucket(n); ++r) {  // padding rows: the first row again, nothing stored
+      b.q_start.push_back(r);
+      b.context_len.push_back(b.context_len[0]);
+      tables.push_back(tables[0]);
+      b.token_ids.push_back(b.token_ids[0]);
+      b.positions.push_back(b.positions[0]);
+      b.slot_mapping.push_back(ops::kPadSlot);
+      b.logit_rows.push_back(r);
+      h_rows.push_back(r);
+    }
+  };
+  pad_decode_shape();
   const auto fill_tables = [&] {
     size_t width = 1;
     for (const auto* t : tables) width = std::max(width, t->size());
@@ -131,6 +152,7 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
       next.push_back(&seq);
     }
     if (next.empty()) break;
+    pad_decode_shape();
     fill_tables();
     b.q_start.push_back(b.n_tokens());
     ids = run(/*from_step=*/false);

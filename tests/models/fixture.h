@@ -67,12 +67,13 @@ inline double relative_error(const std::vector<std::vector<float>>& got,
 
 inline const std::vector<std::string>& all_fixtures() {
   // gpt_oss_d64 .. deepseek_v3_mla use the target models' real head sizes (64; 128; MLA
-  // 128 + 64 / 128 / 512 + 64); kiln_demo is the trained built-in demo model. gpt_oss_e16
+  // 128 + 64 / 128 / 512 + 64); kiln_demo is the trained built-in demo model, kiln_mtp_demo
+  // the trained GLM-4.5-architecture MTP demo model (its MTP layer: mtp_demo_test.cpp). gpt_oss_e16
   // (16 experts top-4: many near-tied expert choices) serves the GPU yardstick test only.
   static const std::vector<std::string> kNames = {
       "llama",       "qwen3",       "qwen3_moe",      "glm4_moe",      "deepseek_v3",
       "kimi_k2",     "gpt_oss",     "gpt_oss_d64",    "qwen3_moe_d128", "glm4_moe_d128",
-      "deepseek_v3_mla", "minimax_m2", "kiln_demo", "deepseek_v32", "glm_moe_dsa"};
+      "deepseek_v3_mla", "minimax_m2", "kiln_demo", "deepseek_v32", "glm_moe_dsa", "kiln_mtp_demo"};
   return kNames;
 }
 

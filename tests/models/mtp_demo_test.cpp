@@ -1,0 +1,137 @@
+// The MTP demo model (models/kiln-mtp-demo: a GLM-4.5-architecture model with its
+// multi-token prediction layer, trained on the demo corpus by scripts/demo/train_mtp.py):
+// the MTP layer's logits against the training script's reference implementation (fp32 on
+// the saved bf16 weights, as vLLM's glm4_moe_mtp computes the layer), whole and in prefill
+// chunks; and speculative decoding with its drafts: real acceptance, outputs exactly those
+// of decoding without drafts.
+#include <gtest/gtest.h>
+
+#include "backends/cpu/cpu_backend.h"
+#include "models/fixture.h"
+#include "runtime/engine.h"
+
+namespace kiln {
+namespace {
+
+using runtime::Engine;
+using runtime::EngineOptions;
+using runtime::SpeculativeMethod;
+
+const char* kModel = "kiln_mtp_demo";
+
+std::vector<std::vector<float>> golden_rows(const std::string& key) {
+  auto file = formats::SafetensorsFile::open(testing::fixture_dir(kModel) + "/golden.safetensors");
+  EXPECT_TRUE(file.ok());
+  if (!file.ok()) return {};
+  const formats::TensorInfo* info = (*file)->find(key);
+  EXPECT_NE(info, nullptr) << key;
+  if (info == nullptr) return {};
+  Tensor t = (*file)->get(*info);
+  std::vector<float> flat(size_t(t.numel()));
+  to_f32(t, flat.data());
+  std::vector<std::vector<float>> rows;
+  for (int64_t r = 0; r < t.dim(0); ++r) rows.emplace_back(flat.begin() + r * t.dim(1), flat.begin() + (r + 1) * t.dim(1));
+  return rows;
+}
+
+std::unique_ptr<Engine> load(EngineOptions o, SpeculativeMethod m, int32_t k) {
+  o.speculative_method = m;
+  o.num_speculative_tokens = k;
+  o.speculative_adaptive = false;
+  auto e = Engine::load(testing::fixture_dir(kModel), cpu::make_cpu_backend(1), o);
+  EXPECT_TRUE(e.ok()) << e.status().to_string();
+  return e.ok() ? std::move(e).value() : nullptr;
+}
+
+// Row t of the MTP layer's logits (given h_t and the prompt's token t + 1) within 1e-4 of the
+// reference's, for the 30-token chat and the 80-token document, in one pass and in prefill
+// chunks of 7 (the layer's KV cache carried across chunks).
+TEST(MtpDemo, MtpLogitsMatchTheReference) {
+  const nlohmann::json golden = testing::read_json(testing::fixture_dir(kModel) + "/golden.json");
+  for (int32_t chunk : {0, 7}) {
+    auto e = load({.block_size = 4, .max_model_len = 256, .prefill_chunk = chunk}, SpeculativeMethod::kMtp, 1);
+    ASSERT_TRUE(e);
+    for (const char* which : {"short", "long"}) {
+      const std::vector<int32_t> prompt = golden[std::string("prompt_") + which].get<std::vector<int32_t>>();
+      auto got = e->mtp_logits(prompt);
+      ASSERT_TRUE(got.ok()) << got.status().to_string();
+      const auto want = golden_rows(std::string("mtp_logits_") + which);
+      ASSERT_EQ(got->size(), prompt.size() - 1);
+      ASSERT_EQ(want.size(), prompt.size() - 1);
+      const double err = testing::relative_error(*got, want);
+      EXPECT_LT(err, 1e-4) << which << " chunk " << chunk;
+      std::printf("[ mtp demo ] MTP logits %s, chunk %d: max rel err %.2e\n", which, chunk, err);
+    }
+  }
+}
+
+// Under tensor parallelism (TP2, TP2 with expert parallelism, TP4 on the CPU group) the MTP
+// layer is sharded like the others (eh_proj whole on every rank): the same logits.
+TEST(MtpDemo, MtpLogitsUnderTensorParallelism) {
+  const nlohmann::json golden = testing::read_json(testing::fixture_dir(kModel) + "/golden.json");
+  const std::vector<int32_t> prompt = golden["prompt_long"].get<std::vector<int32_t>>();
+  const auto want = golden_rows("mtp_logits_long");
+  for (const runtime::ParallelConfig p : {runtime::ParallelConfig{.tensor_parallel = 2},
+                                          runtime::ParallelConfig{.tensor_parallel = 2, .expert_parallel = true},
+                                          runtime::ParallelConfig{.tensor_parallel = 4}}) {
+    std::vector<std::unique_ptr<ops::Backend>> backends;
+    for (int r = 0; r < p.world(); ++r) backends.push_back(cpu::make_cpu_backend({.n_threads = 1}));
+    auto e = Engine::load(testing::fixture_dir(kModel), std::move(backends),
+                          {.block_size = 4, .max_model_len = 256, .prefill_chunk = 16,
+                           .speculative_method = SpeculativeMethod::kMtp, .num_speculative_tokens = 2, .parallel = p});
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    auto got = (*e)->mtp_logits(prompt);
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    const double err = testing::relative_error(*got, want);
+    EXPECT_LT(err, 1e-4) << "tp " << p.tensor_parallel << (p.expert_parallel ? " ep" : "");
+    std::printf("[ mtp demo ] MTP logits at tp %d%s: max rel err %.2e\n", p.tensor_parallel,
+                p.expert_parallel ? " + ep" : "", err);
+  }
+}
+
+// Greedy and sampled requests (the goldens' prompts, their prefixes, n = 2) with 1 and 3 MTP
+// drafts a step: the tokens and logprobs of decoding without drafts, and drafts accepted at
+// the rate the training log estimates (bound: half of its first-draft estimate).
+TEST(MtpDemo, DraftsAreAcceptedAndOutputsEqualThoseWithout) {
+  const nlohmann::json golden = testing::read_json(testing::fixture_dir(kModel) + "/golden.json");
+  const nlohmann::json log = testing::read_json(testing::fixture_dir(kModel) + "/train_log.json");
+  std::vector<runtime::Request> requests;
+  for (const char* which : {"short", "long"}) {
+    const std::vector<int32_t> p = golden[std::string("prompt_") + which].get<std::vector<int32_t>>();
+    for (size_t cut : {p.size(), p.size() * 2 / 3}) {
+      const std::vector<int32_t> prompt(p.begin(), p.begin() + long(cut));
+      requests.push_back({.prompt = prompt, .sampling = {.logprobs = 1}, .max_tokens = 40, .ignore_eos = true});
+      requests.push_back({.prompt = prompt, .sampling = {.temperature = 0.7f, .top_p = 0.9f, .seed = cut, .logprobs = 1},
+                          .max_tokens = 40, .ignore_eos = true, .n = 2});
+    }
+  }
+  const EngineOptions base{.block_size = 4, .max_model_len = 256, .prefill_chunk = 16};
+  const auto run = [&](Engine& e) {
+    std::map<std::pair<uint64_t, int32_t>, std::vector<std::pair<int32_t, float>>> out;
+    for (size_t i = 0; i < requests.size(); ++i)
+      EXPECT_TRUE(e.add_request(i, std::make_shared<const runtime::Request>(requests[i])).ok());
+    for (int steps = 0; !e.idle() && steps < 5000; ++steps)
+      for (const runtime::StepOutput& o : e.step()) out[{o.request_id, o.sample_index}].push_back({o.token.token, o.token.logprob});
+    return out;
+  };
+  auto plain = load(base, SpeculativeMethod::kOff, 0);
+  ASSERT_TRUE(plain);
+  const auto want = run(*plain);
+  const double estimate = log.at("acceptance_draft1").get<double>();
+  for (int32_t k : {1, 3}) {
+    auto mtp = load(base, SpeculativeMethod::kMtp, k);
+    ASSERT_TRUE(mtp);
+    EXPECT_EQ(run(*mtp), want) << "k " << k;
+    const runtime::EngineStats s = mtp->stats();
+    const double rate = double(s.spec_accepted_tokens) / double(std::max<int64_t>(1, s.spec_draft_tokens));
+    std::printf("[ mtp demo ] k %d: %lld of %lld drafts accepted (%.1f%%), %.2f tokens per verification "
+                "(training log's first-draft estimate %.1f%%)\n",
+                k, (long long)s.spec_accepted_tokens, (long long)s.spec_draft_tokens, 100.0 * rate,
+                1.0 + double(s.spec_accepted_tokens) / double(std::max<int64_t>(1, s.spec_verified_seqs)), 100.0 * estimate);
+    if (k == 1) EXPECT_GT(rate, 0.5 * estimate);
+    EXPECT_EQ(s.kv_blocks_used, 0);
+  }
+}
+
+}  // namespace
+}  // namespace kiln
