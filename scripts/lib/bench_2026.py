@@ -8,7 +8,7 @@ of the same model and options: bytes per weight group), benchN.meta / .json (kil
 serve), metricsN.before / .after (/metrics around the benchmark); and op.json (kiln bench
 op: the ceilings). Writes summary.md and summary.json beside them and prints the table.
 
-The roofline (docs/PERF.md "2026 families: how to measure"):
+The roofline (docs/perf/2026-families.md):
 - decode step of N sequences (the streams) at context c (its mean while decoding): bytes = the weights of the layers run (routed
   experts: the expected distinct experts of N tokens, E (1 - (1 - k/E)^N), of E experts
   top-k) + lm_head + per sequence the cache it reads (DSA sparse: min(c, top_k) latent

@@ -9,7 +9,7 @@
 //   layer before it (the latest "full" one).
 // The MTP layers are not used.
 //
-// KILN_DSA=dense (a benchmark baseline, docs/PERF.md "2026 families: how to measure"): the
+// KILN_DSA=dense (a benchmark baseline, docs/perf/2026-families.md): the
 // same model with DeepSeek sparse attention off, as engines without DSA kernels run it:
 // no indexer is loaded (its weights stay unused, no index cache), and every layer's MLA
 // attends to all positions j <= p. Equal to the sparse model while a context holds at most

@@ -254,7 +254,7 @@ class Engine {
   // Threads that fill a step's token masks (structured output) while its forward pass
   // runs: 4 on the CPU backend, whose forward pass has the cores; on a GPU backend half
   // the host's hardware threads, 4 to 16 (64 constrained streams missing the mask cache
-  // at a few ms a mask outlasted the forward pass on 4: docs/PERF.md).
+  // at a few ms a mask outlasted the forward pass on 4: docs/perf/structured-output.md).
   int mask_threads_ = 4;
 };
 

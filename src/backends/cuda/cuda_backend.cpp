@@ -23,6 +23,8 @@ Result<std::unique_ptr<ops::Backend>> make_cuda_backend(const CudaOptions& optio
   bool graphs = options.graphs;
   if (const char* g = std::getenv("KILN_CUDA_GRAPHS"); g && std::string(g) == "0") graphs = false;
   auto backend = std::make_unique<CudaBackend>(info, cap, graphs);
+  // KILN_CUDA_VERIFY_GRAPHS=0: speculative verify steps always eager (run_step).
+  if (const char* v = std::getenv("KILN_CUDA_VERIFY_GRAPHS"); v && std::string(v) == "0") backend->set_verify_graphs(false);
   // Debugging knob: KILN_ATTENTION_PATH=warp|fa2|split_kv forces one attention path
   // (warp: the fp32 reference kernels, for MLA too).
   if (const char* p = std::getenv("KILN_ATTENTION_PATH"); p && *p) {
@@ -218,14 +220,24 @@ void CudaBackend::release_graphs() {
 
 // Decode-shaped steps (one new token per sequence, up to kMaxGraphTokens) are
 // recorded once per key and batch shape and replayed: the launches of a whole
-// forward pass become one cudaGraphLaunch. Everything a replay reads that changes
+// forward pass become one cudaGraphLaunch. So are speculative verify steps of a uniform
+// shape (every sequence q = 2..8 rows, each a logit row: the same q_start for a given
+// key), since every op reads the batch from the device buffer and sizes its launch from
+// the shape alone (a step some op cannot record runs eagerly, as below). Everything a replay reads that changes
 // between steps lives in the batch buffer begin_step refills in place; every
 // block the recorded kernels touch is held by the graph, so no later allocation
 // can alias it.
 Tensor CudaBackend::run_step(const ops::BatchMeta& b, uint64_t key, const std::function<Tensor()>& ops) {
   constexpr int32_t kMaxGraphTokens = 256;
   begin_step(b);
-  if (!graphs_enabled_ || b.n_tokens() != b.n_seqs() || b.n_tokens() > kMaxGraphTokens) return ops();
+  const int32_t n = b.n_tokens(), n_seqs = b.n_seqs();
+  bool shaped = n == n_seqs;
+  if (!shaped && verify_graphs_ && n_seqs > 0 && n % n_seqs == 0 && n / n_seqs <= 8 &&
+      int32_t(b.logit_rows.size()) == n) {
+    shaped = true;
+    for (int32_t s = 0; shaped && s <= n_seqs; ++s) shaped = b.q_start[size_t(s)] == s * (n / n_seqs);
+  }
+  if (!graphs_enabled_ || !shaped || n > kMaxGraphTokens) return ops();
   StepGraph& g = graphs_[GraphKey{key, b.n_tokens(), b.n_seqs(), b.max_blocks_per_seq, b.block_size,
                                   int32_t(b.logit_rows.size())}];
   if (g.exec != nullptr) {
@@ -247,7 +259,8 @@ Tensor CudaBackend::run_step(const ops::BatchMeta& b, uint64_t key, const std::f
   if (ie != cudaSuccess) {  // some op is not capturable: run this shape eagerly from now on
     cudaGetLastError();
     g.failed = true;
-    KILN_LOG(kWarn, "cuda: recording a decode step failed (" << cudaGetErrorString(ie) << "); running it eagerly");
+    KILN_LOG(kWarn, "cuda: recording a step of " << n << " rows over " << n_seqs << " sequences failed ("
+                               << cudaGetErrorString(ie) << "); running that shape eagerly");
     begin_step(b);
     return ops();
   }

@@ -92,6 +92,7 @@ class CudaBackend final : public ops::Backend {
 
   // Attention path control (the self-test): force one path, or keep a path that
   // failed its self-test out of the automatic choice (the warp kernel remains).
+  void set_verify_graphs(bool on) { verify_graphs_ = on; }
   void force_attention_path(AttentionPath p) { forced_attention_path_ = p; }
   void disable_attention_path(AttentionPath p) { disabled_attention_paths_.push_back(p); }
   // MoE expert path control, likewise (the GEMV path remains).
@@ -216,6 +217,7 @@ class CudaBackend final : public ops::Backend {
   using GraphKey = std::tuple<uint64_t, int32_t, int32_t, int32_t, int32_t, int32_t>;
   std::map<GraphKey, StepGraph> graphs_;
   bool graphs_enabled_ = true;
+  bool verify_graphs_ = true;  // uniform speculative verify steps recorded too (KILN_CUDA_VERIFY_GRAPHS=0: not)
   int64_t graph_replays_ = 0;
   // Bytes the recorded steps hold, and the most they may (ops::graph_memory_budget): a
   // shape whose recording would pass it runs eagerly.
