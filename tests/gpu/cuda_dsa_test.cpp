@@ -13,6 +13,9 @@
 // Batches: a 40-token prefill, a decode at position 999, a chunk continuing at position
 // 20 and a 3-token chunk at 297, over 16-slot blocks scattered in the cache; top_k 8 and
 // 64 (below and above most contexts: dense and sparse rows).
+// Long contexts (LongContextDecodeSelectionsEqualTheCpu): DeepSeek-V3.2's indexer and
+// top-2048 on 8 decode tokens up to 12,345 positions and on one at 20,001 with heavily
+// tied scores, each token's top-k split over many CTAs.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -156,9 +159,10 @@ TEST_P(CudaDsaCache, IndexStoreAndSelectEqualTheCpu) {
   std::vector<int> seq_of(static_cast<size_t>(n));
   for (int s = 0; s < b2.n_seqs(); ++s)
     for (int t = b2.q_start[size_t(s)]; t < b2.q_start[size_t(s) + 1]; ++t) seq_of[size_t(t)] = s;
-  // DeepSeek-V3.2's indexer (64 heads of 128), GLM-5-like 16 heads, and 4 small heads
-  // (many exact-zero scores: ties).
-  for (auto [n_heads, d] : {std::pair{64, 128}, std::pair{16, 128}, std::pair{4, 32}}) {
+  // DeepSeek-V3.2's indexer (64 heads of 128), GLM-5-like 16 heads, 4 small heads (many
+  // exact-zero scores: ties), and 6 heads of 30 (the scores kernel's scalar loads, heads
+  // and dims zero-padded to multiples of 4).
+  for (auto [n_heads, d] : {std::pair{64, 128}, std::pair{16, 128}, std::pair{4, 32}, std::pair{6, 30}}) {
     SCOPED_TRACE(::testing::Message() << (fp8 ? "e4m3" : "bf16") << " index cache, " << n_heads << " heads of " << d);
     Tensor k = random({b1.n_tokens(), d});
     const Shape cshape{n_blocks, bs, d}, sshape{n_blocks, bs};
@@ -227,6 +231,74 @@ TEST_P(CudaDsaCache, IndexStoreAndSelectEqualTheCpu) {
                   fp8 ? "e4m3" : "bf16", n_heads, d, top_k, static_cast<long long>(n), dense, zero_ties, mismatched);
       EXPECT_EQ(mismatched, 0);
     }
+  }
+}
+
+// Decode at long contexts on DeepSeek-V3.2's indexer (64 heads of 128, top-2048), each
+// token's top-k split over many CTAs (dsa_select_plan: about 1,024 keys each): 8 decode
+// tokens at contexts 2,048 (dense), 2,049 (one key left out), 3,000 ... 12,345 (not
+// multiples of the 64-key tile or of the slices); and one token at 20,001 whose keys
+// repeat 64 vectors (j % 64), so 64 distinct scores each tied over ~312 positions spread
+// across every slice: the 2,048th falls inside a tie, taken at its lowest positions.
+TEST_P(CudaDsaCache, LongContextDecodeSelectionsEqualTheCpu) {
+  const bool fp8 = GetParam();
+  const int n_heads = 64, d = 128, top_k = 2048, bs = 64;
+  struct Case {
+    const char* what;
+    std::vector<int> contexts;
+    int distinct_keys;  // 0: every key random
+  };
+  for (const Case& c : {Case{"8 decode tokens", {2048, 2049, 3000, 4097, 8191, 8192, 8193, 12345}, 0},
+                        Case{"one decode token, 64 distinct keys", {20001}, 64}}) {
+    SCOPED_TRACE(::testing::Message() << (fp8 ? "e4m3" : "bf16") << " index cache, " << c.what);
+    std::vector<std::pair<int, int>> fill, query;
+    int max_ctx = 0;
+    for (int ctx : c.contexts) {
+      fill.push_back({ctx, ctx});
+      query.push_back({1, ctx});
+      max_ctx = std::max(max_ctx, ctx);
+    }
+    const int max_blocks = (max_ctx + bs - 1) / bs + 3;
+    const ops::BatchMeta b1 = scattered_batch(fill, bs, max_blocks), b2 = scattered_batch(query, bs, max_blocks);
+    const int64_t n_blocks = int64_t(fill.size()) * max_blocks, n = b2.n_tokens();
+    Tensor k = random({b1.n_tokens(), d});
+    if (c.distinct_keys > 0)  // one sequence: row r is position r
+      for (int64_t r = c.distinct_keys; r < k.dim(0); ++r)
+        std::memcpy(k.as<float>() + r * d, k.as<float>() + (r % c.distinct_keys) * d, size_t(d) * sizeof(float));
+    const Shape cshape{n_blocks, bs, d}, sshape{n_blocks, bs};
+    Tensor cache = host_tensor(fp8 ? DType::kF8E4M3 : DType::kF32, cshape);
+    Tensor cache_s = fp8 ? host_tensor(DType::kF32, sshape) : Tensor{};
+    cpu_->dsa_index_store({.k = k, .index_cache = cache, .index_scale = cache_s, .batch = &b1});
+    Tensor cache_g = gpu_->alloc(fp8 ? DType::kF8E4M3 : DType::kBF16, cshape);
+    Tensor scale_g = fp8 ? gpu_->alloc(DType::kF32, sshape) : Tensor{};
+    gpu_->begin_step(b1);
+    gpu_->dsa_index_store({.k = to_gpu(k), .index_cache = cache_g, .index_scale = scale_g, .batch = &b1});
+
+    Tensor q = random({n, n_heads, d}), w = random({n, n_heads});
+    const float scale = 1.0f / std::sqrt(float(d)), weight_scale = 1.0f / std::sqrt(float(n_heads));
+    Tensor ref = host_tensor(DType::kI32, {n, top_k});
+    cpu_->dsa_select({.q = q, .weights = w, .index_cache = cache, .index_scale = cache_s, .selected = ref,
+                      .batch = &b2, .scale = scale, .weight_scale = weight_scale});
+    gpu_->begin_step(b2);
+    Tensor sel = poisoned_i32({n, top_k});
+    gpu_->dsa_select({.q = to_gpu(q), .weights = to_gpu(w), .index_cache = cache_g, .index_scale = scale_g,
+                      .selected = sel, .batch = &b2, .scale = scale, .weight_scale = weight_scale});
+    const std::vector<int32_t> got = read<int32_t>(sel);
+    int mismatched = 0;
+    for (int64_t t = 0; t < n; ++t) {
+      const int32_t* g = got.data() + t * top_k;
+      const int32_t* r = ref.as<int32_t>() + t * top_k;
+      const int64_t first = std::mismatch(g, g + top_k, r).first - g;
+      if (first == top_k) continue;
+      if (++mismatched <= 3)
+        std::printf("MISMATCH row %lld (position %d) from entry %lld:\n  cuda: %s\n  cpu:  %s\n",
+                    static_cast<long long>(t), b2.positions[size_t(t)], static_cast<long long>(first),
+                    list_str(g + first, std::min<int64_t>(16, top_k - first)).c_str(),
+                    list_str(r + first, std::min<int64_t>(16, top_k - first)).c_str());
+    }
+    std::printf("dsa_select %s cache, %s, top_k %d: %lld rows, %d unlike the CPU's\n", fp8 ? "e4m3" : "bf16",
+                c.what, top_k, static_cast<long long>(n), mismatched);
+    EXPECT_EQ(mismatched, 0);
   }
 }
 

@@ -97,7 +97,7 @@ void CudaBackend::dsa_select(const ops::DsaSelectArgs& a) {
       << "dsa_select: selected must be a device i32 [n_tokens, top_k], got " << dtype_name(a.selected.dtype) << " "
       << a.selected.shape;
   if (n_tokens == 0) return;
-  uint32_t* keys = scratch<uint32_t>(int64_t(dsa_select_scratch_keys(b)), op_scratch_);
+  uint32_t* keys = scratch<uint32_t>(int64_t(dsa_select_plan(b).scratch_words), op_scratch_);
   launch_dsa_select(a.q.as<bf16>(), a.weights.as<bf16>(), cache, a.selected.as<int32_t>(), keys, b, int(n_heads),
                     int(d_index), int(a.selected.dim(1)), a.scale, a.weight_scale, smem_cap_, stream_);
 }

@@ -195,11 +195,17 @@ struct DsaIndexCacheView {
 };
 // Dynamic shared memory of the scores kernel (launch_dsa_select refuses above smem_cap).
 int dsa_score_smem_bytes(int n_heads, int d_index);
-// The uint32 scratch launch_dsa_select needs: a chunk of tokens times the context
-// capacity (max_blocks * block_size), so fixed for a batch shape.
-size_t dsa_select_scratch_keys(const DeviceBatch& b);
+// How launch_dsa_select splits a batch: `chunk` tokens at a time, each token's top-k
+// over `parts` CTAs, and the uint32 scratch it needs (per chunk token the context
+// capacity max_blocks * block_size of score keys, plus the top-k's histograms and
+// counts), all fixed for a batch shape.
+struct DsaSelectPlan {
+  int chunk = 0, parts = 0;
+  size_t scratch_words = 0;
+};
+DsaSelectPlan dsa_select_plan(const DeviceBatch& b);
 // ops::DsaSelectArgs: selected [n_tokens, top_k] i32 on the device; q [n_tokens, n_heads,
-// d_index], weights [n_tokens, n_heads].
+// d_index], weights [n_tokens, n_heads]; scratch: dsa_select_plan(b).scratch_words.
 void launch_dsa_select(const bf16* q, const bf16* weights, const DsaIndexCacheView& cache, int32_t* selected,
                        uint32_t* scratch, const DeviceBatch& b, int n_heads, int d_index, int top_k, float scale,
                        float weight_scale, int smem_cap, cudaStream_t stream);
