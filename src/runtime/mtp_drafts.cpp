@@ -48,14 +48,34 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
   b = ops::BatchMeta{};
   b.block_size = bs;
   std::vector<int32_t> h_rows;
-  std::vector<Sequence*> decoding;  // sequences with a logit row, in row order
+  std::vector<Sequence*> drafter;  // per logit row: its sequence, or null for a padding row
   std::vector<const std::vector<int32_t>*> tables;
+  // In a decode-shaped step (every sequence one row), a sequence that ended in it keeps its
+  // row as padding (nothing stored, its draft ignored): row r still reads hidden row r, so
+  // the MTP step stays replayable (below).
+  const bool one_row_each =
+      std::all_of(rows.begin(), rows.end(), [](const StepBatch::Rows& r) { return r.n_rows == 1; });
+  const StepBatch::Rows* live = nullptr;  // a running sequence's row, the padding rows' model
+  for (const StepBatch::Rows& r : rows)
+    if (r.seq->state == SeqState::kRunning && r.seq->n_computed > r.first_pos) live = live ? live : &r;
+  if (live == nullptr) return;
   for (const StepBatch::Rows& r : rows) {
     Sequence& seq = *r.seq;
-    if (seq.state != SeqState::kRunning) continue;
     // The step's rows of this sequence that stand: those now below n_computed.
-    const int32_t kept = std::min(r.n_rows, seq.n_computed - r.first_pos);
-    if (kept <= 0) continue;
+    const int32_t kept = seq.state == SeqState::kRunning ? std::min(r.n_rows, seq.n_computed - r.first_pos) : 0;
+    if (kept <= 0) {
+      if (!one_row_each) continue;
+      b.q_start.push_back(b.n_tokens());
+      b.context_len.push_back(live->first_pos + 1);
+      tables.push_back(&live->seq->table.blocks);
+      b.token_ids.push_back(live->seq->tokens[size_t(live->first_pos + 1)]);
+      b.positions.push_back(live->first_pos);
+      b.slot_mapping.push_back(ops::kPadSlot);
+      h_rows.push_back(r.first_row);
+      b.logit_rows.push_back(b.n_tokens() - 1);
+      drafter.push_back(nullptr);
+      continue;
+    }
     KILN_CHECK_LT(r.first_pos + kept, seq.n_tokens()) << "mtp: a kept position without its next token";
     b.q_start.push_back(b.n_tokens());
     b.context_len.push_back(r.first_pos + kept);
@@ -72,7 +92,7 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
     seq.mtp_draft_at = -1;
     if (seq.n_uncomputed() == 1) {  // decoding: its last row drafts
       b.logit_rows.push_back(b.n_tokens() - 1);
-      decoding.push_back(&seq);
+      drafter.push_back(&seq);
     }
   }
   if (b.n_tokens() == 0) return;
@@ -117,10 +137,14 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
     return argmax_rows(*backend_, *logits);
   };
   std::vector<int32_t> ids = run(/*from_step=*/true);
-  std::vector<int32_t> prev_rows(b.logit_rows.begin(), b.logit_rows.end());
-  for (size_t i = 0; i < decoding.size(); ++i) {
-    decoding[i]->mtp_draft = {ids[i]};
-    decoding[i]->mtp_draft_at = decoding[i]->n_tokens();
+  std::vector<Sequence*> decoding;  // the drafting sequences, and their rows of the last MTP step
+  std::vector<int32_t> prev_rows;
+  for (size_t i = 0; i < drafter.size(); ++i) {
+    if (drafter[i] == nullptr) continue;
+    drafter[i]->mtp_draft = {ids[i]};
+    drafter[i]->mtp_draft_at = drafter[i]->n_tokens();
+    decoding.push_back(drafter[i]);
+    prev_rows.push_back(b.logit_rows[i]);
   }
   // Chained drafts: one row per decoding sequence that may use another, at its next
   // position (its block allocated now if need be; none free: its drafts stop here).

@@ -128,7 +128,9 @@ TEST(MtpDemo, DraftsAreAcceptedAndOutputsEqualThoseWithout) {
                 "(training log's first-draft estimate %.1f%%)\n",
                 k, (long long)s.spec_accepted_tokens, (long long)s.spec_draft_tokens, 100.0 * rate,
                 1.0 + double(s.spec_accepted_tokens) / double(std::max<int64_t>(1, s.spec_verified_seqs)), 100.0 * estimate);
-    if (k == 1) EXPECT_GT(rate, 0.5 * estimate);
+    if (k == 1) {
+      EXPECT_GT(rate, 0.5 * estimate);
+    }
     EXPECT_EQ(s.kv_blocks_used, 0);
   }
 }
