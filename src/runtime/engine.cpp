@@ -397,6 +397,25 @@ Tensor Engine::run_forward(std::vector<KvCache>& kv) {
   return std::move(logits).value();
 }
 
+ops::BatchMeta Engine::one_sequence_batch(const BlockTable& table, std::span<const int32_t> tokens, int32_t first_pos,
+                                          bool all_rows) const {
+  ops::BatchMeta b;
+  b.block_size = kv_[0].block_size;
+  b.block_table = table.blocks;
+  b.max_blocks_per_seq = int32_t(table.blocks.size());
+  const int32_t n = int32_t(tokens.size());
+  b.q_start = {0, n};
+  b.context_len = {first_pos + n};
+  if (states_.enabled()) b.state_slots = {states_.scratch_row()};
+  for (int32_t i = 0; i < n; ++i) {
+    b.token_ids.push_back(tokens[size_t(i)]);
+    b.positions.push_back(first_pos + i);
+    b.slot_mapping.push_back(int32_t(b.slot(0, first_pos + i)));
+    if (all_rows || i == n - 1) b.logit_rows.push_back(i);
+  }
+  return b;
+}
+
 Result<std::vector<std::vector<float>>> Engine::logits(const std::vector<int32_t>& prompt) {
   KILN_RETURN_IF_ERROR(check_prompt(prompt, 0));
   const int32_t n = int32_t(prompt.size());
@@ -409,20 +428,8 @@ Result<std::vector<std::vector<float>>> Engine::logits(const std::vector<int32_t
   std::vector<std::vector<float>> out;
   for (int32_t begin = 0; begin < n; begin += chunk) {
     const int32_t end = std::min(n, begin + chunk);
-    ops::BatchMeta b;
-    b.block_size = kv_[0].block_size;
-    b.block_table = table.blocks;
-    b.max_blocks_per_seq = int32_t(table.blocks.size());
-    b.q_start = {0, end - begin};
-    b.context_len = {end};
-    if (states_.enabled()) b.state_slots = {states_.scratch_row()};
-    for (int32_t p = begin; p < end; ++p) {
-      b.token_ids.push_back(prompt[size_t(p)]);
-      b.positions.push_back(p);
-      b.slot_mapping.push_back(int32_t(b.slot(0, p)));
-      b.logit_rows.push_back(p - begin);
-    }
-    const Tensor logits = forward(std::move(b));
+    const Tensor logits =
+        forward(one_sequence_batch(table, std::span(prompt).subspan(size_t(begin), size_t(end - begin)), begin, true));
     std::vector<float> flat(size_t(logits.numel()));
     backend_->to_host_f32(logits, flat.data());
     const size_t vocab = size_t(config_.vocab_size);

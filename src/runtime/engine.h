@@ -11,6 +11,7 @@
 #include <functional>
 #include <stdexcept>
 #include <memory>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -213,6 +214,10 @@ class Engine {
   // The activation memory of the largest step the scheduler can make (GPU sizing).
   int64_t measure_activation_peak();
   Tensor forward(ops::BatchMeta&& batch);
+  // One sequence's batch (logits(), mtp_logits()): tokens at positions first_pos .. over
+  // `table`, the logits of every row (all_rows) or of the last.
+  ops::BatchMeta one_sequence_batch(const BlockTable& table, std::span<const int32_t> tokens, int32_t first_pos,
+                                    bool all_rows) const;
   Tensor run_forward(std::vector<KvCache>& kv);  // step_batch_ over every rank; throws EngineFailure
   void finish(Sequence& seq, FinishReason reason);
   // Speculative decoding: drafts for the running decoding sequences, before a step.

@@ -197,37 +197,15 @@ Result<std::vector<std::vector<float>>> Engine::mtp_logits(const std::vector<int
   std::vector<std::vector<float>> out;
   for (int32_t begin = 0; begin < n; begin += chunk) {
     const int32_t end = std::min(n, begin + chunk);
-    ops::BatchMeta b;
-    b.block_size = kv_[0].block_size;
-    b.block_table = table.blocks;
-    b.max_blocks_per_seq = int32_t(table.blocks.size());
-    b.q_start = {0, end - begin};
-    b.context_len = {end};
-    for (int32_t p = begin; p < end; ++p) {
-      b.token_ids.push_back(prompt[size_t(p)]);
-      b.positions.push_back(p);
-      b.slot_mapping.push_back(int32_t(b.slot(0, p)));
-    }
-    b.logit_rows = {end - begin - 1};
-    forward(std::move(b));
-    // The MTP layer over this chunk's positions that have a next token.
+    const std::span<const int32_t> all(prompt);
+    forward(one_sequence_batch(table, all.subspan(size_t(begin), size_t(end - begin)), begin, false));
+    // The MTP layer over this chunk's positions that have a next token: row t the token t + 1.
     const int32_t last = std::min(end, n - 1);
     if (last <= begin) break;
-    ops::BatchMeta& m = mtp_batch_;
-    m = ops::BatchMeta{};
-    m.block_size = kv_[0].block_size;
-    m.block_table = table.blocks;
-    m.max_blocks_per_seq = int32_t(table.blocks.size());
-    m.q_start = {0, last - begin};
-    m.context_len = {last};
-    std::vector<int32_t> h_rows;
-    for (int32_t p = begin; p < last; ++p) {
-      m.token_ids.push_back(prompt[size_t(p + 1)]);
-      m.positions.push_back(p);
-      m.slot_mapping.push_back(int32_t(m.slot(0, p)));
-      m.logit_rows.push_back(p - begin);
-      h_rows.push_back(p - begin);
-    }
+    mtp_batch_ = one_sequence_batch(table, all.subspan(size_t(begin + 1), size_t(last - begin)), begin, true);
+    const ops::BatchMeta& m = mtp_batch_;
+    std::vector<int32_t> h_rows(size_t(last - begin));
+    for (size_t r = 0; r < h_rows.size(); ++r) h_rows[r] = int32_t(r);
     KILN_ASSIGN_OR_RETURN(const Tensor logits, runner_->mtp_forward(m, h_rows, /*from_step=*/true, kv_));
     std::vector<float> flat(size_t(logits.numel()));
     backend_->to_host_f32(logits, flat.data());

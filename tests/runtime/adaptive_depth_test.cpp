@@ -90,6 +90,39 @@ TEST(AdaptiveDepth, OffAlwaysChoosesFullDepthAndNoDraftsIsNoChoice) {
   EXPECT_DOUBLE_EQ(p.recent_depth(), 4.0);
 }
 
+// drafts_wanted (how deep an MTP drafter chains): K at a fixed depth and through the warm-up
+// (decode steps, then verify steps at K); then one more than the last choice.
+TEST(AdaptiveDepth, DraftsWantedFollowTheLastChoice) {
+  AdaptiveDepth fixed({.max_depth = 3, .adaptive = false});
+  EXPECT_EQ(fixed.drafts_wanted(), 3);
+  AdaptiveDepth p({.max_depth = 3});
+  const std::vector<int32_t> lengths = {3, 3};
+  EXPECT_EQ(p.drafts_wanted(), 3);  // warming up
+  for (int i = 0; i < 2; ++i) {  // timed decode steps first
+    EXPECT_EQ(p.choose(lengths), 0);
+    p.record_step(true, false, 2, 2e-3);
+  }
+  for (int i = 0; i < 2; ++i) {  // then verify steps at K; every draft rejected, rows dear
+    EXPECT_EQ(p.choose(lengths), 3);
+    p.record_verification(3, 0);
+    p.record_verification(3, 0);
+    p.record_step(true, true, 8, 8e-3);
+  }
+  EXPECT_EQ(p.choose(lengths), 0);
+  EXPECT_EQ(p.drafts_wanted(), 1);  // no chained passes while the choice is 0
+  // Cheap rows and drafts that stand (a simulated step cost of 2 ms + 1 us per extra row):
+  // whatever the policy picks, the drafts wanted are one more, up to K.
+  std::vector<int32_t> seen;
+  for (int i = 0; i < 400; ++i) {
+    const int32_t k = p.choose(lengths);
+    seen.push_back(k);
+    EXPECT_EQ(p.drafts_wanted(), std::min(3, k + 1)) << "step " << i;
+    for (int s = 0; s < 2 && k > 0; ++s) p.record_verification(k, k);
+    p.record_step(true, k > 0, 2 * (1 + k), 2e-3 + 1e-6 * k);
+  }
+  EXPECT_GT(std::count(seen.begin(), seen.end(), 3), 100) << "the policy climbed to K";
+}
+
 // A simulated machine: a step of R rows takes fixed_ms + per_row_ms * R; draft i stands with
 // probability accept (given the ones before it stood).
 struct Machine {
