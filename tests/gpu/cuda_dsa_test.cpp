@@ -68,6 +68,24 @@ class CudaDsaTest : public gpu_testing::GpuTest {
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     return t;
   }
+  // The indexer keys k of batch b's slots stored on both backends: the CPU's cache (f32, or
+  // e4m3 codes + scales) and the GPU's (bf16, or e4m3 codes + scales).
+  struct IndexCaches {
+    Tensor cpu, cpu_scale, gpu, gpu_scale;
+  };
+  IndexCaches store_index(const Tensor& k, const ops::BatchMeta& b, int64_t n_blocks, int bs, bool fp8) {
+    const int64_t d = k.dim(1);
+    const Shape cshape{n_blocks, bs, d}, sshape{n_blocks, bs};
+    IndexCaches c;
+    c.cpu = host_tensor(fp8 ? DType::kF8E4M3 : DType::kF32, cshape);
+    c.cpu_scale = fp8 ? host_tensor(DType::kF32, sshape) : Tensor{};
+    cpu_->dsa_index_store({.k = k, .index_cache = c.cpu, .index_scale = c.cpu_scale, .batch = &b});
+    c.gpu = gpu_->alloc(fp8 ? DType::kF8E4M3 : DType::kBF16, cshape);
+    c.gpu_scale = fp8 ? gpu_->alloc(DType::kF32, sshape) : Tensor{};
+    gpu_->begin_step(b);
+    gpu_->dsa_index_store({.k = to_gpu(k), .index_cache = c.gpu, .index_scale = c.gpu_scale, .batch = &b});
+    return c;
+  }
   template <typename T>
   std::vector<T> read(const Tensor& t) {
     gpu_->synchronize();
@@ -165,14 +183,7 @@ TEST_P(CudaDsaCache, IndexStoreAndSelectEqualTheCpu) {
   for (auto [n_heads, d] : {std::pair{64, 128}, std::pair{16, 128}, std::pair{4, 32}, std::pair{6, 30}}) {
     SCOPED_TRACE(::testing::Message() << (fp8 ? "e4m3" : "bf16") << " index cache, " << n_heads << " heads of " << d);
     Tensor k = random({b1.n_tokens(), d});
-    const Shape cshape{n_blocks, bs, d}, sshape{n_blocks, bs};
-    Tensor cache = host_tensor(fp8 ? DType::kF8E4M3 : DType::kF32, cshape);
-    Tensor cache_s = fp8 ? host_tensor(DType::kF32, sshape) : Tensor{};
-    cpu_->dsa_index_store({.k = k, .index_cache = cache, .index_scale = cache_s, .batch = &b1});
-    Tensor cache_g = gpu_->alloc(fp8 ? DType::kF8E4M3 : DType::kBF16, cshape);
-    Tensor scale_g = fp8 ? gpu_->alloc(DType::kF32, sshape) : Tensor{};
-    gpu_->begin_step(b1);
-    gpu_->dsa_index_store({.k = to_gpu(k), .index_cache = cache_g, .index_scale = scale_g, .batch = &b1});
+    const auto [cache, cache_s, cache_g, scale_g] = store_index(k, b1, n_blocks, bs, fp8);
     // The stored rows of every slot the step wrote, bit for bit.
     int64_t bad_rows = 0;
     if (fp8) {
@@ -265,14 +276,7 @@ TEST_P(CudaDsaCache, LongContextDecodeSelectionsEqualTheCpu) {
     if (c.distinct_keys > 0)  // one sequence: row r is position r
       for (int64_t r = c.distinct_keys; r < k.dim(0); ++r)
         std::memcpy(k.as<float>() + r * d, k.as<float>() + (r % c.distinct_keys) * d, size_t(d) * sizeof(float));
-    const Shape cshape{n_blocks, bs, d}, sshape{n_blocks, bs};
-    Tensor cache = host_tensor(fp8 ? DType::kF8E4M3 : DType::kF32, cshape);
-    Tensor cache_s = fp8 ? host_tensor(DType::kF32, sshape) : Tensor{};
-    cpu_->dsa_index_store({.k = k, .index_cache = cache, .index_scale = cache_s, .batch = &b1});
-    Tensor cache_g = gpu_->alloc(fp8 ? DType::kF8E4M3 : DType::kBF16, cshape);
-    Tensor scale_g = fp8 ? gpu_->alloc(DType::kF32, sshape) : Tensor{};
-    gpu_->begin_step(b1);
-    gpu_->dsa_index_store({.k = to_gpu(k), .index_cache = cache_g, .index_scale = scale_g, .batch = &b1});
+    const auto [cache, cache_s, cache_g, scale_g] = store_index(k, b1, n_blocks, bs, fp8);
 
     Tensor q = random({n, n_heads, d}), w = random({n, n_heads});
     const float scale = 1.0f / std::sqrt(float(d)), weight_scale = 1.0f / std::sqrt(float(n_heads));
