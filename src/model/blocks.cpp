@@ -319,9 +319,8 @@ Tensor CausalLM::mtp_forward(ops::Backend& be, const ops::BatchMeta& batch, cons
     layer_step(be, m.block, batch, kv.back(), residual, normed, block_out, true, dsa_selection);
     const Tensor o = out_hidden.slice0(0, n_tokens);
     be.add({.a = residual, .b = block_out, .out = o});
-    const int64_t n_rows = int64_t(batch.logit_rows.size());
-    if (n_rows == 0) return Tensor{};  // the layer's cache written, no drafts asked for
     be.rms_norm({.x = o, .weight = m.head_norm, .out = normed, .eps = norm_eps});
+    const int64_t n_rows = int64_t(batch.logit_rows.size());
     Tensor picked = act(be, {n_rows, d_model});
     be.embedding({.table = normed, .out = picked, .from_batch = ops::BatchIds::kLogitRows, .batch = &batch});
     return logits(be, picked, m.head.defined() ? m.head : lm_head);

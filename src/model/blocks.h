@@ -239,8 +239,7 @@ struct CausalLM {
   // batch.positions[r] with next token batch.token_ids[r] and previous hidden state
   // h.index0(h_rows[r]) (h: [*, d_model]). Writes the layer's output rows o into
   // `out_hidden` [>= n_tokens, d_model] and returns the logits of batch.logit_rows, as
-  // forward does (none asked for: an undefined tensor, the head not run). kv: the model's
-  // caches (the MTP layer's is the last).
+  // forward does. kv: the model's caches (the MTP layer's is the last).
   Tensor mtp_forward(ops::Backend& be, const ops::BatchMeta& batch, const Tensor& h, std::span<const int32_t> h_rows,
                      std::vector<LayerKv>& kv, const Tensor& out_hidden) const;
 

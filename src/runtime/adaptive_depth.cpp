@@ -46,7 +46,6 @@ int32_t AdaptiveDepth::decide(std::span<const int32_t> draft_lengths) {
   if (chosen == 0 &&
       best_depth(std::vector<double>(size_t(max_k), kHopefulAcceptance), cost, draft_lengths, max_k) == 0)
     interval *= std::max(config_.hopeless_probe_factor, 1);
-  interval_ = interval;
   if (++since_probe_ < interval) return chosen;
   since_probe_ = 0;
   // A probe: while speculation loses, each depth 1 .. K in turn (the acceptance of deeper

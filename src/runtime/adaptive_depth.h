@@ -82,15 +82,6 @@ class AdaptiveDepth {
     if (!config_.adaptive || verify_timed_ < config_.warmup_steps) return config_.max_depth;
     return std::min(config_.max_depth, last_choice_ + 1);
   }
-  // Whether the next step may use drafts at all: at a fixed depth, through the warm-up, after
-  // a choice above 0, or when a probe is due. A drafter whose drafts cost (MTP: the layer's
-  // head and a read-back) may withhold them otherwise, and then calls withheld(), which counts
-  // the step towards the next probe as a choice of 0 would.
-  bool drafts_due() const {
-    if (!config_.adaptive || verify_timed_ < config_.warmup_steps || last_choice_ > 0) return true;
-    return since_probe_ + 1 >= interval_;
-  }
-  void withheld() { ++since_probe_; }
   // A sequence's verification in the current step: n_draft drafts, the first n_accepted stood.
   void record_verification(int32_t n_draft, int32_t n_accepted);
   // The end of a step: the verifications recorded since the last call enter the acceptance
@@ -134,7 +125,6 @@ class AdaptiveDepth {
   int64_t steps_ = 0, choices_ = 0, depth_total_ = 0, probes_ = 0;
   int32_t probe_cursor_ = 0, since_probe_ = 0;
   int32_t last_choice_ = 0;
-  int32_t interval_ = 1;  // the probe interval of the last decision (1: probe at once)
   double recent_depth_ = 0.0;
 };
 

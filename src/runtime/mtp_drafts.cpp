@@ -41,12 +41,8 @@ std::vector<int32_t> argmax_rows(ops::Backend& be, const Tensor& logits) {
 
 void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
   const int32_t bs = blocks_->block_size();
-  // Chained drafts as deep as the depth policy may use next (runtime/adaptive_depth.h); none
-  // at all while it chooses no drafts and no probe is due: then the layer only writes its
-  // cache (no head, no read-back), and the step counts towards the next probe.
-  const bool due = depth_->drafts_due();
-  if (!due) depth_->withheld();
-  const int32_t k = due ? depth_->drafts_wanted() : 0;
+  // Chained drafts as deep as the depth policy may use next (runtime/adaptive_depth.h).
+  const int32_t k = depth_->drafts_wanted();
   // One row per kept position of each running sequence.
   ops::BatchMeta& b = mtp_batch_;
   b = ops::BatchMeta{};
@@ -76,10 +72,8 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
       b.positions.push_back(live->first_pos);
       b.slot_mapping.push_back(ops::kPadSlot);
       h_rows.push_back(r.first_row);
-      if (due) {
-        b.logit_rows.push_back(b.n_tokens() - 1);
-        drafter.push_back(nullptr);
-      }
+      b.logit_rows.push_back(b.n_tokens() - 1);
+      drafter.push_back(nullptr);
       continue;
     }
     KILN_CHECK_LT(r.first_pos + kept, seq.n_tokens()) << "mtp: a kept position without its next token";
@@ -96,7 +90,7 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
     }
     seq.mtp_draft.clear();
     seq.mtp_draft_at = -1;
-    if (due && seq.n_uncomputed() == 1) {  // decoding: its last row drafts
+    if (seq.n_uncomputed() == 1) {  // decoding: its last row drafts
       b.logit_rows.push_back(b.n_tokens() - 1);
       drafter.push_back(&seq);
     }
@@ -107,8 +101,7 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
   // backend replays recordings of them (model::CausalLM::mtp_forward).
   const auto pad_decode_shape = [&] {
     const int32_t n = b.n_tokens();
-    const bool logits = !b.logit_rows.empty();  // every row drafts, or none does
-    if (n != b.n_seqs() || (logits && int32_t(b.logit_rows.size()) != n)) return;
+    if (n != b.n_seqs() || int32_t(b.logit_rows.size()) != n) return;
     for (int32_t r = 0; r < n; ++r)
       if (h_rows[size_t(r)] != r) return;
     for (int32_t r = n; r < decode_bucket(n); ++r) {  // padding rows: the first row again, nothing stored
@@ -118,7 +111,7 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
       b.token_ids.push_back(b.token_ids[0]);
       b.positions.push_back(b.positions[0]);
       b.slot_mapping.push_back(ops::kPadSlot);
-      if (logits) b.logit_rows.push_back(r);
+      b.logit_rows.push_back(r);
       h_rows.push_back(r);
     }
   };
@@ -141,7 +134,7 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
       KILN_LOG(kError, "MTP step failed: " << logits.status().to_string());
       throw EngineFailure(logits.status().to_string());
     }
-    return logits->defined() ? argmax_rows(*backend_, *logits) : std::vector<int32_t>{};
+    return argmax_rows(*backend_, *logits);
   };
   std::vector<int32_t> ids = run(/*from_step=*/true);
   std::vector<Sequence*> decoding;  // the drafting sequences, and their rows of the last MTP step

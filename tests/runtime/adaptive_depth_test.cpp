@@ -91,9 +91,7 @@ TEST(AdaptiveDepth, OffAlwaysChoosesFullDepthAndNoDraftsIsNoChoice) {
 }
 
 // drafts_wanted (how deep an MTP drafter chains): K at a fixed depth and through the warm-up
-// (decode steps, then verify steps at K); then one more than the last choice. drafts_due:
-// whether drafts are needed at all for the next step (withheld while the choice is 0 until a
-// probe is due).
+// (decode steps, then verify steps at K); then one more than the last choice.
 TEST(AdaptiveDepth, DraftsWantedFollowTheLastChoice) {
   AdaptiveDepth fixed({.max_depth = 3, .adaptive = false});
   EXPECT_EQ(fixed.drafts_wanted(), 3);
@@ -112,17 +110,6 @@ TEST(AdaptiveDepth, DraftsWantedFollowTheLastChoice) {
   }
   EXPECT_EQ(p.choose(lengths), 0);
   EXPECT_EQ(p.drafts_wanted(), 1);  // no chained passes while the choice is 0
-  // While the choice is 0 drafts are due only when a probe is: the steps that withhold them
-  // count towards it, and the decision after them probes.
-  int withheld = 0;
-  while (!p.drafts_due()) {
-    p.withheld();
-    p.record_step(true, false, 2, 2e-3);
-    ASSERT_LT(++withheld, 10000);
-  }
-  EXPECT_GE(withheld, 30);
-  EXPECT_GT(p.choose(lengths), 0) << "a probe";
-  EXPECT_TRUE(p.drafts_due());
   // Cheap rows and drafts that stand (a simulated step cost of 2 ms + 1 us per extra row):
   // whatever the policy picks, the drafts wanted are one more, up to K.
   std::vector<int32_t> seen;
