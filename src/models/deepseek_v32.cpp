@@ -7,7 +7,7 @@
 //   rope is interleaved on both);
 // - GLM-5's indexer_types: a "shared" layer has no indexer and reuses the top-k of the
 //   layer before it (the latest "full" one).
-// The MTP layers are not used.
+// The first MTP layer is loaded for --speculative-method mtp (see the binder below).
 //
 // KILN_DSA=dense (a benchmark baseline, docs/perf/2026-families.md): the
 // same model with DeepSeek sparse attention off, as engines without DSA kernels run it:
@@ -74,9 +74,13 @@ Result<model::CausalLM> build_dsa(const formats::ModelConfig& c, model::WeightLo
   const int64_t first = w.shard().layer_begin;
   return model::build_decoder(w, c, [&](int64_t i, const std::string& p, model::DecoderLayer& l) {
     KILN_ASSIGN_OR_RETURN(model::Mla mla, model::load_mla(w, c, p + ".self_attn"));
+    // The MTP layer (i past the decoder layers: --speculative-method mtp) has an indexer of
+    // its own, as vLLM's deepseek_mtp builds it for these models (its block a DSA layer with
+    // the top-k buffer, indexed as layer 0, whose indexer is always "full").
+    const bool mtp_layer = i >= c.mtp_first_layer;
     if (dense) {
       // dense MLA: neither an indexer nor a reused selection
-    } else if (c.indexer_types[size_t(i)] == "full") {
+    } else if (mtp_layer || c.indexer_types[size_t(i)] == "full") {
       KILN_ASSIGN_OR_RETURN(mla.indexer, load_indexer(w, c, p + ".self_attn.indexer", index_rope));
     } else if (i == first) {
       return unsupported("layer " + std::to_string(i) + " reuses the previous layer's DSA top-k (indexer_types "
@@ -86,7 +90,7 @@ Result<model::CausalLM> build_dsa(const formats::ModelConfig& c, model::WeightLo
       mla.reuse_selection = true;
     }
     l.attn = std::move(mla);
-    const bool moe = c.mlp_layer_types.empty()
+    const bool moe = c.mlp_layer_types.empty() || mtp_layer
                          ? c.n_experts > 0 && i >= c.first_k_dense_replace && i % freq == 0
                          : c.mlp_layer_types[size_t(i)] == "sparse";
     if (moe) {

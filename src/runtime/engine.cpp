@@ -75,7 +75,8 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_dir,
     return invalid_argument(
         "--speculative-method mtp needs the checkpoint's multi-token prediction layer, and " + e->config_.architecture +
         (e->config_.n_mtp_layers == 0 ? " here has none (num_nextn_predict_layers is 0 or absent)"
-                                      : " has one kiln cannot run yet (only DeepSeek-V3 / GLM-4.5-style layers)") +
+                                      : " has one kiln cannot run yet (DeepSeek-V3 / GLM-4.5-style layers only, and "
+                                        "no pipeline parallelism)") +
         "; use --speculative-method ngram");
   }
   KILN_RETURN_IF_ERROR(e->size_kv_cache(options).with_context("loading " + model_dir));
@@ -129,10 +130,9 @@ Status Engine::load_weights(const std::string& model_dir, const EngineOptions& o
     model::WeightLoader loader = dummy ? model::WeightLoader::dummy(be, /*seed=*/20261123, quant)
                                        : model::WeightLoader(*ckpt, be, quant);
     model::Shard sh = shard;
-    // MTP layers of the DeepSeek-V3 / GLM-4.5 kind; not yet with DeepSeek sparse attention
-    // (the layer's indexer) or a pipeline (its last stage would need the first's embedding).
-    sh.mtp = options.speculative_method == SpeculativeMethod::kMtp && config_.index_topk == 0 &&
-             options.parallel.pipeline_parallel == 1;
+    // MTP layers of the DeepSeek-V3 / GLM-4.5 / DeepSeek-V3.2 / GLM-5 kind; not with a
+    // pipeline (its last stage would need the first's embedding).
+    sh.mtp = options.speculative_method == SpeculativeMethod::kMtp && options.parallel.pipeline_parallel == 1;
     loader.set_shard(sh);
     if (options.on_load_progress) {
       loader.set_progress([&report, rank](uint64_t done, uint64_t total) { report(rank, done, total); });

@@ -2,10 +2,14 @@
 // on the CPU reference: engines drafting with the checkpoint's multi-token prediction
 // layer give exactly the tokens and logprobs of engines without drafts, under batching,
 // chunked prefill, preemption, prefix caching and sampling. The fixtures' configs declare
-// an MTP layer (num_nextn_predict_layers 1) that transformers does not save, so these
+// an MTP layer (num_nextn_predict_layers 1; added here for the DeepSeek sparse attention
+// fixtures, whose MTP layer has an indexer of its own) that transformers does not save, so these
 // engines load dummy weights (the same main-model weights with and without the layer:
 // dummy tensors are seeded by name); the MTP layer's arithmetic against a reference is
 // tested on the trained MTP demo model (models/mtp_demo_test.cpp).
+#include <filesystem>
+#include <fstream>
+
 #include <nlohmann/json.hpp>
 
 #include "engine_test_util.h"
@@ -15,7 +19,17 @@ namespace {
 
 using test::Outputs;
 
-std::string config_of(const std::string& fixture) { return testing::fixture_dir(fixture) + "/config.json"; }
+// The fixture's config.json, with an MTP layer declared where transformers' config has
+// none (the DSA fixtures: DeepSeek-V3.2 / GLM-5 checkpoints declare one).
+std::string config_of(const std::string& fixture) {
+  const std::string path = testing::fixture_dir(fixture) + "/config.json";
+  nlohmann::json c = testing::read_json(path);
+  if (c.value("num_nextn_predict_layers", 0) > 0) return path;
+  c["num_nextn_predict_layers"] = 1;
+  const std::string out = (std::filesystem::temp_directory_path() / ("kiln_mtp_" + fixture + ".json")).string();
+  std::ofstream(out) << c.dump(1);
+  return out;
+}
 
 EngineOptions with(EngineOptions o, SpeculativeMethod m, int32_t k, bool adaptive = false) {
   o.load_format = LoadFormat::kDummy;
@@ -122,7 +136,8 @@ TEST_P(MtpFixture, OutputsEqualUnderPreemptionAndPrefixCaching) {
   EXPECT_EQ(mtp->stats().kv_blocks_used, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, MtpFixture, ::testing::Values("glm4_moe", "deepseek_v3", "deepseek_v3_mla"),
+INSTANTIATE_TEST_SUITE_P(Fixtures, MtpFixture,
+                         ::testing::Values("glm4_moe", "deepseek_v3", "deepseek_v3_mla", "deepseek_v32", "glm_moe_dsa"),
                          [](const auto& info) { return info.param; });
 
 TEST(Mtp, ModelsWithoutAnMtpLayerAreRefusedAtLoad) {
