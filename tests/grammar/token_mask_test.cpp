@@ -198,7 +198,11 @@ TEST(TokenMask, SharedCacheAcrossThreadsEqualsTheUncachedMasks) {
   }
   for (std::thread& th : threads) th.join();
   EXPECT_EQ(mismatches.load(), 0) << "of " << states.load() << " states";
-  EXPECT_GT(hits.load(), 4 * misses.load()) << hits.load() << " hits, " << misses.load() << " misses";
+  // Sharing: the misses are about the distinct views, each walked once by whichever thread
+  // met it first (two threads may miss one view at the same moment: the bound allows every
+  // view twice: 164-186 misses of 163 views measured, the old bound of hits > 4 misses failed
+  // once at 186 on a loaded 2-core machine); four threads without the shared cache miss 541.
+  EXPECT_LT(misses.load(), 2 * shared->n_entries()) << hits.load() << " hits, " << misses.load() << " misses";
   EXPECT_GT(shared->n_entries(), 0u);
   std::printf("[ shared ] %d states on 4 threads: %zu hits, %zu misses, %zu shared entries\n", states.load(),
               hits.load(), misses.load(), shared->n_entries());
