@@ -69,7 +69,8 @@ int print_ranks(const formats::ModelConfig& config, const formats::QuantConfig& 
                             .kv_dtype = *kv_dtype,
                             .max_num_batched_tokens = io.max_num_batched_tokens > 0 ? io.max_num_batched_tokens
                                                                                     : std::max(2048, io.max_num_seqs),
-                            .max_num_seqs = io.max_num_seqs};
+                            .max_num_seqs = io.max_num_seqs,
+                            .mtp = o.speculative_method == "mtp"};
 #ifdef KILN_HAVE_CUDA
   // The CUDA backend's packed layout (pure host arithmetic: no GPU needed).
   so.held_bytes = [](const formats::QuantizedTensor& q) -> Result<int64_t> {
@@ -226,6 +227,10 @@ void add_inspect_command(CLI::App& app, Subcommands& commands) {
       ->capture_default_str();
   cmd->add_option("--num-layers", o.num_layers, "the first N decoder layers only (0: all)")
       ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--speculative-method", o.speculative_method,
+                  "mtp: size the checkpoint's first MTP layer too, as kiln serve loads it for MTP drafts")
+      ->check(CLI::IsMember({"off", "ngram", "mtp"}))
       ->capture_default_str();
   cmd->add_option("--max-num-seqs", io->max_num_seqs, "sequences per step, as kiln serve's")->capture_default_str();
   cmd->add_option("--max-num-batched-tokens", io->max_num_batched_tokens,

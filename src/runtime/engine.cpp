@@ -165,7 +165,8 @@ Status Engine::check_layout_fits(const formats::QuantConfig& quant, const Engine
                    .kv_dtype = o.kv_cache_dtype,
                    .max_num_batched_tokens = o.max_num_batched_tokens > 0 ? o.max_num_batched_tokens
                                                                           : std::max(2048, o.max_num_seqs),
-                   .max_num_seqs = o.max_num_seqs};
+                   .max_num_seqs = o.max_num_seqs,
+                   .mtp = o.speculative_method == SpeculativeMethod::kMtp};
   so.held_bytes = [this](const formats::QuantizedTensor& q) { return backend_->quantized_bytes(q); };
   Result<std::vector<RankSizing>> sizes = size_layout(config_, quant, *backend_, so);
   if (!sizes.ok()) {  // the load itself names what is wrong, if anything is

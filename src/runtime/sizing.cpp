@@ -60,7 +60,8 @@ Result<std::vector<RankSizing>> size_layout(const formats::ModelConfig& config, 
                                             ops::Backend& host, const SizingOptions& o) {
   std::vector<RankSizing> out;
   for (int rank = 0; rank < o.parallel.world(); ++rank) {
-    const model::Shard shard = shard_of(o.parallel, rank, config.n_layers);
+    model::Shard shard = shard_of(o.parallel, rank, config.n_layers);
+    shard.mtp = o.mtp && o.parallel.pipeline_parallel == 1;  // as Engine::load_weights binds it
     model::WeightLoader loader = model::WeightLoader::sizing(host, quant, o.held_bytes);
     loader.set_shard(shard);
     Result<model::CausalLM> lm = models::build_model(config, loader);

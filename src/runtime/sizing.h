@@ -36,6 +36,7 @@ struct SizingOptions {
   KvCacheDtype kv_dtype = KvCacheDtype::kBf16;
   int32_t max_num_batched_tokens = 2048;
   int32_t max_num_seqs = 256;
+  bool mtp = false;  // --speculative-method mtp: the first MTP layer too (model::Shard::mtp)
   // Bytes a device holds for a quantized weight in the checkpoint layout (a backend's
   // packed layout, e.g. cuda::packed_layout); null: the checkpoint layout's own bytes.
   std::function<Result<int64_t>(const formats::QuantizedTensor&)> held_bytes;

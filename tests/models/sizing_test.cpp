@@ -80,6 +80,33 @@ TEST_P(Sizing, UnbackedBindingIsWhatADummyLoadHolds) {
   }
 }
 
+// With --speculative-method mtp the MTP layer is sized too (its weights and its KV layer),
+// as a dummy load with the MTP layer holds it.
+TEST(SizingMtp, TheMtpLayerIsSizedAsItLoads) {
+  const std::string dir = testing::fixture_dir("kiln_mtp_demo");
+  auto config = formats::load_config(dir);
+  auto quant = formats::load_quant_config(dir);
+  ASSERT_TRUE(config.ok() && quant.ok());
+  auto cpu = cpu::make_cpu_backend(1);
+  for (const runtime::ParallelConfig p : {runtime::ParallelConfig{}, runtime::ParallelConfig{.tensor_parallel = 2}}) {
+    auto without = runtime::size_layout(*config, *quant, *cpu, {.parallel = p});
+    auto with = runtime::size_layout(*config, *quant, *cpu, {.parallel = p, .mtp = true});
+    ASSERT_TRUE(without.ok() && with.ok());
+    for (int r = 0; r < p.world(); ++r) {
+      model::Shard shard = runtime::shard_of(p, r, config->n_layers);
+      shard.mtp = true;
+      model::WeightLoader loader = model::WeightLoader::dummy(*cpu, /*seed=*/7, *quant);
+      loader.set_shard(shard);
+      auto lm = models::build_model(*config, loader);
+      ASSERT_TRUE(lm.ok() && lm->mtp.has_value());
+      EXPECT_EQ((*with)[size_t(r)].weight_bytes, int64_t(loader.device_bytes())) << "rank " << r;
+      EXPECT_GT((*with)[size_t(r)].weight_bytes, (*without)[size_t(r)].weight_bytes);
+      // 4 decoder layers and the MTP layer: 5/4 the KV bytes of a token.
+      EXPECT_EQ((*with)[size_t(r)].kv_bytes_per_token * 4, (*without)[size_t(r)].kv_bytes_per_token * 5);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, Sizing,
                          ::testing::Combine(::testing::ValuesIn(testing::every_fixture()),
                                             ::testing::Range(0, int(std::size(kLayouts)))),
