@@ -30,13 +30,15 @@ test("models lists the served model", async () => {
 
 test("a request without a model gets the served one (chat and completions)", async () => {
   // The client does not insist on a model; llama.cpp tutorials leave it out.
-  const chat = await client.chat.completions.create({ messages: [{ role: "user", content: "Hi" }], max_tokens: 3 });
+  // Greedy, so that no sampled end-of-sequence cuts the counted tokens short (the demo's
+  // generation_config samples at 0.7 with a fresh seed per request).
+  const chat = await client.chat.completions.create({ messages: [{ role: "user", content: "Hi" }], max_tokens: 3, temperature: 0 });
   assert.equal(chat.model, "kiln-demo");
   assert.equal(chat.usage.completion_tokens, 3);
-  const completion = await client.completions.create({ prompt: "Once", max_tokens: 3 });
+  const completion = await client.completions.create({ prompt: "Once", max_tokens: 3, temperature: 0 });
   assert.equal(completion.model, "kiln-demo");
   assert.equal(completion.usage.completion_tokens, 3);
-  const stream = await client.chat.completions.create({ messages: [{ role: "user", content: "Hi" }], max_tokens: 3, stream: true });
+  const stream = await client.chat.completions.create({ messages: [{ role: "user", content: "Hi" }], max_tokens: 3, stream: true, temperature: 0 });
   let chunks = 0;
   for await (const chunk of stream) {
     assert.equal(chunk.model, "kiln-demo");
