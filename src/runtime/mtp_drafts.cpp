@@ -55,10 +55,12 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
   // the MTP step stays replayable (below).
   const bool one_row_each =
       std::all_of(rows.begin(), rows.end(), [](const StepBatch::Rows& r) { return r.n_rows == 1; });
-  const StepBatch::Rows* live = nullptr;  // a running sequence's row, the padding rows' model
-  for (const StepBatch::Rows& r : rows)
-    if (r.seq->state == SeqState::kRunning && r.seq->n_computed > r.first_pos) live = live ? live : &r;
-  if (live == nullptr) return;
+  // A running sequence's row, the padding rows' model (none: nothing to run).
+  const auto it = std::find_if(rows.begin(), rows.end(), [](const StepBatch::Rows& r) {
+    return r.seq->state == SeqState::kRunning && r.seq->n_computed > r.first_pos;
+  });
+  if (it == rows.end()) return;
+  const StepBatch::Rows* live = &*it;
   for (const StepBatch::Rows& r : rows) {
     Sequence& seq = *r.seq;
     // The step's rows of this sequence that stand: those now below n_computed.
