@@ -688,17 +688,28 @@ std::vector<StepOutput> Engine::step() {
       emit(seq, std::move(t), outs, done);
     }
   }
-  // Speculative verification: each sequence's rows [last, d1 .. dk] follow the sampled ones.
-  int64_t row = int64_t(sampled.size());
+  // Speculative verification: each sequence's rows [last, d1 .. dk] follow the sampled
+  // ones; all of them sampled in one call.
   const std::vector<std::vector<uint32_t>> verify_masks =
       draft_masks.valid() ? draft_masks.get() : std::vector<std::vector<uint32_t>>(verify.size());
+  std::vector<VerifyRows> to_verify;
+  int64_t verify_rows = 0;
+  for (size_t i = 0; i < verify.size(); ++i) {
+    Sequence& seq = *verify[i].seq;
+    to_verify.push_back({.sampler = &seq.sampler,
+                         .draft = std::span<const int32_t>(seq.draft.data(), size_t(verify[i].n_draft)),
+                         .allowed = verify_masks[i]});
+    verify_rows += verify[i].n_draft + 1;
+  }
+  std::vector<Verification> results;
+  if (!to_verify.empty()) {
+    const int64_t row = int64_t(sampled.size());
+    results = verify_drafts(*backend_, logits.slice0(row, row + verify_rows), to_verify);
+  }
   for (size_t i = 0; i < verify.size(); ++i) {
     const StepBatch::Verify& v = verify[i];
     Sequence& seq = *v.seq;
-    const std::span<const int32_t> draft(seq.draft.data(), size_t(v.n_draft));
-    Verification result =
-        verify_drafts(*backend_, logits.slice0(row, row + v.n_draft + 1), seq.sampler, draft, verify_masks[i]);
-    row += v.n_draft + 1;
+    Verification& result = results[i];
     stats_.spec_draft_tokens += v.n_draft;
     stats_.spec_accepted_tokens += result.n_accepted;
     ++stats_.spec_verified_seqs;

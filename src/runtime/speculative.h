@@ -42,4 +42,15 @@ struct Verification {
 Verification verify_drafts(ops::Backend& backend, const Tensor& rows, Sampler& sampler, std::span<const int32_t> draft,
                            std::span<const uint32_t> allowed = {});
 
+// One sequence's part of a step's verification: its sampler, drafts and (constrained) masks.
+struct VerifyRows {
+  Sampler* sampler = nullptr;
+  std::span<const int32_t> draft;     // k >= 1
+  std::span<const uint32_t> allowed;  // (k + 1) mask rows, or empty: unconstrained
+};
+// verify_drafts for several sequences in one backend call (one sample launch and one
+// read-back a step, not one per sequence): `rows` holds each sequence's k + 1 rows after
+// the previous one's. Results in the order of `seqs`, each as verify_drafts gives it.
+std::vector<Verification> verify_drafts(ops::Backend& backend, const Tensor& rows, std::span<const VerifyRows> seqs);
+
 }  // namespace kiln::runtime

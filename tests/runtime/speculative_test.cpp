@@ -116,6 +116,85 @@ TEST(SpeculativeVerify, EmittedTokensFollowTheTargetDistributionForLikelyAndUnli
   }
 }
 
+// A step's verifications in one call equal one call per sequence: tokens, logprobs, the
+// accepted counts and each sampler's draws afterwards, for greedy and sampled rows,
+// penalties counting the drafts before each row, and one sequence's rows masked (the
+// others then get all-ones masks).
+TEST(SpeculativeVerify, OneCallForAllSequencesEqualsOneCallEach) {
+  auto be = cpu::make_cpu_backend(1);
+  const int32_t vocab = 40;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  const std::vector<SamplingParams> params = {
+      {.temperature = 0.0f, .logprobs = 2},
+      {.temperature = 0.9f, .seed = 11, .logprobs = 0},
+      {.temperature = 0.0f, .repetition_penalty = 1.5f},
+      {.temperature = 1.2f, .top_k = 6, .seed = 12, .presence_penalty = 0.5f, .frequency_penalty = 0.3f},
+      {.temperature = 0.7f, .top_p = 0.9f, .seed = 13, .logprobs = 3},
+  };
+  std::vector<std::vector<int32_t>> drafts;
+  std::vector<std::vector<float>> logits;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int32_t k = 1 + int32_t(i % 3);
+    std::vector<float> l(size_t((k + 1) * vocab));
+    for (float& x : l) x = normal(rng);
+    std::vector<int32_t> d;
+    // Drafts of each row's argmax for the first rows (they stand when greedy), then a miss.
+    for (int32_t r = 0; r < k; ++r) {
+      const auto row = l.begin() + long(r * vocab);
+      d.push_back(r + 1 < k ? int32_t(std::max_element(row, row + vocab) - row) : (r * 7 + 3) % vocab);
+    }
+    drafts.push_back(d);
+    logits.push_back(l);
+  }
+  // Sequence 3's rows may take only even tokens.
+  const int64_t words = ops::token_mask_words(vocab);
+  std::vector<uint32_t> even(size_t(int64_t(drafts[3].size() + 1) * words), 0);
+  for (int64_t r = 0; r <= int64_t(drafts[3].size()); ++r)
+    for (int32_t t = 0; t < vocab; t += 2) even[size_t(r * words + t / 32)] |= 1u << (t % 32);
+  const auto allowed = [&](size_t i) { return i == 3 ? std::span<const uint32_t>(even) : std::span<const uint32_t>(); };
+  const auto make_samplers = [&] {
+    std::vector<Sampler> s;
+    for (const SamplingParams& p : params) {
+      s.emplace_back(p);
+      for (int32_t t : {1, 2, 2, 5}) s.back().observe_generated(t);  // penalties have something to count
+    }
+    return s;
+  };
+  std::vector<Sampler> one = make_samplers(), all = make_samplers();
+  std::vector<Verification> want;
+  std::vector<float> flat;
+  for (size_t i = 0; i < params.size(); ++i) {
+    Tensor rows = be->alloc(DType::kF32, {int64_t(drafts[i].size() + 1), vocab});
+    be->from_host_f32(logits[i].data(), rows);
+    want.push_back(verify_drafts(*be, rows, one[i], drafts[i], allowed(i)));
+    flat.insert(flat.end(), logits[i].begin(), logits[i].end());
+  }
+  Tensor rows = be->alloc(DType::kF32, {int64_t(flat.size() / vocab), vocab});
+  be->from_host_f32(flat.data(), rows);
+  std::vector<VerifyRows> seqs;
+  for (size_t i = 0; i < params.size(); ++i)
+    seqs.push_back({.sampler = &all[i], .draft = drafts[i], .allowed = allowed(i)});
+  const std::vector<Verification> got = verify_drafts(*be, rows, seqs);
+  ASSERT_EQ(got.size(), want.size());
+  int32_t accepted = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].n_accepted, want[i].n_accepted) << "sequence " << i;
+    accepted += got[i].n_accepted;
+    ASSERT_EQ(got[i].tokens.size(), want[i].tokens.size()) << "sequence " << i;
+    for (size_t t = 0; t < want[i].tokens.size(); ++t) {
+      EXPECT_EQ(got[i].tokens[t].token, want[i].tokens[t].token) << "sequence " << i << " token " << t;
+      EXPECT_EQ(got[i].tokens[t].logprob, want[i].tokens[t].logprob) << "sequence " << i << " token " << t;
+      EXPECT_EQ(got[i].tokens[t].top_ids, want[i].tokens[t].top_ids) << "sequence " << i << " token " << t;
+      EXPECT_EQ(got[i].tokens[t].top_logprobs, want[i].tokens[t].top_logprobs) << "sequence " << i << " token " << t;
+      if (i == 3) EXPECT_EQ(got[i].tokens[t].token % 2, 0) << "a masked row's token";
+    }
+    EXPECT_EQ(all[i].next_uniform(), one[i].next_uniform()) << "sequence " << i << "'s draws afterwards";
+  }
+  EXPECT_GT(accepted, 0);  // some drafts stood, some did not
+  EXPECT_LT(accepted, int32_t(drafts[0].size() + drafts[1].size() + drafts[2].size() + drafts[3].size() + drafts[4].size()));
+}
+
 // Prompts that repeat themselves (a phrase four times, then a little noise), so that
 // drafts are proposed from the start and accepted where the model continues the pattern.
 std::vector<int32_t> repetitive_prompt(int32_t i) {
