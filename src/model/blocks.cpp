@@ -286,13 +286,15 @@ Tensor CausalLM::mtp_forward(ops::Backend& be, const ops::BatchMeta& batch, cons
   const MtpLayer& m = *mtp;
   // Row r reading hidden row r (a decode-shaped step's rows in order) needs no gather, and
   // without a row at position 0 (whose embedding is zeroed) the step reads only the batch:
-  // a GPU backend may record and replay it like a decode step.
+  // a GPU backend may record and replay it like a decode step. Other rows are gathered
+  // into out_hidden first (one op on host ids, outside the recording; the body reads them
+  // before it writes its output there), so chained drafts replay too.
   bool identity = true, zero_rows = false;
   for (int64_t r = 0; r < n_tokens; ++r) {
     identity = identity && h_rows[size_t(r)] == r;
     zero_rows = zero_rows || batch.positions[size_t(r)] == 0;
   }
-  const auto body = [&] {
+  const auto body = [&](const Tensor& hidden) {
     Tensor e = act(be, {n_tokens, d_model});
     be.embedding({.table = m.embed.defined() ? m.embed : embed, .out = e, .from_batch = ops::BatchIds::kTokens,
                   .batch = &batch, .id_begin = vocab_begin, .vocab_size = vocab_size});
@@ -300,14 +302,7 @@ Tensor CausalLM::mtp_forward(ops::Backend& be, const ops::BatchMeta& batch, cons
     for (int64_t r = 0; r < n_tokens; ++r)  // as vLLM: no embedding at position 0
       if (batch.positions[size_t(r)] == 0) be.fill_random({.out = e.slice0(r, r + 1), .mean = 0.0f, .stddev = 0.0f});
     Tensor hn = act(be, {n_tokens, d_model});
-    if (identity) {
-      be.rms_norm({.x = h.slice0(0, n_tokens), .weight = m.hnorm, .out = hn, .eps = norm_eps});
-    } else {
-      Tensor ids = host_tensor(DType::kI32, {n_tokens});
-      std::copy(h_rows.begin(), h_rows.end(), ids.as<int32_t>());
-      be.embedding({.table = h, .ids = ids, .out = hn});
-      be.rms_norm({.x = hn, .weight = m.hnorm, .out = hn, .eps = norm_eps});
-    }
+    be.rms_norm({.x = hidden.slice0(0, n_tokens), .weight = m.hnorm, .out = hn, .eps = norm_eps});
     Tensor both = act(be, {n_tokens, 2 * d_model});
     be.rms_norm({.x = e, .weight = m.enorm, .out = e, .eps = norm_eps});
     be.slice_columns({.src = e, .dst = both, .n_cols = d_model});
@@ -325,15 +320,23 @@ Tensor CausalLM::mtp_forward(ops::Backend& be, const ops::BatchMeta& batch, cons
     be.embedding({.table = normed, .out = picked, .from_batch = ops::BatchIds::kLogitRows, .batch = &batch});
     return logits(be, picked, m.head.defined() ? m.head : lm_head);
   };
-  if (identity && !zero_rows) {
+  if (!identity) {
+    KILN_CHECK(h.data != out_hidden.data) << "mtp_forward: gathering hidden rows in place";
+    Tensor ids = host_tensor(DType::kI32, {n_tokens});
+    std::copy(h_rows.begin(), h_rows.end(), ids.as<int32_t>());
+    be.embedding({.table = h, .ids = ids, .out = out_hidden.slice0(0, n_tokens)});
+  }
+  const Tensor& hidden = identity ? h : out_hidden;
+  if (!zero_rows) {
     // One recording per (layer, input buffer, output buffer): a replay reads and writes
     // the addresses it was recorded with.
-    const uint64_t key = uint64_t(reinterpret_cast<uintptr_t>(&m)) ^ (uint64_t(reinterpret_cast<uintptr_t>(h.data)) << 1) ^
+    const uint64_t key = uint64_t(reinterpret_cast<uintptr_t>(&m)) ^
+                         (uint64_t(reinterpret_cast<uintptr_t>(hidden.data)) << 1) ^
                          (uint64_t(reinterpret_cast<uintptr_t>(out_hidden.data)) << 2);
-    return be.run_step(batch, key, body);
+    return be.run_step(batch, key, [&] { return body(hidden); });
   }
-  be.begin_step(batch);  // eager: the gather reads host ids, the zeroing depends on positions
-  return body();
+  be.begin_step(batch);  // eager: the zeroing depends on positions
+  return body(hidden);
 }
 
 Tensor CausalLM::logits(ops::Backend& be, const Tensor& picked, const ops::Weight& head) const {

@@ -43,69 +43,71 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
   const int32_t bs = blocks_->block_size();
   // Chained drafts as deep as the depth policy may use next (runtime/adaptive_depth.h).
   const int32_t k = depth_->drafts_wanted();
-  // One row per kept position of each running sequence.
   ops::BatchMeta& b = mtp_batch_;
   b = ops::BatchMeta{};
   b.block_size = bs;
   std::vector<int32_t> h_rows;
-  std::vector<Sequence*> drafter;  // per logit row: its sequence, or null for a padding row
   std::vector<const std::vector<int32_t>*> tables;
-  // In a decode-shaped step (every sequence one row), a sequence that ended in it keeps its
-  // row as padding (nothing stored, its draft ignored): row r still reads hidden row r, so
-  // the MTP step stays replayable (below).
-  const bool one_row_each =
-      std::all_of(rows.begin(), rows.end(), [](const StepBatch::Rows& r) { return r.n_rows == 1; });
-  // A running sequence's row, the padding rows' model (none: nothing to run).
+  // A uniform step (every sequence R <= 8 rows in order: decode steps, R = 1, and uniform
+  // verify steps) runs as it was: all its rows, row r reading hidden row r, every row a logit
+  // row; the rows it did not keep (rejected drafts) and those of a sequence that ended in
+  // it are padding (nothing stored, their logits unused). So the MTP step has the step's
+  // shape and a GPU backend replays a recording of it. Other steps run the kept rows only.
+  const int32_t R = rows.empty() ? 0 : rows[0].n_rows;
+  bool uniform = R >= 1 && R <= 8;  // (a prefill chunk's rows would all be logit rows)
+  for (size_t i = 0; i < rows.size() && uniform; ++i)
+    uniform = rows[i].n_rows == R && rows[i].first_row == int32_t(i) * R;
+  // A running sequence's rows, the padding rows' model (none: nothing to run).
   const auto it = std::find_if(rows.begin(), rows.end(), [](const StepBatch::Rows& r) {
     return r.seq->state == SeqState::kRunning && r.seq->n_computed > r.first_pos;
   });
   if (it == rows.end()) return;
   const StepBatch::Rows* live = &*it;
+  struct Drafter {
+    Sequence* seq;
+    int32_t row;    // its batch row (the MTP output's row, which chains on)
+    int32_t logit;  // its index in the logits
+  };
+  std::vector<Drafter> drafters;
   for (const StepBatch::Rows& r : rows) {
     Sequence& seq = *r.seq;
     // The step's rows of this sequence that stand: those now below n_computed.
     const int32_t kept = seq.state == SeqState::kRunning ? std::min(r.n_rows, seq.n_computed - r.first_pos) : 0;
-    if (kept <= 0) {
-      if (!one_row_each) continue;
-      b.q_start.push_back(b.n_tokens());
-      b.context_len.push_back(live->first_pos + 1);
-      tables.push_back(&live->seq->table.blocks);
-      b.token_ids.push_back(live->seq->tokens[size_t(live->first_pos + 1)]);
-      b.positions.push_back(live->first_pos);
-      b.slot_mapping.push_back(ops::kPadSlot);
-      h_rows.push_back(r.first_row);
-      b.logit_rows.push_back(b.n_tokens() - 1);
-      drafter.push_back(nullptr);
-      continue;
-    }
+    if (kept <= 0 && !uniform) continue;
     KILN_CHECK_LT(r.first_pos + kept, seq.n_tokens()) << "mtp: a kept position without its next token";
+    const StepBatch::Rows& at = kept > 0 ? r : *live;  // a sequence that ended: padding like the live one's rows
+    const int32_t n = uniform ? R : kept;
     b.q_start.push_back(b.n_tokens());
-    b.context_len.push_back(r.first_pos + kept);
-    tables.push_back(&seq.table.blocks);
-    for (int32_t j = 0; j < kept; ++j) {
-      const int32_t p = r.first_pos + j;
-      b.token_ids.push_back(seq.tokens[size_t(p + 1)]);
+    b.context_len.push_back(at.first_pos + n);
+    tables.push_back(&at.seq->table.blocks);
+    for (int32_t j = 0; j < n; ++j) {
+      const int32_t p = at.first_pos + j;
+      const bool keep = j < kept;
+      // Row p's token is x_{p+1}; a padding row's any token of the sequence.
+      b.token_ids.push_back(at.seq->tokens[size_t(keep ? p + 1 : at.first_pos + 1)]);
       b.positions.push_back(p);
-      const std::vector<int32_t>& blocks = seq.table.blocks;
-      b.slot_mapping.push_back(blocks[size_t(p / bs)] * bs + p % bs);
+      b.slot_mapping.push_back(keep ? seq.table.blocks[size_t(p / bs)] * bs + p % bs : ops::kPadSlot);
       h_rows.push_back(r.first_row + j);
+      if (uniform) b.logit_rows.push_back(b.n_tokens() - 1);
     }
+    if (kept <= 0) continue;
     seq.mtp_draft.clear();
     seq.mtp_draft_at = -1;
-    if (seq.n_uncomputed() == 1) {  // decoding: its last row drafts
-      b.logit_rows.push_back(b.n_tokens() - 1);
-      drafter.push_back(&seq);
+    if (seq.n_uncomputed() == 1) {  // decoding: its last kept row drafts
+      const int32_t row = b.n_tokens() - n + kept - 1;
+      if (!uniform) b.logit_rows.push_back(row);
+      drafters.push_back({.seq = &seq, .row = row, .logit = uniform ? row : int32_t(b.logit_rows.size()) - 1});
     }
   }
   if (b.n_tokens() == 0) return;
-  // A decode-shaped batch (one row per sequence, each reading its own hidden row and
-  // drafting) is padded as decode steps are (build_step_batch): few shapes, so a GPU
-  // backend replays recordings of them (model::CausalLM::mtp_forward).
+  // A decode-shaped batch (one row per sequence, each drafting) is padded as decode steps
+  // are (build_step_batch): few shapes, so a GPU backend replays recordings of them
+  // (model::CausalLM::mtp_forward).
   const auto pad_decode_shape = [&] {
     const int32_t n = b.n_tokens();
     if (n != b.n_seqs() || int32_t(b.logit_rows.size()) != n) return;
-    for (int32_t r = 0; r < n; ++r)
-      if (h_rows[size_t(r)] != r) return;
+    bool identity = true;
+    for (int32_t r = 0; r < n; ++r) identity = identity && h_rows[size_t(r)] == r;
     for (int32_t r = n; r < decode_bucket(n); ++r) {  // padding rows: the first row again, nothing stored
       b.q_start.push_back(r);
       b.context_len.push_back(b.context_len[0]);
@@ -114,13 +116,17 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
       b.positions.push_back(b.positions[0]);
       b.slot_mapping.push_back(ops::kPadSlot);
       b.logit_rows.push_back(r);
-      h_rows.push_back(r);
+      h_rows.push_back(identity ? r : h_rows[0]);
     }
   };
   pad_decode_shape();
   const auto fill_tables = [&] {
+    // Wide enough for every row's context (a padding row's may reach past the blocks its
+    // sequence kept: those entries repeat its last block).
+    // Powers of two, as build_step_batch's: a recording per width.
     size_t width = 1;
-    for (const auto* t : tables) width = std::max(width, t->size());
+    for (size_t i = 0; i < tables.size(); ++i)
+      while (width < std::max(tables[i]->size(), size_t((b.context_len[i] + bs - 1) / bs))) width *= 2;
     b.max_blocks_per_seq = int32_t(width);
     b.block_table.clear();
     for (const auto* t : tables) {
@@ -141,12 +147,11 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
   std::vector<int32_t> ids = run(/*from_step=*/true);
   std::vector<Sequence*> decoding;  // the drafting sequences, and their rows of the last MTP step
   std::vector<int32_t> prev_rows;
-  for (size_t i = 0; i < drafter.size(); ++i) {
-    if (drafter[i] == nullptr) continue;
-    drafter[i]->mtp_draft = {ids[i]};
-    drafter[i]->mtp_draft_at = drafter[i]->n_tokens();
-    decoding.push_back(drafter[i]);
-    prev_rows.push_back(b.logit_rows[i]);
+  for (const Drafter& d : drafters) {
+    d.seq->mtp_draft = {ids[size_t(d.logit)]};
+    d.seq->mtp_draft_at = d.seq->n_tokens();
+    decoding.push_back(d.seq);
+    prev_rows.push_back(d.row);
   }
   // Chained drafts: one row per decoding sequence that may use another, at its next
   // position (its block allocated now if need be; none free: its drafts stop here).
