@@ -146,8 +146,8 @@ int cmd_generate(const CommonOptions& o, const std::string& tokens_arg, const Ge
       };
       std::string acceptance;
       for (double a : depth->acceptance()) acceptance += (acceptance.empty() ? "" : " ") + fmt_fixed(a, 2);
-      const runtime::StepCostModel cost = depth->cost_model();
-      std::fprintf(stderr, "kiln: speculative depth (%s): mean k %.2f of %d over %lld steps with drafts (%lld probes); "
+      const runtime::StepCostModel cost = depth->cost_model(1);  // (generate runs one sequence)
+      std::fprintf(stderr, "kiln: speculative depth (%s): mean k %.2f of %d over %lld steps (%lld probes); "
                    "acceptance by position %s; step cost %s\n",
                    depth->config().adaptive ? "adaptive" : "fixed",
                    double(st.spec_depth_total) / double(st.spec_depth_steps), depth->config().max_depth,

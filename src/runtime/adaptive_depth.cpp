@@ -18,36 +18,56 @@ AdaptiveDepth::AdaptiveDepth(const AdaptiveDepthConfig& config)
       acceptance_ema_(size_t(std::max(config.max_depth, 1)), Ema{.n = kPriorTests, .value = 0.5}),
       acceptance_(acceptance_ema_.size(), 0.5),
       step_tested_(acceptance_.size(), 0),
-      step_accepted_(acceptance_.size(), 0) {
+      step_accepted_(acceptance_.size(), 0),
+      costs_(kClasses) {
   KILN_CHECK_GE(config.max_depth, 1) << "adaptive depth needs num_speculative_tokens >= 1";
   KILN_CHECK_GE(config.probe_interval, 1);
+}
+
+size_t AdaptiveDepth::class_of(int32_t batch) {
+  size_t c = 0;
+  while (c + 1 < size_t(kClasses) && (int64_t(1) << c) < int64_t(batch)) ++c;
+  return c;
+}
+
+void AdaptiveDepth::note_choice(int32_t k) {
+  last_choice_ = k;
+  ++choices_;
+  depth_total_ += k;
+  recent_depth_ += std::max(1.0 / 32, 1.0 / double(choices_)) * (double(k) - recent_depth_);
 }
 
 int32_t AdaptiveDepth::choose(std::span<const int32_t> draft_lengths) {
   if (std::none_of(draft_lengths.begin(), draft_lengths.end(), [](int32_t n) { return n > 0; })) return 0;
   const int32_t k = decide(draft_lengths);
-  last_choice_ = k;
-  ++choices_;
-  depth_total_ += k;
-  recent_depth_ += std::max(1.0 / 32, 1.0 / double(choices_)) * (double(k) - recent_depth_);
+  note_choice(k);
   return k;
+}
+
+int32_t AdaptiveDepth::estimate(const Costs& c, std::span<const int32_t> draft_lengths, int32_t& interval) const {
+  const int32_t max_k = config_.max_depth;
+  const StepCostModel cost = line(c);
+  const int32_t chosen = best_depth(acceptance_, cost, draft_lengths, max_k);
+  interval = config_.probe_interval;
+  if (chosen == 0 &&
+      best_depth(std::vector<double>(size_t(max_k), kHopefulAcceptance), cost, draft_lengths, max_k) == 0)
+    interval *= std::max(config_.hopeless_probe_factor, 1);
+  return chosen;
 }
 
 int32_t AdaptiveDepth::decide(std::span<const int32_t> draft_lengths) {
   const int32_t max_k = config_.max_depth;
   if (!config_.adaptive) return max_k;
+  if (config_.schedule) return std::clamp(config_.schedule(steps_ + 1), 0, max_k);
+  Costs& c = costs_[class_of(int32_t(draft_lengths.size()))];
   // Warm-up: the cost of a decode step first, then that of a verify step at depth K (which
   // also measures acceptance at every position the drafts reach).
-  if (decode_timed_ < config_.warmup_steps) return 0;
-  if (verify_timed_ < config_.warmup_steps) return max_k;
-  const StepCostModel cost = cost_model();
-  const int32_t chosen = best_depth(acceptance_, cost, draft_lengths, max_k);
-  int32_t interval = config_.probe_interval;
-  if (chosen == 0 &&
-      best_depth(std::vector<double>(size_t(max_k), kHopefulAcceptance), cost, draft_lengths, max_k) == 0)
-    interval *= std::max(config_.hopeless_probe_factor, 1);
-  if (++since_probe_ < interval) return chosen;
-  since_probe_ = 0;
+  if (c.decode_timed < config_.warmup_steps) return 0;
+  if (c.verify_timed < config_.warmup_steps) return max_k;
+  int32_t interval = 0;
+  const int32_t chosen = estimate(c, draft_lengths, interval);
+  if (++c.since_probe < interval) return chosen;
+  c.since_probe = 0;
   // A probe: while speculation loses, each depth 1 .. K in turn (the acceptance of deeper
   // positions and the cost of more rows); while it wins, no drafts (the decode cost, which
   // changes with the batch) and K in turn.
@@ -56,6 +76,28 @@ int32_t AdaptiveDepth::decide(std::span<const int32_t> draft_lengths) {
   if (chosen == 0) return 1 + turn % max_k;
   if (chosen == max_k) return 0;
   return turn % 2 == 0 ? 0 : max_k;
+}
+
+int32_t AdaptiveDepth::plan_drafts(int32_t batch) {
+  const int32_t max_k = config_.max_depth;
+  if (!config_.adaptive || batch <= 0) return max_k;
+  if (config_.schedule) {  // the next step's depth (this one's is steps_ + 1)
+    const int32_t k = std::clamp(config_.schedule(steps_ + 2), 0, max_k);
+    if (k == 0) note_choice(0);
+    return k;
+  }
+  Costs& c = costs_[class_of(batch)];
+  if (c.decode_timed < config_.warmup_steps) return 0;
+  if (c.verify_timed < config_.warmup_steps) return max_k;
+  const std::vector<int32_t> lengths(size_t(batch), max_k);
+  int32_t interval = 0;
+  const int32_t chosen = estimate(c, lengths, interval);
+  if (c.since_probe + 1 >= interval) return chosen == 0 ? 1 + probe_cursor_ % max_k : max_k;  // decide() probes
+  if (chosen > 0) return std::min(max_k, chosen + 1);
+  // The next step runs without drafts: a choice of 0, and a step towards the next probe.
+  ++c.since_probe;
+  note_choice(0);
+  return 0;
 }
 
 void AdaptiveDepth::record_verification(int32_t n_draft, int32_t n_accepted) {
@@ -69,7 +111,7 @@ void AdaptiveDepth::record_verification(int32_t n_draft, int32_t n_accepted) {
   }
 }
 
-void AdaptiveDepth::record_step(bool timed, bool verify, int64_t rows, double seconds) {
+void AdaptiveDepth::record_step(bool timed, bool verify, int32_t n_seqs, int64_t rows, double seconds) {
   ++steps_;
   for (size_t i = 0; i < acceptance_.size(); ++i) {
     if (step_tested_[i] == 0) continue;
@@ -77,25 +119,28 @@ void AdaptiveDepth::record_step(bool timed, bool verify, int64_t rows, double se
     acceptance_[i] = acceptance_ema_[i].value;
     step_tested_[i] = step_accepted_[i] = 0;
   }
-  if (!timed || rows <= 0) return;
-  Ema& r = verify ? verify_rows_ : decode_rows_;
-  Ema& t = verify ? verify_seconds_ : decode_seconds_;
-  int64_t& last = verify ? verify_last_step_ : decode_last_step_;
+  if (!timed || rows <= 0 || n_seqs <= 0) return;
+  Costs& c = costs_[class_of(n_seqs)];
+  Ema& r = verify ? c.verify_rows : c.decode_rows;
+  Ema& t = verify ? c.verify_seconds : c.decode_seconds;
+  int64_t& last = verify ? c.verify_last_step : c.decode_last_step;
   // The steps since this kind's last measurement, as steps of forgetting (the first
   // measurement of a kind starts its mean: `units` only sets its weight among few).
   const int64_t gap = r.n == 0 ? 1 : steps_ - last;
   last = steps_;
   r.add(double(rows), config_.decay, gap);
   t.add(seconds, config_.decay, gap);
-  ++(verify ? verify_timed_ : decode_timed_);
+  ++(verify ? c.verify_timed : c.decode_timed);
 }
 
-StepCostModel AdaptiveDepth::cost_model() const {
+StepCostModel AdaptiveDepth::cost_model(int32_t batch) const { return line(costs_[class_of(batch)]); }
+
+StepCostModel AdaptiveDepth::line(const Costs& c) {
   StepCostModel m;
-  if (decode_rows_.n == 0 || verify_rows_.n == 0) return m;
+  if (c.decode_rows.n == 0 || c.verify_rows.n == 0) return m;
   m.known = true;
-  const double rd = decode_rows_.value, td = decode_seconds_.value;
-  const double rv = verify_rows_.value, tv = verify_seconds_.value;
+  const double rd = c.decode_rows.value, td = c.decode_seconds.value;
+  const double rv = c.verify_rows.value, tv = c.verify_seconds.value;
   if (std::fabs(rv - rd) >= 0.5) {
     // The line through the two points.
     m.per_row_s = std::max(0.0, (tv - td) / (rv - rd));

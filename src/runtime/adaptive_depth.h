@@ -8,21 +8,27 @@
 //     does not rule a position out until a rare probe tests it again;
 //   step cost: the wall time of a step as a line in its query rows, t(R) = fixed + per_row R,
 //     through two EMA points, one of decode-only steps (R = B sequences) and one of verify
-//     steps (R = B + drafts); steps that carry prefill chunks are not timed. On a GPU a
-//     decode step is bound by reading the weights, so per_row is small and speculation pays;
-//     on the CPU reference (compute-bound) a verify row costs what a decode row costs, fixed
-//     is about 0 and it does not.
+//     steps (R = B + drafts), kept apart for each batch size class (B rounded up to a power
+//     of two: a line measured at one stream says little about 64, where the rows of a
+//     weight-bound step start to cost); steps that carry prefill chunks are not timed. On a
+//     GPU a small decode step is bound by reading the weights, so per_row is small and
+//     speculation pays; on the CPU reference (compute-bound) a verify row costs what a
+//     decode row costs, fixed is about 0 and it does not.
 //   choice: with the drafts proposed at depth K (length L_s for decoding sequence s, 0 when
 //     none), the k maximising
 //         sum_s E_s(k) / t(sum_s (1 + min(k, L_s))),  E_s(k) = 1 + sum_{i <= min(k, L_s)} prod_{j <= i} a_j,
 //     where k > 0 must beat k = 0 by kMargin. The batch size enters through B in t(R): once
 //     the rows of B (k + 1) cost about (k + 1) times those of B, the choice falls back to 0.
-//   measuring: the first steps with drafts run at k = 0 (decode cost), then at K (verify cost
-//     and acceptance at every position); afterwards one step in probe_interval runs at
-//     another depth (1 .. K in turn while the choice is 0; 0 while it is K; 0 and K
-//     alternately in between), so an estimate that says "speculation loses" can recover,
-//     and one that says it wins is checked against a fresh decode step. Where speculation
-//     would lose even at 90% acceptance, probes are hopeless_probe_factor times rarer.
+//   measuring: in each batch size class the first steps with drafts run at k = 0 (decode
+//     cost), then at K (verify cost and acceptance at every position); afterwards one step
+//     in probe_interval runs at another depth (1 .. K in turn while the choice is 0; 0
+//     while it is K; 0 and K alternately in between), so an estimate that says
+//     "speculation loses" can recover, and one that says it wins is checked against a fresh
+//     decode step. Where speculation would lose even at 90% acceptance, probes are
+//     hopeless_probe_factor times rarer.
+//   planning (plan_drafts): a drafter whose drafts cost a pass of their own (MTP) asks
+//     after each step how deep the next one may go; 0 (no drafts; the step is counted as a
+//     choice of 0 then) lets it defer its work (runtime/mtp_drafts.cpp).
 //
 // Greedy outputs do not depend on k (verification is exact). At temperature > 0 the emitted
 // tokens are distributed exactly as without speculation, but which draws are made depends on
@@ -32,6 +38,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -52,6 +59,8 @@ struct AdaptiveDepthConfig {
   // each test is a single accept / reject. Both start as plain means.
   double decay = 1.0 / 32;
   int32_t warmup_steps = 2;     // timed steps of each kind before the model decides
+  // Tests: the depth of step n (from 1) instead of the estimates' (the plans follow it).
+  std::function<int32_t(int64_t step)> schedule;
 };
 
 // The measured line t(R) = fixed_s + per_row_s * R (seconds); known once both kinds of step
@@ -74,20 +83,18 @@ class AdaptiveDepth {
   // This step's depth, given the lengths of the drafts proposed at depth K for the decoding
   // sequences (0: none). 0 when no sequence has a draft (not counted as a choice).
   int32_t choose(std::span<const int32_t> draft_lengths);
-  // How many drafts a drafter whose every draft costs a step of its own (MTP) should make
-  // for the next step: K at a fixed depth and until the warm-up has timed verify steps;
-  // then one more than the last choice (the depth can grow by one a step; a probe deeper
-  // than that tests the drafts there are), so a choice of 0 costs no chained steps.
-  int32_t drafts_wanted() const {
-    if (!config_.adaptive || verify_timed_ < config_.warmup_steps) return config_.max_depth;
-    return std::min(config_.max_depth, last_choice_ + 1);
-  }
+  // How many drafts a drafter whose every draft costs a pass of its own (MTP) should make
+  // for the next step of `batch` decoding sequences: K at a fixed depth and while this
+  // batch size's verify cost is warming up; 0 while its decode cost is, and where the
+  // estimates choose 0 and no probe is due (the next step then has no drafts, and counts
+  // as a choice of 0 here); else one more than the depth they choose (a probe: its depth).
+  int32_t plan_drafts(int32_t batch);
   // A sequence's verification in the current step: n_draft drafts, the first n_accepted stood.
   void record_verification(int32_t n_draft, int32_t n_accepted);
   // The end of a step: the verifications recorded since the last call enter the acceptance
   // EMA; a step whose sequences were all decoding (timed) enters the cost EMA of its kind
-  // (verify: it had drafts), rows = its query rows.
-  void record_step(bool timed, bool verify, int64_t rows, double seconds);
+  // (verify: it had drafts) for its batch size (n_seqs); rows = its query rows.
+  void record_step(bool timed, bool verify, int32_t n_seqs, int64_t rows, double seconds);
 
   // The best depth for these drafts under the given estimates (acceptance[i - 1] = a_i;
   // positions past its end count as 0); 0 when the model is unknown or k > 0 does not win
@@ -98,9 +105,10 @@ class AdaptiveDepth {
   const AdaptiveDepthConfig& config() const { return config_; }
   // a_i estimates, i = 1 .. K (1/2 where never measured).
   const std::vector<double>& acceptance() const { return acceptance_; }
-  StepCostModel cost_model() const;
-  // Choices made (steps where some sequence had a draft), the sum of their depths, and an
-  // EMA of the recent ones.
+  // The cost line of steps of `batch` sequences (their batch size class).
+  StepCostModel cost_model(int32_t batch) const;
+  // Choices made (steps where some sequence had a draft, or planned without), the sum of
+  // their depths, and an EMA of the recent ones.
   int64_t choices() const { return choices_; }
   int64_t depth_total() const { return depth_total_; }
   double recent_depth() const { return recent_depth_; }
@@ -113,17 +121,28 @@ class AdaptiveDepth {
     // x measured over `units` units, forgetting `decay` of the past per unit.
     void add(double x, double decay, int64_t units);
   };
+  // The measurements of one batch size class.
+  struct Costs {
+    Ema decode_rows, decode_seconds, verify_rows, verify_seconds;
+    int64_t decode_last_step = 0, verify_last_step = 0;
+    int32_t decode_timed = 0, verify_timed = 0;  // timed steps of each kind (warm-up)
+    int32_t since_probe = 0;
+  };
+  static constexpr int kClasses = 16;  // batch sizes 1, 2, 3-4, 5-8, ..., above 2^14
+  static size_t class_of(int32_t batch);
+  static StepCostModel line(const Costs& c);
+  // The depth the estimates choose for these drafts, and the steps between probes there.
+  int32_t estimate(const Costs& c, std::span<const int32_t> draft_lengths, int32_t& interval) const;
   int32_t decide(std::span<const int32_t> draft_lengths);
+  void note_choice(int32_t k);
 
   AdaptiveDepthConfig config_;
   std::vector<Ema> acceptance_ema_;
   std::vector<double> acceptance_;                    // acceptance_ema_'s values
   std::vector<int64_t> step_tested_, step_accepted_;  // the current step's counts by position
-  Ema decode_rows_, decode_seconds_, verify_rows_, verify_seconds_;
-  int64_t decode_last_step_ = 0, verify_last_step_ = 0;
-  int32_t decode_timed_ = 0, verify_timed_ = 0;  // timed steps of each kind (warm-up)
+  std::vector<Costs> costs_;                          // by batch size class
   int64_t steps_ = 0, choices_ = 0, depth_total_ = 0, probes_ = 0;
-  int32_t probe_cursor_ = 0, since_probe_ = 0;
+  int32_t probe_cursor_ = 0;
   int32_t last_choice_ = 0;
   double recent_depth_ = 0.0;
 };

@@ -84,7 +84,9 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_dir,
     e->mask_threads_ = std::clamp(int(std::thread::hardware_concurrency()) / 2, 4, 16);
   if (options.speculative_method != SpeculativeMethod::kOff)
     e->depth_ = std::make_unique<AdaptiveDepth>(AdaptiveDepthConfig{.max_depth = options.num_speculative_tokens,
-                                                                     .adaptive = options.speculative_adaptive});
+                                                                     .adaptive = options.speculative_adaptive,
+                                                                     .probe_interval = options.speculative_probe_interval,
+                                                                     .schedule = options.speculative_depth_schedule});
   return e;
 }
 
@@ -210,8 +212,16 @@ Status Engine::size_kv_cache(const EngineOptions& o) {
   }
   // MTP: forward keeps every row's final hidden state (the largest step's rows: its
   // token budget, or a decode step's padded rows).
-  if (o.speculative_method == SpeculativeMethod::kMtp)
-    runner_->enable_mtp(std::max(max_batched, decode_bucket(o.max_num_seqs)));
+  // And the rows of up to mtp_deferred_steps decode steps (at most 64 MiB of them, within
+  // a step's rows; runtime/mtp_drafts.cpp), for the MTP layer to run over at once while
+  // the depth policy plans no drafts.
+  if (o.speculative_method == SpeculativeMethod::kMtp) {
+    const int32_t rows = std::max(max_batched, decode_bucket(o.max_num_seqs));
+    const int64_t step_rows = decode_bucket(o.max_num_seqs);
+    const int64_t cap = std::min<int64_t>({int64_t(std::max(o.mtp_deferred_steps, 0)) * step_rows,
+                                           (int64_t(64) << 20) / (2 * std::max<int64_t>(config_.d_model, 1)), rows});
+    runner_->enable_mtp(rows, int32_t(cap < step_rows ? 0 : cap));
+  }
   int64_t len = o.max_model_len > 0 ? o.max_model_len
                                     : (config_.max_position_embeddings > 0 ? config_.max_position_embeddings : 8192);
   max_model_len_ = len;
@@ -581,6 +591,7 @@ void Engine::checkpoint_states(const Schedule& schedule) {
 }
 
 void Engine::finish(Sequence& seq, FinishReason reason) {
+  mtp_forget(seq);
   scheduler_->remove(&seq);
   blocks_->free(seq.table);
   release_state_slot(seq);
@@ -610,7 +621,10 @@ std::vector<StepOutput> Engine::step() {
   if (options_.speculative_method != SpeculativeMethod::kOff) propose_drafts();
   const Schedule schedule = scheduler_->schedule(*blocks_);
   // A preempted sequence starts again from position 0: its recurrent-state row is free.
-  for (Sequence* s : schedule.preempted) release_state_slot(*s);
+  for (Sequence* s : schedule.preempted) {
+    release_state_slot(*s);
+    mtp_forget(*s);  // its blocks went back
+  }
   if (schedule.empty()) return {};
   EngineStats::StepKind& kind = schedule.decode_only() ? stats_.decode_steps : stats_.mixed_steps;
   ++kind.steps;
@@ -726,7 +740,7 @@ std::vector<StepOutput> Engine::step() {
   if (options_.speculative_method == SpeculativeMethod::kMtp) mtp_drafts(rows);
   for (uint64_t id : done) drop_request(requests_.find(id));
   if (depth_)
-    depth_->record_step(timed, !verify.empty(), schedule.n_tokens,
+    depth_->record_step(timed, !verify.empty(), int32_t(schedule.seqs.size()), schedule.n_tokens,
                         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return outs;
 }

@@ -68,6 +68,11 @@ struct EngineOptions {
   // Each step's draft depth k in [0, num_speculative_tokens] from the measured acceptance
   // and step cost (runtime/adaptive_depth.h); false: always num_speculative_tokens.
   bool speculative_adaptive = true;
+  int32_t speculative_probe_interval = 32;  // the policy's steps between probes (AdaptiveDepthConfig)
+  std::function<int32_t(int64_t step)> speculative_depth_schedule;  // tests: AdaptiveDepthConfig::schedule
+  // MTP: how many decode steps planned without drafts may keep their hidden rows for one
+  // later MTP pass (runtime/mtp_drafts.cpp); 0: the MTP layer runs after every step.
+  int32_t mtp_deferred_steps = 16;
   // Several ranks (model_runner.h): one backend each, given to load() in rank order;
   // `comms` makes their communicators (empty: in-process groups, host backends only).
   ParallelConfig parallel;
@@ -126,6 +131,9 @@ struct EngineStats {
   // a draft, the sum of their depths, and the mean of the recent ones (an EMA over ~32).
   int64_t spec_depth_steps = 0, spec_depth_total = 0;
   double spec_depth_recent = 0.0;
+  // MTP (runtime/mtp_drafts.cpp): hidden rows kept aside by steps planned without drafts,
+  // and the MTP passes that ran over them later.
+  int64_t mtp_deferred_rows = 0, mtp_flushes = 0;
 };
 
 // A step that failed on some rank (a dead GPU, a failed collective): the engine cannot
@@ -225,6 +233,16 @@ class Engine {
   // --speculative-method mtp, after a step (runtime/mtp_drafts.cpp): the MTP layer over
   // the positions each running sequence committed in it (their hidden states), then
   // chained for up to num_speculative_tokens drafts of each decoding sequence.
+  // While the depth policy plans no drafts, decode steps only keep their hidden rows and
+  // the MTP layer runs over them later, all at once (mtp_flush: before the next MTP pass,
+  // or when the kept rows are full). A kept row: its sequence (null once it ended or was
+  // preempted: mtp_forget), position, next token and KV slot.
+  struct MtpKept {
+    Sequence* seq = nullptr;
+    int32_t pos = 0, token = 0, slot = 0;
+  };
+  void mtp_flush();
+  void mtp_forget(const Sequence& seq);
   void mtp_drafts(const std::vector<StepBatch::Rows>& rows);
   // Appends one sampled token to seq and ends it where a stop condition holds; false
   // when it ended (nothing more may follow).
@@ -252,6 +270,7 @@ class Engine {
   std::vector<int32_t> eos_ids_;
   ops::BatchMeta step_batch_;  // the current step's batch (backends read it until the step ends)
   ops::BatchMeta mtp_batch_;   // likewise, the MTP layer's current step
+  std::vector<MtpKept> mtp_kept_;  // row i: the runner's kept row i (ModelRunner::mtp_keep)
   std::unordered_map<uint64_t, RequestState> requests_;
   EngineStats stats_;
   int32_t unstarted_requests_ = 0;

@@ -370,7 +370,7 @@ Result<Tensor> ModelRunner::forward(const ops::BatchMeta& batch, std::vector<KvC
   return hand_over ? logits_ : backend(0).alloc(backend(0).activation_dtype(), {0, vocab});
 }
 
-void ModelRunner::enable_mtp(int32_t max_tokens) {
+void ModelRunner::enable_mtp(int32_t max_tokens, int32_t pending_rows) {
   KILN_CHECK(parallel_.pipeline_parallel == 1) << "MTP with pipeline parallelism";
   mtp_.resize(ranks_.size());
   for (size_t r = 0; r < ranks_.size(); ++r) {
@@ -379,18 +379,37 @@ void ModelRunner::enable_mtp(int32_t max_tokens) {
     const Shape shape{max_tokens, ranks_[r].model.d_model};
     mtp_[r].step_hidden = be.alloc(be.activation_dtype(), shape);
     for (Tensor& t : mtp_[r].chain) t = be.alloc(be.activation_dtype(), shape);
+    if (pending_rows > 0) mtp_[r].pending = be.alloc(be.activation_dtype(), {pending_rows, ranks_[r].model.d_model});
   }
 }
 
-Result<Tensor> ModelRunner::mtp_forward(const ops::BatchMeta& batch, std::span<const int32_t> h_rows, bool from_step,
+Status ModelRunner::mtp_keep(int32_t n, int32_t at) {
+  KILN_CHECK(!mtp_.empty()) << "mtp_keep before enable_mtp";
+  KILN_CHECK(n >= 0 && at >= 0 && at + n <= mtp_pending_rows()) << "mtp_keep: rows [" << at << ", " << at + n << ")";
+  if (n == 0) return Status::Ok();
+  const auto one = [&](int r) {
+    const MtpBuffers& m = mtp_[size_t(r)];
+    backend(r).slice_columns({.src = m.step_hidden.slice0(0, n), .dst = m.pending.slice0(at, at + n)});
+  };
+  if (world() == 1) {
+    one(0);
+    return Status::Ok();
+  }
+  return run([&](int r) {
+    one(r);
+    backend(r).synchronize();
+  }, /*watched_step=*/true);
+}
+
+Result<Tensor> ModelRunner::mtp_forward(const ops::BatchMeta& batch, std::span<const int32_t> h_rows, MtpInput from,
                                         std::vector<KvCache>& kv) {
   KILN_CHECK(!mtp_.empty()) << "mtp_forward before enable_mtp";
   KILN_CHECK_LE(batch.n_tokens(), mtp_[0].step_hidden.dim(0)) << "mtp_forward: rows";
   Tensor result;
   const auto one = [&](int r) {
     MtpBuffers& m = mtp_[size_t(r)];
-    const int next = from_step ? 0 : 1 - m.last;
-    const Tensor& h = from_step ? m.step_hidden : m.chain[m.last];
+    const int next = from == MtpInput::kChain ? 1 - m.last : 0;
+    const Tensor& h = from == MtpInput::kStep ? m.step_hidden : from == MtpInput::kKept ? m.pending : m.chain[m.last];
     Tensor out = ranks_[size_t(r)].model.mtp_forward(backend(r), batch, h, h_rows, kv[size_t(r)].layers, m.chain[next]);
     m.last = next;
     if (r == 0) result = out;

@@ -87,14 +87,20 @@ class ModelRunner {
 
   // Multi-token prediction (--speculative-method mtp; every rank's model has its MTP
   // layer): from now on forward() keeps the final hidden state of each of up to
-  // max_tokens rows, which mtp_forward reads.
-  void enable_mtp(int32_t max_tokens);
+  // max_tokens rows, which mtp_forward reads; and pending_rows (0: none) more can be kept
+  // for a later MTP pass (mtp_keep).
+  void enable_mtp(int32_t max_tokens, int32_t pending_rows);
   bool mtp_enabled() const { return !mtp_.empty(); }
+  int32_t mtp_pending_rows() const { return mtp_.empty() || !mtp_[0].pending.defined() ? 0 : int32_t(mtp_[0].pending.dim(0)); }
+  // Copies the last forward step's hidden rows [0, n) to the kept rows [at, at + n).
+  Status mtp_keep(int32_t n, int32_t at);
+  // Where mtp_forward's rows read their hidden state: the last forward step's, the last
+  // mtp_forward's outputs, or the rows mtp_keep kept.
+  enum class MtpInput { kStep, kChain, kKept };
   // The MTP layer over `batch` on every rank (model::CausalLM::mtp_forward): row r reads
-  // hidden row h_rows[r] of the last forward step (from_step) or of the last mtp_forward's
-  // outputs. Logits [batch.logit_rows.size(), vocab] on rank 0's backend, valid until the
-  // next step.
-  Result<Tensor> mtp_forward(const ops::BatchMeta& batch, std::span<const int32_t> h_rows, bool from_step,
+  // hidden row h_rows[r] of `from`. Logits [batch.logit_rows.size(), vocab] on rank 0's
+  // backend, valid until the next step.
+  Result<Tensor> mtp_forward(const ops::BatchMeta& batch, std::span<const int32_t> h_rows, MtpInput from,
                              std::vector<KvCache>& kv);
 
   // Runs fn(rank) on every rank's thread at once (rank 0 on this one); the first
@@ -132,6 +138,7 @@ class ModelRunner {
     Tensor step_hidden;  // [max_tokens, d_model]: forward()'s final hidden states
     Tensor chain[2];     // mtp_forward's outputs, alternately
     int last = 0;        // chain[last] holds the latest
+    Tensor pending;      // [pending_rows, d_model]: rows mtp_keep kept
   };
   std::vector<MtpBuffers> mtp_;  // per rank, once enable_mtp ran
   std::vector<ops::BatchMeta> micro_;  // the current step's micro-batches

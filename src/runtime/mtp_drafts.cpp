@@ -6,17 +6,26 @@
 //     kept (its prompt chunk, or its last token and accepted drafts): the next token
 //     x_{t+1} (known by now) and the target's final hidden state at t. This writes the MTP
 //     layer's KV cache at t, and the last row of a decoding sequence predicts d1 (the
-//     token after the one it just emitted).
+//     token after the one it just emitted). A uniform step (decode, or verify with the
+//     same rows for every sequence) runs in its own shape, the rows it did not keep as
+//     padding, so a GPU backend replays it.
 //   chain: d_j (j >= 2) from a row at the next position with d_{j-1} as the token and the
 //     MTP layer's own output as the hidden state (vLLM's deepseek_mtp chains the same
 //     way); its KV is written where the next step's verification will overwrite it.
+//   deferred: while the depth policy plans no drafts for the next step
+//     (AdaptiveDepth::plan_drafts), a decode step only copies its hidden rows aside; the
+//     MTP layer runs over all kept rows at once before its next pass (or when they fill
+//     up: EngineOptions::mtp_deferred_steps), so a batch where speculation does not pay
+//     costs one copy a step instead of an MTP pass. Rows of a sequence that ended or was
+//     preempted are dropped (its blocks went back).
 //
 // Drafts are the MTP logits' argmax (a point mass: runtime/speculative.h verifies them
-// exactly, greedy or sampled). Positions the step computed but rejected are not run: the
-// MTP cache holds only kept positions, rewritten by the next catch-up where the target
+// exactly, greedy or sampled). Positions the step computed but rejected are not stored:
+// the MTP cache holds only kept positions, rewritten by the next catch-up where the target
 // recomputes them. A prefix taken from the cache comes with the MTP layer's KV the
-// sequence that computed it wrote (its last position's used that sequence's next token:
-// only the drafts' quality can differ, never the output).
+// sequence that computed it wrote (its last position's used that sequence's next token,
+// and positions still deferred there are missing: only the drafts' quality can differ,
+// never the output).
 #include <algorithm>
 
 #include "core/check.h"
@@ -37,12 +46,105 @@ std::vector<int32_t> argmax_rows(ops::Backend& be, const Tensor& logits) {
   return ids;
 }
 
+
+// A batch's block table from its sequences' tables, `width` entries each (a power of two,
+// as build_step_batch's: a recording per width), wide enough for every row's context (a
+// padding row's may reach past the blocks its sequence kept: those entries repeat its
+// last block).
+void fill_block_table(ops::BatchMeta& b, const std::vector<const std::vector<int32_t>*>& tables) {
+  size_t width = 1;
+  for (size_t i = 0; i < tables.size(); ++i)
+    while (width < std::max(tables[i]->size(), size_t((b.context_len[i] + b.block_size - 1) / b.block_size))) width *= 2;
+  b.max_blocks_per_seq = int32_t(width);
+  b.block_table.clear();
+  for (const auto* t : tables) {
+    b.block_table.insert(b.block_table.end(), t->begin(), t->end());
+    b.block_table.resize(b.block_table.size() + width - t->size(), t->empty() ? 0 : t->back());
+  }
+}
+
 }  // namespace
+
+void Engine::mtp_forget(const Sequence& seq) {
+  for (MtpKept& k : mtp_kept_)
+    if (k.seq == &seq) k.seq = nullptr;
+}
+
+void Engine::mtp_flush() {
+  if (mtp_kept_.empty()) return;
+  ops::BatchMeta& b = mtp_batch_;
+  b = ops::BatchMeta{};
+  b.block_size = blocks_->block_size();
+  std::vector<int32_t> h_rows;
+  std::vector<const std::vector<int32_t>*> tables;
+  // Each sequence's kept rows (consecutive positions, one a decode step) as one chunk.
+  std::vector<Sequence*> order;
+  for (const MtpKept& k : mtp_kept_)
+    if (k.seq != nullptr && std::find(order.begin(), order.end(), k.seq) == order.end()) order.push_back(k.seq);
+  for (Sequence* seq : order) {
+    b.q_start.push_back(b.n_tokens());
+    int32_t last = -1;
+    for (size_t i = 0; i < mtp_kept_.size(); ++i) {
+      const MtpKept& k = mtp_kept_[i];
+      if (k.seq != seq) continue;
+      KILN_CHECK(last < 0 || k.pos == last + 1) << "mtp: kept rows of a sequence at positions " << last << " and " << k.pos;
+      last = k.pos;
+      b.token_ids.push_back(k.token);
+      b.positions.push_back(k.pos);
+      b.slot_mapping.push_back(k.slot);
+      h_rows.push_back(int32_t(i));
+    }
+    b.context_len.push_back(last + 1);
+    tables.push_back(&seq->table.blocks);
+  }
+  stats_.mtp_deferred_rows += int64_t(mtp_kept_.size());
+  mtp_kept_.clear();
+  if (b.n_tokens() == 0) return;
+  ++stats_.mtp_flushes;
+  b.logit_rows.push_back(b.n_tokens() - 1);  // (one: nothing is drafted from these rows)
+  fill_block_table(b, tables);
+  b.q_start.push_back(b.n_tokens());
+  Result<Tensor> logits = runner_->mtp_forward(b, h_rows, ModelRunner::MtpInput::kKept, kv_);
+  if (!logits.ok()) {
+    KILN_LOG(kError, "MTP step failed: " << logits.status().to_string());
+    throw EngineFailure(logits.status().to_string());
+  }
+}
 
 void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
   const int32_t bs = blocks_->block_size();
-  // Chained drafts as deep as the depth policy may use next (runtime/adaptive_depth.h).
-  const int32_t k = depth_->drafts_wanted();
+  // The sequences that decode next, and how deep the depth policy may draft for them
+  // (runtime/adaptive_depth.h).
+  const int32_t n_decoding = int32_t(std::count_if(rows.begin(), rows.end(), [](const StepBatch::Rows& r) {
+    return r.seq->state == SeqState::kRunning && r.seq->n_uncomputed() == 1;
+  }));
+  const int32_t k = n_decoding > 0 ? depth_->plan_drafts(n_decoding) : 0;
+  // No drafts wanted after a decode step (every sequence one row, row i its i-th): its
+  // hidden rows are kept for later (one copy), each sequence's next MTP pass runs them.
+  const bool decode_shaped = std::all_of(rows.begin(), rows.end(), [&](const StepBatch::Rows& r) {
+    return r.n_rows == 1 && r.first_row == int32_t(&r - rows.data());
+  });
+  const int32_t n_seqs = int32_t(rows.size());
+  if (k == 0 && decode_shaped && n_seqs > 0 && n_seqs <= runner_->mtp_pending_rows()) {
+    if (int32_t(mtp_kept_.size()) + n_seqs > runner_->mtp_pending_rows()) mtp_flush();
+    const Status kept = runner_->mtp_keep(n_seqs, int32_t(mtp_kept_.size()));
+    if (!kept.ok()) {
+      KILN_LOG(kError, "MTP step failed: " << kept.to_string());
+      throw EngineFailure(kept.to_string());
+    }
+    for (const StepBatch::Rows& r : rows) {
+      Sequence& seq = *r.seq;
+      seq.mtp_draft.clear();
+      seq.mtp_draft_at = -1;
+      const bool stands = seq.state == SeqState::kRunning && seq.n_computed > r.first_pos;
+      const int32_t p = r.first_pos;
+      mtp_kept_.push_back(stands ? MtpKept{.seq = &seq, .pos = p, .token = seq.tokens[size_t(p + 1)],
+                                           .slot = seq.table.blocks[size_t(p / bs)] * bs + p % bs}
+                                 : MtpKept{});
+    }
+    return;
+  }
+  mtp_flush();
   ops::BatchMeta& b = mtp_batch_;
   b = ops::BatchMeta{};
   b.block_size = bs;
@@ -120,31 +222,21 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
     }
   };
   pad_decode_shape();
-  const auto fill_tables = [&] {
-    // Wide enough for every row's context (a padding row's may reach past the blocks its
-    // sequence kept: those entries repeat its last block).
-    // Powers of two, as build_step_batch's: a recording per width.
-    size_t width = 1;
-    for (size_t i = 0; i < tables.size(); ++i)
-      while (width < std::max(tables[i]->size(), size_t((b.context_len[i] + bs - 1) / bs))) width *= 2;
-    b.max_blocks_per_seq = int32_t(width);
-    b.block_table.clear();
-    for (const auto* t : tables) {
-      b.block_table.insert(b.block_table.end(), t->begin(), t->end());
-      b.block_table.resize(b.block_table.size() + width - t->size(), t->empty() ? 0 : t->back());
-    }
-  };
-  fill_tables();
+  fill_block_table(b, tables);
   b.q_start.push_back(b.n_tokens());
-  const auto run = [&](bool from_step) {
-    Result<Tensor> logits = runner_->mtp_forward(b, h_rows, from_step, kv_);
+  const auto run = [&](ModelRunner::MtpInput from, bool drafts) {
+    Result<Tensor> logits = runner_->mtp_forward(b, h_rows, from, kv_);
     if (!logits.ok()) {
       KILN_LOG(kError, "MTP step failed: " << logits.status().to_string());
       throw EngineFailure(logits.status().to_string());
     }
-    return argmax_rows(*backend_, *logits);
+    return drafts ? argmax_rows(*backend_, *logits) : std::vector<int32_t>{};
   };
-  std::vector<int32_t> ids = run(/*from_step=*/true);
+  if (k == 0) {  // the KV of the kept positions only
+    run(ModelRunner::MtpInput::kStep, false);
+    return;
+  }
+  std::vector<int32_t> ids = run(ModelRunner::MtpInput::kStep, true);
   std::vector<Sequence*> decoding;  // the drafting sequences, and their rows of the last MTP step
   std::vector<int32_t> prev_rows;
   for (const Drafter& d : drafters) {
@@ -184,9 +276,9 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
     }
     if (next.empty()) break;
     pad_decode_shape();
-    fill_tables();
+    fill_block_table(b, tables);
     b.q_start.push_back(b.n_tokens());
-    ids = run(/*from_step=*/false);
+    ids = run(ModelRunner::MtpInput::kChain, true);
     for (size_t i = 0; i < next.size(); ++i) next[i]->mtp_draft.push_back(ids[i]);
     prev_rows.assign(b.logit_rows.begin(), b.logit_rows.end());
     decoding = std::move(next);
@@ -213,7 +305,7 @@ Result<std::vector<std::vector<float>>> Engine::mtp_logits(const std::vector<int
     const ops::BatchMeta& m = mtp_batch_;
     std::vector<int32_t> h_rows(size_t(last - begin));
     for (size_t r = 0; r < h_rows.size(); ++r) h_rows[r] = int32_t(r);
-    KILN_ASSIGN_OR_RETURN(const Tensor logits, runner_->mtp_forward(m, h_rows, /*from_step=*/true, kv_));
+    KILN_ASSIGN_OR_RETURN(const Tensor logits, runner_->mtp_forward(m, h_rows, ModelRunner::MtpInput::kStep, kv_));
     std::vector<float> flat(size_t(logits.numel()));
     backend_->to_host_f32(logits, flat.data());
     const size_t vocab = size_t(config_.vocab_size);

@@ -1,12 +1,14 @@
 // The serving engine on the CUDA backend: the KV cache sized from the GPU's free memory,
 // and a continuous batch of 64 requests (prefill chunks and decodes mixed in one step,
 // decode-only steps replayed from CUDA graphs at bucketed sizes, sampling on the GPU)
-// giving every request the greedy tokens it gets alone, but where a near-tie flips.
+// giving every request the greedy tokens it gets alone, but where a near-tie flips; and
+// the same with MTP drafts.
 #include <algorithm>
 #include <map>
 #include <random>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "backends/cuda/cuda_backend_impl.h"
 #include "gpu_test_util.h"
@@ -105,6 +107,79 @@ TEST_P(CudaServingBatch, SixtyFourRequestsEqualEachAlone) {
               GetParam().c_str(), equal, worst_margin, (long long)cuda->graph_replays());
   RecordProperty("equal_alone", equal);
   EXPECT_EQ(engine.stats().kv_blocks_used, 0);
+}
+
+// Speculative decoding with MTP drafts on CUDA: the trained MTP demo model, 24 greedy
+// requests (the goldens' prompts, their cuts and random ones) in one continuous batch,
+// K = 3 drafts every step: verify steps and the MTP passes after them (all of a uniform
+// step's rows, rejected ones as padding) replayed from recordings. The tokens are those
+// of the same batch without drafts but where a near-tie flips, and the drafts stand about
+// as often as on the CPU reference (44.5% there at K = 3).
+TEST(CudaServingMtp, MtpDraftsGiveTheTokensOfDecodingWithout) {
+  const std::string dir = testing::fixture_dir("kiln_mtp_demo");
+  const nlohmann::json golden = testing::read_json(dir + "/golden.json");
+  std::vector<std::shared_ptr<runtime::Request>> requests;
+  std::mt19937 rng(7);
+  for (int i = 0; i < 24; ++i) {
+    auto r = std::make_shared<runtime::Request>();
+    if (i < 16) {
+      const std::vector<int32_t> p = golden[i % 2 ? "prompt_long" : "prompt_short"].get<std::vector<int32_t>>();
+      r->prompt.assign(p.begin(), p.begin() + long(std::max<size_t>(2, p.size() * size_t(8 - i / 2) / 8)));
+    } else {
+      for (int t = 0, n = 4 + int(rng() % 60); t < n; ++t) r->prompt.push_back(int32_t(rng() % 4096));
+    }
+    r->max_tokens = 48 + i % 7;
+    r->ignore_eos = true;
+    requests.push_back(r);
+  }
+  const auto load = [&](runtime::SpeculativeMethod method) -> std::unique_ptr<runtime::Engine> {
+    auto be = cuda::make_cuda_backend({.smem_cap = smem_cap()});
+    if (!be.ok()) return nullptr;
+    auto e = runtime::Engine::load(dir, std::move(be).value(),
+                                   {.block_size = 16, .max_model_len = 512, .max_num_seqs = 32,
+                                    .kv_cache_bytes = int64_t(64) << 20, .speculative_method = method,
+                                    .num_speculative_tokens = method == runtime::SpeculativeMethod::kOff ? 0 : 3,
+                                    .speculative_adaptive = false});
+    EXPECT_TRUE(e.ok()) << e.status().to_string();
+    return e.ok() ? std::move(e).value() : nullptr;
+  };
+  auto plain = load(runtime::SpeculativeMethod::kOff);
+  if (plain == nullptr) GTEST_SKIP() << "no CUDA device";
+  auto mtp = load(runtime::SpeculativeMethod::kMtp);
+  ASSERT_NE(mtp, nullptr);
+  std::map<uint64_t, std::vector<int32_t>> want, got;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_TRUE(plain->add_request(i, requests[i]).ok());
+    ASSERT_TRUE(mtp->add_request(i, requests[i]).ok());
+  }
+  drain(*plain, want);
+  drain(*mtp, got);
+  int equal = 0;
+  double worst_margin = 0.0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_EQ(got[i].size(), want[i].size()) << "request " << i;
+    if (got[i] == want[i]) {
+      ++equal;
+      continue;
+    }
+    const gpu_testing::Divergence d = gpu_testing::first_divergence(*plain, requests[i]->prompt, got[i], want[i]);
+    worst_margin = std::max(worst_margin, d.margin);
+    EXPECT_LT(d.margin, kNearTie) << "request " << i << " diverged at token " << d.at << " with a top-2 margin of "
+                                  << d.margin << " of the logit scale";
+  }
+  const runtime::EngineStats s = mtp->stats();
+  const double rate = double(s.spec_accepted_tokens) / double(std::max<int64_t>(1, s.spec_draft_tokens));
+  const auto* cuda = dynamic_cast<const cuda::CudaBackend*>(&mtp->backend());
+  ASSERT_NE(cuda, nullptr);
+  std::printf("MTP K = 3: %d of %zu requests equal to decoding without (largest top-2 margin where not %.3g); "
+              "%lld of %lld drafts stood (%.1f%%) in %lld verifications; %lld graph replays\n",
+              equal, requests.size(), worst_margin, (long long)s.spec_accepted_tokens, (long long)s.spec_draft_tokens,
+              100.0 * rate, (long long)s.spec_verified_seqs, (long long)cuda->graph_replays());
+  EXPECT_GT(rate, 0.25);
+  // About 20 verify steps, each with up to three MTP passes after it; a shape replays from
+  // its third step on (the first runs eagerly, the second records).
+  EXPECT_GT(cuda->graph_replays(), 20) << "verify steps and MTP passes did not replay recorded graphs";
+  EXPECT_EQ(s.kv_blocks_used, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaServingBatch,

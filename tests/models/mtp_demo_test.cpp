@@ -4,6 +4,8 @@
 // the saved bf16 weights, as vLLM's glm4_moe_mtp computes the layer), whole and in prefill
 // chunks; and speculative decoding with its drafts: real acceptance, outputs exactly those
 // of decoding without drafts.
+#include <map>
+
 #include <gtest/gtest.h>
 
 #include "backends/cpu/cpu_backend.h"
@@ -89,50 +91,100 @@ TEST(MtpDemo, MtpLogitsUnderTensorParallelism) {
   }
 }
 
-// Greedy and sampled requests (the goldens' prompts, their prefixes, n = 2) with 1 and 3 MTP
-// drafts a step: the tokens and logprobs of decoding without drafts, and drafts accepted at
-// the rate the training log estimates (bound: half of its first-draft estimate).
-TEST(MtpDemo, DraftsAreAcceptedAndOutputsEqualThoseWithout) {
-  const nlohmann::json golden = testing::read_json(testing::fixture_dir(kModel) + "/golden.json");
-  const nlohmann::json log = testing::read_json(testing::fixture_dir(kModel) + "/train_log.json");
+// Greedy and sampled requests: the goldens' prompts and their prefixes, n = 2.
+std::vector<runtime::Request> demo_requests(const nlohmann::json& golden, int32_t max_tokens) {
   std::vector<runtime::Request> requests;
   for (const char* which : {"short", "long"}) {
     const std::vector<int32_t> p = golden[std::string("prompt_") + which].get<std::vector<int32_t>>();
     for (size_t cut : {p.size(), p.size() * 2 / 3}) {
       const std::vector<int32_t> prompt(p.begin(), p.begin() + long(cut));
-      requests.push_back({.prompt = prompt, .sampling = {.logprobs = 1}, .max_tokens = 40, .ignore_eos = true});
+      requests.push_back({.prompt = prompt, .sampling = {.logprobs = 1}, .max_tokens = max_tokens, .ignore_eos = true});
       requests.push_back({.prompt = prompt, .sampling = {.temperature = 0.7f, .top_p = 0.9f, .seed = cut, .logprobs = 1},
-                          .max_tokens = 40, .ignore_eos = true, .n = 2});
+                          .max_tokens = max_tokens, .ignore_eos = true, .n = 2});
     }
   }
+  return requests;
+}
+
+using Tokens = std::map<std::pair<uint64_t, int32_t>, std::vector<std::pair<int32_t, float>>>;
+Tokens run_all(Engine& e, const std::vector<runtime::Request>& requests) {
+  Tokens out;
+  for (size_t i = 0; i < requests.size(); ++i)
+    EXPECT_TRUE(e.add_request(i, std::make_shared<const runtime::Request>(requests[i])).ok());
+  for (int steps = 0; !e.idle() && steps < 5000; ++steps)
+    for (const runtime::StepOutput& o : e.step()) out[{o.request_id, o.sample_index}].push_back({o.token.token, o.token.logprob});
+  return out;
+}
+
+double acceptance(const runtime::EngineStats& s) {
+  return double(s.spec_accepted_tokens) / double(std::max<int64_t>(1, s.spec_draft_tokens));
+}
+
+// The requests above with 1 and 3 MTP drafts a step: the tokens and logprobs of decoding
+// without drafts, and drafts accepted at the rate the training log estimates (bound: half
+// of its first-draft estimate).
+TEST(MtpDemo, DraftsAreAcceptedAndOutputsEqualThoseWithout) {
+  const nlohmann::json golden = testing::read_json(testing::fixture_dir(kModel) + "/golden.json");
+  const nlohmann::json log = testing::read_json(testing::fixture_dir(kModel) + "/train_log.json");
+  const std::vector<runtime::Request> requests = demo_requests(golden, 40);
   const EngineOptions base{.block_size = 4, .max_model_len = 256, .prefill_chunk = 16};
-  const auto run = [&](Engine& e) {
-    std::map<std::pair<uint64_t, int32_t>, std::vector<std::pair<int32_t, float>>> out;
-    for (size_t i = 0; i < requests.size(); ++i)
-      EXPECT_TRUE(e.add_request(i, std::make_shared<const runtime::Request>(requests[i])).ok());
-    for (int steps = 0; !e.idle() && steps < 5000; ++steps)
-      for (const runtime::StepOutput& o : e.step()) out[{o.request_id, o.sample_index}].push_back({o.token.token, o.token.logprob});
-    return out;
-  };
   auto plain = load(base, SpeculativeMethod::kOff, 0);
   ASSERT_TRUE(plain);
-  const auto want = run(*plain);
+  const Tokens want = run_all(*plain, requests);
   const double estimate = log.at("acceptance_draft1").get<double>();
   for (int32_t k : {1, 3}) {
     auto mtp = load(base, SpeculativeMethod::kMtp, k);
     ASSERT_TRUE(mtp);
-    EXPECT_EQ(run(*mtp), want) << "k " << k;
+    EXPECT_EQ(run_all(*mtp, requests), want) << "k " << k;
     const runtime::EngineStats s = mtp->stats();
-    const double rate = double(s.spec_accepted_tokens) / double(std::max<int64_t>(1, s.spec_draft_tokens));
     std::printf("[ mtp demo ] k %d: %lld of %lld drafts accepted (%.1f%%), %.2f tokens per verification "
                 "(training log's first-draft estimate %.1f%%)\n",
-                k, (long long)s.spec_accepted_tokens, (long long)s.spec_draft_tokens, 100.0 * rate,
+                k, (long long)s.spec_accepted_tokens, (long long)s.spec_draft_tokens, 100.0 * acceptance(s),
                 1.0 + double(s.spec_accepted_tokens) / double(std::max<int64_t>(1, s.spec_verified_seqs)), 100.0 * estimate);
     if (k == 1) {
-      EXPECT_GT(rate, 0.5 * estimate);
+      EXPECT_GT(acceptance(s), 0.5 * estimate);
     }
     EXPECT_EQ(s.kv_blocks_used, 0);
   }
+}
+
+// While the depth policy plans no drafts, the MTP layer's passes wait: decode steps keep
+// their hidden rows and the next pass runs over them first. A schedule of depths (one
+// step in four drafts, the others plan none) run with deferred passes and with a pass
+// after every step (mtp_deferred_steps = 0): the outputs are those of decoding without
+// drafts, rows were deferred, and the drafts, which read the MTP KV the deferred passes
+// wrote, are the same ones: exactly as many stand.
+TEST(MtpDemo, DeferredMtpPassesGiveTheDraftsOfAPassEveryStep) {
+  const nlohmann::json golden = testing::read_json(testing::fixture_dir(kModel) + "/golden.json");
+  const std::vector<runtime::Request> requests = demo_requests(golden, 48);
+  const EngineOptions base{.block_size = 4, .max_model_len = 256, .prefill_chunk = 16};
+  auto plain = load(base, SpeculativeMethod::kOff, 0);
+  ASSERT_TRUE(plain);
+  const Tokens want = run_all(*plain, requests);
+  std::map<int32_t, runtime::EngineStats> stats;
+  for (int32_t deferred : {16, 0}) {
+    EngineOptions o = base;
+    o.speculative_method = SpeculativeMethod::kMtp;
+    o.num_speculative_tokens = 2;
+    o.speculative_depth_schedule = [](int64_t step) { return step % 4 == 0 ? 2 : 0; };
+    o.mtp_deferred_steps = deferred;
+    auto e = Engine::load(testing::fixture_dir(kModel), cpu::make_cpu_backend(1), o);
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    EXPECT_EQ(run_all(**e, requests), want) << "deferred steps " << deferred;
+    stats[deferred] = (*e)->stats();
+    const runtime::EngineStats& s = stats[deferred];
+    std::printf("[ mtp demo ] deferred steps %d: %lld of %lld drafts accepted (%.1f%%) over %lld steps; %lld rows "
+                "deferred, %lld deferred passes\n",
+                deferred, (long long)s.spec_accepted_tokens, (long long)s.spec_draft_tokens, 100.0 * acceptance(s),
+                (long long)s.steps, (long long)s.mtp_deferred_rows, (long long)s.mtp_flushes);
+    EXPECT_EQ(s.kv_blocks_used, 0);
+  }
+  EXPECT_GT(stats[16].mtp_deferred_rows, 150);
+  EXPECT_GT(stats[16].mtp_flushes, 10);
+  EXPECT_EQ(stats[0].mtp_deferred_rows, 0);
+  EXPECT_GT(stats[16].spec_accepted_tokens, 20);
+  EXPECT_EQ(stats[16].spec_draft_tokens, stats[0].spec_draft_tokens);
+  EXPECT_EQ(stats[16].spec_accepted_tokens, stats[0].spec_accepted_tokens);
 }
 
 }  // namespace

@@ -59,22 +59,24 @@ TEST(AdaptiveDepth, DepthFadesWithBatchSize) {
 TEST(AdaptiveDepth, MeasuresAcceptanceByPositionAndTheCostLine) {
   AdaptiveDepth p({.max_depth = 3});
   p.record_verification(3, 1);  // position 1 stood, 2 was rejected, 3 not tested
-  p.record_step(false, true, 0, 0.0);
+  p.record_step(false, true, 1, 0, 0.0);
   // Two pseudo-tests at 1/2, then the plain mean of the tests' outcomes.
   EXPECT_DOUBLE_EQ(p.acceptance()[0], 2.0 / 3.0);
   EXPECT_DOUBLE_EQ(p.acceptance()[1], 1.0 / 3.0);
   EXPECT_DOUBLE_EQ(p.acceptance()[2], 0.5);
   p.record_verification(3, 3);
   p.record_verification(2, 0);  // position 1 rejected
-  p.record_step(false, true, 0, 0.0);
+  p.record_step(false, true, 1, 0, 0.0);
   // Position 1: 2 of 3 tests stood; with the pseudo-tests, 3 of 5.
   EXPECT_DOUBLE_EQ(p.acceptance()[0], 0.6);
   EXPECT_DOUBLE_EQ(p.acceptance()[1], 0.5);
   EXPECT_DOUBLE_EQ(p.acceptance()[2], 2.0 / 3.0);
-  EXPECT_FALSE(p.cost_model().known);
-  p.record_step(true, false, 2, 10e-3);  // decode: 2 rows, 10 ms
-  p.record_step(true, true, 6, 14e-3);   // verify: 6 rows, 14 ms
-  const StepCostModel m = p.cost_model();
+  EXPECT_FALSE(p.cost_model(2).known);
+  p.record_step(true, false, 2, 2, 10e-3);  // decode: 2 sequences, 2 rows, 10 ms
+  p.record_step(true, true, 2, 6, 14e-3);   // verify: 6 rows, 14 ms
+  EXPECT_FALSE(p.cost_model(1).known) << "another batch size class";
+  EXPECT_FALSE(p.cost_model(3).known) << "another batch size class";
+  const StepCostModel m = p.cost_model(2);
   ASSERT_TRUE(m.known);
   EXPECT_NEAR(m.per_row_s, 1e-3, 1e-12);
   EXPECT_NEAR(m.fixed_s, 8e-3, 1e-12);
@@ -90,35 +92,53 @@ TEST(AdaptiveDepth, OffAlwaysChoosesFullDepthAndNoDraftsIsNoChoice) {
   EXPECT_DOUBLE_EQ(p.recent_depth(), 4.0);
 }
 
-// drafts_wanted (how deep an MTP drafter chains): K at a fixed depth and through the warm-up
-// (decode steps, then verify steps at K); then one more than the last choice.
-TEST(AdaptiveDepth, DraftsWantedFollowTheLastChoice) {
+// plan_drafts (how deep an MTP drafter chains for the next step): K at a fixed depth; 0
+// for the decode steps of the warm-up, then K for its verify steps; then 0 while the
+// estimates choose 0 (each such step a choice of 0, counted towards the next probe, whose
+// depth it plans), else one more than the estimates' choice.
+TEST(AdaptiveDepth, PlannedDraftsFollowTheEstimates) {
   AdaptiveDepth fixed({.max_depth = 3, .adaptive = false});
-  EXPECT_EQ(fixed.drafts_wanted(), 3);
+  EXPECT_EQ(fixed.plan_drafts(2), 3);
   AdaptiveDepth p({.max_depth = 3});
   const std::vector<int32_t> lengths = {3, 3};
-  EXPECT_EQ(p.drafts_wanted(), 3);  // warming up
   for (int i = 0; i < 2; ++i) {  // timed decode steps first
-    EXPECT_EQ(p.choose(lengths), 0);
-    p.record_step(true, false, 2, 2e-3);
+    EXPECT_EQ(p.plan_drafts(2), 0);
+    EXPECT_EQ(p.choose(std::vector<int32_t>{0, 0}), 0);  // none proposed: no choice
+    p.record_step(true, false, 2, 2, 2e-3);
   }
+  EXPECT_EQ(p.choices(), 0);
   for (int i = 0; i < 2; ++i) {  // then verify steps at K; every draft rejected, rows dear
+    EXPECT_EQ(p.plan_drafts(2), 3);
     EXPECT_EQ(p.choose(lengths), 3);
     p.record_verification(3, 0);
     p.record_verification(3, 0);
-    p.record_step(true, true, 8, 8e-3);
+    p.record_step(true, true, 2, 8, 8e-3);
   }
-  EXPECT_EQ(p.choose(lengths), 0);
-  EXPECT_EQ(p.drafts_wanted(), 1);  // no chained passes while the choice is 0
+  // Speculation loses; a probe every 32 x 8 steps (even 90% acceptance would not pay at
+  // 1 ms a row): 255 steps planned without drafts, then the probe's depth.
+  for (int i = 0; i < 255; ++i) {
+    ASSERT_EQ(p.plan_drafts(2), 0) << "step " << i;
+    p.record_step(true, false, 2, 2, 2e-3);
+  }
+  EXPECT_EQ(p.choices(), 2 + 255);
+  EXPECT_EQ(p.depth_total(), 6);
+  EXPECT_EQ(p.plan_drafts(2), 1);
+  EXPECT_EQ(p.choose(lengths), 1);
+  EXPECT_EQ(p.probes(), 1);
+  p.record_verification(1, 1);
+  p.record_verification(1, 1);
+  p.record_step(true, true, 2, 4, 4e-3);
   // Cheap rows and drafts that stand (a simulated step cost of 2 ms + 1 us per extra row):
-  // whatever the policy picks, the drafts wanted are one more, up to K.
+  // the plans climb to K, one more than the choice.
   std::vector<int32_t> seen;
   for (int i = 0; i < 400; ++i) {
-    const int32_t k = p.choose(lengths);
+    const int32_t planned = p.plan_drafts(2);
+    const std::vector<int32_t> proposed(2, planned);
+    const int32_t k = p.choose(proposed);
     seen.push_back(k);
-    EXPECT_EQ(p.drafts_wanted(), std::min(3, k + 1)) << "step " << i;
+    EXPECT_LE(k, planned) << "step " << i;
     for (int s = 0; s < 2 && k > 0; ++s) p.record_verification(k, k);
-    p.record_step(true, k > 0, 2 * (1 + k), 2e-3 + 1e-6 * k);
+    p.record_step(true, k > 0, 2, 2 * (1 + k), 2e-3 + 1e-6 * k);
   }
   EXPECT_GT(std::count(seen.begin(), seen.end(), 3), 100) << "the policy climbed to K";
 }
@@ -144,7 +164,7 @@ std::vector<int32_t> run(AdaptiveDepth& policy, const Machine& m, int32_t n, int
         while (accepted < k && u(rng) < m.accept) ++accepted;
         policy.record_verification(k, accepted);
       }
-    policy.record_step(true, k > 0, rows, (m.fixed_ms + m.per_row_ms * double(rows)) * 1e-3);
+    policy.record_step(true, k > 0, batch, rows, (m.fixed_ms + m.per_row_ms * double(rows)) * 1e-3);
   }
   return out;
 }

@@ -187,7 +187,9 @@ TEST(SpeculativeVerify, OneCallForAllSequencesEqualsOneCallEach) {
       EXPECT_EQ(got[i].tokens[t].logprob, want[i].tokens[t].logprob) << "sequence " << i << " token " << t;
       EXPECT_EQ(got[i].tokens[t].top_ids, want[i].tokens[t].top_ids) << "sequence " << i << " token " << t;
       EXPECT_EQ(got[i].tokens[t].top_logprobs, want[i].tokens[t].top_logprobs) << "sequence " << i << " token " << t;
-      if (i == 3) EXPECT_EQ(got[i].tokens[t].token % 2, 0) << "a masked row's token";
+      if (i == 3) {
+        EXPECT_EQ(got[i].tokens[t].token % 2, 0) << "a masked row's token";
+      }
     }
     EXPECT_EQ(all[i].next_uniform(), one[i].next_uniform()) << "sequence " << i << "'s draws afterwards";
   }
