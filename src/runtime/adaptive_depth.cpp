@@ -47,11 +47,13 @@ int32_t AdaptiveDepth::choose(std::span<const int32_t> draft_lengths) {
 int32_t AdaptiveDepth::estimate(const Costs& c, std::span<const int32_t> draft_lengths, int32_t& interval) const {
   const int32_t max_k = config_.max_depth;
   const StepCostModel cost = line(c);
-  const int32_t chosen = best_depth(acceptance_, cost, draft_lengths, max_k);
+  const int32_t chosen = best_depth(acceptance_, cost, draft_lengths, max_k, c.current);
   interval = config_.probe_interval;
-  if (chosen == 0 &&
-      best_depth(std::vector<double>(size_t(max_k), kHopefulAcceptance), cost, draft_lengths, max_k) == 0)
-    interval *= std::max(config_.hopeless_probe_factor, 1);
+  if (chosen == 0) {
+    interval *= std::max(config_.losing_probe_factor, 1);
+    if (best_depth(std::vector<double>(size_t(max_k), kHopefulAcceptance), cost, draft_lengths, max_k) == 0)
+      interval *= std::max(config_.hopeless_probe_factor, 1);
+  }
   return chosen;
 }
 
@@ -66,6 +68,7 @@ int32_t AdaptiveDepth::decide(std::span<const int32_t> draft_lengths) {
   if (c.verify_timed < config_.warmup_steps) return max_k;
   int32_t interval = 0;
   const int32_t chosen = estimate(c, draft_lengths, interval);
+  c.current = chosen;
   if (++c.since_probe < interval) return chosen;
   c.since_probe = 0;
   // A probe: while speculation loses, each depth 1 .. K in turn (the acceptance of deeper
@@ -92,6 +95,7 @@ int32_t AdaptiveDepth::plan_drafts(int32_t batch) {
   const std::vector<int32_t> lengths(size_t(batch), max_k);
   int32_t interval = 0;
   const int32_t chosen = estimate(c, lengths, interval);
+  c.current = chosen;
   if (c.since_probe + 1 >= interval) return chosen == 0 ? 1 + probe_cursor_ % max_k : max_k;  // decide() probes
   if (chosen > 0) return std::min(max_k, chosen + 1);
   // The next step runs without drafts: a choice of 0, and a step towards the next probe.
@@ -160,7 +164,7 @@ StepCostModel AdaptiveDepth::line(const Costs& c) {
 }
 
 int32_t AdaptiveDepth::best_depth(std::span<const double> acceptance, const StepCostModel& cost,
-                                  std::span<const int32_t> draft_lengths, int32_t max_depth) {
+                                  std::span<const int32_t> draft_lengths, int32_t max_depth, int32_t current) {
   if (!cost.known) return 0;
   // prefix[i] = prod_{j <= i} a_j: the expected tokens a sequence gains from its i-th draft.
   std::vector<double> prefix(size_t(std::max(max_depth, 0)) + 1, 0.0);
@@ -179,12 +183,14 @@ int32_t AdaptiveDepth::best_depth(std::span<const double> acceptance, const Step
     }
     return tokens / std::max(cost.seconds(rows), 1e-12);
   };
-  const double base = tokens_per_second(0);
-  int32_t best = 0;
-  double best_rate = base * (1.0 + kMargin);
-  for (int32_t k = 1; k <= max_depth; ++k) {
+  // The depth in use stays unless another beats it by kMargin (entering speculation from
+  // 0 likewise takes a kMargin gain).
+  current = std::clamp(current, 0, std::max(max_depth, 0));
+  int32_t best = current;
+  double best_rate = tokens_per_second(current) * (1.0 + kMargin);
+  for (int32_t k = 0; k <= max_depth; ++k) {
     const double rate = tokens_per_second(k);
-    if (rate > best_rate) best = k, best_rate = rate;
+    if (k != current && rate > best_rate) best = k, best_rate = rate;
   }
   return best;
 }

@@ -24,8 +24,9 @@
 //     in probe_interval runs at another depth (1 .. K in turn while the choice is 0; 0
 //     while it is K; 0 and K alternately in between), so an estimate that says
 //     "speculation loses" can recover, and one that says it wins is checked against a fresh
-//     decode step. Where speculation would lose even at 90% acceptance, probes are
-//     hopeless_probe_factor times rarer.
+//     decode step. While the choice is 0 probes are losing_probe_factor times rarer, and
+//     where speculation would lose even at 90% acceptance hopeless_probe_factor times more.
+//     Leaving the depth in use takes a kMargin gain too (hysteresis).
 //   planning (plan_drafts): a drafter whose drafts cost a pass of their own (MTP) asks
 //     after each step how deep the next one may go; 0 (no drafts; the step is counted as a
 //     choice of 0 then) lets it defer its work (runtime/mtp_drafts.cpp).
@@ -47,8 +48,12 @@ namespace kiln::runtime {
 struct AdaptiveDepthConfig {
   int32_t max_depth = 1;        // K >= 1
   bool adaptive = true;         // false: always K
-  int32_t probe_interval = 32;  // steps with drafts between two probes
-  // ... times this while even drafts standing kHopefulAcceptance of the time would not pay
+  int32_t probe_interval = 32;  // steps between two probes while drafts pay
+  // ... times this while they do not: a probe there costs a step at a losing depth (and an
+  // MTP drafter's deferred pass), which on a small, latency-bound model is several
+  // percent at one in 32.
+  int32_t losing_probe_factor = 4;
+  // ... and times this while even drafts standing kHopefulAcceptance of the time would not pay
   // (the CPU reference): then only the cost line could change the choice, and it changes
   // slowly, so probes are rarer there and cost less.
   int32_t hopeless_probe_factor = 8;
@@ -99,8 +104,10 @@ class AdaptiveDepth {
   // The best depth for these drafts under the given estimates (acceptance[i - 1] = a_i;
   // positions past its end count as 0); 0 when the model is unknown or k > 0 does not win
   // by kMargin.
+  // `current`: the depth in use, which another must beat by kMargin too (so the choice
+  // does not flap between two depths the estimates hardly tell apart).
   static int32_t best_depth(std::span<const double> acceptance, const StepCostModel& cost,
-                            std::span<const int32_t> draft_lengths, int32_t max_depth);
+                            std::span<const int32_t> draft_lengths, int32_t max_depth, int32_t current = 0);
 
   const AdaptiveDepthConfig& config() const { return config_; }
   // a_i estimates, i = 1 .. K (1/2 where never measured).
@@ -127,6 +134,7 @@ class AdaptiveDepth {
     int64_t decode_last_step = 0, verify_last_step = 0;
     int32_t decode_timed = 0, verify_timed = 0;  // timed steps of each kind (warm-up)
     int32_t since_probe = 0;
+    int32_t current = 0;  // the depth the estimates chose last
   };
   static constexpr int kClasses = 16;  // batch sizes 1, 2, 3-4, 5-8, ..., above 2^14
   static size_t class_of(int32_t batch);

@@ -56,6 +56,17 @@ TEST(AdaptiveDepth, DepthFadesWithBatchSize) {
   EXPECT_EQ(AdaptiveDepth::best_depth(a, StepCostModel{}, std::vector<int32_t>{3}, 3), 0) << "unknown cost";
 }
 
+// The depth in use stays where another is not better by kMargin: at 10 ms + 0.1 ms a row
+// and acceptance 0.6, 0.6, 0.1, depth 3 beats 2 by 0.9% and 1 by 22%.
+TEST(AdaptiveDepth, TheDepthInUseStaysUnlessAnotherWinsByTheMargin) {
+  const std::vector<double> a = {0.6, 0.6, 0.1};
+  const std::vector<int32_t> one = {3};
+  EXPECT_EQ(AdaptiveDepth::best_depth(a, cost(10, 0.1), one, 3), 3);
+  EXPECT_EQ(AdaptiveDepth::best_depth(a, cost(10, 0.1), one, 3, 2), 2) << "within the margin of the best";
+  EXPECT_EQ(AdaptiveDepth::best_depth(a, cost(10, 0.1), one, 3, 1), 3) << "depth 1 loses by more than the margin";
+  EXPECT_EQ(AdaptiveDepth::best_depth(a, cost(0, 1), one, 3, 3), 0) << "rows at full cost: leave speculation";
+}
+
 TEST(AdaptiveDepth, MeasuresAcceptanceByPositionAndTheCostLine) {
   AdaptiveDepth p({.max_depth = 3});
   p.record_verification(3, 1);  // position 1 stood, 2 was rejected, 3 not tested
@@ -114,20 +125,21 @@ TEST(AdaptiveDepth, PlannedDraftsFollowTheEstimates) {
     p.record_verification(3, 0);
     p.record_step(true, true, 2, 8, 8e-3);
   }
-  // Speculation loses; a probe every 32 x 8 steps (even 90% acceptance would not pay at
-  // 1 ms a row): 255 steps planned without drafts, then the probe's depth.
-  for (int i = 0; i < 255; ++i) {
+  // Speculation loses; a probe every 32 x 4 x 8 steps (even 90% acceptance would not pay
+  // at 1 ms a row): 1023 steps planned without drafts, then the probe's depth.
+  for (int i = 0; i < 1023; ++i) {
     ASSERT_EQ(p.plan_drafts(2), 0) << "step " << i;
     p.record_step(true, false, 2, 2, 2e-3);
   }
-  EXPECT_EQ(p.choices(), 2 + 255);
+  EXPECT_EQ(p.choices(), 2 + 1023);
   EXPECT_EQ(p.depth_total(), 6);
   EXPECT_EQ(p.plan_drafts(2), 1);
   EXPECT_EQ(p.choose(lengths), 1);
   EXPECT_EQ(p.probes(), 1);
+  // The probe finds rows cheap now (2 ms + 1 us a row).
   p.record_verification(1, 1);
   p.record_verification(1, 1);
-  p.record_step(true, true, 2, 4, 4e-3);
+  p.record_step(true, true, 2, 4, 2e-3 + 2e-6);
   // Cheap rows and drafts that stand (a simulated step cost of 2 ms + 1 us per extra row):
   // the plans climb to K, one more than the choice.
   std::vector<int32_t> seen;
@@ -174,12 +186,12 @@ int64_t count(const std::vector<int32_t>& v, size_t from, int32_t k) {
 }
 
 // The CPU reference's shape (rows cost linearly): after the warm-up the policy decodes
-// without drafts. Even 90% acceptance would not pay there, so it probes one step in 256
-// (32 x 8), at each depth 1 .. K in turn.
+// without drafts. Even 90% acceptance would not pay there, so it probes one step in 1024
+// (32 x 4 x 8), at each depth 1 .. K in turn.
 TEST(AdaptiveDepth, LinearCostFallsBackToNoDraftsAndProbesRarely) {
   AdaptiveDepth p({.max_depth = 3});
   std::mt19937 rng(1);
-  const std::vector<int32_t> k = run(p, {.fixed_ms = 0.05, .per_row_ms = 2.0, .accept = 0.6}, 4 + 256 * 6, 1, rng);
+  const std::vector<int32_t> k = run(p, {.fixed_ms = 0.05, .per_row_ms = 2.0, .accept = 0.6}, 4 + 1024 * 6, 1, rng);
   const size_t settled = 4;
   const int64_t drafted = int64_t(k.size() - settled) - count(k, settled, 0);
   EXPECT_EQ(drafted, 6) << "probes only";
@@ -188,11 +200,11 @@ TEST(AdaptiveDepth, LinearCostFallsBackToNoDraftsAndProbesRarely) {
 }
 
 // Rows that cost something but not everything (10 ms + 3 ms per row): at 20% acceptance
-// drafts do not pay, at 90% they would, so probes come one step in 32.
-TEST(AdaptiveDepth, LowAcceptanceFallsBackToNoDraftsAndProbesEvery32Steps) {
+// drafts do not pay, at 90% they would, so probes come one step in 128 (32 x 4).
+TEST(AdaptiveDepth, LowAcceptanceFallsBackToNoDraftsAndProbesEvery128Steps) {
   AdaptiveDepth p({.max_depth = 3});
   std::mt19937 rng(4);
-  const std::vector<int32_t> k = run(p, {.fixed_ms = 10.0, .per_row_ms = 3.0, .accept = 0.2}, 64 + 32 * 20, 1, rng);
+  const std::vector<int32_t> k = run(p, {.fixed_ms = 10.0, .per_row_ms = 3.0, .accept = 0.2}, 64 + 128 * 20, 1, rng);
   const int64_t drafted = int64_t(k.size() - 64) - count(k, 64, 0);
   EXPECT_GE(drafted, 18);
   EXPECT_LE(drafted, 22) << "probes only";
