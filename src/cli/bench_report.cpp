@@ -424,7 +424,7 @@ std::string setup_html(const Report& r) {
     requests += (i ? ", " : "") + strf("%g", r.levels[i].num_requests);
   std::string lengths = strf("input %g tokens, output %g tokens", s.input_len, s.output_len);
   if (s.random_range_ratio > 0)
-    lengths += strf(" (prompt lengths down to %g%% of input)", 100 * (1 - s.random_range_ratio));
+    lengths += strf(" (prompt and output lengths down to %g%% of these)", 100 * (1 - s.random_range_ratio));
   std::string date = r.levels.front().date;
   if (r.levels.back().date != date) date += " to " + r.levels.back().date;
   const std::string warmup =

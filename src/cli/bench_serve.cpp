@@ -212,16 +212,18 @@ constexpr const char* kWords[] = {
     "family", "group", "country", "problem", "hand", "part", "place", "case", "week", "company", "system",
     "work", "number", "night", "point", "home", "water", "room", "area", "money", "story", "fact", "month"};
 
-// A prompt length uniform in [input_len * (1 - ratio), input_len], at least 1.
-int64_t draw_input_len(std::mt19937_64& rng, const BenchOptions& o) {
-  const int64_t hi = o.input_len;
-  const int64_t lo = std::clamp<int64_t>(int64_t(std::ceil(double(hi) * (1.0 - o.random_range_ratio))), 1, hi);
-  return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+// A length uniform in [len * (1 - ratio), len], at least 1 (prompts and max_tokens, as
+// vLLM's --random-range-ratio varies both: with equal output lengths, a batch's requests
+// end in the same step and the next ones start together, which real traffic never does).
+int64_t draw_len(std::mt19937_64& rng, int64_t len, double ratio) {
+  const int64_t lo = std::clamp<int64_t>(int64_t(std::ceil(double(len) * (1.0 - ratio))), 1, len);
+  return std::uniform_int_distribution<int64_t>(lo, len)(rng);
 }
 
 Request make_request(std::mt19937_64& rng, const BenchOptions& o, const std::string& model) {
-  const int64_t n = draw_input_len(rng, o);
-  json body = {{"model", model},          {"max_tokens", o.output_len},
+  const int64_t n = draw_len(rng, o.input_len, o.random_range_ratio);
+  const int64_t max_tokens = draw_len(rng, o.output_len, o.random_range_ratio);
+  json body = {{"model", model},          {"max_tokens", max_tokens},
                {"ignore_eos", true},      {"temperature", 0},
                {"stream", true},          {"stream_options", {{"include_usage", true}}}};
   if (!o.json_schema.is_null())
@@ -659,7 +661,7 @@ void add_bench_command(CLI::App& app, Subcommands& commands) {
   cmd->add_option("--input-len", o->input_len, "prompt tokens (chat: words)")->check(CLI::PositiveNumber);
   cmd->add_option("--output-len", o->output_len, "max_tokens of every request")->check(CLI::PositiveNumber);
   cmd->add_option("--random-range-ratio", o->random_range_ratio,
-                  "prompt lengths uniform in [len * (1 - ratio), len]")->check(CLI::Range(0.0, 0.999));
+                  "prompt lengths and max_tokens uniform in [len * (1 - ratio), len]")->check(CLI::Range(0.0, 0.999));
   cmd->add_option("--num-prompts", o->num_prompts,
                   "requests per level (default: max(8, 4 * C); with --request-rate max(8, 10 * R))")
       ->check(CLI::NonNegativeNumber);
