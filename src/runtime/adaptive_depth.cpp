@@ -62,6 +62,7 @@ int32_t AdaptiveDepth::decide(std::span<const int32_t> draft_lengths) {
   if (!config_.adaptive) return max_k;
   if (config_.schedule) return std::clamp(config_.schedule(steps_ + 1), 0, max_k);
   Costs& c = costs_[class_of(int32_t(draft_lengths.size()))];
+  if (!c.on) return 0;  // the governor: speculation off here for now
   // Warm-up: the cost of a decode step first, then that of a verify step at depth K (which
   // also measures acceptance at every position the drafts reach).
   if (c.decode_timed < config_.warmup_steps) return 0;
@@ -90,6 +91,10 @@ int32_t AdaptiveDepth::plan_drafts(int32_t batch) {
     return k;
   }
   Costs& c = costs_[class_of(batch)];
+  if (!c.on) {
+    note_choice(0);
+    return 0;
+  }
   if (c.decode_timed < config_.warmup_steps) return 0;
   if (c.verify_timed < config_.warmup_steps) return max_k;
   const std::vector<int32_t> lengths(size_t(batch), max_k);
@@ -115,7 +120,29 @@ void AdaptiveDepth::record_verification(int32_t n_draft, int32_t n_accepted) {
   }
 }
 
-void AdaptiveDepth::record_step(bool timed, bool verify, int32_t n_seqs, int64_t rows, double seconds) {
+void AdaptiveDepth::govern(Costs& c, int64_t emitted, double seconds) {
+  c.window_tokens += emitted;
+  c.window_seconds += seconds;
+  if (++c.window_steps < config_.governor_window) return;
+  if (c.window_seconds > 0.0)
+    c.rate[c.on ? 1 : 0].add(double(c.window_tokens) / c.window_seconds, kGovernorDecay, 1);
+  c.window_steps = 0;
+  c.window_tokens = 0;
+  c.window_seconds = 0.0;
+  ++c.windows;
+  // The next window: a mode never measured; else the better one (the mode in use stays
+  // unless the other wins by kMargin), the other one window in governor_refresh.
+  if (c.rate[0].n == 0 || c.rate[1].n == 0) {
+    c.on = c.rate[1].n == 0;
+    return;
+  }
+  const double off = c.rate[0].value, on = c.rate[1].value;
+  c.best_on = c.best_on ? !(off > on * (1.0 + kMargin)) : on > off * (1.0 + kMargin);
+  c.on = c.windows % std::max(config_.governor_refresh, 2) == 0 ? !c.best_on : c.best_on;
+}
+
+void AdaptiveDepth::record_step(bool timed, bool verify, int32_t n_seqs, int64_t rows, double seconds,
+                                int64_t emitted) {
   ++steps_;
   for (size_t i = 0; i < acceptance_.size(); ++i) {
     if (step_tested_[i] == 0) continue;
@@ -123,8 +150,10 @@ void AdaptiveDepth::record_step(bool timed, bool verify, int32_t n_seqs, int64_t
     acceptance_[i] = acceptance_ema_[i].value;
     step_tested_[i] = step_accepted_[i] = 0;
   }
-  if (!timed || rows <= 0 || n_seqs <= 0) return;
+  if (n_seqs <= 0) return;
   Costs& c = costs_[class_of(n_seqs)];
+  if (config_.adaptive && !config_.schedule && config_.governor_window > 0) govern(c, emitted, seconds);
+  if (!timed || rows <= 0) return;
   Ema& r = verify ? c.verify_rows : c.decode_rows;
   Ema& t = verify ? c.verify_seconds : c.decode_seconds;
   int64_t& last = verify ? c.verify_last_step : c.decode_last_step;

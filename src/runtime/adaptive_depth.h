@@ -27,6 +27,14 @@
 //     decode step. While the choice is 0 probes are losing_probe_factor times rarer, and
 //     where speculation would lose even at 90% acceptance hopeless_probe_factor times more.
 //     Leaving the depth in use takes a kMargin gain too (hysteresis).
+//   governing: the line above prices a step's rows, not what else speculation costs (on a
+//     small, latency-bound model: verify steps that replay no recording, catch-up passes,
+//     sequences whose ends drift apart so more steps carry a prefill). So each batch size
+//     class also measures what counts, emitted tokens per second over windows of
+//     governor_window steps (every step, prefill or not): with speculation on (the
+//     choices above) and off (no drafts, no probes). The better mode runs, unless the
+//     other wins by kMargin; one window in governor_refresh runs the other mode to keep
+//     its rate current (EMAs over windows).
 //   planning (plan_drafts): a drafter whose drafts cost a pass of their own (MTP) asks
 //     after each step how deep the next one may go; 0 (no drafts; the step is counted as a
 //     choice of 0 then) lets it defer its work (runtime/mtp_drafts.cpp).
@@ -64,6 +72,8 @@ struct AdaptiveDepthConfig {
   // each test is a single accept / reject. Both start as plain means.
   double decay = 1.0 / 32;
   int32_t warmup_steps = 2;     // timed steps of each kind before the model decides
+  int32_t governor_window = 32;   // steps of one batch size class per governor window (0: no governor)
+  int32_t governor_refresh = 16;  // one window in this many runs the losing mode
   // Tests: the depth of step n (from 1) instead of the estimates' (the plans follow it).
   std::function<int32_t(int64_t step)> schedule;
 };
@@ -82,6 +92,7 @@ class AdaptiveDepth {
   static constexpr double kMargin = 0.02;
   static constexpr double kHopefulAcceptance = 0.9;
   static constexpr int64_t kPriorTests = 2;
+  static constexpr double kGovernorDecay = 0.25;  // per window, of each mode's rate
 
   explicit AdaptiveDepth(const AdaptiveDepthConfig& config);
 
@@ -98,8 +109,9 @@ class AdaptiveDepth {
   void record_verification(int32_t n_draft, int32_t n_accepted);
   // The end of a step: the verifications recorded since the last call enter the acceptance
   // EMA; a step whose sequences were all decoding (timed) enters the cost EMA of its kind
-  // (verify: it had drafts) for its batch size (n_seqs); rows = its query rows.
-  void record_step(bool timed, bool verify, int32_t n_seqs, int64_t rows, double seconds);
+  // (verify: it had drafts) for its batch size (n_seqs); rows = its query rows. Every
+  // step (timed or not) counts in the governor's window: `emitted` tokens in `seconds`.
+  void record_step(bool timed, bool verify, int32_t n_seqs, int64_t rows, double seconds, int64_t emitted = 0);
 
   // The best depth for these drafts under the given estimates (acceptance[i - 1] = a_i;
   // positions past its end count as 0); 0 when the model is unknown or k > 0 does not win
@@ -120,6 +132,10 @@ class AdaptiveDepth {
   int64_t depth_total() const { return depth_total_; }
   double recent_depth() const { return recent_depth_; }
   int64_t probes() const { return probes_; }
+  // Whether speculation runs for steps of `batch` sequences (the governor's mode), and the
+  // measured emitted tokens per second of that class's windows with it off / on (0: none).
+  bool speculating(int32_t batch) const { return !config_.adaptive || costs_[class_of(batch)].on; }
+  double governor_rate(int32_t batch, bool on) const { return costs_[class_of(batch)].rate[on ? 1 : 0].value; }
 
  private:
   struct Ema {
@@ -135,7 +151,14 @@ class AdaptiveDepth {
     int32_t decode_timed = 0, verify_timed = 0;  // timed steps of each kind (warm-up)
     int32_t since_probe = 0;
     int32_t current = 0;  // the depth the estimates chose last
+    // The governor: the mode of the current window, its counts, and each mode's rate.
+    bool on = true, best_on = true;  // this window's mode; the better one
+    int32_t window_steps = 0, windows = 0;
+    int64_t window_tokens = 0;
+    double window_seconds = 0.0;
+    Ema rate[2];  // emitted tokens per second, speculation off / on
   };
+  void govern(Costs& c, int64_t emitted, double seconds);
   static constexpr int kClasses = 16;  // batch sizes 1, 2, 3-4, 5-8, ..., above 2^14
   static size_t class_of(int32_t batch);
   static StepCostModel line(const Costs& c);

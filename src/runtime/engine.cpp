@@ -618,6 +618,7 @@ void Engine::drop_request(std::unordered_map<uint64_t, RequestState>::iterator i
 
 std::vector<StepOutput> Engine::step() {
   const auto start = std::chrono::steady_clock::now();
+  const int64_t generated_before = stats_.generated_tokens;
   if (options_.speculative_method != SpeculativeMethod::kOff) propose_drafts();
   const Schedule schedule = scheduler_->schedule(*blocks_);
   // A preempted sequence starts again from position 0: its recurrent-state row is free.
@@ -741,7 +742,8 @@ std::vector<StepOutput> Engine::step() {
   for (uint64_t id : done) drop_request(requests_.find(id));
   if (depth_)
     depth_->record_step(timed, !verify.empty(), int32_t(schedule.seqs.size()), schedule.n_tokens,
-                        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+                        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                        stats_.generated_tokens - generated_before);
   return outs;
 }
 

@@ -68,7 +68,7 @@ TEST(AdaptiveDepth, TheDepthInUseStaysUnlessAnotherWinsByTheMargin) {
 }
 
 TEST(AdaptiveDepth, MeasuresAcceptanceByPositionAndTheCostLine) {
-  AdaptiveDepth p({.max_depth = 3});
+  AdaptiveDepth p({.max_depth = 3, .governor_window = 0});
   p.record_verification(3, 1);  // position 1 stood, 2 was rejected, 3 not tested
   p.record_step(false, true, 1, 0, 0.0);
   // Two pseudo-tests at 1/2, then the plain mean of the tests' outcomes.
@@ -110,7 +110,7 @@ TEST(AdaptiveDepth, OffAlwaysChoosesFullDepthAndNoDraftsIsNoChoice) {
 TEST(AdaptiveDepth, PlannedDraftsFollowTheEstimates) {
   AdaptiveDepth fixed({.max_depth = 3, .adaptive = false});
   EXPECT_EQ(fixed.plan_drafts(2), 3);
-  AdaptiveDepth p({.max_depth = 3});
+  AdaptiveDepth p({.max_depth = 3, .governor_window = 0});
   const std::vector<int32_t> lengths = {3, 3};
   for (int i = 0; i < 2; ++i) {  // timed decode steps first
     EXPECT_EQ(p.plan_drafts(2), 0);
@@ -189,7 +189,7 @@ int64_t count(const std::vector<int32_t>& v, size_t from, int32_t k) {
 // without drafts. Even 90% acceptance would not pay there, so it probes one step in 1024
 // (32 x 4 x 8), at each depth 1 .. K in turn.
 TEST(AdaptiveDepth, LinearCostFallsBackToNoDraftsAndProbesRarely) {
-  AdaptiveDepth p({.max_depth = 3});
+  AdaptiveDepth p({.max_depth = 3, .governor_window = 0});
   std::mt19937 rng(1);
   const std::vector<int32_t> k = run(p, {.fixed_ms = 0.05, .per_row_ms = 2.0, .accept = 0.6}, 4 + 1024 * 6, 1, rng);
   const size_t settled = 4;
@@ -202,7 +202,7 @@ TEST(AdaptiveDepth, LinearCostFallsBackToNoDraftsAndProbesRarely) {
 // Rows that cost something but not everything (10 ms + 3 ms per row): at 20% acceptance
 // drafts do not pay, at 90% they would, so probes come one step in 128 (32 x 4).
 TEST(AdaptiveDepth, LowAcceptanceFallsBackToNoDraftsAndProbesEvery128Steps) {
-  AdaptiveDepth p({.max_depth = 3});
+  AdaptiveDepth p({.max_depth = 3, .governor_window = 0});
   std::mt19937 rng(4);
   const std::vector<int32_t> k = run(p, {.fixed_ms = 10.0, .per_row_ms = 3.0, .accept = 0.2}, 64 + 128 * 20, 1, rng);
   const int64_t drafted = int64_t(k.size() - 64) - count(k, 64, 0);
@@ -214,7 +214,7 @@ TEST(AdaptiveDepth, LowAcceptanceFallsBackToNoDraftsAndProbesEvery128Steps) {
 // A weight-bound machine: full depth, with a decode step now and then to keep the
 // decode cost current; at 256 streams the same machine's rows dominate and it stops.
 TEST(AdaptiveDepth, CheapRowsChooseFullDepthUntilTheBatchMakesThemDear) {
-  AdaptiveDepth p({.max_depth = 3});
+  AdaptiveDepth p({.max_depth = 3, .governor_window = 0});
   std::mt19937 rng(2);
   const Machine gpu{.fixed_ms = 10.0, .per_row_ms = 0.2, .accept = 0.7};
   const std::vector<int32_t> one = run(p, gpu, 320, 1, rng);
@@ -226,7 +226,7 @@ TEST(AdaptiveDepth, CheapRowsChooseFullDepthUntilTheBatchMakesThemDear) {
 
 // Estimates recover both ways: rows getting cheap (probes find it), and dear again.
 TEST(AdaptiveDepth, RecoversWhenTheCostOfRowsChanges) {
-  AdaptiveDepth p({.max_depth = 4});
+  AdaptiveDepth p({.max_depth = 4, .governor_window = 0});
   std::mt19937 rng(3);
   const Machine cpu{.fixed_ms = 0.0, .per_row_ms = 1.0, .accept = 0.8};
   const Machine gpu{.fixed_ms = 10.0, .per_row_ms = 0.1, .accept = 0.8};
@@ -236,6 +236,52 @@ TEST(AdaptiveDepth, RecoversWhenTheCostOfRowsChanges) {
   EXPECT_GE(count(cheap, 150, 4), 140) << "recovered to full depth";
   const std::vector<int32_t> dear = run(p, cpu, 400, 1, rng);
   EXPECT_GE(count(dear, 250, 0), 140) << "fell back to no drafts";
+}
+
+// The governor: a machine whose verify steps are cheap (10 ms + 0.2 ms a row, 70% of drafts
+// stand) but where speculation costs elsewhere: every other step carries a prefill (not
+// timed), 60 ms with speculation against 10 without. The line model alone keeps depth K;
+// the governor, measuring emitted tokens per second over every step, turns speculation
+// off but for one window in 16. Without the hidden cost it keeps speculation on.
+TEST(AdaptiveDepth, TheGovernorTurnsSpeculationOffWhereItLosesOverall) {
+  for (bool hidden_cost : {true, false}) {
+    AdaptiveDepth p({.max_depth = 3});
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    const int32_t batch = 8;
+    const std::vector<int32_t> lengths(size_t(batch), 3);
+    int64_t late_steps = 0, late_drafting = 0;
+    for (int step = 0; step < 4000; ++step) {
+      const bool prefill = step % 2 == 1;
+      const int32_t k = p.choose(lengths);
+      int64_t emitted = batch;
+      if (k > 0)
+        for (int32_t s = 0; s < batch; ++s) {
+          int32_t accepted = 0;
+          while (accepted < k && u(rng) < 0.7) ++accepted;
+          p.record_verification(k, accepted);
+          emitted += accepted;
+        }
+      const int64_t rows = int64_t(batch) * (1 + k);
+      const double ms = prefill ? (hidden_cost && p.speculating(batch) ? 60.0 : 10.0) + 0.2 * double(rows)
+                                : 10.0 + 0.2 * double(rows);
+      p.record_step(!prefill, k > 0, batch, rows, ms * 1e-3, emitted);
+      if (step >= 2000) {
+        ++late_steps;
+        late_drafting += k > 0 ? 1 : 0;
+      }
+    }
+    const double on = p.governor_rate(batch, true), off = p.governor_rate(batch, false);
+    std::printf("hidden cost %d: %.0f tokens/s with speculation, %.0f without; %lld of %lld late steps drafted\n",
+                int(hidden_cost), on, off, (long long)late_drafting, (long long)late_steps);
+    if (hidden_cost) {
+      EXPECT_LT(on, off);
+      EXPECT_LT(late_drafting, late_steps / 16 + 32) << "speculation off but for the refresh windows";
+    } else {
+      EXPECT_GT(on, off);
+      EXPECT_GT(late_drafting, late_steps * 3 / 4) << "speculation on but for the refresh windows and probes";
+    }
+  }
 }
 
 }  // namespace
