@@ -17,7 +17,9 @@
 //     MTP layer runs over all kept rows at once before its next pass (or when they fill
 //     up: EngineOptions::mtp_deferred_steps), so a batch where speculation does not pay
 //     costs one copy a step instead of an MTP pass. Rows of a sequence that ended or was
-//     preempted are dropped (its blocks went back).
+//     preempted are dropped (its blocks went back). Where the policy's governor turns
+//     speculation off for the batch size, the MTP layer does not run at all: its KV has
+//     holes at those positions, which later drafts read (their quality, never the output).
 //
 // Drafts are the MTP logits' argmax (a point mass: runtime/speculative.h verifies them
 // exactly, greedy or sampled). Positions the step computed but rejected are not stored:
@@ -119,6 +121,16 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
     return r.seq->state == SeqState::kRunning && r.seq->n_uncomputed() == 1;
   }));
   const int32_t k = n_decoding > 0 ? depth_->plan_drafts(n_decoding) : 0;
+  // Speculation off at this batch size (the depth policy's governor): the MTP layer does
+  // not run at all (its KV gets holes at these positions: drafts read them later, outputs
+  // never do), since even deferred passes cost several percent of a small model's steps.
+  if (k == 0 && n_decoding > 0 && !depth_->speculating(n_decoding)) {
+    for (const StepBatch::Rows& r : rows) {
+      r.seq->mtp_draft.clear();
+      r.seq->mtp_draft_at = -1;
+    }
+    return;
+  }
   // No drafts wanted after a decode step (every sequence one row, row i its i-th): its
   // hidden rows are kept for later (one copy), each sequence's next MTP pass runs them.
   const bool decode_shaped = std::all_of(rows.begin(), rows.end(), [&](const StepBatch::Rows& r) {
