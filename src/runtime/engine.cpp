@@ -86,6 +86,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_dir,
     e->depth_ = std::make_unique<AdaptiveDepth>(AdaptiveDepthConfig{.max_depth = options.num_speculative_tokens,
                                                                      .adaptive = options.speculative_adaptive,
                                                                      .probe_interval = options.speculative_probe_interval,
+                                                                     .governor_window = options.speculative_governor_window,
                                                                      .schedule = options.speculative_depth_schedule});
   return e;
 }

@@ -69,6 +69,7 @@ struct EngineOptions {
   // and step cost (runtime/adaptive_depth.h); false: always num_speculative_tokens.
   bool speculative_adaptive = true;
   int32_t speculative_probe_interval = 32;  // the policy's steps between probes (AdaptiveDepthConfig)
+  int32_t speculative_governor_window = 32;  // its governor's window in steps (0: no governor)
   std::function<int32_t(int64_t step)> speculative_depth_schedule;  // tests: AdaptiveDepthConfig::schedule
   // MTP: how many decode steps planned without drafts may keep their hidden rows for one
   // later MTP pass (runtime/mtp_drafts.cpp); 0: the MTP layer runs after every step.

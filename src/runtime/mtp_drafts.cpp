@@ -83,13 +83,17 @@ void Engine::mtp_flush() {
   std::vector<Sequence*> order;
   for (const MtpKept& k : mtp_kept_)
     if (k.seq != nullptr && std::find(order.begin(), order.end(), k.seq) == order.end()) order.push_back(k.seq);
+  // (Consecutive they are; a gap would start a chunk of its own.)
   for (Sequence* seq : order) {
-    b.q_start.push_back(b.n_tokens());
-    int32_t last = -1;
+    int32_t last = -2;
     for (size_t i = 0; i < mtp_kept_.size(); ++i) {
       const MtpKept& k = mtp_kept_[i];
       if (k.seq != seq) continue;
-      KILN_CHECK(last < 0 || k.pos == last + 1) << "mtp: kept rows of a sequence at positions " << last << " and " << k.pos;
+      if (k.pos != last + 1) {
+        if (last >= 0) b.context_len.push_back(last + 1);
+        b.q_start.push_back(b.n_tokens());
+        tables.push_back(&seq->table.blocks);
+      }
       last = k.pos;
       b.token_ids.push_back(k.token);
       b.positions.push_back(k.pos);
@@ -97,7 +101,6 @@ void Engine::mtp_flush() {
       h_rows.push_back(int32_t(i));
     }
     b.context_len.push_back(last + 1);
-    tables.push_back(&seq->table.blocks);
   }
   stats_.mtp_deferred_rows += int64_t(mtp_kept_.size());
   mtp_kept_.clear();
@@ -125,6 +128,7 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
   // not run at all (its KV gets holes at these positions: drafts read them later, outputs
   // never do), since even deferred passes cost several percent of a small model's steps.
   if (k == 0 && n_decoding > 0 && !depth_->speculating(n_decoding)) {
+    mtp_flush();  // what earlier steps kept (once, as speculation turns off)
     for (const StepBatch::Rows& r : rows) {
       r.seq->mtp_draft.clear();
       r.seq->mtp_draft_at = -1;

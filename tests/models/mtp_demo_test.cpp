@@ -179,6 +179,21 @@ TEST(MtpDemo, DeferredMtpPassesGiveTheDraftsOfAPassEveryStep) {
                 (long long)s.steps, (long long)s.mtp_deferred_rows, (long long)s.mtp_flushes);
     EXPECT_EQ(s.kv_blocks_used, 0);
   }
+  // The adaptive policy itself, its governor switching every 2 steps between speculation
+  // on (MTP passes deferred while it plans no drafts) and off (no MTP pass at all, what
+  // was deferred run first): the outputs of decoding without drafts.
+  EngineOptions o = base;
+  o.speculative_method = SpeculativeMethod::kMtp;
+  o.num_speculative_tokens = 2;
+  o.speculative_governor_window = 2;
+  auto governed = Engine::load(testing::fixture_dir(kModel), cpu::make_cpu_backend(1), o);
+  ASSERT_TRUE(governed.ok()) << governed.status().to_string();
+  EXPECT_EQ(run_all(**governed, requests), want) << "governed";
+  const runtime::EngineStats g = (*governed)->stats();
+  std::printf("[ mtp demo ] governed: %lld of %lld drafts accepted; %lld rows deferred, %lld deferred passes\n",
+              (long long)g.spec_accepted_tokens, (long long)g.spec_draft_tokens, (long long)g.mtp_deferred_rows,
+              (long long)g.mtp_flushes);
+  EXPECT_EQ(g.kv_blocks_used, 0);
   EXPECT_GT(stats[16].mtp_deferred_rows, 150);
   EXPECT_GT(stats[16].mtp_flushes, 10);
   EXPECT_EQ(stats[0].mtp_deferred_rows, 0);
