@@ -135,6 +135,12 @@ class AdaptiveDepth {
   // Whether speculation runs for steps of `batch` sequences (the governor's mode), and the
   // measured emitted tokens per second of that class's windows with it off / on (0: none).
   bool speculating(int32_t batch) const { return !config_.adaptive || costs_[class_of(batch)].on; }
+  // Whether the governor found speculation losing for steps of `batch` sequences and has it
+  // off (not a trial or refresh window of the losing mode).
+  bool speculation_off(int32_t batch) const {
+    const Costs& c = costs_[class_of(batch)];
+    return config_.adaptive && !c.on && !c.best_on;
+  }
   double governor_rate(int32_t batch, bool on) const { return costs_[class_of(batch)].rate[on ? 1 : 0].value; }
 
  private:

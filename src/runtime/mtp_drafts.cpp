@@ -17,8 +17,8 @@
 //     MTP layer runs over all kept rows at once before its next pass (or when they fill
 //     up: EngineOptions::mtp_deferred_steps), so a batch where speculation does not pay
 //     costs one copy a step instead of an MTP pass. Rows of a sequence that ended or was
-//     preempted are dropped (its blocks went back). Where the policy's governor turns
-//     speculation off for the batch size, the MTP layer does not run at all: its KV has
+//     preempted are dropped (its blocks went back). Where the policy's governor has found
+//     speculation losing at the batch size, the MTP layer does not run at all: its KV has
 //     holes at those positions, which later drafts read (their quality, never the output).
 //
 // Drafts are the MTP logits' argmax (a point mass: runtime/speculative.h verifies them
@@ -124,10 +124,11 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
     return r.seq->state == SeqState::kRunning && r.seq->n_uncomputed() == 1;
   }));
   const int32_t k = n_decoding > 0 ? depth_->plan_drafts(n_decoding) : 0;
-  // Speculation off at this batch size (the depth policy's governor): the MTP layer does
-  // not run at all (its KV gets holes at these positions: drafts read them later, outputs
+  // Speculation off at this batch size, where the depth policy's governor found it losing
+  // (not its trial windows: holes there would cost where speculation wins): the MTP layer
+  // does not run at all (its KV gets holes at these positions: drafts read them later, outputs
   // never do), since even deferred passes cost several percent of a small model's steps.
-  if (k == 0 && n_decoding > 0 && !depth_->speculating(n_decoding)) {
+  if (k == 0 && n_decoding > 0 && depth_->speculation_off(n_decoding)) {
     mtp_flush();  // what earlier steps kept (once, as speculation turns off)
     for (const StepBatch::Rows& r : rows) {
       r.seq->mtp_draft.clear();
