@@ -232,6 +232,7 @@ struct DsaSelectArgs {
 enum class OptionalOp {
   kDsa,  // layer_norm, dsa_index_store, dsa_select and MlaArgs::selected
   kGatedDeltaNet,  // gated_delta_net, sigmoid_mul and copy_rows (Qwen3-Next, Qwen3.5)
+  kStateSnapshots,  // gated_delta_net with BatchMeta::state_snapshots (speculative decoding)
 };
 const char* optional_op_name(OptionalOp op);
 

@@ -28,6 +28,10 @@ struct BatchMeta {
   // the state after the sequence's tokens before this step; a sequence whose first new
   // token is at position 0 starts from a zero state (the layer clears the row).
   std::vector<int32_t> state_slots;
+  // Speculative verification of such models, else empty: per token row, the state row
+  // that also receives the sequence's state right after this row (so the state after the
+  // last accepted draft can be restored), or -1 (ops::OptionalOp::kStateSnapshots).
+  std::vector<int32_t> state_snapshots;
   // rows of the batch whose logits the step returns (e.g. each sequence's last token)
   std::vector<int32_t> logit_rows;
 

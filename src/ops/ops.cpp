@@ -35,6 +35,7 @@ const char* optional_op_name(OptionalOp op) {
   switch (op) {
     case OptionalOp::kDsa: return "DeepSeek sparse attention (layer_norm, dsa_index_store, dsa_select, MLA over selected positions)";
     case OptionalOp::kGatedDeltaNet: return "Gated DeltaNet linear attention (gated_delta_net, sigmoid_mul, copy_rows)";
+    case OptionalOp::kStateSnapshots: return "Gated DeltaNet state snapshots per row (speculative decoding of recurrent models)";
   }
   return "?";
 }

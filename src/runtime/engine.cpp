@@ -65,11 +65,19 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_dir,
   for (const auto* ids : {&e->config_.eos_token_ids, &e->config_.generation_eos_token_ids})
     for (int64_t id : *ids)
       if (id >= 0 && id < e->config_.vocab_size && !contains(e->eos_ids_, int32_t(id))) e->eos_ids_.push_back(int32_t(id));
+  // Recurrent layers (Gated DeltaNet): a verify step leaves the state after each of its rows
+  // in a snapshot row, and the one after the last accepted draft is copied back, which
+  // takes the backend's kStateSnapshots.
+  if (options.speculative_method == SpeculativeMethod::kMtp && e->runner_->recurrent()) {
+    return unsupported("MTP drafts are not supported for models with recurrent layers (" + e->config_.architecture +
+                       ": Gated DeltaNet) yet; use --speculative-method ngram or off");
+  }
   if (options.speculative_method != SpeculativeMethod::kOff && e->runner_->recurrent()) {
-    return unsupported("speculative decoding is not supported for models with recurrent layers (" +
-                       e->config_.architecture +
-                       ": Gated DeltaNet) yet: their state cannot be rolled back past rejected drafts; "
-                       "use --speculative-method off");
+    for (int r = 0; r < e->runner_->world(); ++r)
+      KILN_RETURN_IF_ERROR(e->runner_->backend(r)
+                               .supports_op(ops::OptionalOp::kStateSnapshots)
+                               .with_context("speculative decoding of " + e->config_.architecture +
+                                             " (Gated DeltaNet); use --speculative-method off"));
   }
   if (options.speculative_method == SpeculativeMethod::kMtp && !e->runner_->model(0).mtp) {
     return invalid_argument(
@@ -235,7 +243,10 @@ Status Engine::size_kv_cache(const EngineOptions& o) {
   // row, and the prefix cache's state checkpoints (runtime/state_cache.h).
   const int32_t n_checkpoints =
       recurrent && o.enable_prefix_caching ? (o.state_checkpoints >= 0 ? o.state_checkpoints : o.max_num_seqs) : 0;
-  const int32_t n_state_rows = recurrent ? StateCache::rows(o.max_num_seqs, n_checkpoints) : 0;
+  // With speculative decoding, K snapshot rows per sequence (runtime/state_cache.h).
+  const int32_t n_snapshots =
+      recurrent && o.speculative_method != SpeculativeMethod::kOff ? o.max_num_seqs * o.num_speculative_tokens : 0;
+  const int32_t n_state_rows = recurrent ? StateCache::rows(o.max_num_seqs, n_checkpoints, n_snapshots) : 0;
   const int64_t state_bytes = int64_t(n_state_rows) * runner_->state_bytes_per_row();
 
   const bool fp8 = o.kv_cache_dtype == KvCacheDtype::kFp8;
@@ -296,7 +307,7 @@ Status Engine::size_kv_cache(const EngineOptions& o) {
   }
   kv_ = runner_->make_kv(int32_t(n_blocks), bs, o.kv_cache_dtype, n_state_rows);
   kv_bytes_ = n_blocks * bs * bytes_token;
-  states_ = recurrent ? StateCache(o.max_num_seqs, n_checkpoints) : StateCache();
+  states_ = recurrent ? StateCache(o.max_num_seqs, n_checkpoints, n_snapshots) : StateCache();
   if (recurrent) {
     scheduler_->set_usable_prefix([this](const PrefixMatch& m) {
       for (int32_t i = int32_t(m.hashes.size()); i > 0; --i)
@@ -305,7 +316,8 @@ Status Engine::size_kv_cache(const EngineOptions& o) {
     });
     KILN_LOG(kInfo, "recurrent state: " << n_state_rows << " rows of "
                                         << mib(runner_->state_bytes_per_row()) << " (" << o.max_num_seqs
-                                        << " running, " << n_checkpoints << " prefix checkpoints)");
+                                        << " running, " << n_checkpoints << " prefix checkpoints, " << n_snapshots
+                                        << " speculative snapshots)");
   }
   const bool prefix_caching = o.enable_prefix_caching;
   blocks_ = std::make_unique<BlockManager>(int32_t(n_blocks), bs, prefix_caching);
@@ -581,14 +593,16 @@ void Engine::assign_state_rows(const Schedule& schedule) {
 }
 
 void Engine::checkpoint_states(const Schedule& schedule) {
+  for (const ScheduledSeq& s : schedule.seqs)
+    if (s.n_draft == 0) checkpoint_state(*s.seq);  // (one with drafts: after its verification)
+}
+
+void Engine::checkpoint_state(const Sequence& seq) {
   if (!blocks_->prefix_caching()) return;
   const int32_t bs = blocks_->block_size();
-  for (const ScheduledSeq& s : schedule.seqs) {
-    const Sequence& seq = *s.seq;
-    if (seq.n_computed % bs != 0 || seq.table.n_full_hashed * bs != seq.n_computed) continue;
-    const int32_t row = states_.store(seq.table.last_hash);
-    if (row >= 0) copy_state_row(seq.state_slot, row);
-  }
+  if (seq.n_computed % bs != 0 || seq.table.n_full_hashed * bs != seq.n_computed) return;
+  const int32_t row = states_.store(seq.table.last_hash);
+  if (row >= 0) copy_state_row(seq.state_slot, row);
 }
 
 void Engine::finish(Sequence& seq, FinishReason reason) {
@@ -638,6 +652,19 @@ std::vector<StepOutput> Engine::step() {
   } add_time{start, kind.seconds};
   if (states_.enabled()) assign_state_rows(schedule);
   StepBatch batch = build_step_batch(schedule, kv_[0].block_size, states_.enabled() ? states_.scratch_row() : -1);
+  // Recurrent layers: verify row j < k of the i-th sequence with drafts leaves its state
+  // in snapshot row i K + j (restored below where draft j + 1 is rejected).
+  if (states_.enabled() && !batch.verify.empty()) {
+    std::vector<int32_t>& snap = batch.meta.state_snapshots;
+    snap.assign(size_t(batch.meta.n_tokens()), -1);
+    for (size_t i = 0; i < batch.verify.size(); ++i) {
+      const auto r = std::find_if(batch.rows.begin(), batch.rows.end(),
+                                  [&](const StepBatch::Rows& x) { return x.seq == batch.verify[i].seq; });
+      KILN_CHECK(r != batch.rows.end()) << "a verified sequence without rows";
+      for (int32_t j = 0; j < batch.verify[i].n_draft; ++j)
+        snap[size_t(r->first_row + j)] = states_.snapshot_row(int32_t(i) * options_.num_speculative_tokens + j);
+    }
+  }
   const std::vector<Sequence*> sampled = std::move(batch.sampled);
   const std::vector<StepBatch::Verify> verify = std::move(batch.verify);
   const std::vector<StepBatch::Rows> rows = std::move(batch.rows);
@@ -738,6 +765,13 @@ std::vector<StepOutput> Engine::step() {
     if (!running) continue;
     blocks_->shrink(seq.table, seq.n_computed);
     blocks_->commit(seq.table, seq.tokens, seq.n_computed);
+    if (states_.enabled()) {
+      // The state after the last row that stood: [last, d1 .. d_accepted].
+      if (result.n_accepted < v.n_draft)
+        copy_state_row(states_.snapshot_row(int32_t(i) * options_.num_speculative_tokens + result.n_accepted),
+                       seq.state_slot);
+      checkpoint_state(seq);
+    }
   }
   if (options_.speculative_method == SpeculativeMethod::kMtp) mtp_drafts(rows);
   for (uint64_t id : done) drop_request(requests_.find(id));
@@ -779,7 +813,10 @@ void Engine::propose_drafts() {
     // always follows the accepted drafts.
     const int64_t can_emit = std::min<int64_t>(r.max_tokens - seq->n_generated(), max_model_len_ - seq->n_tokens());
     const int32_t n = int32_t(std::min<int64_t>(k, can_emit - 1));
-    if (n >= 1 && options_.speculative_method == SpeculativeMethod::kNgram) seq->draft = ngram_draft(seq->tokens, n);
+    if (n >= 1 && options_.speculative_method == SpeculativeMethod::kNgram)
+      seq->draft = options_.speculative_test_drafter ? options_.speculative_test_drafter(seq->request_id, seq->tokens, n)
+                                                     : ngram_draft(seq->tokens, n);
+    if (seq->draft.size() > size_t(std::max(n, 0))) seq->draft.resize(size_t(std::max(n, 0)));
     if (n >= 1 && options_.speculative_method == SpeculativeMethod::kMtp && seq->mtp_draft_at == seq->n_tokens())
       seq->draft.assign(seq->mtp_draft.begin(), seq->mtp_draft.begin() + std::min<ptrdiff_t>(n, ssize(seq->mtp_draft)));
     // Structured output: a draft stands only as a token the grammar allows, so the draft

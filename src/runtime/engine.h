@@ -71,6 +71,10 @@ struct EngineOptions {
   int32_t speculative_probe_interval = 32;  // the policy's steps between probes (AdaptiveDepthConfig)
   int32_t speculative_governor_window = 32;  // its governor's window in steps (0: no governor)
   std::function<int32_t(int64_t step)> speculative_depth_schedule;  // tests: AdaptiveDepthConfig::schedule
+  // Tests: with ngram, the drafts (at most k) of a request's sequence given its tokens,
+  // instead of the n-gram drafter's (drafts that stand as often as a test needs).
+  std::function<std::vector<int32_t>(uint64_t request_id, std::span<const int32_t> tokens, int32_t k)>
+      speculative_test_drafter;
   // MTP: how many decode steps planned without drafts may keep their hidden rows for one
   // later MTP pass (runtime/mtp_drafts.cpp); 0: the MTP layer runs after every step.
   int32_t mtp_deferred_steps = 16;
@@ -212,7 +216,8 @@ class Engine {
   // prefix checkpoint where they start after cached blocks), before a step; checkpoints
   // of the states that end on a block boundary, after it.
   void assign_state_rows(const Schedule& schedule);
-  void checkpoint_states(const Schedule& schedule);
+  void checkpoint_states(const Schedule& schedule);  // (sequences with drafts: after verification)
+  void checkpoint_state(const Sequence& seq);
   void copy_state_row(int32_t src, int32_t dst);
   Status size_kv_cache(const EngineOptions& options);
   Status load_weights(const std::string& model_dir, const EngineOptions& options);

@@ -314,6 +314,7 @@ ops::BatchMeta batch_slice(const ops::BatchMeta& b, int32_t begin, int32_t end) 
   for (int32_t s = begin; s <= end; ++s) out.q_start.push_back(b.q_start[size_t(s)] - t0);
   out.context_len.assign(b.context_len.begin() + begin, b.context_len.begin() + end);
   if (!b.state_slots.empty()) out.state_slots.assign(b.state_slots.begin() + begin, b.state_slots.begin() + end);
+  if (!b.state_snapshots.empty()) out.state_snapshots.assign(b.state_snapshots.begin() + t0, b.state_snapshots.begin() + t1);
   const size_t w = size_t(b.max_blocks_per_seq);
   out.block_table.assign(b.block_table.begin() + long(size_t(begin) * w), b.block_table.begin() + long(size_t(end) * w));
   for (int32_t row : b.logit_rows)

@@ -4,7 +4,8 @@
 
 namespace kiln::runtime {
 
-StateCache::StateCache(int32_t n_running, int32_t n_checkpoints) : n_running_(n_running) {
+StateCache::StateCache(int32_t n_running, int32_t n_checkpoints, int32_t n_snapshots)
+    : n_running_(n_running), n_checkpoint_rows_(n_checkpoints), n_snapshots_(n_snapshots) {
   for (int32_t i = n_running - 1; i >= 0; --i) free_running_.push_back(i);
   for (int32_t i = rows(n_running, n_checkpoints) - 1; i > n_running; --i) free_checkpoints_.push_back(i);
 }

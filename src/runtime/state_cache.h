@@ -9,6 +9,9 @@
 // matched blocks up to the last checkpointed one), exactly as if it had computed them.
 // Checkpoints are written whenever a sequence's computed tokens end on a block boundary
 // (the scheduler ends prefill chunks there) and evicted least recently used first.
+// Speculative decoding adds snapshot rows at the end: a verify step's rows each leave the
+// state after them in one, and the engine copies back the one after the last draft that
+// stood (runtime/engine.cpp).
 // This class keeps the books; the engine copies the rows (ops::Backend::copy_rows).
 #pragma once
 
@@ -22,11 +25,15 @@ namespace kiln::runtime {
 class StateCache {
  public:
   StateCache() = default;
-  StateCache(int32_t n_running, int32_t n_checkpoints);
+  StateCache(int32_t n_running, int32_t n_checkpoints, int32_t n_snapshots = 0);
 
-  static int32_t rows(int32_t n_running, int32_t n_checkpoints) { return n_running + 1 + n_checkpoints; }
+  static int32_t rows(int32_t n_running, int32_t n_checkpoints, int32_t n_snapshots = 0) {
+    return n_running + 1 + n_checkpoints + n_snapshots;
+  }
   bool enabled() const { return n_running_ > 0; }
   int32_t scratch_row() const { return n_running_; }
+  int32_t n_snapshots() const { return n_snapshots_; }
+  int32_t snapshot_row(int32_t i) const { return n_running_ + 1 + n_checkpoint_rows_ + i; }
 
   // A row for a sequence that starts running; fails a check when none is free (the
   // scheduler never runs more sequences than n_running).
@@ -48,7 +55,7 @@ class StateCache {
     uint64_t key;
     int32_t row;
   };
-  int32_t n_running_ = 0;
+  int32_t n_running_ = 0, n_checkpoint_rows_ = 0, n_snapshots_ = 0;
   std::vector<int32_t> free_running_;
   std::vector<int32_t> free_checkpoints_;
   std::list<Entry> lru_;  // most recently used first

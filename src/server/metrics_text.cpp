@@ -92,12 +92,18 @@ std::string metrics_text(const std::string& model_name, const runtime::AsyncEngi
             double(s.engine.spec_verified_seqs));
   // The draft depth chosen each step (runtime/adaptive_depth.h): rate(depth) / rate(steps)
   // is the mean over any window; the gauge is the mean of the recent steps.
-  w.counter("kiln_spec_decode_depth_steps_total", "Steps in which some decoding sequence had a speculative draft.",
+  w.counter("kiln_spec_decode_depth_steps_total",
+            "Steps in which some decoding sequence had a speculative draft, or the policy planned none.",
             double(s.engine.spec_depth_steps));
   w.counter("kiln_spec_decode_depth_total", "Sum of the draft depths chosen in those steps.",
             double(s.engine.spec_depth_total));
   w.gauge("kiln_spec_decode_mean_depth", "Mean draft depth chosen over the recent steps with drafts (EMA of ~32).",
           s.engine.spec_depth_recent);
+  // MTP drafts (runtime/mtp_drafts.cpp): rows whose MTP pass waited for a later one.
+  w.counter("kiln_spec_decode_mtp_deferred_rows_total", "Hidden rows kept for a later MTP pass while no drafts were planned.",
+            double(s.engine.mtp_deferred_rows));
+  w.counter("kiln_spec_decode_mtp_deferred_passes_total", "MTP passes over such kept rows.",
+            double(s.engine.mtp_flushes));
   w.counter("kiln_num_preemptions_total", "Sequences preempted for KV blocks (recomputed later).",
             double(s.engine.preemptions));
   w.gauge("kiln_num_requests_running", "Sequences in the running batch.", s.engine.running);

@@ -66,6 +66,14 @@ void CpuBackend::gated_delta_net(const ops::GatedDeltaNetArgs& a) {
   KILN_CHECK(a.recurrent_state.dim(1) == nv && a.recurrent_state.dim(2) == dk && a.recurrent_state.dim(3) == dv)
       << "gated_delta_net: recurrent state " << a.recurrent_state.shape;
   KILN_CHECK_EQ(int64_t(batch.state_slots.size()), int64_t(batch.n_seqs())) << "gated_delta_net: state slots";
+  // Speculative verification: the state after row t also goes to row snapshot(t) (-1: not).
+  KILN_CHECK(batch.state_snapshots.empty() || int64_t(batch.state_snapshots.size()) == n_tokens)
+      << "gated_delta_net: state snapshots for " << batch.state_snapshots.size() << " of " << n_tokens << " rows";
+  const auto snapshot = [&](int64_t t) {
+    const int32_t row = batch.state_snapshots.empty() ? -1 : batch.state_snapshots[size_t(t)];
+    KILN_CHECK(row < a.conv_state.dim(0)) << "gated_delta_net: snapshot row " << row;
+    return row;
+  };
 
   // Per token: the convolution's input x [q | k | v], the output gate z, beta and g.
   std::vector<float> x(static_cast<size_t>(n_tokens * channels)), z(static_cast<size_t>(n_tokens * value_dim));
@@ -134,6 +142,8 @@ void CpuBackend::gated_delta_net(const ops::GatedDeltaNetArgs& a) {
         float acc = 0.0f;
         for (int64_t j = 0; j < kernel; ++j) acc += load_f32(a.conv_weight, c * kernel + j) * ext[size_t(t + j)];
         x[size_t((q0 + t) * channels + c)] = silu(acc);
+        if (const int32_t row = snapshot(q0 + t); row >= 0)  // the window ending at row t
+          std::copy(ext.begin() + t + 1, ext.begin() + t + kernel, conv_state + (row * channels + c) * (kernel - 1));
       }
       std::copy(ext.end() - (kernel - 1), ext.end(), state);
     }
@@ -172,6 +182,7 @@ void CpuBackend::gated_delta_net(const ops::GatedDeltaNetArgs& a) {
         }
         for (int64_t d = 0; d < dk; ++d)
           for (int64_t j = 0; j < dv; ++j) S[d * dv + j] += k[size_t(d)] * delta[size_t(j)];
+        if (const int32_t row = snapshot(t); row >= 0) std::copy(S, S + dk * dv, rec_state + (row * nv + h) * dk * dv);
         float ss = 0.0f;
         for (int64_t j = 0; j < dv; ++j) {
           float acc = 0.0f;

@@ -34,7 +34,7 @@ DsaIndexCacheView check_index_cache(const Tensor& cache, const Tensor& scale, co
 
 }  // namespace
 
-// Both optional ops (Gated DeltaNet: cuda_gdn.cpp).
+// The optional ops it has (Gated DeltaNet: cuda_gdn.cpp; not its state snapshots).
 Status CudaBackend::supports_op(ops::OptionalOp op) const {
   if (op == ops::OptionalOp::kGatedDeltaNet) return Status::Ok();
   if (op == ops::OptionalOp::kDsa) {

@@ -43,6 +43,8 @@ void CudaBackend::gated_delta_net(const ops::GatedDeltaNetArgs& a) {
   KILN_CHECK(a.batch != nullptr) << "gated_delta_net: no batch";
   const ops::BatchMeta& batch = *a.batch;
   const DeviceBatch& db = batch_for(a.batch);
+  KILN_CHECK(batch.state_snapshots.empty()) << "cuda: gated_delta_net: " << ops::optional_op_name(ops::OptionalOp::kStateSnapshots)
+                                            << " are not implemented";
   const int64_t nk = a.n_k_heads, nv = a.n_v_heads, dk = a.d_k, dv = a.d_v;
   KILN_CHECK(nk > 0 && dk > 0 && dv > 0 && nv % nk == 0)
       << "gated_delta_net: " << nv << " value heads for " << nk << " key heads, dk " << dk << ", dv " << dv;
