@@ -239,6 +239,7 @@ Result<ModelConfig> parse_config(const std::string& json_text, const std::string
   KILN_RETURN_IF_ERROR(r.get_int("hidden_size", &c.d_model, true));
   KILN_RETURN_IF_ERROR(r.get_int("num_hidden_layers", &c.n_layers, true));
   KILN_RETURN_IF_ERROR(r.get_int("num_nextn_predict_layers", &c.n_mtp_layers));
+  if (c.n_mtp_layers == 0) KILN_RETURN_IF_ERROR(r.get_int("mtp_num_hidden_layers", &c.n_mtp_layers));  // Qwen3-Next, Qwen3.5
   if (c.n_mtp_layers < 0) return corrupt(source + ": num_nextn_predict_layers must not be negative");
   c.mtp_first_layer = c.n_layers;
   KILN_RETURN_IF_ERROR(r.get_int("num_attention_heads", &c.n_heads, true));

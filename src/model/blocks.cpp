@@ -292,14 +292,14 @@ Tensor CausalLM::mtp_forward(ops::Backend& be, const ops::BatchMeta& batch, cons
   bool identity = true, zero_rows = false;
   for (int64_t r = 0; r < n_tokens; ++r) {
     identity = identity && h_rows[size_t(r)] == r;
-    zero_rows = zero_rows || batch.positions[size_t(r)] == 0;
+    zero_rows = zero_rows || (m.zero_embedding_at_0 && batch.positions[size_t(r)] == 0);
   }
   const auto body = [&](const Tensor& hidden) {
     Tensor e = act(be, {n_tokens, d_model});
     be.embedding({.table = m.embed.defined() ? m.embed : embed, .out = e, .from_batch = ops::BatchIds::kTokens,
                   .batch = &batch, .id_begin = vocab_begin, .vocab_size = vocab_size});
     reduce(be, e);
-    for (int64_t r = 0; r < n_tokens; ++r)  // as vLLM: no embedding at position 0
+    for (int64_t r = 0; r < n_tokens && m.zero_embedding_at_0; ++r)  // as vLLM's deepseek_mtp: none at position 0
       if (batch.positions[size_t(r)] == 0) be.fill_random({.out = e.slice0(r, r + 1), .mean = 0.0f, .stddev = 0.0f});
     Tensor hn = act(be, {n_tokens, d_model});
     be.rms_norm({.x = hidden.slice0(0, n_tokens), .weight = m.hnorm, .out = hn, .eps = norm_eps});

@@ -185,7 +185,7 @@ struct DecoderLayer {
 // A multi-token prediction (MTP) layer (DeepSeek-V3, GLM-4.5 and later: the checkpoint's
 // model.layers.N for N = num_hidden_layers; vLLM's deepseek_mtp computes it): at position
 // t, from the model's final (normed) hidden state h_t and the next token x_{t+1},
-//   u = eh_proj([enorm(embed(x_{t+1})) | hnorm(h_t)])   (the embedding zero at position 0)
+//   u = eh_proj([enorm(embed(x_{t+1})) | hnorm(h_t)])   (DeepSeek-style: the embedding zero at position 0)
 //   o = block(u)   (a decoder layer with its own KV cache: the residual stream's output)
 //   logits = head(head_norm(o))   predicting x_{t+2}.
 // Chained drafts feed o back as h and the drafted token as x (CausalLM::mtp_forward).
@@ -196,6 +196,9 @@ struct MtpLayer {
   Tensor head_norm;     // shared_head.norm [d_model]
   Tensor embed;         // the layer's own embedding rows, or undefined: the model's
   ops::Weight head;     // shared_head.head, or undefined: the model's lm_head
+  // DeepSeek-V3 / GLM (vLLM's deepseek_mtp): no token embedding at position 0; Qwen3-Next
+  // (qwen3_next_mtp) keeps it.
+  bool zero_embedding_at_0 = true;
 };
 
 // A decoder-only causal LM: embed -> layers (pre-norm residual) -> norm -> lm_head.

@@ -197,7 +197,10 @@ Status load_embedding_and_head(WeightLoader& w, const formats::ModelConfig& c, C
 
 Status load_layer_norms(WeightLoader& w, const formats::ModelConfig& c, int64_t layer,
                         DecoderLayer& l) {
-  const std::string p = layer_prefix(layer);
+  return load_layer_norms(w, c, layer_prefix(layer), l);
+}
+
+Status load_layer_norms(WeightLoader& w, const formats::ModelConfig& c, const std::string& p, DecoderLayer& l) {
   KILN_ASSIGN_OR_RETURN(l.input_norm, w.norm(p + ".input_layernorm.weight", {c.d_model}, c.norm_weight_offset));
   KILN_ASSIGN_OR_RETURN(l.post_attn_norm,
                         w.norm(p + ".post_attention_layernorm.weight", {c.d_model}, c.norm_weight_offset));
@@ -208,23 +211,36 @@ Status load_layer_norms(WeightLoader& w, const formats::ModelConfig& c, int64_t 
 
 namespace kiln::model {
 
-Result<MtpLayer> load_mtp_layer(WeightLoader& w, const formats::ModelConfig& c, int64_t layer, const LayerBinder& bind) {
+MtpNames deepseek_mtp_names(int64_t layer) {
   const std::string p = layer_prefix(layer);
-  MtpLayer m;
-  KILN_ASSIGN_OR_RETURN(m.enorm, w.norm(p + ".enorm.weight", {c.d_model}, c.norm_weight_offset));
-  KILN_ASSIGN_OR_RETURN(m.hnorm, w.norm(p + ".hnorm.weight", {c.d_model}, c.norm_weight_offset));
-  KILN_ASSIGN_OR_RETURN(m.eh_proj, w.linear(p + ".eh_proj", c.d_model, 2 * c.d_model, false));
-  KILN_ASSIGN_OR_RETURN(m.head_norm, w.norm(p + ".shared_head.norm.weight", {c.d_model}, c.norm_weight_offset));
-  KILN_RETURN_IF_ERROR(load_layer_norms(w, c, layer, m.block));
-  KILN_RETURN_IF_ERROR(bind(layer, p, m.block));
   // DeepSeek-V3 stores copies of the embedding and the output head in the layer; the
   // model's own are used (the technical report: the MTP modules share them).
-  w.skip_prefix(p + ".embed_tokens.");
-  w.skip_prefix(p + ".shared_head.head.");
+  return {.block = p, .enorm = p + ".enorm.weight", .hnorm = p + ".hnorm.weight", .eh_proj = p + ".eh_proj",
+          .head_norm = p + ".shared_head.norm.weight", .copies = {p + ".embed_tokens.", p + ".shared_head.head."},
+          .all = p + "."};
+}
+
+MtpNames qwen3_next_mtp_names() {
+  return {.block = "mtp.layers.0", .enorm = "mtp.pre_fc_norm_embedding.weight", .hnorm = "mtp.pre_fc_norm_hidden.weight",
+          .eh_proj = "mtp.fc", .head_norm = "mtp.norm.weight", .copies = {}, .all = "mtp.", .zero_embedding_at_0 = false};
+}
+
+Result<MtpLayer> load_mtp_layer(WeightLoader& w, const formats::ModelConfig& c, int64_t layer, const MtpNames& names,
+                                const LayerBinder& bind) {
+  MtpLayer m;
+  m.zero_embedding_at_0 = names.zero_embedding_at_0;
+  KILN_ASSIGN_OR_RETURN(m.enorm, w.norm(names.enorm, {c.d_model}, c.norm_weight_offset));
+  KILN_ASSIGN_OR_RETURN(m.hnorm, w.norm(names.hnorm, {c.d_model}, c.norm_weight_offset));
+  KILN_ASSIGN_OR_RETURN(m.eh_proj, w.linear(names.eh_proj, c.d_model, 2 * c.d_model, false));
+  KILN_ASSIGN_OR_RETURN(m.head_norm, w.norm(names.head_norm, {c.d_model}, c.norm_weight_offset));
+  KILN_RETURN_IF_ERROR(load_layer_norms(w, c, names.block, m.block));
+  KILN_RETURN_IF_ERROR(bind(layer, names.block, m.block));
+  for (const std::string& copy : names.copies) w.skip_prefix(copy);
   return m;
 }
 
-Result<CausalLM> build_decoder(WeightLoader& w, const formats::ModelConfig& c, const LayerBinder& bind) {
+Result<CausalLM> build_decoder(WeightLoader& w, const formats::ModelConfig& c, const LayerBinder& bind,
+                               const MtpNames* mtp_names) {
   const Shard& sh = w.shard();
   const int64_t end = sh.layer_end < 0 ? c.n_layers : std::min(sh.layer_end, c.n_layers);
   CausalLM lm;
@@ -241,11 +257,11 @@ Result<CausalLM> build_decoder(WeightLoader& w, const formats::ModelConfig& c, c
   // The MTP layers (after the decoder layers in the checkpoint): the first one for
   // --speculative-method mtp, on the last stage; otherwise left alone.
   for (int64_t i = 0; i < c.n_mtp_layers; ++i) {
-    const std::string p = layer_prefix(c.mtp_first_layer + i);
+    const MtpNames names = mtp_names != nullptr ? *mtp_names : deepseek_mtp_names(c.mtp_first_layer + i);
     if (i == 0 && sh.mtp && sh.last_stage) {
-      KILN_ASSIGN_OR_RETURN(lm.mtp, load_mtp_layer(w, c, c.mtp_first_layer, bind));
+      KILN_ASSIGN_OR_RETURN(lm.mtp, load_mtp_layer(w, c, c.mtp_first_layer, names, bind));
     } else {
-      w.skip_prefix(p + ".");
+      w.skip_prefix(names.all);
     }
   }
   // A pipeline stage leaves the other stages' tensors alone.

@@ -47,21 +47,38 @@ Result<ops::MoeExperts> load_experts(WeightLoader& w, const std::string& prefix,
 
 // Embedding, final norm and lm_head (tied to the embedding when configured or absent).
 Status load_embedding_and_head(WeightLoader& w, const formats::ModelConfig& c, CausalLM& lm);
-// The two norms of decoder layer `layer`.
+// The two norms of decoder layer `layer` (or of the layer under `prefix`).
 Status load_layer_norms(WeightLoader& w, const formats::ModelConfig& c, int64_t layer,
                         DecoderLayer& l);
+Status load_layer_norms(WeightLoader& w, const formats::ModelConfig& c, const std::string& prefix, DecoderLayer& l);
 
 std::string layer_prefix(int64_t layer);  // "model.layers.N"
 
 // Binds attention and ffn of decoder layer `layer` ("model.layers.N" = prefix).
 using LayerBinder =
     std::function<Status(int64_t layer, const std::string& prefix, DecoderLayer& l)>;
-// The MTP layer stored as decoder layer `layer` (model::MtpLayer): its norms and eh_proj,
-// then its decoder layer as `bind` binds the others.
-Result<MtpLayer> load_mtp_layer(WeightLoader& w, const formats::ModelConfig& c, int64_t layer, const LayerBinder& bind);
+// Where a checkpoint keeps its first MTP layer's tensors: DeepSeek-V3 / GLM-4.5 as decoder
+// layer N (model.layers.N.{enorm, hnorm, eh_proj, shared_head.norm}, with copies of the
+// embedding and head kiln does not load); Qwen3-Next / Qwen3.5 under mtp.
+// ({pre_fc_norm_embedding, pre_fc_norm_hidden, fc, norm}, its decoder layer mtp.layers.0),
+// as vLLM's deepseek_mtp and qwen3_next_mtp read them.
+struct MtpNames {
+  std::string block;                        // the decoder layer's prefix
+  std::string enorm, hnorm, eh_proj, head_norm;  // (eh_proj without ".weight")
+  std::vector<std::string> copies;          // prefixes not loaded
+  std::string all;                          // every MTP tensor's prefix (skipped when not loaded)
+  bool zero_embedding_at_0 = true;          // MtpLayer::zero_embedding_at_0
+};
+MtpNames deepseek_mtp_names(int64_t layer);
+MtpNames qwen3_next_mtp_names();
+// The MTP layer (model::MtpLayer), bound as decoder layer `layer` (its index for `bind`):
+// its norms and eh_proj, then its decoder layer as `bind` binds the others.
+Result<MtpLayer> load_mtp_layer(WeightLoader& w, const formats::ModelConfig& c, int64_t layer, const MtpNames& names,
+                                const LayerBinder& bind);
 // The decoder stack every family shares: embedding, n_layers layers (their two
 // norms, then `bind` for attention and ffn), final norm and lm_head; the first MTP layer
-// when the shard asks for it (Shard::mtp).
-Result<CausalLM> build_decoder(WeightLoader& w, const formats::ModelConfig& c, const LayerBinder& bind);
+// when the shard asks for it (Shard::mtp), named as `mtp_names` says (default: DeepSeek's).
+Result<CausalLM> build_decoder(WeightLoader& w, const formats::ModelConfig& c, const LayerBinder& bind,
+                               const MtpNames* mtp_names = nullptr);
 
 }  // namespace kiln::model

@@ -3,7 +3,7 @@
 // Qwen3_5MoeForConditionalGeneration, whose vision tower is skipped). Linear-attention
 // layers (layer_types "linear_attention") beside gated full-attention layers (QK-norm,
 // partial rotary, an output gate), softmax top-k MoE with a sigmoid-gated shared expert,
-// RMSNorms that scale by (1 + w). MTP layers are not used.
+// RMSNorms that scale by (1 + w); the MTP layer (mtp.*) for --speculative-method mtp.
 #include "core/log.h"
 #include "model/build.h"
 #include "models/registry.h"
@@ -109,9 +109,12 @@ Result<model::CausalLM> build_qwen3_next(const formats::ModelConfig& config, mod
     w.skip_prefix("model.visual.");
     KILN_LOG(kInfo, "vision-language checkpoint: serving its language model; the vision tower is not loaded");
   }
-  w.skip_prefix("mtp.");  // multi-token prediction layers
+  // The multi-token prediction layer (mtp_num_hidden_layers): under mtp., a gated
+  // full-attention layer (vLLM's qwen3_next_mtp); bound as layer n_layers.
+  if (c.n_mtp_layers == 0) w.skip_prefix("mtp.");
+  const model::MtpNames mtp = model::qwen3_next_mtp_names();
   return model::build_decoder(w, c, [&](int64_t i, const std::string& p, model::DecoderLayer& l) -> Status {
-    const std::string& type = c.layer_types[size_t(i)];
+    const std::string type = i < int64_t(c.layer_types.size()) ? c.layer_types[size_t(i)] : "full_attention";
     if (type == "linear_attention") {
       KILN_ASSIGN_OR_RETURN(l.attn, load_gated_delta_net(w, c, p + ".linear_attn", /*grouped=*/!qwen35));
     } else if (type == "full_attention") {
@@ -133,7 +136,7 @@ Result<model::CausalLM> build_qwen3_next(const formats::ModelConfig& config, mod
       KILN_ASSIGN_OR_RETURN(l.ffn, load_moe(w, c, p + ".mlp", qwen35 || c.norm_topk_prob));
     }
     return Status::Ok();
-  });
+  }, &mtp);
 }
 
 }  // namespace kiln::models

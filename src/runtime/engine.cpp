@@ -68,10 +68,6 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_dir,
   // Recurrent layers (Gated DeltaNet): a verify step leaves the state after each of its rows
   // in a snapshot row, and the one after the last accepted draft is copied back, which
   // takes the backend's kStateSnapshots.
-  if (options.speculative_method == SpeculativeMethod::kMtp && e->runner_->recurrent()) {
-    return unsupported("MTP drafts are not supported for models with recurrent layers (" + e->config_.architecture +
-                       ": Gated DeltaNet) yet; use --speculative-method ngram or off");
-  }
   if (options.speculative_method != SpeculativeMethod::kOff && e->runner_->recurrent()) {
     for (int r = 0; r < e->runner_->world(); ++r)
       KILN_RETURN_IF_ERROR(e->runner_->backend(r)
@@ -82,9 +78,10 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_dir,
   if (options.speculative_method == SpeculativeMethod::kMtp && !e->runner_->model(0).mtp) {
     return invalid_argument(
         "--speculative-method mtp needs the checkpoint's multi-token prediction layer, and " + e->config_.architecture +
-        (e->config_.n_mtp_layers == 0 ? " here has none (num_nextn_predict_layers is 0 or absent)"
-                                      : " has one kiln cannot run yet (DeepSeek-V3 / GLM-4.5-style layers only, and "
-                                        "no pipeline parallelism)") +
+        (e->config_.n_mtp_layers == 0
+             ? " here has none (num_nextn_predict_layers / mtp_num_hidden_layers is 0 or absent)"
+             : " has one kiln cannot run yet (DeepSeek-V3 / GLM-4.5 / Qwen3-Next-style layers only, and "
+               "no pipeline parallelism)") +
         "; use --speculative-method ngram");
   }
   KILN_RETURN_IF_ERROR(e->size_kv_cache(options).with_context("loading " + model_dir));

@@ -3,16 +3,21 @@
 // layer give exactly the tokens and logprobs of engines without drafts, under batching,
 // chunked prefill, preemption, prefix caching and sampling. The fixtures' configs declare
 // an MTP layer (num_nextn_predict_layers 1; added here for the DeepSeek sparse attention
-// fixtures, whose MTP layer has an indexer of its own) that transformers does not save, so these
+// fixtures, whose MTP layer has an indexer of its own, and as mtp_num_hidden_layers for the
+// Gated DeltaNet hybrids, whose verify steps also restore their recurrent state) that
+// transformers does not save, so these
 // engines load dummy weights (the same main-model weights with and without the layer:
 // dummy tensors are seeded by name); the MTP layer's arithmetic against a reference is
 // tested on the trained MTP demo model (models/mtp_demo_test.cpp).
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
 
+#include "backends/cpu/cpu_backend.h"
 #include "engine_test_util.h"
+#include "formats/safetensors.h"
 
 namespace kiln::runtime {
 namespace {
@@ -25,7 +30,8 @@ std::string config_of(const std::string& fixture) {
   const std::string path = testing::fixture_dir(fixture) + "/config.json";
   nlohmann::json c = testing::read_json(path);
   if (c.value("num_nextn_predict_layers", 0) > 0) return path;
-  c["num_nextn_predict_layers"] = 1;
+  // Qwen3-Next / Qwen3.5 name it mtp_num_hidden_layers (their layer under mtp.).
+  c[c.value("model_type", "").starts_with("qwen3_") ? "mtp_num_hidden_layers" : "num_nextn_predict_layers"] = 1;
   const std::string out = (std::filesystem::temp_directory_path() / ("kiln_mtp_" + fixture + ".json")).string();
   std::ofstream(out) << c.dump(1);
   return out;
@@ -137,7 +143,8 @@ TEST_P(MtpFixture, OutputsEqualUnderPreemptionAndPrefixCaching) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, MtpFixture,
-                         ::testing::Values("glm4_moe", "deepseek_v3", "deepseek_v3_mla", "deepseek_v32", "glm_moe_dsa"),
+                         ::testing::Values("glm4_moe", "deepseek_v3", "deepseek_v3_mla", "deepseek_v32", "glm_moe_dsa",
+                                           "qwen3_next", "qwen3_5_moe"),
                          [](const auto& info) { return info.param; });
 
 TEST(Mtp, ModelsWithoutAnMtpLayerAreRefusedAtLoad) {
@@ -151,6 +158,71 @@ TEST(Mtp, ModelsWithoutAnMtpLayerAreRefusedAtLoad) {
   auto g = Engine::load(testing::fixture_dir("glm4_moe"), cpu::make_cpu_backend(1), real);
   ASSERT_FALSE(g.ok());
   EXPECT_NE(g.status().to_string().find("model.layers.3."), std::string::npos) << g.status().to_string();
+}
+
+// Qwen3-Next's MTP layer as its checkpoints store it (vLLM's qwen3_next_mtp reads the same
+// names): mtp.fc, mtp.pre_fc_norm_embedding, mtp.pre_fc_norm_hidden, mtp.norm and a gated
+// full-attention layer mtp.layers.0. The fixture's checkpoint with such tensors added (its
+// last full-attention layer's weights as the MTP layer's, a patterned fc, the model's final
+// norm as the three norms) and mtp_num_hidden_layers 1: loaded from those names for
+// --speculative-method mtp (a missing one fails the load), skipped without it, the MTP
+// logits finite, and greedy outputs with
+// MTP drafts those of decoding without. (No reference for the layer's arithmetic here:
+// transformers has no Qwen3-Next MTP; the formula is the DeepSeek one the MTP demo model
+// checks, with the token embedding kept at position 0 as qwen3_next_mtp keeps it.)
+TEST(Mtp, Qwen3NextCheckpointsMtpLayerLoadsFromItsNames) {
+  const std::string src = testing::fixture_dir("qwen3_next");
+  nlohmann::json config = testing::read_json(src + "/config.json");
+  config["mtp_num_hidden_layers"] = 1;
+  const int64_t d = config["hidden_size"].get<int64_t>(), n_layers = config["num_hidden_layers"].get<int64_t>();
+  const int64_t interval = config.value("full_attention_interval", int64_t(4));
+  int64_t full = -1;
+  for (int64_t i = 0; i < n_layers; ++i)
+    if ((i + 1) % interval == 0) full = i;
+  ASSERT_GE(full, 0) << "the fixture has no full-attention layer";
+  auto ckpt = formats::Checkpoint::open(src);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  const std::string layer = "model.layers." + std::to_string(full) + ".";
+  for (const std::string& name : ckpt->names()) {
+    auto t = ckpt->get(name);
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    tensors.emplace_back(name, *t);
+    if (name.starts_with(layer)) tensors.emplace_back("mtp.layers.0." + name.substr(layer.size()), *t);
+    if (name == "model.norm.weight")
+      for (const char* n : {"mtp.norm.weight", "mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight"})
+        tensors.emplace_back(n, *t);
+  }
+  Tensor fc = host_tensor(DType::kF32, {d, 2 * d});
+  for (int64_t i = 0; i < fc.numel(); ++i) fc.as<float>()[i] = 0.05f * float((i * 7919) % 61 - 30) / 30.0f;
+  tensors.emplace_back("mtp.fc.weight", fc);
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "kiln_qwen3_next_mtp";
+  std::filesystem::create_directories(dir);
+  ASSERT_TRUE(formats::write_safetensors((dir / "model.safetensors").string(), tensors).ok());
+  std::ofstream(dir / "config.json") << config.dump(1);
+  for (const auto& f : std::filesystem::directory_iterator(src))
+    if (f.path().filename().string().starts_with("tokenizer"))
+      std::filesystem::copy_file(f.path(), dir / f.path().filename(), std::filesystem::copy_options::overwrite_existing);
+
+  EngineOptions base{.block_size = 4, .max_model_len = 64, .prefill_chunk = 8};
+  auto plain = Engine::load(dir.string(), cpu::make_cpu_backend(1), base);  // the mtp.* tensors skipped
+  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+  EngineOptions o = base;
+  o.speculative_method = SpeculativeMethod::kMtp;
+  o.num_speculative_tokens = 2;
+  o.speculative_adaptive = false;
+  auto mtp = Engine::load(dir.string(), cpu::make_cpu_backend(1), o);
+  ASSERT_TRUE(mtp.ok()) << mtp.status().to_string();
+  const std::vector<int32_t> prompt = {5, 17, 3, 99, 42, 7, 8, 120, 64};
+  auto logits = (*mtp)->mtp_logits(prompt);
+  ASSERT_TRUE(logits.ok()) << logits.status().to_string();
+  ASSERT_EQ(logits->size(), prompt.size() - 1);
+  for (const auto& row : *logits)
+    for (float x : row) ASSERT_TRUE(std::isfinite(x));
+  EXPECT_NE((*logits)[0], (*logits)[1]);
+  const std::vector<Request> rs = requests(6, 0.0f);
+  expect_same(test::run_together(**mtp, rs), test::run_together(**plain, rs), "qwen3_next with its MTP layer");
+  EXPECT_GT((*mtp)->stats().spec_draft_tokens, 0);
 }
 
 }  // namespace
