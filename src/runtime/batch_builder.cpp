@@ -59,7 +59,7 @@ StepBatch build_step_batch(const Schedule& schedule, int32_t block_size, int32_t
       if (s.n_draft > 0) b.logit_rows.push_back(b.n_tokens() - 1);
     }
     if (s.n_draft > 0) {
-      out.verify.push_back({.seq = s.seq, .n_draft = s.n_draft});
+      out.verify.push_back({.seq = s.seq, .n_draft = s.n_draft, .first_row = b.n_tokens() - s.n_new});
     } else if (pad) {
       b.logit_rows.push_back(b.n_tokens() - 1);
     } else if (seq.n_computed + s.n_new == seq.n_tokens()) {

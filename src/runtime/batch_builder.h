@@ -33,6 +33,7 @@ struct StepBatch {
   struct Verify {
     Sequence* seq = nullptr;
     int32_t n_draft = 0;
+    int32_t first_row = 0;  // its row of [last], then one per draft
   };
   std::vector<Verify> verify;
   // Every scheduled sequence's rows, in batch order: its first row, the position of that

@@ -654,13 +654,9 @@ std::vector<StepOutput> Engine::step() {
   if (states_.enabled() && !batch.verify.empty()) {
     std::vector<int32_t>& snap = batch.meta.state_snapshots;
     snap.assign(size_t(batch.meta.n_tokens()), -1);
-    for (size_t i = 0; i < batch.verify.size(); ++i) {
-      const auto r = std::find_if(batch.rows.begin(), batch.rows.end(),
-                                  [&](const StepBatch::Rows& x) { return x.seq == batch.verify[i].seq; });
-      KILN_CHECK(r != batch.rows.end()) << "a verified sequence without rows";
+    for (size_t i = 0; i < batch.verify.size(); ++i)
       for (int32_t j = 0; j < batch.verify[i].n_draft; ++j)
-        snap[size_t(r->first_row + j)] = states_.snapshot_row(int32_t(i) * options_.num_speculative_tokens + j);
-    }
+        snap[size_t(batch.verify[i].first_row + j)] = states_.snapshot_row(int32_t(i) * options_.num_speculative_tokens + j);
   }
   const std::vector<Sequence*> sampled = std::move(batch.sampled);
   const std::vector<StepBatch::Verify> verify = std::move(batch.verify);

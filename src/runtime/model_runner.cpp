@@ -396,10 +396,7 @@ Status ModelRunner::mtp_keep(int32_t n, int32_t at) {
     one(0);
     return Status::Ok();
   }
-  return run([&](int r) {
-    one(r);
-    backend(r).synchronize();
-  }, /*watched_step=*/true);
+  return run(one);  // (a copy queued on each rank's stream, before its next step: no wait)
 }
 
 Result<Tensor> ModelRunner::mtp_forward(const ops::BatchMeta& batch, std::span<const int32_t> h_rows, MtpInput from,

@@ -29,6 +29,7 @@
 // and positions still deferred there are missing: only the drafts' quality can differ,
 // never the output).
 #include <algorithm>
+#include <unordered_map>
 
 #include "core/check.h"
 #include "core/log.h"
@@ -79,26 +80,30 @@ void Engine::mtp_flush() {
   b.block_size = blocks_->block_size();
   std::vector<int32_t> h_rows;
   std::vector<const std::vector<int32_t>*> tables;
-  // Each sequence's kept rows (consecutive positions, one a decode step) as one chunk.
-  std::vector<Sequence*> order;
-  for (const MtpKept& k : mtp_kept_)
-    if (k.seq != nullptr && std::find(order.begin(), order.end(), k.seq) == order.end()) order.push_back(k.seq);
-  // (Consecutive they are; a gap would start a chunk of its own.)
-  for (Sequence* seq : order) {
+  // Each sequence's kept rows (consecutive positions, one a decode step) as one chunk, in
+  // the order the sequences first appear; a gap (none is expected) would start another.
+  std::unordered_map<const Sequence*, size_t> group_of;
+  std::vector<std::vector<int32_t>> groups;  // indices into mtp_kept_
+  for (size_t i = 0; i < mtp_kept_.size(); ++i) {
+    if (mtp_kept_[i].seq == nullptr) continue;
+    const auto [it, added] = group_of.try_emplace(mtp_kept_[i].seq, groups.size());
+    if (added) groups.emplace_back();
+    groups[it->second].push_back(int32_t(i));
+  }
+  for (const std::vector<int32_t>& group : groups) {
     int32_t last = -2;
-    for (size_t i = 0; i < mtp_kept_.size(); ++i) {
-      const MtpKept& k = mtp_kept_[i];
-      if (k.seq != seq) continue;
+    for (int32_t i : group) {
+      const MtpKept& k = mtp_kept_[size_t(i)];
       if (k.pos != last + 1) {
         if (last >= 0) b.context_len.push_back(last + 1);
         b.q_start.push_back(b.n_tokens());
-        tables.push_back(&seq->table.blocks);
+        tables.push_back(&k.seq->table.blocks);
       }
       last = k.pos;
       b.token_ids.push_back(k.token);
       b.positions.push_back(k.pos);
       b.slot_mapping.push_back(k.slot);
-      h_rows.push_back(int32_t(i));
+      h_rows.push_back(i);
     }
     b.context_len.push_back(last + 1);
   }

@@ -158,7 +158,7 @@ TEST(MtpDemo, DraftsAreAcceptedAndOutputsEqualThoseWithout) {
 // step in four drafts, the others plan none) run with deferred passes and with a pass
 // after every step (mtp_deferred_steps = 0): the outputs are those of decoding without
 // drafts, rows were deferred, and the drafts, which read the MTP KV the deferred passes
-// wrote, are the same ones: exactly as many stand.
+// wrote, are the same ones: exactly as many stand (one rank, and two).
 TEST(MtpDemo, DeferredMtpPassesGiveTheDraftsOfAPassEveryStep) {
   const nlohmann::json golden = testing::read_json(testing::fixture_dir(kModel) + "/golden.json");
   const std::vector<runtime::Request> requests = demo_requests(golden, 48);
@@ -198,6 +198,25 @@ TEST(MtpDemo, DeferredMtpPassesGiveTheDraftsOfAPassEveryStep) {
               (long long)g.spec_accepted_tokens, (long long)g.spec_draft_tokens, (long long)g.mtp_deferred_rows,
               (long long)g.mtp_flushes);
   EXPECT_EQ(g.kv_blocks_used, 0);
+  // Two ranks (the kept rows copied on each): deferred passes and a pass every step again
+  // accept the same drafts and give the same outputs.
+  std::map<int32_t, std::pair<Tokens, runtime::EngineStats>> tp2;
+  for (int32_t deferred : {16, 0}) {
+    EngineOptions t = o;
+    t.speculative_governor_window = 32;
+    t.speculative_depth_schedule = [](int64_t step) { return step % 4 == 0 ? 2 : 0; };
+    t.mtp_deferred_steps = deferred;
+    t.parallel = {.tensor_parallel = 2};
+    std::vector<std::unique_ptr<ops::Backend>> backends;
+    for (int r = 0; r < 2; ++r) backends.push_back(cpu::make_cpu_backend({.n_threads = 1}));
+    auto e = Engine::load(testing::fixture_dir(kModel), std::move(backends), t);
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    tp2[deferred] = {run_all(**e, requests), (*e)->stats()};
+  }
+  EXPECT_EQ(tp2[16].first, tp2[0].first) << "tp 2";
+  EXPECT_GT(tp2[16].second.mtp_deferred_rows, 150);
+  EXPECT_EQ(tp2[16].second.spec_accepted_tokens, tp2[0].second.spec_accepted_tokens) << "tp 2";
+  EXPECT_EQ(tp2[16].second.spec_draft_tokens, tp2[0].second.spec_draft_tokens) << "tp 2";
   EXPECT_GT(stats[16].mtp_deferred_rows, 150);
   EXPECT_GT(stats[16].mtp_flushes, 10);
   EXPECT_EQ(stats[0].mtp_deferred_rows, 0);

@@ -69,11 +69,9 @@ void CpuBackend::gated_delta_net(const ops::GatedDeltaNetArgs& a) {
   // Speculative verification: the state after row t also goes to row snapshot(t) (-1: not).
   KILN_CHECK(batch.state_snapshots.empty() || int64_t(batch.state_snapshots.size()) == n_tokens)
       << "gated_delta_net: state snapshots for " << batch.state_snapshots.size() << " of " << n_tokens << " rows";
-  const auto snapshot = [&](int64_t t) {
-    const int32_t row = batch.state_snapshots.empty() ? -1 : batch.state_snapshots[size_t(t)];
-    KILN_CHECK(row < a.conv_state.dim(0)) << "gated_delta_net: snapshot row " << row;
-    return row;
-  };
+  for (int32_t row : batch.state_snapshots)
+    KILN_CHECK(row < a.conv_state.dim(0) && row < a.recurrent_state.dim(0)) << "gated_delta_net: snapshot row " << row;
+  const auto snapshot = [&](int64_t t) { return batch.state_snapshots.empty() ? -1 : batch.state_snapshots[size_t(t)]; };
 
   // Per token: the convolution's input x [q | k | v], the output gate z, beta and g.
   std::vector<float> x(static_cast<size_t>(n_tokens * channels)), z(static_cast<size_t>(n_tokens * value_dim));
