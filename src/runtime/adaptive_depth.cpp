@@ -30,6 +30,25 @@ size_t AdaptiveDepth::class_of(int32_t batch) {
   return c;
 }
 
+AdaptiveDepth::Costs& AdaptiveDepth::costs_for(int32_t batch) {
+  const size_t cls = class_of(batch);
+  Costs& c = costs_[cls];
+  if (c.seeded) return c;
+  c.seeded = true;
+  bool off_below = false, on_above = false;  // verdicts of classes with both modes measured
+  for (size_t i = 0; i < costs_.size(); ++i) {
+    const Costs& o = costs_[i];
+    if (i == cls || o.rate[0].n == 0 || o.rate[1].n == 0) continue;
+    off_below = off_below || (i < cls && !o.best_on);
+    on_above = on_above || (i > cls && o.best_on);
+  }
+  if (off_below != on_above) {  // one verdict (none, or two that disagree: measure as new)
+    c.prior = on_above ? 1 : 0;
+    c.on = c.best_on = on_above;
+  }
+  return c;
+}
+
 void AdaptiveDepth::note_choice(int32_t k) {
   last_choice_ = k;
   ++choices_;
@@ -61,7 +80,7 @@ int32_t AdaptiveDepth::decide(std::span<const int32_t> draft_lengths) {
   const int32_t max_k = config_.max_depth;
   if (!config_.adaptive) return max_k;
   if (config_.schedule) return std::clamp(config_.schedule(steps_ + 1), 0, max_k);
-  Costs& c = costs_[class_of(int32_t(draft_lengths.size()))];
+  Costs& c = costs_for(int32_t(draft_lengths.size()));
   if (!c.on) return 0;  // the governor: speculation off here for now
   // Warm-up: the cost of a decode step first, then that of a verify step at depth K (which
   // also measures acceptance at every position the drafts reach).
@@ -90,7 +109,7 @@ int32_t AdaptiveDepth::plan_drafts(int32_t batch) {
     if (k == 0) note_choice(0);
     return k;
   }
-  Costs& c = costs_[class_of(batch)];
+  Costs& c = costs_for(batch);
   if (!c.on) {
     note_choice(0);
     return 0;
@@ -123,22 +142,31 @@ void AdaptiveDepth::record_verification(int32_t n_draft, int32_t n_accepted) {
 void AdaptiveDepth::govern(Costs& c, int64_t emitted, double seconds) {
   c.window_tokens += emitted;
   c.window_seconds += seconds;
-  if (++c.window_steps < config_.governor_window) return;
+  if (++c.window_steps < config_.governor_window || c.window_seconds < config_.governor_min_window_s) return;
   if (c.window_seconds > 0.0)
     c.rate[c.on ? 1 : 0].add(double(c.window_tokens) / c.window_seconds, kGovernorDecay, 1);
   c.window_steps = 0;
   c.window_tokens = 0;
   c.window_seconds = 0.0;
   ++c.windows;
-  // The next window: a mode never measured; else the better one (the mode in use stays
-  // unless the other wins by kMargin), the other one window in governor_refresh.
-  if (c.rate[0].n == 0 || c.rate[1].n == 0) {
-    c.on = c.rate[1].n == 0;
+  // The next window: where the neighbours gave a verdict, a mode never measured in the
+  // refresh window only; without one, the two modes in turn until each has its first
+  // windows. Then the better one (the mode in use stays unless the other wins by kMargin),
+  // the other one window in governor_refresh.
+  const bool refresh = c.windows % std::max(config_.governor_refresh, 2) == 0;
+  if (c.prior >= 0 && (c.rate[0].n == 0 || c.rate[1].n == 0)) {
+    const bool missing = c.rate[1].n == 0;  // the mode not measured yet: on (true) or off
+    c.on = refresh ? missing : !missing;
+    return;
+  }
+  const int64_t first = std::max(config_.governor_first_windows, 1);
+  if (c.prior < 0 && (c.rate[0].n < first || c.rate[1].n < first)) {
+    c.on = c.rate[1].n <= c.rate[0].n;
     return;
   }
   const double off = c.rate[0].value, on = c.rate[1].value;
   c.best_on = c.best_on ? !(off > on * (1.0 + kMargin)) : on > off * (1.0 + kMargin);
-  c.on = c.windows % std::max(config_.governor_refresh, 2) == 0 ? !c.best_on : c.best_on;
+  c.on = refresh ? !c.best_on : c.best_on;
 }
 
 void AdaptiveDepth::record_step(bool timed, bool verify, int32_t n_seqs, int64_t rows, double seconds,
@@ -151,7 +179,7 @@ void AdaptiveDepth::record_step(bool timed, bool verify, int32_t n_seqs, int64_t
     step_tested_[i] = step_accepted_[i] = 0;
   }
   if (n_seqs <= 0) return;
-  Costs& c = costs_[class_of(n_seqs)];
+  Costs& c = costs_for(n_seqs);
   if (config_.adaptive && !config_.schedule && config_.governor_window > 0) govern(c, emitted, seconds);
   if (!timed || rows <= 0) return;
   Ema& r = verify ? c.verify_rows : c.decode_rows;

@@ -31,10 +31,15 @@
 //     small, latency-bound model: verify steps that replay no recording, catch-up passes,
 //     sequences whose ends drift apart so more steps carry a prefill). So each batch size
 //     class also measures what counts, emitted tokens per second over windows of
-//     governor_window steps (every step, prefill or not): with speculation on (the
-//     choices above) and off (no drafts, no probes). The better mode runs, unless the
+//     governor_window steps and governor_min_window_s (every step, prefill or not): with
+//     speculation on (the choices above) and off (no drafts, no probes), alternately
+//     until each has governor_first_windows windows. The better mode runs, unless the
 //     other wins by kMargin; one window in governor_refresh runs the other mode to keep
-//     its rate current (EMAs over windows).
+//     its rate current (EMAs over windows). A class met for the first time starts in the
+//     mode its neighbours found (speculation that loses at a smaller batch loses at a
+//     larger one, whose rows cost more; one that wins at a larger batch wins at a smaller
+//     one) and tries the other mode only in its refresh window, not at once: exploring
+//     each class from scratch cost several percent where batch sizes move.
 //   planning (plan_drafts): a drafter whose drafts cost a pass of their own (MTP) asks
 //     after each step how deep the next one may go; 0 (no drafts; the step is counted as a
 //     choice of 0 then) lets it defer its work (runtime/mtp_drafts.cpp).
@@ -73,6 +78,12 @@ struct AdaptiveDepthConfig {
   double decay = 1.0 / 32;
   int32_t warmup_steps = 2;     // timed steps of each kind before the model decides
   int32_t governor_window = 32;   // steps of one batch size class per governor window (0: no governor)
+  // ... and at least this many seconds of steps: at one stream 32 steps are ~15 ms on a
+  // small model, and one prefill step in a window moved its rate by 15%.
+  double governor_min_window_s = 0.05;
+  // Windows of each mode measured before the first verdict (alternating from on), where
+  // no neighbouring class gave one: a single noisy window once turned one stream off.
+  int32_t governor_first_windows = 2;
   int32_t governor_refresh = 16;  // one window in this many runs the losing mode
   // Tests: the depth of step n (from 1) instead of the estimates' (the plans follow it).
   std::function<int32_t(int64_t step)> schedule;
@@ -163,7 +174,11 @@ class AdaptiveDepth {
     int64_t window_tokens = 0;
     double window_seconds = 0.0;
     Ema rate[2];  // emitted tokens per second, speculation off / on
+    bool seeded = false;  // met: its mode set from the neighbours' verdicts
+    int8_t prior = -1;    // their verdict, off (0) / on (1), or none (-1)
   };
+  // The class of `batch`, seeded from the other classes' verdicts when first met.
+  Costs& costs_for(int32_t batch);
   void govern(Costs& c, int64_t emitted, double seconds);
   static constexpr int kClasses = 16;  // batch sizes 1, 2, 3-4, 5-8, ..., above 2^14
   static size_t class_of(int32_t batch);

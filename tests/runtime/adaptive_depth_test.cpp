@@ -284,5 +284,88 @@ TEST(AdaptiveDepth, TheGovernorTurnsSpeculationOffWhereItLosesOverall) {
   }
 }
 
+// A batch size class met for the first time starts where its neighbours' verdicts point:
+// after batch 8 found speculation losing (the hidden cost above), batch 32 runs without
+// drafts from its first step and tries speculation only in its refresh window (one in 16),
+// while batch 1 (smaller: no verdict applies) measures both modes at once.
+TEST(AdaptiveDepth, ANewBatchSizeStartsInTheModeItsNeighboursFound) {
+  AdaptiveDepth p({.max_depth = 3});
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  // `steps` steps of `batch` sequences; returns the steps that drafted, by window of 32.
+  const auto run = [&](int32_t batch, int steps) {
+    const std::vector<int32_t> lengths(size_t(batch), 3);
+    std::vector<int32_t> drafted(size_t(steps + 31) / 32, 0);
+    for (int step = 0; step < steps; ++step) {
+      const bool prefill = step % 2 == 1;
+      const int32_t k = p.choose(lengths);
+      int64_t emitted = batch;
+      if (k > 0)
+        for (int32_t s = 0; s < batch; ++s) {
+          int32_t accepted = 0;
+          while (accepted < k && u(rng) < 0.7) ++accepted;
+          p.record_verification(k, accepted);
+          emitted += accepted;
+        }
+      const int64_t rows = int64_t(batch) * (1 + k);
+      const double hidden = batch >= 8 && p.speculating(batch) ? 60.0 : 10.0;
+      const double ms = (prefill ? hidden : 10.0) + 0.2 * double(rows);
+      p.record_step(!prefill, k > 0, batch, rows, ms * 1e-3, emitted);
+      drafted[size_t(step / 32)] += k > 0 ? 1 : 0;
+    }
+    return drafted;
+  };
+  run(8, 2000);
+  ASSERT_LT(p.governor_rate(8, true), p.governor_rate(8, false)) << "batch 8: speculation loses";
+  const std::vector<int32_t> big = run(32, 32 * 20);
+  for (size_t w = 0; w < 16; ++w) EXPECT_EQ(big[w], 0) << "batch 32, window " << w << ": started off";
+  EXPECT_GT(big[16], 0) << "batch 32 tries speculation in its refresh window";
+  EXPECT_LT(p.governor_rate(32, true), p.governor_rate(32, false));
+  const std::vector<int32_t> small = run(1, 32 * 4);
+  EXPECT_GT(small[0], 0) << "batch 1 starts with speculation on";
+  EXPECT_GT(p.governor_rate(1, true), p.governor_rate(1, false)) << "and keeps it: it wins there";
+}
+
+// One stream where speculation wins by ~70%, but the first window with it on carries a
+// slow step (a long prefill, not timed: 40 ms against ~0.5 ms steps). While the governor
+// has speculation off an MTP drafter's layer does not run, so the drafts of a request
+// that lived through that stand far less often (25% instead of 70%: its MTP cache has
+// holes) and the refresh windows see speculation lose. Judged on one window of each mode
+// the governor turns it off and never back on; with two windows of each before the first
+// verdict it stays on.
+TEST(AdaptiveDepth, OneSlowWindowDoesNotTurnSpeculationOff) {
+  for (int32_t first : {1, 2}) {
+    AdaptiveDepth p({.max_depth = 3, .governor_first_windows = first});
+    std::mt19937 rng(3);
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    const std::vector<int32_t> lengths = {3};
+    int64_t drafted = 0;
+    bool slow_done = false, holes = false;
+    double seconds = 0.0;
+    for (int step = 0; step < 3000; ++step) {
+      if (step % 150 == 0) holes = false;  // a new request
+      holes = holes || p.speculation_off(1);
+      const int32_t k = p.choose(lengths);
+      int64_t emitted = 1;
+      if (k > 0) {
+        int32_t accepted = 0;
+        while (accepted < k && u(rng) < (holes ? 0.25 : 0.7)) ++accepted;
+        p.record_verification(k, accepted);
+        emitted += accepted;
+      }
+      double ms = 0.45 + 0.05 * double(k);
+      const bool slow = k > 0 && !slow_done && seconds > 0.02;
+      if (slow) ms += 40.0, slow_done = true;
+      seconds += ms * 1e-3;
+      p.record_step(!slow, k > 0, 1, 1 + k, ms * 1e-3, emitted);
+      if (step >= 1500) drafted += k > 0 ? 1 : 0;
+    }
+    std::printf("first windows %d: %.0f tokens/s on, %.0f off; %lld of the last 1500 steps drafted\n", first,
+                p.governor_rate(1, true), p.governor_rate(1, false), (long long)drafted);
+    if (first == 1) EXPECT_LT(drafted, 300) << "the control: one slow window decides";
+    else EXPECT_GT(drafted, 1200) << "speculation stays on where it wins";
+  }
+}
+
 }  // namespace
 }  // namespace kiln::runtime
