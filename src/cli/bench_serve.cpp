@@ -9,7 +9,9 @@
 // Output: a table on stdout (one column per level), progress on stderr, --json FILE with
 // every level's config, summary and per-request records, --html FILE with a self-contained
 // page of charts and the table (bench_report.h; `kiln bench report` makes it from a JSON
-// file). A failed request is counted, never fatal; a level whose every request failed ends
+// file). Against a server that counts speculative drafts in its /metrics (kiln's
+// kiln_spec_decode_*, vLLM's vllm:spec_decode_*), each level also reports the draft
+// acceptance and mean accepted length over it. A failed request is counted, never fatal; a level whose every request failed ends
 // the run with exit code 1.
 #include <httplib.h>
 #include <signal.h>
@@ -20,12 +22,16 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -103,6 +109,15 @@ struct Dist {
   double mean = 0, p50 = 0, p90 = 0, p99 = 0;
 };
 
+// A speculative-decoding server's counters over a level (the differences of its /metrics
+// before and after): verify steps' drafts, draft tokens, and those that stood.
+struct Speculation {
+  double drafts = 0, draft_tokens = 0, accepted_tokens = 0;
+  double acceptance() const { return draft_tokens > 0 ? accepted_tokens / draft_tokens : 0.0; }
+  // Tokens a sequence emits per verify step (vLLM's "mean acceptance length").
+  double mean_accepted_length() const { return drafts > 0 ? 1.0 + accepted_tokens / drafts : 0.0; }
+};
+
 struct Summary {
   int successful = 0, failed = 0;
   double duration_s = 0;
@@ -110,6 +125,7 @@ struct Summary {
   double requests_per_s = 0, output_tokens_per_s = 0, total_tokens_per_s = 0;
   Dist ttft_ms, tpot_ms, itl_ms, e2e_ms;
   std::map<std::string, int> errors;  // message -> count
+  std::optional<Speculation> speculation;  // where the server's /metrics counts drafts
 };
 
 struct LevelRun {
@@ -200,6 +216,40 @@ Result<std::string> first_model(const Target& t, const BenchOptions& o) {
       !j["data"][0].is_object() || !j["data"][0].contains("id") || !j["data"][0]["id"].is_string())
     return not_found(o.url + ": GET " + path + " lists no model id; pass --model");
   return j["data"][0]["id"].get<std::string>();
+}
+
+// The speculative-decoding counters of GET {origin}/metrics (Prometheus text: kiln's
+// kiln_spec_decode_* or vLLM's vllm:spec_decode_* series, summed over their labels), or
+// nothing where the server has no such page or counts no drafts.
+std::optional<Speculation> read_speculation(const Target& t, const BenchOptions& o) {
+  auto client = make_client(t, o);
+  client->set_read_timeout(10);
+  const httplib::Result r = client->Get("/metrics");
+  if (!r || r->status != 200) return std::nullopt;
+  Speculation s;
+  bool any = false;
+  std::istringstream lines(r->body);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t name_end = line.find_first_of("{ ");
+    const size_t value_at = line.rfind(' ');
+    if (name_end == std::string::npos || value_at == std::string::npos) continue;
+    std::string name = line.substr(0, name_end);
+    for (const char* prefix : {"kiln_", "vllm:"})
+      if (name.rfind(prefix, 0) == 0) name = name.substr(std::strlen(prefix));
+    double* field = name == "spec_decode_num_drafts_total"           ? &s.drafts
+                    : name == "spec_decode_num_draft_tokens_total"    ? &s.draft_tokens
+                    : name == "spec_decode_num_accepted_tokens_total" ? &s.accepted_tokens
+                                                                      : nullptr;
+    if (field == nullptr) continue;
+    char* end = nullptr;
+    const double v = std::strtod(line.c_str() + value_at + 1, &end);
+    if (end == line.c_str() + value_at + 1) continue;
+    *field += v;
+    any = true;
+  }
+  if (!any) return std::nullopt;
+  return s;
 }
 
 // ---- prompts ------------------------------------------------------------------------
@@ -503,10 +553,15 @@ LevelRun run_level(const Target& t, const BenchOptions& o, const std::string& mo
   const std::vector<double> starts =
       level.request_rate > 0 ? poisson_starts(rng, level.request_rate, reqs.size()) : std::vector<double>{};
   LevelRun run{.level = level, .date = utc_now()};
+  const std::optional<Speculation> before = read_speculation(t, o);
   Progress progress(level.label(), level.num_requests);
   const double seconds = run_requests(t, o, path, reqs, n_clients, starts, run.results, &progress);
   progress.finish(seconds);
   run.summary = summarize(run.results, seconds);
+  if (const std::optional<Speculation> after = read_speculation(t, o); before && after && after->drafts > 0)
+    run.summary.speculation = Speculation{.drafts = after->drafts - before->drafts,
+                                          .draft_tokens = after->draft_tokens - before->draft_tokens,
+                                          .accepted_tokens = after->accepted_tokens - before->accepted_tokens};
   return run;
 }
 
@@ -553,6 +608,16 @@ void print_table(const BenchOptions& o, const std::string& model, const std::vec
     }
   }
   row("E2E latency mean (ms)", "%12.2f", [](const Summary& s) { return s.e2e_ms.mean; });
+  // Speculative decoding, from the server's /metrics over each level (a server that counts
+  // drafts; other traffic to it during the run counts too).
+  if (std::any_of(runs.begin(), runs.end(), [](const LevelRun& r) { return r.summary.speculation.has_value(); })) {
+    const auto spec = [](double (Speculation::*get)() const, double scale) {
+      return [get, scale](const Summary& s) { return s.speculation ? ((*s.speculation).*get)() * scale : 0.0; };
+    };
+    row("draft acceptance (%)", "%12.1f", spec(&Speculation::acceptance, 100.0));
+    row("mean accepted length", "%12.2f", spec(&Speculation::mean_accepted_length, 1.0));
+    row("verified drafts", "%12.0f", [](const Summary& s) { return s.speculation ? s.speculation->drafts : 0.0; });
+  }
   for (const LevelRun& r : runs)
     for (const auto& [message, count] : r.summary.errors)
       std::printf("%s: %d x %s\n", r.level.label().c_str(), count, message.c_str());
@@ -579,6 +644,11 @@ json level_json(const BenchOptions& o, const std::string& model, const LevelRun&
                   {"total_tokens_per_s", s.total_tokens_per_s}, {"ttft_ms", dist_json(s.ttft_ms)},
                   {"tpot_ms", dist_json(s.tpot_ms)}, {"itl_ms", dist_json(s.itl_ms)},
                   {"e2e_ms", dist_json(s.e2e_ms)}, {"errors", s.errors}};
+  if (s.speculation)
+    summary["speculative"] = {{"drafts", s.speculation->drafts}, {"draft_tokens", s.speculation->draft_tokens},
+                              {"accepted_tokens", s.speculation->accepted_tokens},
+                              {"acceptance", s.speculation->acceptance()},
+                              {"mean_accepted_length", s.speculation->mean_accepted_length()}};
   json requests = json::array();
   for (const RequestResult& r : run.results) {
     json q = {{"ok", r.ok}, {"http_status", r.http_status}, {"input_tokens", r.input_tokens},

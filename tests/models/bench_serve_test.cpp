@@ -15,6 +15,7 @@
 #include <fstream>
 #include <regex>
 #include <string>
+#include <vector>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -39,14 +40,19 @@ struct TempDir {
   fs::path path;
 };
 
-// `kiln serve --port 0 --threads 2` (the built-in demo model; stderr in dir/serve.log)
-// in the background; the destructor stops it (SIGTERM, then SIGKILL after 5 s).
+// `kiln serve --port 0 --threads 2 [extra]` (the built-in demo model; stderr in
+// dir/serve.log) in the background; the destructor stops it (SIGTERM, then SIGKILL after 5 s).
 class DemoServer {
  public:
-  explicit DemoServer(const fs::path& dir) : log_(dir / "serve.log") {
+  explicit DemoServer(const fs::path& dir, std::vector<std::string> extra = {}) : log_(dir / "serve.log") {
     int out[2];
     if (::pipe(out) != 0) return;
     const std::string cache_dir = (dir / "cache").string();
+    std::vector<std::string> args = {"kiln", "serve", "--port", "0", "--threads", "2"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
     pid_ = ::fork();
     if (pid_ == 0) {
       ::setenv("KILN_CACHE_DIR", cache_dir.c_str(), 1);
@@ -54,7 +60,7 @@ class DemoServer {
       ::dup2(out[1], STDOUT_FILENO);
       ::close(out[0]);
       ::close(out[1]);
-      ::execl(KILN_BINARY, "kiln", "serve", "--port", "0", "--threads", "2", static_cast<char*>(nullptr));
+      ::execv(KILN_BINARY, argv.data());
       ::_exit(127);
     }
     ::close(out[1]);
@@ -180,11 +186,50 @@ TEST(BenchServe, ReportsEveryLevelAgainstTheDemoServer) {
     EXPECT_GT(s["ttft_ms"]["mean"].get<double>(), 0);
     EXPECT_GT(s["tpot_ms"]["mean"].get<double>(), 0);
     EXPECT_GT(s["output_tokens_per_s"].get<double>(), 0);
+    EXPECT_FALSE(s.contains("speculative")) << "a server without speculative decoding";
     for (const char* metric : {"ttft_ms", "tpot_ms", "itl_ms"}) {
       EXPECT_LE(s[metric]["p50"].get<double>(), s[metric]["p90"].get<double>()) << metric;
       EXPECT_LE(s[metric]["p50"].get<double>(), s[metric]["p99"].get<double>()) << metric;
     }
   }
+}
+
+// Against a server with n-gram drafts (the demo model's chat replies repeat their prompts'
+// words): each level reports the drafts verified, how many stood and the mean accepted
+// length, the differences of the server's /metrics counters over the level.
+TEST(BenchServe, ReportsSpeculativeAcceptanceFromTheServersMetrics) {
+  const TempDir tmp("kiln_bench_spec");
+  const fs::path& dir = tmp.path;
+  DemoServer server(dir, {"--speculative-method", "ngram", "--num-speculative-tokens", "3"});
+  const std::string url = server.wait_for_url(std::chrono::seconds(60));
+  ASSERT_FALSE(url.empty()) << "kiln serve printed no ready line within 60 s:\n" << server.log();
+  const fs::path json_path = dir / "bench.json";
+  const BenchRun r = bench("--url " + url + " --endpoint chat --input-len 32 --output-len 64 --concurrency 1,2 " +
+                           "--num-prompts 6 --warmup 0 --json " + json_path.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err << "\nkiln serve:\n" << server.log();
+  EXPECT_NE(r.out.find("draft acceptance (%)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("mean accepted length"), std::string::npos) << r.out;
+  std::ifstream f(json_path);
+  const nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << "unreadable " << json_path;
+  double drafts = 0, draft_tokens = 0, accepted = 0;
+  for (const nlohmann::json& level : j["levels"]) {
+    ASSERT_TRUE(level["summary"].contains("speculative")) << level["summary"].dump();
+    const nlohmann::json& s = level["summary"]["speculative"];
+    EXPECT_LE(s["accepted_tokens"].get<double>(), s["draft_tokens"].get<double>());
+    EXPECT_LE(s["draft_tokens"].get<double>(), 3 * s["drafts"].get<double>());
+    if (s["drafts"].get<double>() > 0) {
+      EXPECT_NEAR(s["mean_accepted_length"].get<double>(),
+                  1.0 + s["accepted_tokens"].get<double>() / s["drafts"].get<double>(), 1e-9);
+      EXPECT_NEAR(s["acceptance"].get<double>(),
+                  s["accepted_tokens"].get<double>() / s["draft_tokens"].get<double>(), 1e-9);
+    }
+    drafts += s["drafts"].get<double>();
+    draft_tokens += s["draft_tokens"].get<double>();
+    accepted += s["accepted_tokens"].get<double>();
+  }
+  EXPECT_GT(drafts, 0) << "some drafts were verified";
+  EXPECT_GT(accepted, 0) << "and some stood";
 }
 
 // --json-schema constrains every request (response_format json_schema): a boolean schema
