@@ -284,7 +284,10 @@ Status Engine::size_kv_cache(const EngineOptions& o) {
       kv_bytes = std::min(kDefaultCpuKvBytes, int64_t(o.max_num_seqs) * len * bytes_token);
     }
   }
-  const int64_t n_blocks = kv_bytes / (bytes_token * bs);
+  // A model cut to recurrent layers only (--num-layers on a hybrid) stores no keys and
+  // values: its blocks only count tokens, as many as every sequence at full length needs.
+  const int64_t n_blocks =
+      bytes_token > 0 ? kv_bytes / (bytes_token * bs) : int64_t(o.max_num_seqs) * ((len + bs - 1) / bs);
   if (n_blocks <= 0) {
     return Status(StatusCode::kResourceExhausted, "a KV cache of " + mib(kv_bytes) + " holds no block of " +
                                                       std::to_string(bs) + " tokens (" +

@@ -66,6 +66,24 @@ TEST(DummyLoad, NumLayersCutsDepth) {
                                     {.max_model_len = 64, .max_num_seqs = 1, .num_layers = 2});
   ASSERT_TRUE(real.ok()) << real.status().to_string();
   EXPECT_EQ((*real)->config().n_layers, 2);
+  // A hybrid cut before its first full-attention layer keeps no KV cache at all (it once
+  // divided by its zero bytes per token); its logits are those of the whole checkpoint's
+  // first layers, so they differ from the uncut model's.
+  for (const std::string fixture : {"qwen3_next", "qwen3_5_moe"}) {
+    auto cut = runtime::Engine::load(testing::fixture_dir(fixture), cpu::make_cpu_backend(1),
+                                     {.max_model_len = 64, .max_num_seqs = 2, .num_layers = 1});
+    ASSERT_TRUE(cut.ok()) << fixture << ": " << cut.status().to_string();
+    auto whole = runtime::Engine::load(testing::fixture_dir(fixture), cpu::make_cpu_backend(1),
+                                       {.max_model_len = 64, .max_num_seqs = 2});
+    ASSERT_TRUE(whole.ok());
+    auto lc = (*cut)->logits({1, 2, 3, 4, 5}), lw = (*whole)->logits({1, 2, 3, 4, 5});
+    ASSERT_TRUE(lc.ok() && lw.ok()) << fixture;
+    for (float x : lc->back()) ASSERT_TRUE(std::isfinite(x)) << fixture;
+    EXPECT_NE(*lc, *lw) << fixture;
+    auto g = (*cut)->generate({1, 2, 3}, 6, {.temperature = 0.0f}, /*ignore_eos=*/true);
+    ASSERT_TRUE(g.ok()) << fixture << ": " << g.status().to_string();
+    EXPECT_EQ(g->tokens.size(), 6u) << fixture;
+  }
 }
 
 TEST(DummyLoad, FillRandomIsTheSharedFormulaWithTheAskedMoments) {
