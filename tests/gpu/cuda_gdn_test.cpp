@@ -72,57 +72,79 @@ class CudaGdn : public gpu_testing::GpuTest {
     std::memcpy(t.data, host.data, size_t(host.nbytes()));
     return t;
   }
+  // The steps in order over `n_slots` state rows (all random and non-zero at the start),
+  // for each case: out, conv state and recurrent state (every row) against the CPU's.
+  void run_steps(std::vector<ops::BatchMeta> steps, const std::vector<int32_t>& slots, int64_t n_slots) {
+    const int64_t kernel = 4;
+    for (ops::BatchMeta& b : steps) b.state_slots = slots;
+    for (const GdnCase c : {GdnCase{false, 2, 4, 128, 128}, GdnCase{true, 2, 4, 128, 128},
+                            GdnCase{false, 3, 3, 20, 36}, GdnCase{true, 3, 6, 20, 12}, GdnCase{true, 1, 2, 192, 40}}) {
+      const std::string name = std::string(c.grouped ? "grouped" : "flat") + " nk " + std::to_string(c.nk) +
+                               " nv " + std::to_string(c.nv) + " dk " + std::to_string(c.dk) + " dv " +
+                               std::to_string(c.dv);
+      SCOPED_TRACE(name);
+      const int64_t key_dim = c.nk * c.dk, value_dim = c.nv * c.dv, channels = 2 * key_dim + value_dim;
+      const Tensor conv_w = as_bf16(random({channels, kernel}, 0.5f));
+      const Tensor a_log = random({c.nv}), dt_bias = random({c.nv}), norm_w = random({c.dv});
+      Tensor conv_cpu = random({n_slots, channels, kernel - 1});
+      Tensor rec_cpu = random({n_slots, c.nv, c.dk, c.dv}, 0.5f);
+      Tensor conv_gpu = to_gpu(conv_cpu), rec_gpu = to_gpu_f32(rec_cpu);
+      const Tensor conv_wg = gpu_->upload(conv_w), a_log_g = gpu_->upload(a_log), dt_g = gpu_->upload(dt_bias),
+                   norm_g = gpu_->upload(norm_w);
+      for (size_t step = 0; step < steps.size(); ++step) {
+        const ops::BatchMeta& b = steps[step];
+        const int64_t t = b.n_tokens();
+        const Tensor qkv = random({t, c.grouped ? channels + value_dim : channels});
+        const Tensor bb = random({t, c.grouped ? 2 * c.nv : c.nv}, 2.0f);
+        const Tensor z = c.grouped ? Tensor{} : random({t, value_dim});
+        const Tensor a = c.grouped ? Tensor{} : random({t, c.nv}, 2.0f);
+        Tensor ref = host_tensor(DType::kF32, {t, value_dim});
+        cpu_->gated_delta_net({.qkv = qkv, .z = z, .b = bb, .a = a, .grouped = c.grouped, .conv_weight = conv_w,
+                               .a_log = a_log, .dt_bias = dt_bias, .norm_weight = norm_w, .norm_eps = 1e-6f,
+                               .conv_state = conv_cpu, .recurrent_state = rec_cpu, .out = ref, .batch = &b,
+                               .n_k_heads = c.nk, .n_v_heads = c.nv, .d_k = c.dk, .d_v = c.dv});
+        Tensor out = poisoned({t, value_dim});
+        gpu_->begin_step(b);
+        gpu_->gated_delta_net({.qkv = to_gpu(qkv), .z = c.grouped ? Tensor{} : to_gpu(z), .b = to_gpu(bb),
+                               .a = c.grouped ? Tensor{} : to_gpu(a), .grouped = c.grouped, .conv_weight = conv_wg,
+                               .a_log = a_log_g, .dt_bias = dt_g, .norm_weight = norm_g, .norm_eps = 1e-6f,
+                               .conv_state = conv_gpu, .recurrent_state = rec_gpu, .out = out, .batch = &b,
+                               .n_k_heads = c.nk, .n_v_heads = c.nv, .d_k = c.dk, .d_v = c.dv});
+        const std::string at = name + " step " + std::to_string(step + 1);
+        expect_close(from_gpu(out), ref, kBf16Tol, at + " out");
+        expect_close(from_gpu(conv_gpu), conv_cpu, 0.0, at + " conv_state");
+        expect_close(from_gpu(rec_gpu), rec_cpu, kStateTol, at + " recurrent_state");
+      }
+    }
+  }
 };
 
-// Two steps over four state slots of five (slot 4 never used: it must stay as it was),
-// every state row random and non-zero at the start:
+// Two steps over four state slots of five (slot 4 never used: it must stay as it was):
 //   step 1: a 37-token prefill from position 0 (its stale slot ignored), a 1-token decode
 //   at position 50, a 3-token chunk at 20..22, a 2-token prompt from position 0 (shorter
 //   than the convolution's 3 state columns);
 //   step 2: one decode token for each, reading the states step 1 wrote.
 TEST_F(CudaGdn, GatedDeltaNetMatchesCpuForPrefillDecodeAndChunks) {
-  const int64_t kernel = 4, n_slots = 5;
-  const std::vector<int32_t> slots = {3, 0, 2, 1};
-  ops::BatchMeta steps[2] = {cuda::scattered_batch({{37, 37}, {1, 51}, {3, 23}, {2, 2}}, 16, 4),
-                             cuda::scattered_batch({{1, 38}, {1, 52}, {1, 24}, {1, 3}}, 16, 4)};
-  for (ops::BatchMeta& b : steps) b.state_slots = slots;
-  for (const GdnCase c : {GdnCase{false, 2, 4, 128, 128}, GdnCase{true, 2, 4, 128, 128}, GdnCase{false, 3, 3, 20, 36},
-                          GdnCase{true, 3, 6, 20, 12}, GdnCase{true, 1, 2, 192, 40}}) {
-    const std::string name = std::string(c.grouped ? "grouped" : "flat") + " nk " + std::to_string(c.nk) + " nv " +
-                             std::to_string(c.nv) + " dk " + std::to_string(c.dk) + " dv " + std::to_string(c.dv);
-    SCOPED_TRACE(name);
-    const int64_t key_dim = c.nk * c.dk, value_dim = c.nv * c.dv, channels = 2 * key_dim + value_dim;
-    const Tensor conv_w = as_bf16(random({channels, kernel}, 0.5f));
-    const Tensor a_log = random({c.nv}), dt_bias = random({c.nv}), norm_w = random({c.dv});
-    Tensor conv_cpu = random({n_slots, channels, kernel - 1});
-    Tensor rec_cpu = random({n_slots, c.nv, c.dk, c.dv}, 0.5f);
-    Tensor conv_gpu = to_gpu(conv_cpu), rec_gpu = to_gpu_f32(rec_cpu);
-    const Tensor conv_wg = gpu_->upload(conv_w), a_log_g = gpu_->upload(a_log), dt_g = gpu_->upload(dt_bias),
-                 norm_g = gpu_->upload(norm_w);
-    for (int step = 0; step < 2; ++step) {
-      const ops::BatchMeta& b = steps[step];
-      const int64_t t = b.n_tokens();
-      const Tensor qkv = random({t, c.grouped ? channels + value_dim : channels});
-      const Tensor bb = random({t, c.grouped ? 2 * c.nv : c.nv}, 2.0f);
-      const Tensor z = c.grouped ? Tensor{} : random({t, value_dim}), a = c.grouped ? Tensor{} : random({t, c.nv}, 2.0f);
-      Tensor ref = host_tensor(DType::kF32, {t, value_dim});
-      cpu_->gated_delta_net({.qkv = qkv, .z = z, .b = bb, .a = a, .grouped = c.grouped, .conv_weight = conv_w,
-                             .a_log = a_log, .dt_bias = dt_bias, .norm_weight = norm_w, .norm_eps = 1e-6f,
-                             .conv_state = conv_cpu, .recurrent_state = rec_cpu, .out = ref, .batch = &b,
-                             .n_k_heads = c.nk, .n_v_heads = c.nv, .d_k = c.dk, .d_v = c.dv});
-      Tensor out = poisoned({t, value_dim});
-      gpu_->begin_step(b);
-      gpu_->gated_delta_net({.qkv = to_gpu(qkv), .z = c.grouped ? Tensor{} : to_gpu(z), .b = to_gpu(bb),
-                             .a = c.grouped ? Tensor{} : to_gpu(a), .grouped = c.grouped, .conv_weight = conv_wg,
-                             .a_log = a_log_g, .dt_bias = dt_g, .norm_weight = norm_g, .norm_eps = 1e-6f,
-                             .conv_state = conv_gpu, .recurrent_state = rec_gpu, .out = out, .batch = &b,
-                             .n_k_heads = c.nk, .n_v_heads = c.nv, .d_k = c.dk, .d_v = c.dv});
-      const std::string at = name + " step " + std::to_string(step + 1);
-      expect_close(from_gpu(out), ref, kBf16Tol, at + " out");
-      expect_close(from_gpu(conv_gpu), conv_cpu, 0.0, at + " conv_state");
-      expect_close(from_gpu(rec_gpu), rec_cpu, kStateTol, at + " recurrent_state");
-    }
-  }
+  run_steps({cuda::scattered_batch({{37, 37}, {1, 51}, {3, 23}, {2, 2}}, 16, 4),
+             cuda::scattered_batch({{1, 38}, {1, 52}, {1, 24}, {1, 3}}, 16, 4)},
+            {3, 0, 2, 1}, 5);
+}
+
+// State snapshots (OptionalOp::kStateSnapshots): a verify step leaves the state after each
+// marked row in its snapshot row, as the CPU does (the conv window and the recurrent state
+// after that token). Slots 0-3, snapshot rows 4-12 (three a sequence), row 13 untouched.
+// Step 1 prefills; step 2 verifies 3 drafts (4 rows, snapshots after rows 0-2), 1 draft
+// (2 rows, after row 0), a decode row (none) and 2 drafts of a sequence whose first row
+// is its prompt's position 1 (snapshots within the convolution's reach of the old state);
+// step 3 decodes again from the slots (as after a rejection the engine copies a snapshot
+// back: CopyRowsCopiesOneRowExactly).
+TEST_F(CudaGdn, StateSnapshotsMatchCpu) {
+  ASSERT_TRUE(gpu_->supports_op(ops::OptionalOp::kStateSnapshots).ok());
+  std::vector<ops::BatchMeta> steps = {cuda::scattered_batch({{20, 20}, {9, 9}, {30, 30}, {1, 1}}, 16, 4),
+                                       cuda::scattered_batch({{4, 24}, {2, 11}, {1, 31}, {3, 4}}, 16, 4),
+                                       cuda::scattered_batch({{1, 25}, {1, 12}, {1, 32}, {1, 5}}, 16, 4)};
+  steps[1].state_snapshots = {4, 5, 6, -1, 7, -1, -1, 10, 11, -1};
+  run_steps(std::move(steps), {0, 1, 2, 3}, 14);
 }
 
 TEST_F(CudaGdn, SigmoidMulMatchesCpuWithAndWithoutBroadcastAndInPlace) {

@@ -45,9 +45,11 @@ class CudaOps : public gpu_testing::GpuTest {
 TEST_F(CudaOps, LinearMatchesCpuAtModelShapes) {
   // (tokens, n_out, n_in): odd token counts, gpt-oss / Qwen3 / GLM projection shapes; at
   // 1-8 tokens the bf16 GEMV, also over a last 128-input block of 8 inputs and a last
-  // unit of 12 rows (8 x 300 x 1032).
+  // unit of 12 rows (8 x 300 x 1032); the Gated DeltaNet fixtures' small shapes (one
+  // partial block of 48 / 64 / 96 inputs; 1-8 rows out).
   for (auto [t, n, k] :
-       {std::tuple{1, 2880, 2880}, {3, 512, 2880}, {8, 300, 1032}, {17, 4096, 2048}, {200, 640, 5120}}) {
+       {std::tuple{1, 2880, 2880}, {3, 512, 2880}, {8, 300, 1032}, {17, 4096, 2048}, {200, 640, 5120},
+        {7, 64, 96}, {3, 64, 96}, {7, 192, 64}, {7, 8, 64}, {7, 1, 64}, {7, 320, 64}, {5, 64, 48}, {2, 128, 64}}) {
     SCOPED_TRACE(::testing::Message() << t << "x" << n << "x" << k);
     Tensor x = random({t, k}), w = random({n, k}, 0.05f), b = random({n}, 0.1f);
     ops::Weight wc{.data = as_bf16(w), .bias = as_bf16(b)};
@@ -67,7 +69,9 @@ TEST_F(CudaOps, LinearsOfOneInputMatchCpu) {
   for (const auto& [t, n_outs, k] : {std::tuple{1, std::vector<int64_t>{4096, 512, 512}, 2880},
                                      {5, std::vector<int64_t>{300, 20}, 1032},
                                      {8, std::vector<int64_t>{4096, 512, 512}, 2880},
-                                     {17, std::vector<int64_t>{640, 128}, 1032}}) {
+                                     {17, std::vector<int64_t>{640, 128}, 1032},
+                                     {7, std::vector<int64_t>{192, 8}, 64},
+                                     {7, std::vector<int64_t>{96, 96}, 64}}) {
     SCOPED_TRACE(::testing::Message() << t << " tokens, " << n_outs.size() << " linears of " << k);
     const Tensor x = random({t, k});
     std::vector<ops::Weight> wc(n_outs.size()), wg(n_outs.size());
@@ -277,6 +281,8 @@ TEST_F(CudaOps, MoeMatchesCpuForEveryRouterAndLayout) {
       {ops::RouterKind::kSigmoidGroupedTopK, 16, 4, 4, 2, 64, 32, false, false, false, false, ops::GluKind::kSilu},
       {ops::RouterKind::kSigmoidGroupedTopK, 16, 4, 4, 2, 64, 16, false, false, false, false, ops::GluKind::kSilu},
       {ops::RouterKind::kSigmoidGroupedTopK, 16, 4, 4, 2, 64, 8, false, false, false, false, ops::GluKind::kSilu},
+      // the Gated DeltaNet fixtures' experts (Qwen3-Next / Qwen3.5: softmax top-2 of 8)
+      {ops::RouterKind::kSoftmaxTopK, 8, 2, 1, 1, 64, 32, false, false, false, false, ops::GluKind::kSilu},
       // input-major fused but not interleaved: only the GEMV path takes it
       {ops::RouterKind::kSoftmaxTopK, 8, 2, 1, 1, 256, 128, true, false, true, true, ops::GluKind::kSilu},
   };
@@ -319,7 +325,7 @@ TEST_F(CudaOps, MoeMatchesCpuForEveryRouterAndLayout) {
     // 1-17 tokens: decode tiles (16 rows); 200 / 600: 64-row prefill tiles where
     // there are at least 32 rows per expert; with 64 experts and 1-3 tokens most
     // experts receive none.
-    for (int tokens : {1, 3, 17, 28, 200, 600}) {
+    for (int tokens : {1, 3, 7, 17, 28, 200, 600}) {
       SCOPED_TRACE(::testing::Message() << tokens << " tokens");
       Tensor x = random({tokens, c.d_model});
       Tensor ref = host_tensor(DType::kF32, {tokens, c.d_model});

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 #include <random>
+#include <span>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -181,6 +182,92 @@ TEST(CudaServingMtp, MtpDraftsGiveTheTokensOfDecodingWithout) {
   EXPECT_GT(cuda->graph_replays(), 20) << "verify steps and MTP passes did not replay recorded graphs";
   EXPECT_EQ(s.kv_blocks_used, 0);
 }
+
+// Speculative decoding of the Gated DeltaNet hybrids on CUDA: a verify step leaves the
+// state after each draft row in a snapshot row (OptionalOp::kStateSnapshots) and the engine
+// copies back the one after the last draft that stood. Their random weights never repeat,
+// so an oracle drafts: the plain run's own next tokens, the j-th of a step's k = 3 drafts
+// wrong in turn (or none), so every count of accepted drafts occurs. 16 greedy requests in
+// one batch (prompts of 3-70 tokens, prefilled in chunks of 16 beside decodes), prefix
+// caching on; the tokens are those of the same batch without drafts but where a near-tie
+// flips; verify steps replay recordings.
+class CudaServingRecurrent : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaServingRecurrent, OracleDraftsGiveTheTokensOfDecodingWithout) {
+  const std::string dir = testing::fixture_dir(GetParam());
+  const int64_t vocab = testing::read_json(dir + "/config.json")["vocab_size"].get<int64_t>();
+  std::vector<std::shared_ptr<runtime::Request>> requests;
+  std::mt19937 rng(11);
+  for (int i = 0; i < 16; ++i) {
+    auto r = std::make_shared<runtime::Request>();
+    for (int t = 0, n = 3 + int(rng() % 68); t < n; ++t) r->prompt.push_back(int32_t(rng() % uint32_t(vocab)));
+    r->max_tokens = 24 + i % 5;
+    r->ignore_eos = true;
+    requests.push_back(r);
+  }
+  std::map<uint64_t, std::vector<int32_t>> want, got;
+  int calls = 0;
+  const auto load = [&](bool drafts) -> std::unique_ptr<runtime::Engine> {
+    auto be = cuda::make_cuda_backend({.smem_cap = smem_cap()});
+    if (!be.ok()) return nullptr;
+    runtime::EngineOptions o{.block_size = 16, .max_model_len = 256, .prefill_chunk = 16, .max_num_seqs = 16,
+                             .kv_cache_bytes = int64_t(64) << 20};
+    if (drafts) {
+      o.speculative_method = runtime::SpeculativeMethod::kNgram;
+      o.num_speculative_tokens = 3;
+      o.speculative_adaptive = false;
+      o.speculative_test_drafter = [&](uint64_t id, std::span<const int32_t> tokens, int32_t k) {
+        std::vector<int32_t> d;
+        const std::vector<int32_t>& p = requests[size_t(id)]->prompt;
+        const std::vector<int32_t>& out = want.at(id);
+        for (size_t at = tokens.size(); at < p.size() + out.size() && int32_t(d.size()) < k; ++at)
+          d.push_back(at < p.size() ? p[at] : out[at - p.size()]);
+        const int32_t wrong = calls++ % (k + 1);  // 0: none
+        if (wrong > 0 && wrong <= int32_t(d.size()))
+          d[size_t(wrong - 1)] = int32_t((d[size_t(wrong - 1)] + 1) % vocab);
+        return d;
+      };
+    }
+    auto e = runtime::Engine::load(dir, std::move(be).value(), o);
+    EXPECT_TRUE(e.ok()) << e.status().to_string();
+    return e.ok() ? std::move(e).value() : nullptr;
+  };
+  auto plain = load(false);
+  if (plain == nullptr) GTEST_SKIP() << "no CUDA device";
+  for (size_t i = 0; i < requests.size(); ++i) ASSERT_TRUE(plain->add_request(i, requests[i]).ok());
+  drain(*plain, want);
+  auto spec = load(true);
+  ASSERT_NE(spec, nullptr);
+  for (size_t i = 0; i < requests.size(); ++i) ASSERT_TRUE(spec->add_request(i, requests[i]).ok());
+  drain(*spec, got);
+  int equal = 0;
+  double worst_margin = 0.0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_EQ(got[i].size(), want[i].size()) << "request " << i;
+    if (got[i] == want[i]) {
+      ++equal;
+      continue;
+    }
+    const gpu_testing::Divergence d = gpu_testing::first_divergence(*plain, requests[i]->prompt, got[i], want[i]);
+    worst_margin = std::max(worst_margin, d.margin);
+    EXPECT_LT(d.margin, kNearTie) << "request " << i << " diverged at token " << d.at << " with a top-2 margin of "
+                                  << d.margin << " of the logit scale";
+  }
+  const runtime::EngineStats s = spec->stats();
+  const auto* cuda = dynamic_cast<const cuda::CudaBackend*>(&spec->backend());
+  ASSERT_NE(cuda, nullptr);
+  std::printf("%s, oracle drafts K = 3: %d of %zu requests equal to decoding without (largest top-2 margin where "
+              "not %.3g); %lld of %lld drafts stood in %lld verifications; %lld graph replays\n",
+              GetParam().c_str(), equal, requests.size(), worst_margin, (long long)s.spec_accepted_tokens,
+              (long long)s.spec_draft_tokens, (long long)s.spec_verified_seqs, (long long)cuda->graph_replays());
+  EXPECT_GT(s.spec_accepted_tokens, s.spec_draft_tokens / 4);
+  EXPECT_LT(s.spec_accepted_tokens, s.spec_draft_tokens) << "some drafts were rejected";
+  EXPECT_GT(cuda->graph_replays(), 10) << "verify steps did not replay recorded graphs";
+  EXPECT_EQ(s.kv_blocks_used, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Hybrid, CudaServingRecurrent, ::testing::ValuesIn(testing::hybrid_fixtures()),
+                         [](const auto& info) { return info.param; });
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaServingBatch,
                          ::testing::Values("llama", "qwen3_moe_d128", "gpt_oss_d64", "deepseek_v3_mla"),

@@ -177,9 +177,11 @@ void CudaBackend::begin_step(const ops::BatchMeta& b) {
   const size_t n_seqs = b.context_len.size(), n_slots = b.state_slots.size();
   KILN_CHECK(n_slots == 0 || n_slots == n_seqs) << "begin_step: " << n_slots << " state slots for " << n_seqs
                                                 << " sequences";
+  const size_t n_snaps = b.state_snapshots.size();
+  KILN_CHECK(n_snaps == 0 || n_snaps == n) << "begin_step: " << n_snaps << " state snapshots for " << n << " rows";
   // One buffer: positions | slot_mapping | seq_of_token | token_ids | block_table | logit_rows
-  // | q_start | state_slots.
-  const size_t total = 4 * n + n_table + n_rows + (n_seqs + 1) + n_slots;
+  // | q_start | state_slots | state_snapshots.
+  const size_t total = 4 * n + n_table + n_rows + (n_seqs + 1) + n_slots + n_snaps;
   KILN_CUDA_CHECK(cudaEventSynchronize(batch_copied_));  // the previous step's copy left the staging
   if (total > batch_capacity_) {
     release_graphs();  // they read the old buffer
@@ -201,13 +203,15 @@ void CudaBackend::begin_step(const ops::BatchMeta& b) {
   const size_t at_q = 4 * n + n_table + n_rows, at_slots = at_q + n_seqs + 1;
   std::copy(b.q_start.begin(), b.q_start.end(), h + at_q);
   std::copy(b.state_slots.begin(), b.state_slots.end(), h + at_slots);
+  std::copy(b.state_snapshots.begin(), b.state_snapshots.end(), h + at_slots + n_slots);
   auto* d = static_cast<int32_t*>(batch_buffer_.get());
   KILN_CUDA_CHECK(cudaMemcpyAsync(d, h, total * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
   KILN_CUDA_CHECK(cudaEventRecord(batch_copied_, stream_));
   batch_ = {.positions = d, .slot_mapping = d + n, .seq_of_token = d + 2 * n, .block_table = d + 4 * n,
             .token_ids = d + 3 * n, .logit_rows = d + 4 * n + n_table, .n_tokens = b.n_tokens(),
             .n_seqs = b.n_seqs(), .max_blocks = b.max_blocks_per_seq, .block_size = b.block_size,
-            .n_logit_rows = int32_t(n_rows), .q_start = d + at_q, .state_slots = n_slots ? d + at_slots : nullptr};
+            .n_logit_rows = int32_t(n_rows), .q_start = d + at_q, .state_slots = n_slots ? d + at_slots : nullptr,
+            .state_snapshots = n_snaps ? d + at_slots + n_slots : nullptr};
   host_batch_ = &b;
 }
 
@@ -238,8 +242,10 @@ Tensor CudaBackend::run_step(const ops::BatchMeta& b, uint64_t key, const std::f
     for (int32_t s = 0; shaped && s <= n_seqs; ++s) shaped = b.q_start[size_t(s)] == s * (n / n_seqs);
   }
   if (!graphs_enabled_ || !shaped || n > kMaxGraphTokens) return ops();
+  // (Whether the step takes state snapshots is part of its shape: a recording reads them
+  // from the buffer or not at all.)
   StepGraph& g = graphs_[GraphKey{key, b.n_tokens(), b.n_seqs(), b.max_blocks_per_seq, b.block_size,
-                                  int32_t(b.logit_rows.size())}];
+                                  int32_t(b.logit_rows.size()), !b.state_snapshots.empty()}];
   if (g.exec != nullptr) {
     KILN_CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
     ++graph_replays_;

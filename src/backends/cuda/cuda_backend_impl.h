@@ -214,7 +214,7 @@ class CudaBackend final : public ops::Backend {
     Tensor out;
     std::vector<std::shared_ptr<void>> keep;  // every block the recorded kernels use
   };
-  using GraphKey = std::tuple<uint64_t, int32_t, int32_t, int32_t, int32_t, int32_t>;
+  using GraphKey = std::tuple<uint64_t, int32_t, int32_t, int32_t, int32_t, int32_t, bool>;
   std::map<GraphKey, StepGraph> graphs_;
   bool graphs_enabled_ = true;
   bool verify_graphs_ = true;  // uniform speculative verify steps recorded too (KILN_CUDA_VERIFY_GRAPHS=0: not)

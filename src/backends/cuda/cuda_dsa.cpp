@@ -34,9 +34,9 @@ DsaIndexCacheView check_index_cache(const Tensor& cache, const Tensor& scale, co
 
 }  // namespace
 
-// The optional ops it has (Gated DeltaNet: cuda_gdn.cpp; not its state snapshots).
+// The optional ops it has (Gated DeltaNet and its state snapshots: cuda_gdn.cpp).
 Status CudaBackend::supports_op(ops::OptionalOp op) const {
-  if (op == ops::OptionalOp::kGatedDeltaNet) return Status::Ok();
+  if (op == ops::OptionalOp::kGatedDeltaNet || op == ops::OptionalOp::kStateSnapshots) return Status::Ok();
   if (op == ops::OptionalOp::kDsa) {
     if (dsa_disabled_.empty()) return Status::Ok();
     return unsupported("the cuda backend's DeepSeek sparse attention kernels failed the start-up self-test (" +

@@ -43,8 +43,6 @@ void CudaBackend::gated_delta_net(const ops::GatedDeltaNetArgs& a) {
   KILN_CHECK(a.batch != nullptr) << "gated_delta_net: no batch";
   const ops::BatchMeta& batch = *a.batch;
   const DeviceBatch& db = batch_for(a.batch);
-  KILN_CHECK(batch.state_snapshots.empty()) << "cuda: gated_delta_net: " << ops::optional_op_name(ops::OptionalOp::kStateSnapshots)
-                                            << " are not implemented";
   const int64_t nk = a.n_k_heads, nv = a.n_v_heads, dk = a.d_k, dv = a.d_v;
   KILN_CHECK(nk > 0 && dk > 0 && dv > 0 && nv % nk == 0)
       << "gated_delta_net: " << nv << " value heads for " << nk << " key heads, dk " << dk << ", dv " << dv;
@@ -83,6 +81,12 @@ void CudaBackend::gated_delta_net(const ops::GatedDeltaNetArgs& a) {
   for (int32_t slot : batch.state_slots)
     KILN_CHECK(slot >= 0 && slot < a.conv_state.dim(0) && slot < a.recurrent_state.dim(0))
         << "gated_delta_net: state slot " << slot;
+  // Speculative verification: the state after row t also into row state_snapshots[t] (-1: not).
+  KILN_CHECK(batch.state_snapshots.empty() ||
+             (int64_t(batch.state_snapshots.size()) == n_tokens && db.state_snapshots != nullptr))
+      << "gated_delta_net: state snapshots for " << batch.state_snapshots.size() << " of " << n_tokens << " rows";
+  for (int32_t row : batch.state_snapshots)
+    KILN_CHECK(row < a.conv_state.dim(0) && row < a.recurrent_state.dim(0)) << "gated_delta_net: snapshot row " << row;
   if (n_tokens == 0) return;
 
   GdnParams p;
@@ -105,6 +109,7 @@ void CudaBackend::gated_delta_net(const ops::GatedDeltaNetArgs& a) {
   p.seq_of_token = db.seq_of_token;
   p.q_start = db.q_start;
   p.state_slots = db.state_slots;
+  p.snapshots = batch.state_snapshots.empty() ? nullptr : db.state_snapshots;
   p.n_tokens = int32_t(n_tokens);
   p.n_seqs = int32_t(n_seqs);
   p.nk = int32_t(nk);

@@ -11,6 +11,9 @@
 //   3. gdn_norm_gate_kernel, a warp per (token, value head): rms_norm(o) * w * silu(z).
 //   4. gdn_conv_state_kernel, a thread per (sequence, channel): the last conv_kernel - 1
 //      inputs of the sequence into its conv state (after 1, which read the old state).
+// State snapshots (speculative verify steps): where snapshots[t] >= 0, the state after
+// token t also goes to that state row: 2 writes S there after t's update, 4 the conv
+// window ending at t (before the sequence's own row is overwritten).
 // Sequences whose first token of the step is at position 0 read zero states.
 // No dynamic shared memory, no host synchronisation (CUDA graph capture).
 #include "backends/cuda/cuda_check.h"
@@ -174,6 +177,14 @@ __global__ void __launch_bounds__(kRecWarps * 32) gdn_recurrent_kernel(GdnParams
     o += __shfl_xor_sync(0xffffffffu, o, 8);
     o += __shfl_xor_sync(0xffffffffu, o, 16);
     if (col && g == 0) p.o[t * d.value_dim + int64_t(h) * p.dv + j] = o;
+    if (p.snapshots != nullptr && p.snapshots[t] >= 0) {
+      float* snap = p.recurrent_state + (int64_t(p.snapshots[t]) * p.nv + h) * p.dk * p.dv;
+#pragma unroll
+      for (int m = 0; m < R; ++m) {
+        const int i = g + kRowGroups * m;
+        if (col && i < p.dk) snap[int64_t(i) * p.dv + j] = st[m];
+      }
+    }
   }
 #pragma unroll
   for (int m = 0; m < R; ++m) {
@@ -206,17 +217,28 @@ __global__ void __launch_bounds__(kConvThreads) gdn_conv_state_kernel(GdnParams 
   if (c >= d.channels || n == 0) return;
   const bool fresh = p.positions[q0] == 0;
   const int64_t km1 = p.conv_kernel - 1, at = (int64_t(p.state_slots[s]) * d.channels + c) * km1;
-  // The new state is ext[n .. n + kernel - 1) of ext = [old state | inputs]: read it all
-  // before writing any of it.
+  // The state after token i is ext[i + 1 .. i + kernel) of ext = [old state | inputs].
+  const auto window = [&](int64_t i, float* w) {
+    for (int64_t e = 0; e < km1; ++e) {
+      const int64_t idx = i + 1 + e;
+      w[e] = idx < km1 ? (fresh ? 0.0f : conv_state_at(p, at + idx)) : raw_x(p, d, q0 + idx - km1, c);
+    }
+  };
+  const auto store = [&](int64_t row_at, const float* w) {
+    for (int64_t e = 0; e < km1; ++e) {
+      if (p.conv_state_bf16) static_cast<bf16*>(p.conv_state)[row_at + e] = __float2bfloat16(w[e]);
+      else static_cast<float*>(p.conv_state)[row_at + e] = w[e];
+    }
+  };
   float next[kGdnMaxConvKernel - 1];
-  for (int64_t e = 0; e < km1; ++e) {
-    const int64_t idx = n + e;
-    next[e] = idx < km1 ? (fresh ? 0.0f : conv_state_at(p, at + idx)) : raw_x(p, d, q0 + idx - km1, c);
-  }
-  for (int64_t e = 0; e < km1; ++e) {
-    if (p.conv_state_bf16) static_cast<bf16*>(p.conv_state)[at + e] = __float2bfloat16(next[e]);
-    else static_cast<float*>(p.conv_state)[at + e] = next[e];
-  }
+  if (p.snapshots != nullptr)  // snapshot rows are not the sequence's own: they read its old state
+    for (int64_t i = 0; i < n; ++i)
+      if (const int32_t row = p.snapshots[q0 + i]; row >= 0) {
+        window(i, next);
+        store((int64_t(row) * d.channels + c) * km1, next);
+      }
+  window(n - 1, next);  // read it all before writing any of it
+  store(at, next);
 }
 
 __global__ void sigmoid_mul_kernel(const bf16* x, const bf16* gate, bf16* out, int64_t rows, int64_t n,

@@ -28,6 +28,7 @@ struct DeviceBatch {
   int32_t n_tokens = 0, n_seqs = 0, max_blocks = 0, block_size = 0, n_logit_rows = 0;
   const int32_t* q_start = nullptr;       // [n_seqs + 1]
   const int32_t* state_slots = nullptr;   // [n_seqs], or nullptr when the batch has none
+  const int32_t* state_snapshots = nullptr;  // [n_tokens] (ops::BatchMeta), or nullptr when none
 };
 
 // ---- elementwise.cu
@@ -467,6 +468,8 @@ struct GdnParams {
   float* recurrent_state = nullptr;
   bf16* out = nullptr;
   const int32_t *positions = nullptr, *seq_of_token = nullptr, *q_start = nullptr, *state_slots = nullptr;
+  // Row t's state also into state row snapshots[t] where >= 0 (speculative verify steps); or nullptr.
+  const int32_t* snapshots = nullptr;
   int32_t n_tokens = 0, n_seqs = 0, nk = 0, nv = 0, dk = 0, dv = 0, conv_kernel = 0;
   float *x = nullptr, *gb = nullptr, *o = nullptr;
 };
