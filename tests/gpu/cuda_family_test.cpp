@@ -293,55 +293,82 @@ INSTANTIATE_TEST_SUITE_P(Fp8, CudaW8a8,
 
 // The Gated DeltaNet hybrids on their longest prompt (80 tokens), prefilled whole and in
 // chunks of 7 tokens (each chunk continues the conv and recurrent states the previous
-// one left): CUDA (warp attention) against the CPU reference in bf16-activation mode,
-// the bound of LogitsAndGreedyTokensMatchTheCpuBackend.
+// one left, and reads earlier keys through the paged cache):
+//  - with every linear on cuBLASLt (the bf16 GEMV off), chunked equals whole on the GPU:
+//    continuing a sequence is exact there, as on the CPU;
+//  - against the CPU reference in bf16-activation mode within kTol (the bound of
+//    LogitsAndGreedyTokensMatchTheCpuBackend), or, where a fixture is too sensitive for
+//    that, within the bf16 yardstick: the GPU's error against the fp32 CPU at most twice
+//    the CPU-bf16's own. qwen3_next is such a fixture: bf16 itself moves its logits by
+//    0.45 of their scale on this prompt (MoE routers near ties), and its chunks of 7 rows
+//    take the bf16 GEMV (rows 1-8) where the whole prompt takes cuBLASLt, a different
+//    rounding (0.0027 after one layer) that a flipped expert choice in the last layer
+//    makes 0.2 (H200, 2026-11-29).
+// Where the bound fails, the first 1 .. n layers' errors and the first row past it are printed.
 class CudaHybrid : public ::testing::TestWithParam<std::string> {};
 using Logits = std::vector<std::vector<float>>;
 
-// Where the whole model misses the bound, the same comparison over the first 1 .. n - 1
-// layers (then the final norm and head) and the first row past the bound are printed: the
-// layer and position where the paths part.
 TEST_P(CudaHybrid, LongerPromptMatchesTheCpuBackendWholeAndChunked) {
+  if (!cuda_backend("warp").ok()) GTEST_SKIP() << cuda_backend("warp").status().to_string();
   const std::string dir = testing::fixture_dir(GetParam());
   const auto prompt = testing::read_json(dir + "/golden.json")["prompt_xlong"].get<std::vector<int32_t>>();
-  const int64_t n_layers = testing::read_json(dir + "/config.json")["num_hidden_layers"].get<int64_t>();
-  // The logits of the first `layers` layers (0: all) on the GPU and on the CPU.
-  const auto run = [&](int chunk, int64_t layers) -> std::optional<std::pair<Logits, Logits>> {
-    const runtime::EngineOptions opt{.block_size = 16, .max_model_len = 256, .prefill_chunk = chunk,
-                                     .max_num_seqs = 8, .kv_cache_bytes = int64_t(64) << 20, .num_layers = layers};
-    auto gpu = cuda_backend("warp");
-    if (!gpu.ok()) return std::nullopt;
-    auto g = runtime::Engine::load(dir, std::move(gpu).value(), opt);
-    auto c = runtime::Engine::load(dir, cpu::make_cpu_backend({.bf16_activations = true}), opt);
-    if (!g.ok() || !c.ok()) ADD_FAILURE() << (g.ok() ? c.status() : g.status()).to_string();
-    if (!g.ok() || !c.ok()) return std::nullopt;
-    auto lg = (*g)->logits(prompt);
-    auto lc = (*c)->logits(prompt);
-    if (!lg.ok() || !lc.ok()) ADD_FAILURE() << (lg.ok() ? lc.status() : lg.status()).to_string();
-    if (!lg.ok() || !lc.ok()) return std::nullopt;
-    return std::pair{std::move(*lg), std::move(*lc)};
+  const nlohmann::json config = testing::read_json(dir + "/config.json");
+  const nlohmann::json& text = config.contains("text_config") ? config["text_config"] : config;  // (a VL checkpoint)
+  const int64_t n_layers = text["num_hidden_layers"].get<int64_t>();
+  const auto options = [](int chunk, int64_t layers) {
+    return runtime::EngineOptions{.block_size = 16, .max_model_len = 256, .prefill_chunk = chunk, .max_num_seqs = 8,
+                                  .kv_cache_bytes = int64_t(64) << 20, .num_layers = layers};
   };
-  if (!cuda_backend("warp").ok()) GTEST_SKIP() << cuda_backend("warp").status().to_string();
+  // The logits of the first `layers` layers (0: all) on the GPU, or on the CPU (bf16
+  // activations or fp32).
+  enum class On { kGpu, kGpuNoGemv, kCpuBf16, kCpuF32 };
+  const auto logits = [&](On on, int chunk, int64_t layers) -> Logits {
+    std::unique_ptr<ops::Backend> be;
+    if (on == On::kCpuBf16 || on == On::kCpuF32) {
+      be = cpu::make_cpu_backend({.bf16_activations = on == On::kCpuBf16});
+    } else {
+      auto g = cuda_backend("warp");
+      if (!g.ok()) return {};
+      be = std::move(g).value();
+      if (on == On::kGpuNoGemv) dynamic_cast<cuda::CudaBackend&>(*be).set_bf16_gemv(false);
+    }
+    auto e = runtime::Engine::load(dir, std::move(be), options(chunk, layers));
+    if (!e.ok()) ADD_FAILURE() << e.status().to_string();
+    if (!e.ok()) return {};
+    auto l = (*e)->logits(prompt);
+    if (!l.ok()) ADD_FAILURE() << l.status().to_string();
+    return l.ok() ? std::move(l).value() : Logits{};
+  };
+  const Logits whole_cublas = logits(On::kGpuNoGemv, 0, 0), chunked_cublas = logits(On::kGpuNoGemv, 7, 0);
+  ASSERT_FALSE(whole_cublas.empty() || chunked_cublas.empty());
+  const double continued = testing::relative_error(chunked_cublas, whole_cublas);
+  std::printf("%s: %zu-token prompt on cuBLASLt only, chunks of 7 vs whole: %.4g\n", GetParam().c_str(),
+              prompt.size(), continued);
+  EXPECT_LE(continued, 1e-3) << "a chunk continuing a sequence differs from the whole prompt";
+  const Logits f32 = logits(On::kCpuF32, 0, 0);
   for (int chunk : {0, 7}) {
-    const auto l = run(chunk, 0);
-    ASSERT_TRUE(l.has_value());
-    const double err = testing::relative_error(l->first, l->second);
-    std::printf("%s: %zu-token prompt, prefill chunk %d: cuda vs cpu-bf16 max |a-b| / max|ref| = %.4g\n",
-                GetParam().c_str(), prompt.size(), chunk, err);
-    EXPECT_LT(err, kTol) << "chunk " << chunk;
+    const Logits gpu = logits(On::kGpu, chunk, 0), bf16 = logits(On::kCpuBf16, chunk, 0);
+    ASSERT_FALSE(gpu.empty() || bf16.empty());
+    const double err = testing::relative_error(gpu, bf16);
+    const double err_f32 = testing::relative_error(gpu, f32), base = testing::relative_error(bf16, f32);
+    std::printf("%s: prefill chunk %d: cuda vs cpu-bf16 %.4g (bound %.3g); against the fp32 cpu: cuda %.4g, cpu-bf16 "
+                "%.4g\n",
+                GetParam().c_str(), chunk, err, kTol, err_f32, base);
+    EXPECT_TRUE(err < kTol || err_f32 <= 2 * base) << "chunk " << chunk;
     if (err < kTol) continue;
     for (int64_t layers = 1; layers <= n_layers; ++layers) {
-      const auto p = layers == n_layers ? l : run(chunk, layers);
-      if (!p) continue;
+      const Logits g = layers == n_layers ? gpu : logits(On::kGpu, chunk, layers);
+      const Logits c = layers == n_layers ? bf16 : logits(On::kCpuBf16, chunk, layers);
+      if (g.empty() || c.empty()) continue;
       double max_ref = 0.0;
-      for (const auto& row : p->second)
+      for (const auto& row : c)
         for (float v : row) max_ref = std::max(max_ref, std::abs(double(v)));
-      size_t first = p->second.size();  // the first row differing by kTol of the largest |logit|
-      for (size_t r = 0; r < p->second.size() && first == p->second.size(); ++r)
-        for (size_t i = 0; i < p->second[r].size(); ++i)
-          if (std::abs(double(p->first[r][i]) - double(p->second[r][i])) >= kTol * max_ref) first = r;
-      std::printf("  first %lld layers: %.4g, first row past the bound: %zu of %zu\n", (long long)layers,
-                  testing::relative_error(p->first, p->second), first, p->second.size());
+      size_t first = c.size();  // the first row differing by kTol of the largest |logit|
+      for (size_t r = 0; r < c.size() && first == c.size(); ++r)
+        for (size_t i = 0; i < c[r].size(); ++i)
+          if (std::abs(double(g[r][i]) - double(c[r][i])) >= kTol * max_ref) first = r;
+      std::printf("  first %lld layers: %.4g, first row past kTol: %zu of %zu\n", (long long)layers,
+                  testing::relative_error(g, c), first, c.size());
     }
   }
 }
