@@ -130,10 +130,15 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
   }));
   const int32_t k = n_decoding > 0 ? depth_->plan_drafts(n_decoding) : 0;
   // Speculation off at this batch size, where the depth policy's governor found it losing
-  // (not its trial windows: holes there would cost where speculation wins): the MTP layer
-  // does not run at all (its KV gets holes at these positions: drafts read them later, outputs
-  // never do), since even deferred passes cost several percent of a small model's steps.
-  if (k == 0 && n_decoding > 0 && depth_->speculation_off(n_decoding)) {
+  // (not its trial windows: holes there would cost where speculation wins), above
+  // kMtpSkipAbove sequences: the MTP layer does not run at all (its KV gets holes at these
+  // positions: drafts read them later, outputs never do), since even deferred passes cost
+  // several percent of a small model's steps there. At fewer sequences the passes stay
+  // deferred (one per mtp_deferred_steps steps, ~2% at one stream): with holes, the
+  // governor's refresh windows saw drafts of a damaged cache lose, and one stream, turned
+  // off by a slow first window, never turned back on (H200, 2026-11-29).
+  constexpr int32_t kMtpSkipAbove = 8;
+  if (k == 0 && n_decoding > kMtpSkipAbove && depth_->speculation_off(n_decoding)) {
     mtp_flush();  // what earlier steps kept (once, as speculation turns off)
     for (const StepBatch::Rows& r : rows) {
       r.seq->mtp_draft.clear();
