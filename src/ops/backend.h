@@ -564,6 +564,10 @@ class Backend {
     begin_step(batch);
     return ops();
   }
+  // Steps run_step ran with a one-time cost so far: a shape's first, eager run and its
+  // recording (milliseconds where a replay takes microseconds). Timing that measures the
+  // steady state (the speculation depth policy) leaves such steps out.
+  virtual int64_t one_time_steps() const { return 0; }
   // Drops what past steps keep (after the work queued so far): the steps run_step
   // recorded and the last step's scratch. Before the communicators the recordings'
   // collectives use are released (NCCL does not free a communicator while a CUDA graph

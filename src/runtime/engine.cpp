@@ -634,6 +634,14 @@ void Engine::drop_request(std::unordered_map<uint64_t, RequestState>::iterator i
 std::vector<StepOutput> Engine::step() {
   const auto start = std::chrono::steady_clock::now();
   const int64_t generated_before = stats_.generated_tokens;
+  // Steps with a one-time cost (a batch shape's first run or recording on a GPU) say
+  // nothing about the steady state the depth policy prices: they are left out of it.
+  const auto one_time_steps = [&] {
+    int64_t n = 0;
+    for (int r = 0; r < runner_->world(); ++r) n += runner_->backend(r).one_time_steps();
+    return n;
+  };
+  const int64_t one_time_before = depth_ ? one_time_steps() : 0;
   if (options_.speculative_method != SpeculativeMethod::kOff) propose_drafts();
   const Schedule schedule = scheduler_->schedule(*blocks_);
   // A preempted sequence starts again from position 0: its recurrent-state row is free.
@@ -771,10 +779,12 @@ std::vector<StepOutput> Engine::step() {
   }
   if (options_.speculative_method == SpeculativeMethod::kMtp) mtp_drafts(rows);
   for (uint64_t id : done) drop_request(requests_.find(id));
-  if (depth_)
-    depth_->record_step(timed, !verify.empty(), int32_t(schedule.seqs.size()), schedule.n_tokens,
-                        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-                        stats_.generated_tokens - generated_before);
+  if (depth_) {
+    const bool steady = one_time_steps() == one_time_before;
+    depth_->record_step(timed && steady, !verify.empty(), int32_t(schedule.seqs.size()), schedule.n_tokens,
+                        steady ? std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() : 0.0,
+                        steady ? stats_.generated_tokens - generated_before : 0);
+  }
   return outs;
 }
 

@@ -251,6 +251,7 @@ Tensor CudaBackend::run_step(const ops::BatchMeta& b, uint64_t key, const std::f
     ++graph_replays_;
     return g.out;
   }
+  if (!g.failed) ++one_time_steps_;  // the first, eager run or the recording
   if (g.failed || g.eager_runs++ == 0) return ops();
   std::vector<std::shared_ptr<void>> keep;
   allocator_->record_into(&keep);
