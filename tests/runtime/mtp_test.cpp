@@ -166,10 +166,9 @@ TEST(Mtp, ModelsWithoutAnMtpLayerAreRefusedAtLoad) {
 // last full-attention layer's weights as the MTP layer's, a patterned fc, the model's final
 // norm as the three norms) and mtp_num_hidden_layers 1: loaded from those names for
 // --speculative-method mtp (a missing one fails the load), skipped without it, the MTP
-// logits finite, and greedy outputs with
-// MTP drafts those of decoding without. (No reference for the layer's arithmetic here:
-// transformers has no Qwen3-Next MTP; the formula is the DeepSeek one the MTP demo model
-// checks, with the token embedding kept at position 0 as qwen3_next_mtp keeps it.)
+// logits those of the reference (transformers has no Qwen3-Next MTP: the golden is its
+// decoder layer wired as vLLM's qwen3_next_mtp, scripts/fixtures/qwen3_next_mtp_golden.py),
+// and greedy outputs with MTP drafts those of decoding without.
 TEST(Mtp, Qwen3NextCheckpointsMtpLayerLoadsFromItsNames) {
   const std::string src = testing::fixture_dir("qwen3_next");
   nlohmann::json config = testing::read_json(src + "/config.json");
@@ -194,7 +193,7 @@ TEST(Mtp, Qwen3NextCheckpointsMtpLayerLoadsFromItsNames) {
         tensors.emplace_back(n, *t);
   }
   Tensor fc = host_tensor(DType::kF32, {d, 2 * d});
-  for (int64_t i = 0; i < fc.numel(); ++i) fc.as<float>()[i] = 0.05f * float((i * 7919) % 61 - 30) / 30.0f;
+  for (int64_t i = 0; i < fc.numel(); ++i) fc.as<float>()[i] = float((i * 7919) % 61 - 30) / 512.0f;  // exact in bf16
   tensors.emplace_back("mtp.fc.weight", fc);
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / "kiln_qwen3_next_mtp";
   std::filesystem::create_directories(dir);
@@ -220,6 +219,14 @@ TEST(Mtp, Qwen3NextCheckpointsMtpLayerLoadsFromItsNames) {
   for (const auto& row : *logits)
     for (float x : row) ASSERT_TRUE(std::isfinite(x));
   EXPECT_NE((*logits)[0], (*logits)[1]);
+  // The reference (scripts/fixtures/qwen3_next_mtp_golden.py: transformers' Qwen3-Next
+  // decoder layer and norms wired as vLLM's qwen3_next_mtp, fp32, these weights and prompt).
+  const nlohmann::json golden = testing::read_json(src + "/mtp_golden.json");
+  ASSERT_EQ(golden["prompt"].get<std::vector<int32_t>>(), prompt);
+  const auto want = golden["mtp_logits"].get<std::vector<std::vector<float>>>();
+  const double err = testing::relative_error(*logits, want);
+  std::printf("qwen3_next MTP logits vs the reference: max |a-b| / max|ref| = %.3g\n", err);
+  EXPECT_LT(err, 1e-4);
   const std::vector<Request> rs = requests(6, 0.0f);
   expect_same(test::run_together(**mtp, rs), test::run_together(**plain, rs), "qwen3_next with its MTP layer");
   EXPECT_GT((*mtp)->stats().spec_draft_tokens, 0);
