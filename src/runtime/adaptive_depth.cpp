@@ -149,11 +149,22 @@ void AdaptiveDepth::govern(Costs& c, int64_t emitted, double seconds) {
   c.window_tokens = 0;
   c.window_seconds = 0.0;
   ++c.windows;
+  const int32_t base = std::max(config_.governor_refresh, 2);
+  if (c.refresh_every == 0) c.refresh_every = base;
+  // A refresh window that found the losing mode still losing by kRefreshBackoff makes the
+  // next one twice as far off (up to kMaxRefreshFactor times governor_refresh windows); one
+  // that found it close brings them back to every governor_refresh windows.
+  if (c.on != c.best_on && c.rate[0].n > 0 && c.rate[1].n > 0) {
+    const double best = c.rate[c.best_on ? 1 : 0].value, other = c.rate[c.best_on ? 0 : 1].value;
+    c.refresh_every = best > other * (1.0 + kRefreshBackoff) ? std::min(2 * c.refresh_every, kMaxRefreshFactor * base)
+                                                              : base;
+  }
   // The next window: where the neighbours gave a verdict, a mode never measured in the
   // refresh window only; without one, the two modes in turn until each has its first
   // windows. Then the better one (the mode in use stays unless the other wins by kMargin),
-  // the other one window in governor_refresh.
-  const bool refresh = c.windows % std::max(config_.governor_refresh, 2) == 0;
+  // the other one in a refresh window.
+  const bool refresh = ++c.since_refresh >= c.refresh_every;
+  if (refresh) c.since_refresh = 0;
   if (c.prior >= 0 && (c.rate[0].n == 0 || c.rate[1].n == 0)) {
     const bool missing = c.rate[1].n == 0;  // the mode not measured yet: on (true) or off
     c.on = refresh ? missing : !missing;

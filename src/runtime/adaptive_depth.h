@@ -35,7 +35,8 @@
 //     speculation on (the choices above) and off (no drafts, no probes), alternately
 //     until each has governor_first_windows windows. The better mode runs, unless the
 //     other wins by kMargin; one window in governor_refresh runs the other mode to keep
-//     its rate current (EMAs over windows). A class met for the first time starts in the
+//     its rate current (EMAs over windows), backing off to one in 8 x governor_refresh
+//     while each refresh finds that mode losing by more than 10%. A class met for the first time starts in the
 //     mode its neighbours found (speculation that loses at a smaller batch loses at a
 //     larger one, whose rows cost more; one that wins at a larger batch wins at a smaller
 //     one) and tries the other mode only in its refresh window, not at once: exploring
@@ -104,6 +105,10 @@ class AdaptiveDepth {
   static constexpr double kHopefulAcceptance = 0.9;
   static constexpr int64_t kPriorTests = 2;
   static constexpr double kGovernorDecay = 0.25;  // per window, of each mode's rate
+  // Refresh windows back off (twice as far apart, up to kMaxRefreshFactor x governor_refresh
+  // windows) while the losing mode loses by more than this.
+  static constexpr double kRefreshBackoff = 0.10;
+  static constexpr int32_t kMaxRefreshFactor = 8;
 
   explicit AdaptiveDepth(const AdaptiveDepthConfig& config);
 
@@ -174,6 +179,7 @@ class AdaptiveDepth {
     int64_t window_tokens = 0;
     double window_seconds = 0.0;
     Ema rate[2];  // emitted tokens per second, speculation off / on
+    int32_t refresh_every = 0, since_refresh = 0;  // windows between refresh windows (0: not set)
     bool seeded = false;  // met: its mode set from the neighbours' verdicts
     int8_t prior = -1;    // their verdict, off (0) / on (1), or none (-1)
   };

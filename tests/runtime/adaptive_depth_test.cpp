@@ -242,7 +242,9 @@ TEST(AdaptiveDepth, RecoversWhenTheCostOfRowsChanges) {
 // stand) but where speculation costs elsewhere: every other step carries a prefill (not
 // timed), 60 ms with speculation against 10 without. The line model alone keeps depth K;
 // the governor, measuring emitted tokens per second over every step, turns speculation
-// off but for one window in 16. Without the hidden cost it keeps speculation on.
+// off but for its refresh windows, which back off (one in 16 windows, then 32, ... 128)
+// while speculation keeps losing by more than 10%: fewer than 1 in 32 late steps draft
+// (124 of 2,000 without the back-off). Without the hidden cost it keeps speculation on.
 TEST(AdaptiveDepth, TheGovernorTurnsSpeculationOffWhereItLosesOverall) {
   for (bool hidden_cost : {true, false}) {
     AdaptiveDepth p({.max_depth = 3});
@@ -276,7 +278,7 @@ TEST(AdaptiveDepth, TheGovernorTurnsSpeculationOffWhereItLosesOverall) {
                 int(hidden_cost), on, off, (long long)late_drafting, (long long)late_steps);
     if (hidden_cost) {
       EXPECT_LT(on, off);
-      EXPECT_LT(late_drafting, late_steps / 16 + 32) << "speculation off but for the refresh windows";
+      EXPECT_LT(late_drafting, late_steps / 32) << "speculation off but for the refresh windows, backing off";
     } else {
       EXPECT_GT(on, off);
       EXPECT_GT(late_drafting, late_steps * 3 / 4) << "speculation on but for the refresh windows and probes";
