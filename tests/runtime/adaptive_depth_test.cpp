@@ -161,21 +161,29 @@ struct Machine {
   double fixed_ms = 0.0, per_row_ms = 1.0, accept = 0.6;
 };
 
+// The verifications of one step at depth k over `batch` sequences whose drafts each stand
+// with probability `rate` (given the ones before stood); returns the tokens emitted.
+int64_t verify_step(AdaptiveDepth& p, int32_t batch, int32_t k, double rate, std::mt19937& rng) {
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  int64_t emitted = batch;
+  for (int32_t s = 0; s < batch && k > 0; ++s) {
+    int32_t accepted = 0;
+    while (accepted < k && u(rng) < rate) ++accepted;
+    p.record_verification(k, accepted);
+    emitted += accepted;
+  }
+  return emitted;
+}
+
 // n steps of `batch` sequences that always have K-token drafts; the depths chosen.
 std::vector<int32_t> run(AdaptiveDepth& policy, const Machine& m, int32_t n, int32_t batch, std::mt19937& rng) {
-  std::uniform_real_distribution<double> u(0.0, 1.0);
   const std::vector<int32_t> lengths(size_t(batch), policy.config().max_depth);
   std::vector<int32_t> out;
   for (int32_t step = 0; step < n; ++step) {
     const int32_t k = policy.choose(lengths);
     out.push_back(k);
     const int64_t rows = int64_t(batch) * (1 + k);
-    if (k > 0)
-      for (int32_t s = 0; s < batch; ++s) {
-        int32_t accepted = 0;
-        while (accepted < k && u(rng) < m.accept) ++accepted;
-        policy.record_verification(k, accepted);
-      }
+    verify_step(policy, batch, k, m.accept, rng);
     policy.record_step(true, k > 0, batch, rows, (m.fixed_ms + m.per_row_ms * double(rows)) * 1e-3);
   }
   return out;
@@ -249,21 +257,13 @@ TEST(AdaptiveDepth, TheGovernorTurnsSpeculationOffWhereItLosesOverall) {
   for (bool hidden_cost : {true, false}) {
     AdaptiveDepth p({.max_depth = 3});
     std::mt19937 rng(5);
-    std::uniform_real_distribution<double> u(0.0, 1.0);
     const int32_t batch = 8;
     const std::vector<int32_t> lengths(size_t(batch), 3);
     int64_t late_steps = 0, late_drafting = 0;
     for (int step = 0; step < 4000; ++step) {
       const bool prefill = step % 2 == 1;
       const int32_t k = p.choose(lengths);
-      int64_t emitted = batch;
-      if (k > 0)
-        for (int32_t s = 0; s < batch; ++s) {
-          int32_t accepted = 0;
-          while (accepted < k && u(rng) < 0.7) ++accepted;
-          p.record_verification(k, accepted);
-          emitted += accepted;
-        }
+      const int64_t emitted = verify_step(p, batch, k, 0.7, rng);
       const int64_t rows = int64_t(batch) * (1 + k);
       const double ms = prefill ? (hidden_cost && p.speculating(batch) ? 60.0 : 10.0) + 0.2 * double(rows)
                                 : 10.0 + 0.2 * double(rows);
@@ -293,7 +293,6 @@ TEST(AdaptiveDepth, TheGovernorTurnsSpeculationOffWhereItLosesOverall) {
 TEST(AdaptiveDepth, ANewBatchSizeStartsInTheModeItsNeighboursFound) {
   AdaptiveDepth p({.max_depth = 3});
   std::mt19937 rng(7);
-  std::uniform_real_distribution<double> u(0.0, 1.0);
   // `steps` steps of `batch` sequences; returns the steps that drafted, by window of 32.
   const auto run = [&](int32_t batch, int steps) {
     const std::vector<int32_t> lengths(size_t(batch), 3);
@@ -301,14 +300,7 @@ TEST(AdaptiveDepth, ANewBatchSizeStartsInTheModeItsNeighboursFound) {
     for (int step = 0; step < steps; ++step) {
       const bool prefill = step % 2 == 1;
       const int32_t k = p.choose(lengths);
-      int64_t emitted = batch;
-      if (k > 0)
-        for (int32_t s = 0; s < batch; ++s) {
-          int32_t accepted = 0;
-          while (accepted < k && u(rng) < 0.7) ++accepted;
-          p.record_verification(k, accepted);
-          emitted += accepted;
-        }
+      const int64_t emitted = verify_step(p, batch, k, 0.7, rng);
       const int64_t rows = int64_t(batch) * (1 + k);
       const double hidden = batch >= 8 && p.speculating(batch) ? 60.0 : 10.0;
       const double ms = (prefill ? hidden : 10.0) + 0.2 * double(rows);
@@ -339,7 +331,6 @@ TEST(AdaptiveDepth, OneSlowWindowDoesNotTurnSpeculationOff) {
   for (int32_t first : {1, 2}) {
     AdaptiveDepth p({.max_depth = 3, .governor_first_windows = first});
     std::mt19937 rng(3);
-    std::uniform_real_distribution<double> u(0.0, 1.0);
     const std::vector<int32_t> lengths = {3};
     int64_t drafted = 0;
     bool slow_done = false, holes = false;
@@ -348,13 +339,7 @@ TEST(AdaptiveDepth, OneSlowWindowDoesNotTurnSpeculationOff) {
       if (step % 150 == 0) holes = false;  // a new request
       holes = holes || p.speculation_off(1);
       const int32_t k = p.choose(lengths);
-      int64_t emitted = 1;
-      if (k > 0) {
-        int32_t accepted = 0;
-        while (accepted < k && u(rng) < (holes ? 0.25 : 0.7)) ++accepted;
-        p.record_verification(k, accepted);
-        emitted += accepted;
-      }
+      const int64_t emitted = verify_step(p, 1, k, holes ? 0.25 : 0.7, rng);
       double ms = 0.45 + 0.05 * double(k);
       const bool slow = k > 0 && !slow_done && seconds > 0.02;
       if (slow) ms += 40.0, slow_done = true;
