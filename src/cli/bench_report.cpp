@@ -1,7 +1,8 @@
 // The HTML report of `kiln bench serve` (bench_report.h). The JSON report is read into
 // plain structs first (every field checked, an error names it), then drawn: two SVG line
 // charts from one chart function (categorical x axis, one point per level, so 1, 8, 32, 128
-// are evenly spaced), the summary table and the error tally. Every string from the report
+// are evenly spaced), the summary table (with draft acceptance and mean accepted length
+// where the levels measured speculative decoding) and the error tally. Every string from the report
 // (URL, model, error messages) is escaped before it enters the page.
 #include "cli/bench_report.h"
 
@@ -39,6 +40,9 @@ struct Level {
   double requests_per_s = 0, output_tokens_per_s = 0, total_tokens_per_s = 0;
   Dist ttft_ms, tpot_ms, itl_ms, e2e_ms;
   std::vector<std::pair<std::string, double>> errors;  // message, count
+  // Speculative decoding over the level (summary.speculative, from the server's /metrics).
+  bool speculative = false;
+  double acceptance = 0, mean_accepted_length = 0, drafts = 0;
 };
 
 // What was measured: the first level's config (one run shares it).
@@ -132,6 +136,13 @@ Result<Report> read_report(const json& j) {
             .itl_ms = summary.dist("itl_ms"),
             .e2e_ms = summary.dist("e2e_ms")};
     if (l.concurrency <= 0 && l.request_rate <= 0) config.problem("concurrency", "a positive number (or request_rate)");
+    if (summary.find("speculative") != nullptr) {
+      const Fields spec = summary.object("speculative");
+      l.speculative = true;
+      l.acceptance = spec.number("acceptance");
+      l.mean_accepted_length = spec.number("mean_accepted_length");
+      l.drafts = spec.number("drafts");
+    }
     if (const json* errors = summary.find("errors"); errors && errors->is_object()) {
       for (const auto& [message, count] : errors->items()) {
         if (!count.is_number()) summary.problem("errors", "an object of message: count");
@@ -209,8 +220,9 @@ struct Row {
   Getter of;
 };
 
-// The terminal table's rows (bench_serve.cpp print_table), with the request count first.
-std::vector<Row> table_rows() {
+// The terminal table's rows (bench_serve.cpp print_table), with the request count first;
+// the speculative-decoding rows where a level has them.
+std::vector<Row> table_rows(const std::vector<Level>& levels) {
   std::vector<Row> rows = {{"requests", 0, field_of(&Level::num_requests)},
                            {"successful requests", 0, field_of(&Level::successful)},
                            {"failed requests", 0, field_of(&Level::failed)},
@@ -226,6 +238,11 @@ std::vector<Row> table_rows() {
     for (const auto& [stat, field] : stats)
       rows.push_back({std::string(name) + " " + stat + " (ms)", 2, stat_of(dist, field)});
   rows.push_back({"E2E latency mean (ms)", 2, stat_of(&Level::e2e_ms, &Dist::mean)});
+  if (std::any_of(levels.begin(), levels.end(), [](const Level& l) { return l.speculative; })) {
+    rows.push_back({"draft acceptance (%)", 1, [](const Level& l) { return 100.0 * l.acceptance; }});
+    rows.push_back({"mean accepted length", 2, field_of(&Level::mean_accepted_length)});
+    rows.push_back({"verified drafts", 0, field_of(&Level::drafts)});
+  }
   return rows;
 }
 
@@ -448,7 +465,7 @@ std::string table_html(const std::vector<Level>& levels) {
   std::string html = "<table id=\"summary\"><thead><tr><th></th>";
   for (const Level& l : levels) html += "<th scope=\"col\">" + escape(level_label(l)) + "</th>";
   html += "</tr></thead><tbody>\n";
-  for (const Row& row : table_rows()) {
+  for (const Row& row : table_rows(levels)) {
     html += "<tr><th scope=\"row\">" + escape(row.name) + "</th>";
     for (const Level& l : levels) html += "<td>" + strf("%.*f", row.decimals, row.of(l)) + "</td>";
     html += "</tr>\n";

@@ -149,6 +149,7 @@ test("bench serve --html: a self-contained report with both charts and the summa
   assert.deepEqual(row("successful requests"), report.levels.map((l) => String(l.summary.successful)));
   assert.deepEqual(row("output tokens/s"), report.levels.map((l) => l.summary.output_tokens_per_s.toFixed(1)));
   assert.deepEqual(row("TTFT p99 (ms)"), report.levels.map((l) => l.summary.ttft_ms.p99.toFixed(2)));
+  assert.equal(row("draft acceptance (%)"), undefined, "no speculative rows for a server without drafts");
   assert.equal(await page.locator("#errors").count(), 0);
 
   if (process.env.KILN_SCREENSHOT_DIR) {
@@ -194,6 +195,37 @@ test("bench report: the page from a JSON file, with the server's strings escaped
   assert.deepEqual(seen.dialogs, []);
   assert.deepEqual(seen.consoleErrors, []);
   assert.deepEqual(seen.requests, [url]);
+});
+
+test("bench report: speculative decoding's rows where the levels have them", async () => {
+  const dist = { mean: 1, p50: 1, p90: 1, p99: 1 };
+  const level = (c, spec) => ({
+    config: { url: "http://127.0.0.1:1", model: "m", endpoint: "chat", input_len: 64, output_len: 8,
+              num_requests: 4, concurrency: c, seed: 1, date: "2026-11-29T10:00:00Z" },
+    summary: { successful: 4, failed: 0, duration_s: 1, input_tokens: 256, output_tokens: 32, requests_per_s: 4,
+               output_tokens_per_s: 32, total_tokens_per_s: 288, ttft_ms: dist, tpot_ms: dist, itl_ms: dist,
+               e2e_ms: dist, errors: {}, ...(spec ? { speculative: spec } : {}) },
+  });
+  const spec = { drafts: 120, draft_tokens: 360, accepted_tokens: 225, acceptance: 0.625, mean_accepted_length: 2.875 };
+  const jsonFile = path.join(dir, "spec.json");
+  const htmlFile = path.join(dir, "spec.html");
+  fs.writeFileSync(jsonFile, JSON.stringify({ levels: [level(1, spec), level(8, null)] }));
+  const run = await kiln(["bench", "report", "--json", jsonFile, "--html", htmlFile]);
+  assert.equal(run.code, 0, run.stderr);
+  const { page, seen } = await openOffline(htmlFile);
+  const rows = await page.$$eval("#summary tbody tr", (trs) => trs.map((tr) => [
+    tr.querySelector("th").textContent, ...[...tr.querySelectorAll("td")].map((td) => td.textContent)]));
+  const row = (name) => rows.find((r) => r[0] === name)?.slice(1);
+  assert.deepEqual(row("draft acceptance (%)"), ["62.5", "0.0"]);
+  assert.deepEqual(row("mean accepted length"), ["2.88", "0.00"]);
+  assert.deepEqual(row("verified drafts"), ["120", "0"]);
+  await page.close();
+  assert.deepEqual(seen.consoleErrors, []);
+  // A malformed speculative block fails naming its field.
+  fs.writeFileSync(jsonFile, JSON.stringify({ levels: [level(1, { ...spec, acceptance: "high" })] }));
+  const bad = await kiln(["bench", "report", "--json", jsonFile, "--html", htmlFile]);
+  assert.notEqual(bad.code, 0);
+  assert.match(bad.stderr, /levels\[0\]\.summary\.speculative\.acceptance: expected a number/);
 });
 
 test("bench report: a file that is not a report fails naming the field", async () => {
