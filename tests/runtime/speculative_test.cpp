@@ -3,14 +3,20 @@
 // giving exactly the tokens and logprobs of engines without them.
 #include <algorithm>
 #include <cmath>
+#include <chrono>
+#include <map>
 #include <random>
+#include <thread>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
+#include "delegating_backend.h"
 #include "engine_test_util.h"
 #include "runtime/ngram_drafter.h"
 #include "backends/cpu/cpu_backend.h"
 #include "ops/sampling.h"
+#include "runtime/adaptive_depth.h"
 #include "runtime/speculative.h"
 
 namespace kiln::runtime {
@@ -489,6 +495,53 @@ TEST(SpeculativeRecurrent, TheStateAfterTheLastAcceptedDraftIsRestored) {
     for (const auto& [key, out] : again) shifted[{key.first - 1000, key.second}] = out;
     expect_same(shifted, want, std::string(fixture) + ", oracle drafts over cached prefixes");
     EXPECT_GT(spec->stats().prefix_hit_tokens, 0) << fixture;
+  }
+}
+
+// A backend whose first two steps of each batch shape are slow (as a GPU's first, eager
+// run and its CUDA graph recording are) and which says so through one_time_steps() when
+// `tell` is set.
+class SlowFirstShapes final : public testing::DelegatingBackend {
+ public:
+  explicit SlowFirstShapes(bool tell) : DelegatingBackend(cpu::make_cpu_backend(1)), tell_(tell) {}
+  Tensor run_step(const ops::BatchMeta& b, uint64_t key, const std::function<Tensor()>& ops) override {
+    if (seen_[{b.n_tokens(), b.n_seqs(), int32_t(b.logit_rows.size())}]++ < 2) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(kSlowMs));
+      ++one_time_;
+    }
+    return inner_->run_step(b, key, ops);
+  }
+  int64_t one_time_steps() const override { return tell_ ? one_time_ : 0; }
+  static constexpr int kSlowMs = 150;
+
+ private:
+  bool tell_;
+  int64_t one_time_ = 0;
+  std::map<std::tuple<int32_t, int32_t, int32_t>, int> seen_;
+};
+
+// Steps with a one-time cost (ops::Backend::one_time_steps) stay out of the depth policy's
+// step-cost line: with the backend telling, the line prices a decode step of the batch at
+// what the CPU takes (a few ms on this fixture); untold, the warm-up's slow first steps of
+// each shape (150 ms) put it far above (the control).
+TEST(SpeculativeDepth, OneTimeStepsStayOutOfTheStepCostLine) {
+  std::vector<Request> requests;
+  for (int32_t i = 0; i < 4; ++i) requests.push_back({.prompt = repetitive_prompt(i), .max_tokens = 24, .ignore_eos = true});
+  for (bool tell : {true, false}) {
+    auto e = Engine::load(testing::fixture_dir("llama"), std::make_unique<SlowFirstShapes>(tell),
+                          spec_options({.block_size = 4, .max_model_len = 64, .max_num_seqs = 4}, 3, /*adaptive=*/true));
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    const Outputs out = test::run_together(**e, requests);
+    ASSERT_EQ(out.size(), requests.size());
+    const AdaptiveDepth* depth = (*e)->speculation_depth();
+    ASSERT_NE(depth, nullptr);
+    const StepCostModel line = depth->cost_model(4);
+    ASSERT_TRUE(line.known) << "decode and verify steps were timed";
+    const double decode_ms = 1e3 * line.seconds(4.0);
+    std::printf("backend %s its one-time steps: a decode step of 4 rows priced at %.1f ms\n", tell ? "tells" : "hides",
+                decode_ms);
+    if (tell) EXPECT_LT(decode_ms, SlowFirstShapes::kSlowMs / 5.0);
+    else EXPECT_GT(decode_ms, SlowFirstShapes::kSlowMs / 5.0) << "the control: slow first steps priced in";
   }
 }
 
