@@ -151,9 +151,10 @@ void AdaptiveDepth::govern(Costs& c, int64_t emitted, double seconds) {
   ++c.windows;
   const int32_t base = std::max(config_.governor_refresh, 2);
   if (c.refresh_every == 0) c.refresh_every = base;
-  // A refresh window that found the losing mode still losing by kRefreshBackoff makes the
-  // next one twice as far off (up to kMaxRefreshFactor times governor_refresh windows); one
-  // that found it close brings them back to every governor_refresh windows.
+  // A window of the losing mode (a refresh window, or a trial before the first verdict)
+  // that found it still losing by kRefreshBackoff makes the next refresh twice as far off
+  // (up to kMaxRefreshFactor times governor_refresh windows); one that found it close
+  // brings them back to every governor_refresh windows.
   if (c.on != c.best_on && c.rate[0].n > 0 && c.rate[1].n > 0) {
     const double best = c.rate[c.best_on ? 1 : 0].value, other = c.rate[c.best_on ? 0 : 1].value;
     c.refresh_every = best > other * (1.0 + kRefreshBackoff) ? std::min(2 * c.refresh_every, kMaxRefreshFactor * base)
