@@ -75,8 +75,9 @@ struct EngineOptions {
   // instead of the n-gram drafter's (drafts that stand as often as a test needs).
   std::function<std::vector<int32_t>(uint64_t request_id, std::span<const int32_t> tokens, int32_t k)>
       speculative_test_drafter;
-  // MTP: how many decode steps planned without drafts may keep their hidden rows for one
-  // later MTP pass (runtime/mtp_drafts.cpp); 0: the MTP layer runs after every step.
+  // MTP: the buffer of hidden rows decode steps planned without drafts keep for one later
+  // MTP pass holds this many steps of max_num_seqs rows (more steps of a smaller batch;
+  // runtime/mtp_drafts.cpp); 0: the MTP layer runs after every step.
   int32_t mtp_deferred_steps = 16;
   // Several ranks (model_runner.h): one backend each, given to load() in rank order;
   // `comms` makes their communicators (empty: in-process groups, host backends only).

@@ -134,9 +134,12 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
   // kMtpSkipAbove sequences: the MTP layer does not run at all (its KV gets holes at these
   // positions: drafts read them later, outputs never do), since even deferred passes cost
   // several percent of a small model's steps there. At fewer sequences the passes stay
-  // deferred (one per mtp_deferred_steps steps, ~2% at one stream): with holes, the
-  // governor's refresh windows saw drafts of a damaged cache lose, and one stream, turned
-  // off by a slow first window, never turned back on (H200, 2026-11-29).
+  // deferred (one pass over the kept rows whenever the pending buffer, sized for
+  // max_num_seqs x mtp_deferred_steps rows, fills; its cost there was not measured apart):
+  // with holes, the governor's refresh windows saw drafts of a damaged cache lose, and one
+  // stream, turned off by a slow first window, never turned back on (H200, 2026-11-29).
+  // 8: the MTP demo model's K = 3 still pays at one stream and is near even at 8; the
+  // threshold was not tuned further.
   constexpr int32_t kMtpSkipAbove = 8;
   if (k == 0 && n_decoding > kMtpSkipAbove && depth_->speculation_off(n_decoding)) {
     mtp_flush();  // what earlier steps kept (once, as speculation turns off)
