@@ -58,6 +58,10 @@
 //                 weighted latent sum, up-projection to d_v)
 //                 DSA decode (DeepSeek-V3.2): dsa_select's bytes + min(context, top_k)
 //                 latent rows + kv_b + q + out, against dense MLA over the whole context
+//   gated_delta_net decode rows: the recurrent and conv states read and written + the row's
+//                 inputs and output; prompts (as the recurrence and as the chunked form): the
+//                 chunked form's multiply-adds x 2, 3 dk dv + 64 (3 dk + 2 dv) per row and
+//                 value head (fp32 CUDA cores, yet against the bf16 mma peak)
 //   dsa_select    the index keys of the context + the indexer's q and head weights + the
 //                 selection written (its fp32 score scratch, written and read, not counted)
 //   sample        the logits read (the op returns its outputs in host memory, so the

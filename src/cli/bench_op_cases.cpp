@@ -1,6 +1,6 @@
 // The cases of `kiln bench op`, in the table's order: linear, norms and elementwise ops,
 // sample, moe (bf16 and quantized experts), mla_attention, DSA decode against dense MLA,
-// each at real model shapes.
+// gated_delta_net, each at real model shapes.
 // The method and the work counted per op are at the top of bench_op.cpp; the timer
 // and the random data are bench_op_harness.h. CUDA builds only: without the CUDA
 // backend this file compiles to nothing (run_bench_op says why).
@@ -224,6 +224,9 @@ const MoeModel kMoeModels[] = {
      {.kind = ops::GluKind::kGptOssClamp}},
     {"Qwen3-30B-A3B", 128, 8, 2048, 768, false, false, false,
      {.kind = ops::RouterKind::kSoftmaxTopK, .n_experts = 128, .top_k = 8, .norm_topk_prob = true},
+     {.kind = ops::GluKind::kSilu}},
+    {"Qwen3.5-35B-A3B", 256, 8, 2048, 512, false, false, false,
+     {.kind = ops::RouterKind::kSoftmaxTopK, .n_experts = 256, .top_k = 8, .norm_topk_prob = true},
      {.kind = ops::GluKind::kSilu}},
     {"DeepSeek-V3/Kimi-K2-like", 256, 8, 7168, 2048, false, false, true,
      {.kind = ops::RouterKind::kSigmoidGroupedTopK, .n_experts = 256, .top_k = 8, .n_group = 8, .topk_group = 4,
@@ -614,6 +617,68 @@ void bench_dsa(Bench& b) {
   }
 }
 
+// ---- gated_delta_net -------------------------------------------------------------------
+// Qwen3.5-35B-A3B's linear-attention layer (16 key / 32 value heads of 128, a 4-tap
+// convolution, flat projections): decode rows against their state's bytes, prompts as
+// the token-serial recurrence and as the chunked form, against the chunked form's FLOPs.
+void bench_gdn(Bench& b) {
+  constexpr int64_t kNk = 16, kNv = 32, kDk = 128, kDv = 128, kConv = 4;
+  constexpr int64_t kKeyDim = kNk * kDk, kValueDim = kNv * kDv, kChannels = 2 * kKeyDim + kValueDim;
+  struct Step { int n_seqs, context, n_query; };
+  const Step steps[] = {{1, 1024, 1}, {64, 1024, 1}, {1, 64, 64}, {1, 512, 512}, {1, 4096, 4096}, {4, 1024, 1024}};
+  const auto shape_of = [](const Step& s, bool chunked) {
+    return "Qwen3.5-35B-A3B 16 k / 32 v heads of 128, " + str(s.n_seqs) + (s.n_seqs == 1 ? " seq" : " seqs") +
+           " x " + str(s.n_query) + (s.n_query == s.context ? " from position 0" : " at " + str(s.context - 1)) +
+           (chunked ? ", chunked" : ", recurrent");
+  };
+  bool any = false;
+  for (const Step& s : steps)
+    for (bool chunked : {false, true})
+      any = any || b.wanted(Case{.op = "gated_delta_net", .shape = shape_of(s, chunked), .rows = s.n_seqs * s.n_query});
+  if (!any) return;
+  auto be = b.backend();
+  auto* cuda_be = static_cast<cuda::CudaBackend*>(be.get());
+  const Tensor conv_w = b.fill.weight(*be, {kChannels, kConv});
+  const Tensor a_log = b.fill.vector(*be, kNv, -1.0f, 1.0f), dt_bias = b.fill.vector(*be, kNv, -1.0f, 1.0f);
+  const Tensor norm_w = b.fill.vector(*be, kDv, 0.5f, 1.5f);
+  for (const Step& s : steps) {
+    const int64_t rows = int64_t(s.n_seqs) * s.n_query;
+    ops::BatchMeta batch = paged_batch(s.n_seqs, s.context, s.n_query, 16, b.fill.rng());
+    for (int i = 0; i < s.n_seqs; ++i) batch.state_slots.push_back(i);
+    Tensor qkv = b.fill.activation(*be, {rows, kChannels}), z = b.fill.activation(*be, {rows, kValueDim});
+    Tensor bb = b.fill.activation(*be, {rows, kNv}), a = b.fill.activation(*be, {rows, kNv});
+    Tensor out = be->alloc(DType::kBF16, {rows, kValueDim});
+    Tensor conv_state = be->alloc(DType::kBF16, {s.n_seqs, kChannels, kConv - 1});
+    Tensor state = be->alloc(DType::kF32, {s.n_seqs, kNv, kDk, kDv});
+    be->synchronize();
+    KILN_CUDA_CHECK(cudaMemset(conv_state.data, 0, size_t(conv_state.nbytes())));
+    KILN_CUDA_CHECK(cudaMemset(state.data, 0, size_t(state.nbytes())));
+    for (bool chunked : {false, true}) {
+      if (chunked && s.n_query < cuda::kGdnChunkMinTokens) continue;
+      Case c{.op = "gated_delta_net", .shape = shape_of(s, chunked), .rows = rows};
+      if (!b.wanted(c)) continue;
+      if (s.n_query == 1) {
+        // The recurrent state read and written, the conv state likewise, the row's inputs and output.
+        c.bytes = double(s.n_seqs) * (2.0 * 4.0 * kNv * kDk * kDv + 2.0 * 2.0 * kChannels * (kConv - 1)) +
+                  2.0 * double(rows) * double(kChannels + 2 * kValueDim + 2 * kNv);
+      } else {
+        // Per row and value head, the chunked form's multiply-adds: w S, q S and the state
+        // update (dk dv each), k k^T, q k^T and w (64 dk each), u and P v' (64 dv each).
+        c.flops = 2.0 * double(rows) * kNv * (3.0 * kDk * kDv + 64.0 * (3.0 * kDk + 2.0 * kDv));
+        c.note = "fp32 CUDA cores, against the bf16 mma peak";
+      }
+      cuda_be->set_gdn_chunk_min_tokens(chunked ? cuda::kGdnChunkMinTokens : INT32_MAX);
+      b.run(*be, batch, c, [&] {
+        be->gated_delta_net({.qkv = qkv, .z = z, .b = bb, .a = a, .conv_weight = conv_w, .a_log = a_log,
+                             .dt_bias = dt_bias, .norm_weight = norm_w, .norm_eps = 1e-6f, .conv_state = conv_state,
+                             .recurrent_state = state, .out = out, .batch = &batch, .n_k_heads = kNk,
+                             .n_v_heads = kNv, .d_k = kDk, .d_v = kDv});
+      });
+    }
+    cuda_be->set_gdn_chunk_min_tokens(cuda::kGdnChunkMinTokens);
+  }
+}
+
 }  // namespace
 
 void run_all_cases(Bench& b) {
@@ -635,6 +700,7 @@ void run_all_cases(Bench& b) {
   bench_mla(b, "DeepSeek-V3", 128);
   bench_mla(b, "Kimi-K2", 64);
   bench_dsa(b);
+  bench_gdn(b);
 }
 
 }  // namespace kiln::cli::op_bench

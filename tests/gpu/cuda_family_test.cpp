@@ -292,10 +292,12 @@ INSTANTIATE_TEST_SUITE_P(Fp8, CudaW8a8,
                          [](const auto& info) { return info.param; });
 
 // The Gated DeltaNet hybrids on their longest prompt (80 tokens), prefilled whole and in
-// chunks of 7 tokens (each chunk continues the conv and recurrent states the previous
-// one left, and reads earlier keys through the paged cache):
-//  - with every linear on cuBLASLt (the bf16 GEMV off), chunked equals whole on the GPU:
-//    continuing a sequence is exact there, as on the CPU;
+// chunks of 7 and 64 tokens (each chunk continues the conv and recurrent states the
+// previous one left, and reads earlier keys through the paged cache; a prompt or chunk of
+// at least kGdnChunkMinTokens takes the chunked form of the delta rule, shorter ones the
+// token-serial recurrence):
+//  - with every linear on cuBLASLt (the bf16 GEMV off) and the recurrence only, chunked
+//    equals whole on the GPU: continuing a sequence is exact there, as on the CPU;
 //  - against the CPU reference in bf16-activation mode within kTol (the bound of
 //    LogitsAndGreedyTokensMatchTheCpuBackend), or, where a fixture is too sensitive for
 //    that, within the bf16 yardstick: the GPU's error against the fp32 CPU at most twice
@@ -330,7 +332,10 @@ TEST_P(CudaHybrid, LongerPromptMatchesTheCpuBackendWholeAndChunked) {
       auto g = cuda_backend("warp");
       if (!g.ok()) return {};
       be = std::move(g).value();
-      if (on == On::kGpuNoGemv) dynamic_cast<cuda::CudaBackend&>(*be).set_bf16_gemv(false);
+      if (on == On::kGpuNoGemv) {
+        dynamic_cast<cuda::CudaBackend&>(*be).set_bf16_gemv(false);
+        dynamic_cast<cuda::CudaBackend&>(*be).set_gdn_chunk_min_tokens(INT32_MAX);
+      }
     }
     auto e = runtime::Engine::load(dir, std::move(be), options(chunk, layers));
     if (!e.ok()) ADD_FAILURE() << e.status().to_string();
@@ -342,11 +347,11 @@ TEST_P(CudaHybrid, LongerPromptMatchesTheCpuBackendWholeAndChunked) {
   const Logits whole_cublas = logits(On::kGpuNoGemv, 0, 0), chunked_cublas = logits(On::kGpuNoGemv, 7, 0);
   ASSERT_FALSE(whole_cublas.empty() || chunked_cublas.empty());
   const double continued = testing::relative_error(chunked_cublas, whole_cublas);
-  std::printf("%s: %zu-token prompt on cuBLASLt only, chunks of 7 vs whole: %.4g\n", GetParam().c_str(),
-              prompt.size(), continued);
+  std::printf("%s: %zu-token prompt on cuBLASLt and the recurrence only, chunks of 7 vs whole: %.4g\n",
+              GetParam().c_str(), prompt.size(), continued);
   EXPECT_LE(continued, 1e-3) << "a chunk continuing a sequence differs from the whole prompt";
   const Logits f32 = logits(On::kCpuF32, 0, 0);
-  for (int chunk : {0, 7}) {
+  for (int chunk : {0, 7, 64}) {
     const Logits gpu = logits(On::kGpu, chunk, 0), bf16 = logits(On::kCpuBf16, chunk, 0);
     ASSERT_FALSE(gpu.empty() || bf16.empty());
     const double err = testing::relative_error(gpu, bf16);

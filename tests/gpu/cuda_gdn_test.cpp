@@ -73,8 +73,13 @@ class CudaGdn : public gpu_testing::GpuTest {
     return t;
   }
   // The steps in order over `n_slots` state rows (all random and non-zero at the start),
-  // for each case: out, conv state and recurrent state (every row) against the CPU's.
-  void run_steps(std::vector<ops::BatchMeta> steps, const std::vector<int32_t>& slots, int64_t n_slots) {
+  // for each case: out, conv state and recurrent state (every row) against the CPU's. A
+  // sequence with at least chunk_min rows in a step takes the chunked form (where the
+  // heads allow it: dk, dv <= kGdnChunkMaxHead), the others the token-serial recurrence.
+  void run_steps(std::vector<ops::BatchMeta> steps, const std::vector<int32_t>& slots, int64_t n_slots,
+                 int32_t chunk_min = INT32_MAX) {
+    static_cast<cuda::CudaBackend*>(gpu_.get())->set_gdn_chunk_min_tokens(chunk_min);
+    std::printf("chunked form from %d rows\n", chunk_min);
     const int64_t kernel = 4;
     for (ops::BatchMeta& b : steps) b.state_slots = slots;
     for (const GdnCase c : {GdnCase{false, 2, 4, 128, 128}, GdnCase{true, 2, 4, 128, 128},
@@ -124,10 +129,29 @@ class CudaGdn : public gpu_testing::GpuTest {
 //   at position 50, a 3-token chunk at 20..22, a 2-token prompt from position 0 (shorter
 //   than the convolution's 3 state columns);
 //   step 2: one decode token for each, reading the states step 1 wrote.
+//   Once with the recurrence only, once with the chunked form for every sequence (a chunk
+//   of 1, 2, 3 and 37 rows; the 37-row prefill's chunk from position 0).
 TEST_F(CudaGdn, GatedDeltaNetMatchesCpuForPrefillDecodeAndChunks) {
-  run_steps({cuda::scattered_batch({{37, 37}, {1, 51}, {3, 23}, {2, 2}}, 16, 4),
-             cuda::scattered_batch({{1, 38}, {1, 52}, {1, 24}, {1, 3}}, 16, 4)},
-            {3, 0, 2, 1}, 5);
+  for (int32_t chunk_min : {INT32_MAX, 1})
+    run_steps({cuda::scattered_batch({{37, 37}, {1, 51}, {3, 23}, {2, 2}}, 16, 4),
+               cuda::scattered_batch({{1, 38}, {1, 52}, {1, 24}, {1, 3}}, 16, 4)},
+              {3, 0, 2, 1}, 5, chunk_min);
+}
+
+// The chunked form (kernels/gated_delta_net.cu) over many chunks of 64, beside sequences
+// that take the recurrence in the same step (the default threshold, kGdnChunkMinTokens):
+//   step 1: a 150-row prompt from position 0 (chunks of 64, 64, 22), a decode row, a
+//   64-row chunk at positions 36..99 (one whole chunk, from the old state), a 65-row
+//   prompt (64 + 1);
+//   step 2: the first prompt's next 130 rows (150..279, from the state step 1 left), a
+//   decode row, 63 rows (below the threshold: the recurrence), 70 rows (chunked);
+//   step 3: a decode row each.
+TEST_F(CudaGdn, ChunkedFormMatchesCpuOverManyChunks) {
+  ASSERT_EQ(cuda::kGdnChunkMinTokens, 64);
+  run_steps({cuda::scattered_batch({{150, 150}, {1, 51}, {64, 100}, {65, 65}}, 16, 20),
+             cuda::scattered_batch({{130, 280}, {1, 52}, {63, 163}, {70, 135}}, 16, 20),
+             cuda::scattered_batch({{1, 281}, {1, 53}, {1, 164}, {1, 136}}, 16, 20)},
+            {1, 3, 0, 2}, 4, cuda::kGdnChunkMinTokens);
 }
 
 // State snapshots (OptionalOp::kStateSnapshots): a verify step leaves the state after each

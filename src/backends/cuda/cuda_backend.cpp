@@ -43,6 +43,10 @@ Result<std::unique_ptr<ops::Backend>> make_cuda_backend(const CudaOptions& optio
     backend->set_bf16_gemv(false);
     KILN_LOG(kWarn, "cuda: bf16 linears take cuBLASLt at every batch size (KILN_BF16_GEMV=0)");
   }
+  if (const char* g = std::getenv("KILN_GDN_CHUNKED"); g && std::string(g) == "0") {
+    backend->set_gdn_chunk_min_tokens(INT32_MAX);
+    KILN_LOG(kWarn, "cuda: Gated DeltaNet prompts take the token-serial recurrence (KILN_GDN_CHUNKED=0)");
+  }
   // Measurement knob: KILN_SM_SMEM_CAP=102400 gives kernels the 100 KB of shared memory an
   // SM120 SM has (--smem-cap bounds a block, not an SM; kernels/smem.cuh).
   if (const char* c = std::getenv("KILN_SM_SMEM_CAP"); c && *c) {

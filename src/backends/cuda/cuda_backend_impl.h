@@ -107,6 +107,9 @@ class CudaBackend final : public ops::Backend {
   // The W8A8 FP8 GEMMs (quant_gemm.cu) for prefill-shaped calls: on unless turned off
   // (KILN_FP8_W8A8=0, or kiln bench op's W8A16 rows): then FP8 weights stay W8A16.
   void set_w8a8(bool on) { w8a8_ = on; }
+  // Gated DeltaNet's chunked form (kernels/gated_delta_net.cu) for a sequence with at least
+  // this many rows in a step (INT32_MAX: never, KILN_GDN_CHUNKED=0; tests force either path).
+  void set_gdn_chunk_min_tokens(int32_t n) { gdn_chunk_min_tokens_ = n; }
   // The bf16 GEMV for dense linears at batch 1-8 (launch_quant_gemv_linears with kBf16GemvFormat): on unless
   // turned off (KILN_BF16_GEMV=0: cuBLASLt at every shape).
   void set_bf16_gemv(bool on) { bf16_gemv_ = on; }
@@ -258,6 +261,7 @@ class CudaBackend final : public ops::Backend {
   bool native_quant_moe_[2] = {false, false};  // by quant_native_act_format
   bool w8a8_ = true;
   bool bf16_gemv_ = true;
+  int32_t gdn_chunk_min_tokens_ = kGdnChunkMinTokens;
 };
 
 }  // namespace kiln::cuda

@@ -125,6 +125,22 @@ void CudaBackend::gated_delta_net(const ops::GatedDeltaNetArgs& a) {
   p.x = scratch<float>(n_tokens * channels, keep);
   p.gb = scratch<float>(n_tokens * 2 * nv, keep);
   p.o = scratch<float>(n_tokens * value_dim, keep);
+  // Prompts take the chunked form where it applies: not in verify steps (it writes no
+  // snapshots), heads of at most kGdnChunkMaxHead in multiples of 4 (its rows move as
+  // float4), its shared memory within the cap.
+  if (batch.state_snapshots.empty() && dk <= kGdnChunkMaxHead && dv <= kGdnChunkMaxHead && dk % 4 == 0 &&
+      dv % 4 == 0 && gdn_chunk_smem_bytes(int(dk)) <= smem_cap_) {
+    p.chunk_min_tokens = gdn_chunk_min_tokens_;
+    p.n_chunks = gdn_chunk_count(batch.q_start.data(), int32_t(n_seqs), p.chunk_min_tokens);
+  }
+  if (p.n_chunks > 0) {
+    p.w = scratch<float>(n_tokens * nv * dk, keep);
+    p.u = scratch<float>(n_tokens * nv * dv, keep);
+    p.pmat = scratch<float>(n_tokens * nv * kGdnChunk, keep);
+    p.gcum = scratch<float>(n_tokens * nv, keep);
+  } else {
+    p.chunk_min_tokens = INT32_MAX;
+  }
   launch_gated_delta_net(p, stream_);
 }
 

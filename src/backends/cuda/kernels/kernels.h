@@ -472,7 +472,26 @@ struct GdnParams {
   const int32_t* snapshots = nullptr;
   int32_t n_tokens = 0, n_seqs = 0, nk = 0, nv = 0, dk = 0, dv = 0, conv_kernel = 0;
   float *x = nullptr, *gb = nullptr, *o = nullptr;
+  // The chunked form (prefill): a sequence with at least chunk_min_tokens rows in the step
+  // takes it, in chunks of kGdnChunk (INT32_MAX: none does); n_chunks is the number of
+  // chunks of those sequences (gdn_chunk_count). Its fp32 scratch, per (row, value head):
+  // w [dk] and u [dv] (the WY form's rows), pmat [kGdnChunk] (the chunk's masked, decayed
+  // q k^T row) and gcum [1] (the cumulative log decay within the chunk).
+  int32_t chunk_min_tokens = INT32_MAX, n_chunks = 0;
+  float *w = nullptr, *u = nullptr, *pmat = nullptr, *gcum = nullptr;
 };
+constexpr int kGdnChunk = 64;
+// CudaBackend's default chunk_min_tokens: one whole chunk (the op alone on an H200, Qwen3.5
+// shapes: 64 rows 143 us chunked vs 128 us token-serial, 512 rows 272 vs 433 us).
+constexpr int32_t kGdnChunkMinTokens = 64;
+constexpr int kGdnChunkMaxHead = 128;  // dk and dv of the chunked form
+// Whether a step's sequence of n rows takes the chunked form, and the chunks of a step
+// (q_start: the host's copy of the batch's); the launch sizes its grid from the count.
+__host__ __device__ inline bool gdn_chunked(int64_t n_rows, int32_t chunk_min_tokens) { return n_rows >= chunk_min_tokens; }
+int32_t gdn_chunk_count(const int32_t* q_start, int32_t n_seqs, int32_t chunk_min_tokens);
+// The larger shared memory of the two chunked kernels for key heads of dk (85,504 and
+// 76,800 bytes at 128). The form needs dk and dv at most kGdnChunkMaxHead, multiples of 4.
+int64_t gdn_chunk_smem_bytes(int dk);
 void launch_gated_delta_net(const GdnParams& p, cudaStream_t stream);
 // out = x * sigmoid(gate) (ops::SigmoidMulArgs): x, out [rows, n], gate [rows, gate_cols]
 // with gate_cols n or 1 (broadcast); out may alias x.
