@@ -237,10 +237,15 @@ void with_variant(int v, F&& f) {
   KILN_CHECK(false) << "attention fa2: no variant " << v;
 }
 
+// Head size 256 (the gated full attention of Qwen3-Next / Qwen3.5) has one variant, the
+// same for every v: 4 warps, two K buffers of 32 keys (Q staged through both: 32,768 B,
+// 49,152 B in all), bf16 caches only (an e4m3 cache takes the warp kernel). Its 16 x 256
+// output accumulator and Q fragments take 192 registers a thread.
 template <typename F>
 void with_head_size(int d_head, int v, bool fp8, F&& f) {
   if (d_head == 64) fp8 ? with_variant<64, e4m3>(v, f) : with_variant<64, bf16>(v, f);
-  else fp8 ? with_variant<128, e4m3>(v, f) : with_variant<128, bf16>(v, f);
+  else if (d_head == 128) fp8 ? with_variant<128, e4m3>(v, f) : with_variant<128, bf16>(v, f);
+  else if (d_head == 256 && !fp8) f(Fa2Config<256, 4, 2, 32, 1, bf16>{});
 }
 
 }  // namespace
@@ -264,7 +269,7 @@ const int4* launch_attention_tiles(const DeviceBatch& b, int group, int bm, int 
 int attention_fa2_variant_count() { return attn::kVariants; }
 
 int attention_fa2_smem_bytes(int d_head, int variant, bool fp8_cache) {
-  if (d_head != 64 && d_head != 128) return 0;
+  if (d_head != 64 && d_head != 128 && (d_head != 256 || fp8_cache)) return 0;
   if (variant < 0) variant = attn::default_variant(d_head);
   int bytes = 0;
   attn::with_head_size(d_head, variant, fp8_cache, [&](auto c) { bytes = decltype(c)::kSmemBytes; });
