@@ -190,10 +190,9 @@ class CudaAttention : public gpu_testing::GpuTest, public ::testing::WithParamIn
   // Runs one problem through the backend (auto path) and through every path
   // directly; checks each against the CPU and the tensor-core paths against
   // the warp kernel; prints a one-line summary of the errors.
-  // warp_only: head sizes only the warp kernel serves (the others are not tried);
-  // split_kv false: head sizes the split-KV kernel does not serve (256).
+  // warp_only: head sizes only the warp kernel serves (the others are not tried).
   void check(const char* batch_name, const std::vector<Seq>& seqs, const Shape4& c,
-             cuda::AttentionPath expected_auto, bool warp_only = false, bool split_kv = true) {
+             cuda::AttentionPath expected_auto, bool warp_only = false) {
     const bool fp8 = GetParam();
     int n_blocks = 0;
     const ops::BatchMeta b = make_batch(seqs, rng_, n_blocks);
@@ -271,15 +270,13 @@ class CudaAttention : public gpu_testing::GpuTest, public ::testing::WithParamIn
       record(name, rel_err(fa2, ref_v, name), kBf16Tol);
       record(name + "_vs_warp", rel_err(fa2, warp, name + " vs warp"), 2 * kBf16Tol);
     }
-    if (split_kv) {
-      const std::vector<float> split = launch({.path = cuda::AttentionPath::kSplitKv});
-      record("splitkv", rel_err(split, ref_v, "split-kv"), kBf16Tol);
-      record("splitkv_vs_warp", rel_err(split, warp, "split-kv vs warp"), 2 * kBf16Tol);
-      for (int n_splits : {1, 3, 16}) {
-        const std::string name = "splitkv_n" + std::to_string(n_splits);
-        record(name, rel_err(launch({.path = cuda::AttentionPath::kSplitKv, .n_splits = n_splits}), ref_v, name),
-               kBf16Tol);
-      }
+    const std::vector<float> split = launch({.path = cuda::AttentionPath::kSplitKv});
+    record("splitkv", rel_err(split, ref_v, "split-kv"), kBf16Tol);
+    record("splitkv_vs_warp", rel_err(split, warp, "split-kv vs warp"), 2 * kBf16Tol);
+    for (int n_splits : {1, 3, 16}) {
+      const std::string name = "splitkv_n" + std::to_string(n_splits);
+      record(name, rel_err(launch({.path = cuda::AttentionPath::kSplitKv, .n_splits = n_splits}), ref_v, name),
+             kBf16Tol);
     }
     // The caller's scratch (what the backend's allocator would hand over).
     const cuda::AttentionOptions automatic{};
@@ -335,14 +332,16 @@ TEST_P(CudaAttention, Fa2AndSplitKvMatchCpuAndWarpKernelAtHeadSize128) {
 }
 
 // Head size 256, the gated full attention of Qwen3-Next and Qwen3.5 (16 / 2 heads): FA2's
-// one D = 256 variant on a bf16 cache (an e4m3 cache takes the warp kernel, as do
-// decode-shaped steps), with GQA groups of 8 and 4, a window with sinks, MQA.
-TEST_P(CudaAttention, Fa2MatchesCpuAndWarpKernelAtHeadSize256) {
+// and split-KV's D = 256 instances on a bf16 cache (an e4m3 cache takes the warp kernel),
+// with GQA groups of 8 and 4, a window with sinks, MQA.
+TEST_P(CudaAttention, Fa2AndSplitKvMatchCpuAndWarpKernelAtHeadSize256) {
   const bool fp8 = GetParam();
+  const auto path = [&](cuda::AttentionPath p) { return fp8 ? cuda::AttentionPath::kWarp : p; };
   for (const Shape4& c : {Shape4{16, 2, 256, 0, false}, Shape4{8, 2, 256, 128, true}, Shape4{4, 1, 256, 0, false}}) {
     SCOPED_TRACE(::testing::Message() << "heads " << c.n_heads << "/" << c.n_kv_heads << " window " << c.window);
-    check("prefill", kPrefillMix, c, fp8 ? cuda::AttentionPath::kWarp : cuda::AttentionPath::kFa2,
-          /*warp_only=*/fp8, /*split_kv=*/false);
+    check("prefill", kPrefillMix, c, path(cuda::AttentionPath::kFa2), /*warp_only=*/fp8);
+    check("decode", kDecode, c, path(cuda::AttentionPath::kSplitKv), /*warp_only=*/fp8);
+    check("decode1", kDecodeOne, c, path(cuda::AttentionPath::kSplitKv), /*warp_only=*/fp8);
   }
 }
 
@@ -381,8 +380,11 @@ TEST(CudaAttentionDispatch, RespectsTheSharedMemoryCapAndHeadSize) {
   EXPECT_EQ(cuda::choose_attention_path(prefill, 96, 101376), cuda::AttentionPath::kWarp);
   EXPECT_EQ(cuda::choose_attention_path(prefill, 256, 101376), cuda::AttentionPath::kFa2);
   EXPECT_EQ(cuda::choose_attention_path(prefill, 256, 101376, /*fp8_cache=*/true), cuda::AttentionPath::kWarp);
-  EXPECT_EQ(cuda::choose_attention_path(decode, 256, 101376), cuda::AttentionPath::kWarp);  // no split-KV at 256
+  EXPECT_EQ(cuda::choose_attention_path(decode, 256, 101376), cuda::AttentionPath::kSplitKv);
+  EXPECT_EQ(cuda::choose_attention_path(decode, 256, 101376, /*fp8_cache=*/true), cuda::AttentionPath::kWarp);
   EXPECT_EQ(cuda::attention_fa2_smem_bytes(256, -1, false), 49152);
+  EXPECT_EQ(cuda::attention_decode_smem_bytes(256, false), 98304);
+  EXPECT_EQ(cuda::attention_decode_smem_bytes(256, true), 0);
   cuda::DeviceBatch odd_blocks = prefill;
   odd_blocks.block_size = 24;
   EXPECT_EQ(cuda::choose_attention_path(odd_blocks, 128, 101376), cuda::AttentionPath::kWarp);

@@ -683,11 +683,13 @@ std::vector<PathResult> run_self_test(ops::Backend& gpu) {
   const std::pair<AttentionPath, const char*> paths[] = {
       {AttentionPath::kWarp, "warp"}, {AttentionPath::kFa2, "FA2 mma.sync"}, {AttentionPath::kSplitKv, "split-KV"}};
   // Each over a bf16 and an e4m3 cache (both backends quantize the same values to the
-  // same codes and scales, so the comparison measures the kernels).
+  // same codes and scales, so the comparison measures the kernels), and head size 256
+  // (Qwen3-Next / Qwen3.5) over a bf16 cache (an e4m3 one of 256 takes the warp kernel).
   for (const auto& [path, name] : paths) {
     if (cuda) cuda->force_attention_path(path);
     for (PathResult t : {test_attention(h, 8, 2, 64, 16, true, false), test_attention(h, 4, 1, 128, 0, false, false),
-                         test_attention(h, 8, 2, 64, 16, true, true), test_attention(h, 4, 1, 128, 0, false, true)}) {
+                         test_attention(h, 8, 2, 64, 16, true, true), test_attention(h, 4, 1, 128, 0, false, true),
+                         test_attention(h, 16, 2, 256, 0, false, false)}) {
       t.path = std::string(name) + " " + t.path;
       t.required = path == AttentionPath::kWarp;
       if (!t.passed && !t.required && cuda) {

@@ -221,11 +221,9 @@ AttentionPath choose_attention_path(const DeviceBatch& b, int d_head, int smem_c
   const bool paged_ok = b.block_size > 0 && (b.block_size & (b.block_size - 1)) == 0;
   const auto fits = [&](int bytes) { return paged_ok && bytes > 0 && bytes <= smem_cap; };
   // DeviceBatch has no per-sequence query counts on the host, hence the average.
-  const bool decode = int64_t(b.n_tokens) <= 4 * int64_t(b.n_seqs);
-  if (decode && fits(attention_decode_smem_bytes(d_head, fp8_cache))) return AttentionPath::kSplitKv;
-  // Head size 256 has no split-KV kernel; FA2's one variant there serves prompts, and
-  // decode rows stay on the warp kernel (FA2 would walk a whole context per CTA).
-  if (decode && d_head == 256) return AttentionPath::kWarp;
+  if (int64_t(b.n_tokens) <= 4 * int64_t(b.n_seqs) && fits(attention_decode_smem_bytes(d_head, fp8_cache))) {
+    return AttentionPath::kSplitKv;
+  }
   if (fits(attention_fa2_smem_bytes(d_head, -1, fp8_cache))) return AttentionPath::kFa2;
   return AttentionPath::kWarp;
 }

@@ -19,6 +19,8 @@
 // stage, which the ring first fills after Q is in registers.
 // Shared memory: kStages * (K + V tile = 2 * 64 * D * 2 bytes):
 //   D =  64: 3 stages * 16,384 = 49,152 B (2 CTAs per 100 KB SM120 SM)
+//   D = 256: 2 warps (tiles of 32 keys), 3 stages * 32,768 = 98,304 B; bf16 caches
+//            only (an e4m3 cache takes the warp kernel); 255 registers with spills
 //   D = 128: 3 stages * 32,768 = 98,304 B (1 CTA per SM120 SM, so its ring
 //            is the SM's only source of loads in flight: 3 stages keep 2 tiles
 //            = 64 KB in flight; on the H100, with 2 CTAs per SM, 2 and 3
@@ -44,7 +46,7 @@ namespace {
 template <int D, typename T>
 struct DecodeConfig {
   static constexpr int kStages = 3;
-  static constexpr int kWarps = 4;
+  static constexpr int kWarps = D == 256 ? 2 : 4;  // D = 256: tiles of 32 keys, so 3 stages fit
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kBM = 16;
   static constexpr int kBN = 16 * kWarps;
@@ -173,44 +175,47 @@ __global__ void __launch_bounds__(DecodeConfig<D, T>::kThreads) attention_decode
   }
   __syncthreads();
 
-  // 8 threads per row, D / 8 dims each.
+  // 8 threads per row, D / 8 dims each (two rows each with 2 warps).
   constexpr int kPer = D / 8;
-  const int r = int(threadIdx.x) / 8, d0 = (int(threadIdx.x) % 8) * kPer;
-  if (row0 + r >= n_rows) return;
-  const Row out_row = row_info(p, q0, n_rows, row0 + r, kvh);
-  float mx = -INFINITY;
+  const int d0 = (int(threadIdx.x) % 8) * kPer;
+  for (int r = int(threadIdx.x) / 8; r < C::kBM; r += C::kThreads / 8) {
+    if (row0 + r >= n_rows) break;
+    const Row out_row = row_info(p, q0, n_rows, row0 + r, kvh);
+    float mx = -INFINITY;
 #pragma unroll
-  for (int w = 0; w < C::kWarps; ++w) mx = fmaxf(mx, s_m[w * C::kBM + r]);
-  const float m_use = mx == -INFINITY ? 0.0f : mx;
-  float wgt[C::kWarps], sum = 0.0f;
+    for (int w = 0; w < C::kWarps; ++w) mx = fmaxf(mx, s_m[w * C::kBM + r]);
+    const float m_use = mx == -INFINITY ? 0.0f : mx;
+    float wgt[C::kWarps], sum = 0.0f;
 #pragma unroll
-  for (int w = 0; w < C::kWarps; ++w) {
-    wgt[w] = exp2_approx(s_m[w * C::kBM + r] - m_use);
-    sum += s_l[w * C::kBM + r] * wgt[w];
-  }
-  float o[kPer];
+    for (int w = 0; w < C::kWarps; ++w) {
+      wgt[w] = exp2_approx(s_m[w * C::kBM + r] - m_use);
+      sum += s_l[w * C::kBM + r] * wgt[w];
+    }
+    float o[kPer];
 #pragma unroll
-  for (int d = 0; d < kPer; ++d) {
-    o[d] = 0.0f;
+    for (int d = 0; d < kPer; ++d) {
+      o[d] = 0.0f;
 #pragma unroll
-    for (int w = 0; w < C::kWarps; ++w) o[d] += s_acc[(w * C::kBM + r) * D + d0 + d] * wgt[w];
-  }
-  const int64_t out_index = int64_t(out_row.token) * p.n_heads + out_row.head;
-  if (p.n_splits == 1) {
-    float acc_scale;
-    const float inv = finish_row(mx, sum, p.sinks, out_row.head, acc_scale);
-    bf16* dst = p.out + out_index * D + d0;
+      for (int w = 0; w < C::kWarps; ++w) o[d] += s_acc[(w * C::kBM + r) * D + d0 + d] * wgt[w];
+    }
+    const int64_t out_index = int64_t(out_row.token) * p.n_heads + out_row.head;
+    if (p.n_splits == 1) {
+      float acc_scale;
+      const float inv = finish_row(mx, sum, p.sinks, out_row.head, acc_scale);
+      bf16* dst = p.out + out_index * D + d0;
 #pragma unroll
-    for (int d = 0; d < kPer; d += 2)
-      *reinterpret_cast<__nv_bfloat162*>(dst + d) = __floats2bfloat162_rn(o[d] * inv, o[d + 1] * inv);
-  } else {
-    float* dst = p.part_o + (out_index * p.n_splits + split) * D + d0;
+      for (int d = 0; d < kPer; d += 2)
+        *reinterpret_cast<__nv_bfloat162*>(dst + d) = __floats2bfloat162_rn(o[d] * inv, o[d + 1] * inv);
+    } else {
+      float* dst = p.part_o + (out_index * p.n_splits + split) * D + d0;
 #pragma unroll
-    for (int d = 0; d < kPer; d += 4) *reinterpret_cast<float4*>(dst + d) = make_float4(o[d], o[d + 1], o[d + 2], o[d + 3]);
-    if (d0 == 0) {
-      float* ml = p.part_ml + (out_index * p.n_splits + split) * 2;
-      ml[0] = mx;
-      ml[1] = sum;
+      for (int d = 0; d < kPer; d += 4)
+        *reinterpret_cast<float4*>(dst + d) = make_float4(o[d], o[d + 1], o[d + 2], o[d + 3]);
+      if (d0 == 0) {
+        float* ml = p.part_ml + (out_index * p.n_splits + split) * 2;
+        ml[0] = mx;
+        ml[1] = sum;
+      }
     }
   }
 }
@@ -282,7 +287,8 @@ void with_decode_instance(int d_head, bool fp8, F&& f) {
     else f(d, bf16{});
   };
   if (d_head == 64) for_d(std::integral_constant<int, 64>{});
-  else for_d(std::integral_constant<int, 128>{});
+  else if (d_head == 128) for_d(std::integral_constant<int, 128>{});
+  else if (d_head == 256 && !fp8) f(std::integral_constant<int, 256>{}, bf16{});  // no e4m3 tiles of 256
 }
 
 int choose_splits(const DeviceBatch& b, int d_head, int group, int n_kv_heads, int window, int requested,
@@ -338,7 +344,7 @@ void decode_for(Params p, int n_splits, void* scratch, cudaStream_t stream) {
 }  // namespace attn
 
 int attention_decode_smem_bytes(int d_head, bool fp8_cache) {
-  if (d_head != 64 && d_head != 128) return 0;
+  if (d_head != 64 && d_head != 128 && (d_head != 256 || fp8_cache)) return 0;
   int bytes = 0;
   attn::with_decode_instance(d_head, fp8_cache, [&](auto d, auto t) {
     bytes = attn::DecodeConfig<decltype(d)::value, decltype(t)>::kSmemBytes;
