@@ -419,6 +419,31 @@ __global__ void __launch_bounds__(kChunkThreads) gdn_chunk_prep_kernel(GdnParams
   product(p.dv, p.u);
 }
 
+// acc[a][b] += sum over k < n of A[(4 ti + a) lda + k] B[k ldb + tj + 16 b]: a thread's 4 x kB
+// tile of A B, A's rows read as float4 (lda a multiple of 4; k runs to n rounded up to 4,
+// so A's and B's rows past n must hold zeros or lie in bounds).
+template <int kB>
+__device__ __forceinline__ void mac_rows(const float* A, int lda, const float* B, int ldb, int n, int ti, int tj,
+                                         float (&acc)[4][kB]) {
+  for (int k = 0; k < n; k += 4) {
+    float4 a4[4];
+#pragma unroll
+    for (int a = 0; a < 4; ++a) a4[a] = *reinterpret_cast<const float4*>(A + (4 * ti + a) * lda + k);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      float bv[kB];
+#pragma unroll
+      for (int b = 0; b < kB; ++b) bv[b] = B[(k + kk) * ldb + tj + 16 * b];
+#pragma unroll
+      for (int a = 0; a < 4; ++a) {
+        const float av = kk == 0 ? a4[a].x : kk == 1 ? a4[a].y : kk == 2 ? a4[a].z : a4[a].w;
+#pragma unroll
+        for (int b = 0; b < kB; ++b) acc[a][b] += av * bv[b];
+      }
+    }
+  }
+}
+
 // Block (C columns of S, value head, sequence): the chunks of a chunked sequence in
 // order. Shared memory: S [dk][C + 1] of this block's columns, R [64][kLd] (w, then q e^G,
 // then k e^(G_last - G)), V [64][C + 1] (v'), P [64][kSq], G [64]. Each chunk's next rows
@@ -475,23 +500,7 @@ __global__ void __launch_bounds__(kChunkThreads) gdn_chunk_state_kernel(GdnParam
     // v' = u - w S
     {
       float acc[4][kB] = {};
-      for (int k = 0; k < p.dk; k += 4) {
-        float4 wk[4];
-#pragma unroll
-        for (int a = 0; a < 4; ++a) wk[a] = *reinterpret_cast<const float4*>(R + (4 * ti + a) * kLd + k);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          float sv[kB];
-#pragma unroll
-          for (int b = 0; b < kB; ++b) sv[b] = S[(k + kk) * kL + tj + 16 * b];
-#pragma unroll
-          for (int a = 0; a < 4; ++a) {
-            const float w = kk == 0 ? wk[a].x : kk == 1 ? wk[a].y : kk == 2 ? wk[a].z : wk[a].w;
-#pragma unroll
-            for (int b = 0; b < kB; ++b) acc[a][b] += w * sv[b];
-          }
-        }
-      }
+      mac_rows<kB>(R, kLd, S, kL, p.dk, ti, tj, acc);
 #pragma unroll
       for (int a = 0; a < 4; ++a)
 #pragma unroll
@@ -508,40 +517,8 @@ __global__ void __launch_bounds__(kChunkThreads) gdn_chunk_state_kernel(GdnParam
     // o = (q e^G) S + P v'
     {
       float acc[4][kB] = {};
-      for (int k = 0; k < p.dk; k += 4) {
-        float4 qk[4];
-#pragma unroll
-        for (int a = 0; a < 4; ++a) qk[a] = *reinterpret_cast<const float4*>(R + (4 * ti + a) * kLd + k);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          float sv[kB];
-#pragma unroll
-          for (int b = 0; b < kB; ++b) sv[b] = S[(k + kk) * kL + tj + 16 * b];
-#pragma unroll
-          for (int a = 0; a < 4; ++a) {
-            const float qv = kk == 0 ? qk[a].x : kk == 1 ? qk[a].y : kk == 2 ? qk[a].z : qk[a].w;
-#pragma unroll
-            for (int b = 0; b < kB; ++b) acc[a][b] += qv * sv[b];
-          }
-        }
-      }
-      for (int m = 0; m < len; m += 4) {
-        float4 pm[4];
-#pragma unroll
-        for (int a = 0; a < 4; ++a) pm[a] = *reinterpret_cast<const float4*>(P + (4 * ti + a) * kSq + m);
-#pragma unroll
-        for (int mm = 0; mm < 4; ++mm) {
-          float vv[kB];
-#pragma unroll
-          for (int b = 0; b < kB; ++b) vv[b] = V[(m + mm) * kL + tj + 16 * b];
-#pragma unroll
-          for (int a = 0; a < 4; ++a) {
-            const float pv = mm == 0 ? pm[a].x : mm == 1 ? pm[a].y : mm == 2 ? pm[a].z : pm[a].w;
-#pragma unroll
-            for (int b = 0; b < kB; ++b) acc[a][b] += pv * vv[b];
-          }
-        }
-      }
+      mac_rows<kB>(R, kLd, S, kL, p.dk, ti, tj, acc);
+      mac_rows<kB>(P, kSq, V, kL, len, ti, tj, acc);  // (P and v' rows past len are 0)
 #pragma unroll
       for (int a = 0; a < 4; ++a)
 #pragma unroll
