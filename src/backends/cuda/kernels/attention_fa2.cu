@@ -240,7 +240,8 @@ void with_variant(int v, F&& f) {
 // Head size 256 (the gated full attention of Qwen3-Next / Qwen3.5) has one variant, the
 // same for every v: 4 warps, two K buffers of 32 keys (Q staged through both: 32,768 B,
 // 49,152 B in all), bf16 caches only (an e4m3 cache takes the warp kernel). Its 16 x 256
-// output accumulator and Q fragments take 192 registers a thread.
+// output accumulator and Q fragments are 192 registers a thread: ptxas (sm_90) uses 255
+// and spills 376 bytes.
 template <typename F>
 void with_head_size(int d_head, int v, bool fp8, F&& f) {
   if (d_head == 64) fp8 ? with_variant<64, e4m3>(v, f) : with_variant<64, bf16>(v, f);
