@@ -276,33 +276,43 @@ Tensor CausalLM::step_ops(ops::Backend& be, const ops::BatchMeta& batch, std::ve
   return logits(be, picked, lm_head);
 }
 
-Tensor CausalLM::mtp_forward(ops::Backend& be, const ops::BatchMeta& batch, const Tensor& h,
-                             std::span<const int32_t> h_rows, std::vector<LayerKv>& kv, const Tensor& out_hidden) const {
+Tensor CausalLM::mtp_forward(ops::Backend& be, const ops::BatchMeta& batch, const Tensor& h, std::vector<LayerKv>& kv,
+                             const Tensor& out_hidden, const Tensor& token_ids) const {
   KILN_CHECK(mtp.has_value() && last_stage) << "mtp_forward: the model has no MTP layer here";
-  const int64_t n_tokens = batch.n_tokens();
-  KILN_CHECK_EQ(int64_t(h_rows.size()), n_tokens) << "mtp_forward: hidden rows";
+  const int64_t n_tokens = batch.n_tokens(), n_rows = int64_t(batch.logit_rows.size());
+  KILN_CHECK_EQ(int64_t(batch.input_rows.size()), n_tokens) << "mtp_forward: input rows";
+  KILN_CHECK(!token_ids.defined() || token_ids.dim(0) == n_tokens) << "mtp_forward: token ids " << token_ids.shape;
   KILN_CHECK_EQ(kv.size(), layers.size() + 1);
-  KILN_CHECK(out_hidden.dim(0) >= n_tokens && out_hidden.dim(1) == d_model) << "mtp_forward: out_hidden " << out_hidden.shape;
+  KILN_CHECK(out_hidden.dim(0) >= n_rows && out_hidden.dim(1) == d_model) << "mtp_forward: out_hidden " << out_hidden.shape;
+  KILN_CHECK(h.data != out_hidden.data) << "mtp_forward: reading and writing one hidden buffer";
   const MtpLayer& m = *mtp;
-  // Row r reading hidden row r (a decode-shaped step's rows in order) needs no gather, and
-  // without a row at position 0 (whose embedding is zeroed) the step reads only the batch:
-  // a GPU backend may record and replay it like a decode step. Other rows are gathered
-  // into out_hidden first (one op on host ids, outside the recording; the body reads them
-  // before it writes its output there), so chained drafts replay too.
+  // Everything per step comes from the batch (its input rows gathered in the step) or from
+  // token_ids, a fixed buffer: without a row at position 0 (whose embedding is zeroed) a
+  // GPU backend may record the pass and replay it like a decode step.
   bool identity = true, zero_rows = false;
   for (int64_t r = 0; r < n_tokens; ++r) {
-    identity = identity && h_rows[size_t(r)] == r;
+    identity = identity && batch.input_rows[size_t(r)] == r;
     zero_rows = zero_rows || (m.zero_embedding_at_0 && batch.positions[size_t(r)] == 0);
   }
-  const auto body = [&](const Tensor& hidden) {
+  const auto body = [&] {
     Tensor e = act(be, {n_tokens, d_model});
-    be.embedding({.table = m.embed.defined() ? m.embed : embed, .out = e, .from_batch = ops::BatchIds::kTokens,
-                  .batch = &batch, .id_begin = vocab_begin, .vocab_size = vocab_size});
+    const Tensor& table = m.embed.defined() ? m.embed : embed;
+    if (token_ids.defined()) {
+      be.embedding({.table = table, .ids = token_ids, .out = e, .id_begin = vocab_begin, .vocab_size = vocab_size});
+    } else {
+      be.embedding({.table = table, .out = e, .from_batch = ops::BatchIds::kTokens, .batch = &batch,
+                    .id_begin = vocab_begin, .vocab_size = vocab_size});
+    }
     reduce(be, e);
     for (int64_t r = 0; r < n_tokens && m.zero_embedding_at_0; ++r)  // as vLLM's deepseek_mtp: none at position 0
       if (batch.positions[size_t(r)] == 0) be.fill_random({.out = e.slice0(r, r + 1), .mean = 0.0f, .stddev = 0.0f});
+    Tensor hidden = h.slice0(0, n_tokens);
+    if (!identity) {
+      hidden = act(be, {n_tokens, d_model});
+      be.embedding({.table = h, .out = hidden, .from_batch = ops::BatchIds::kInputRows, .batch = &batch});
+    }
     Tensor hn = act(be, {n_tokens, d_model});
-    be.rms_norm({.x = hidden.slice0(0, n_tokens), .weight = m.hnorm, .out = hn, .eps = norm_eps});
+    be.rms_norm({.x = hidden, .weight = m.hnorm, .out = hn, .eps = norm_eps});
     Tensor both = act(be, {n_tokens, 2 * d_model});
     be.rms_norm({.x = e, .weight = m.enorm, .out = e, .eps = norm_eps});
     be.slice_columns({.src = e, .dst = both, .n_cols = d_model});
@@ -312,31 +322,23 @@ Tensor CausalLM::mtp_forward(ops::Backend& be, const ops::BatchMeta& batch, cons
     Tensor block_out = act(be, {n_tokens, d_model});
     Tensor dsa_selection;
     layer_step(be, m.block, batch, kv.back(), residual, normed, block_out, true, dsa_selection);
-    const Tensor o = out_hidden.slice0(0, n_tokens);
-    be.add({.a = residual, .b = block_out, .out = o});
-    be.rms_norm({.x = o, .weight = m.head_norm, .out = normed, .eps = norm_eps});
-    const int64_t n_rows = int64_t(batch.logit_rows.size());
+    be.add({.a = residual, .b = block_out, .out = residual});  // o
+    const Tensor o = out_hidden.slice0(0, n_rows);
+    be.embedding({.table = residual, .out = o, .from_batch = ops::BatchIds::kLogitRows, .batch = &batch});
     Tensor picked = act(be, {n_rows, d_model});
-    be.embedding({.table = normed, .out = picked, .from_batch = ops::BatchIds::kLogitRows, .batch = &batch});
+    be.rms_norm({.x = o, .weight = m.head_norm, .out = picked, .eps = norm_eps});
     return logits(be, picked, m.head.defined() ? m.head : lm_head);
   };
-  if (!identity) {
-    KILN_CHECK(h.data != out_hidden.data) << "mtp_forward: gathering hidden rows in place";
-    Tensor ids = host_tensor(DType::kI32, {n_tokens});
-    std::copy(h_rows.begin(), h_rows.end(), ids.as<int32_t>());
-    be.embedding({.table = h, .ids = ids, .out = out_hidden.slice0(0, n_tokens)});
-  }
-  const Tensor& hidden = identity ? h : out_hidden;
   if (!zero_rows) {
-    // One recording per (layer, input buffer, output buffer): a replay reads and writes
-    // the addresses it was recorded with.
-    const uint64_t key = uint64_t(reinterpret_cast<uintptr_t>(&m)) ^
-                         (uint64_t(reinterpret_cast<uintptr_t>(hidden.data)) << 1) ^
-                         (uint64_t(reinterpret_cast<uintptr_t>(out_hidden.data)) << 2);
-    return be.run_step(batch, key, [&] { return body(hidden); });
+    // One recording per (layer, input buffer, output buffer, token source, gather): a
+    // replay reads and writes the addresses it was recorded with.
+    uint64_t key = uint64_t(reinterpret_cast<uintptr_t>(&m)) ^ (uint64_t(reinterpret_cast<uintptr_t>(h.data)) << 1) ^
+                   (uint64_t(reinterpret_cast<uintptr_t>(out_hidden.data)) << 2) ^ (identity ? 0 : 0x9e3779b97f4a7c15ull);
+    if (token_ids.defined()) key ^= uint64_t(reinterpret_cast<uintptr_t>(token_ids.data)) << 3;
+    return be.run_step(batch, key, body);
   }
   be.begin_step(batch);  // eager: the zeroing depends on positions
-  return body(hidden);
+  return body();
 }
 
 Tensor CausalLM::logits(ops::Backend& be, const Tensor& picked, const ops::Weight& head) const {

@@ -238,13 +238,14 @@ struct CausalLM {
   Tensor forward(ops::Backend& be, const ops::BatchMeta& batch, std::vector<LayerKv>& kv,
                  const Tensor& hidden = {}) const;
 
-  // The MTP layer over `batch` (eagerly, never recorded): row r is position
-  // batch.positions[r] with next token batch.token_ids[r] and previous hidden state
-  // h.index0(h_rows[r]) (h: [*, d_model]). Writes the layer's output rows o into
-  // `out_hidden` [>= n_tokens, d_model] and returns the logits of batch.logit_rows, as
-  // forward does. kv: the model's caches (the MTP layer's is the last).
-  Tensor mtp_forward(ops::Backend& be, const ops::BatchMeta& batch, const Tensor& h, std::span<const int32_t> h_rows,
-                     std::vector<LayerKv>& kv, const Tensor& out_hidden) const;
+  // The MTP layer over `batch`: row r is position batch.positions[r] with next token
+  // batch.token_ids[r] (or token_ids[r]: ids this backend computed, ops::ArgmaxArgs) and
+  // previous hidden state h.index0(batch.input_rows[r]) (h: [*, d_model]). Returns the
+  // logits of batch.logit_rows, as forward does, and writes the layer's output o at those
+  // rows into `out_hidden` [>= logit rows, d_model] (row i for logit row i: what a chained
+  // pass reads as its hidden state). kv: the model's caches (the MTP layer's is the last).
+  Tensor mtp_forward(ops::Backend& be, const ops::BatchMeta& batch, const Tensor& h, std::vector<LayerKv>& kv,
+                     const Tensor& out_hidden, const Tensor& token_ids = {}) const;
 
  private:
   Tensor step_ops(ops::Backend& be, const ops::BatchMeta& batch, std::vector<LayerKv>& kv, const Tensor& hidden) const;

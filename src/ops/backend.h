@@ -28,9 +28,9 @@
 
 namespace kiln::ops {
 
-// Where an embedding's ids come from: a host tensor, or the step's batch
-// (uploaded by begin_step, so a recorded step replays with new ids).
-enum class BatchIds { kNone, kTokens, kLogitRows };
+// Where an embedding's ids come from: a tensor, or the step's batch (uploaded by
+// begin_step, so a recorded step replays with new ids).
+enum class BatchIds { kNone, kTokens, kLogitRows, kInputRows };
 
 // out[t, :] = table[ids[t], :]. Also the row gather of activations (table = a
 // [rows, d] activation tensor, ids = the rows to keep).
@@ -39,16 +39,28 @@ enum class BatchIds { kNone, kTokens, kLogitRows };
 // zero rows (another rank holds them; the ranks' outputs are summed).
 struct EmbeddingArgs {
   Tensor table;  // [vocab or this rank's slice, d_model] stored dtype, or an activation tensor
-  Tensor ids;    // [n_tokens] i32 (host), when from_batch is kNone
+  // [n_tokens] i32, when from_batch is kNone: host ids, or ids this backend wrote in its
+  // own memory (ArgmaxArgs::out: not checked against the vocabulary on the host).
+  Tensor ids;
   Tensor out;    // [n_tokens, d_model]
-  BatchIds from_batch = BatchIds::kNone;  // else ids = batch->token_ids or batch->logit_rows
+  BatchIds from_batch = BatchIds::kNone;  // else ids = batch->token_ids, logit_rows or input_rows
   const BatchMeta* batch = nullptr;
   int64_t id_begin = 0;
   int64_t vocab_size = 0;  // ids must be in [0, vocab_size); 0: table.dim(0)
 };
 
-// The ids of an embedding call, on the host (either source).
+// The ids of an embedding call, on the host (host ids or the batch's).
 std::span<const int32_t> embedding_ids(const EmbeddingArgs& a);
+
+// Greedy ids of the rows of logits [n_rows, vocab]: the tokens sample() picks at
+// temperature 0 (the largest logit, the lowest id on ties), written to out [>= n_rows] i32
+// (this backend's alloc) without waiting for them, so a later op reads them where they
+// are (EmbeddingArgs::ids: MTP drafts chain on the device) and to_host_i32 brings them
+// back once.
+struct ArgmaxArgs {
+  Tensor logits;  // [n_rows, vocab] activation dtype
+  Tensor out;     // [n_rows] i32
+};
 
 // dst[r, dst_col_begin + j] = src[r, col_begin + j] for j < n_cols (n_cols 0: dst.dim(1)
 // - dst_col_begin); other columns of dst are left as they are. Splits fused projections
@@ -539,6 +551,9 @@ class Backend {
   virtual void to_host_f32(const Tensor& t, float* out) = 0;
   // Copy host fp32 values into a backend tensor of activation dtype.
   virtual void from_host_f32(const float* src, Tensor& t) = 0;
+  // Copy an i32 backend tensor to the host, after the work queued before it (default: a
+  // host-memory backend's copy).
+  virtual void to_host_i32(const Tensor& t, int32_t* out);
   virtual void synchronize() {}
   // Called on a tensor a collective (an all-reduce over the ranks) has just written: a
   // backend that emulates a storage precision (the CPU reference's bf16-activation mode)
@@ -618,6 +633,7 @@ class Backend {
   virtual void slice_columns(const SliceColumnsArgs& a) = 0;
   virtual void moe(const MoeArgs& a) = 0;
   virtual void sample(const SampleArgs& a) = 0;
+  virtual void argmax(const ArgmaxArgs& a);  // default: sample() at temperature 0, host memory
   virtual void fill_random(const FillRandomArgs& a) = 0;
 
   // Optional ops (OptionalOp): the defaults (ops.cpp) fail naming the op.

@@ -34,6 +34,9 @@ struct BatchMeta {
   std::vector<int32_t> state_snapshots;
   // rows of the batch whose logits the step returns (e.g. each sequence's last token)
   std::vector<int32_t> logit_rows;
+  // MTP passes (model::CausalLM::mtp_forward), else empty: per token row, the row of the
+  // hidden state it reads (BatchIds::kInputRows), so the gather is part of the step.
+  std::vector<int32_t> input_rows;
 
   int32_t n_tokens() const { return int32_t(positions.size()); }
   int32_t n_seqs() const { return int32_t(context_len.size()); }

@@ -1,6 +1,8 @@
 // The ops layer is contracts; this file holds the few helpers they share.
 #include "ops/backend.h"
 
+#include <algorithm>
+
 #include "core/check.h"
 
 namespace kiln::ops {
@@ -12,8 +14,28 @@ std::span<const int32_t> embedding_ids(const EmbeddingArgs& a) {
     return {a.ids.as<int32_t>(), size_t(a.ids.dim(0))};
   }
   KILN_CHECK(a.batch != nullptr) << "embedding: ids from the batch, but no batch";
-  return a.from_batch == BatchIds::kTokens ? std::span<const int32_t>(a.batch->token_ids)
-                                           : std::span<const int32_t>(a.batch->logit_rows);
+  switch (a.from_batch) {
+    case BatchIds::kTokens: return a.batch->token_ids;
+    case BatchIds::kLogitRows: return a.batch->logit_rows;
+    default: break;
+  }
+  KILN_CHECK_EQ(a.batch->input_rows.size(), a.batch->positions.size()) << "embedding: the batch has no input rows";
+  return a.batch->input_rows;
+}
+
+void Backend::to_host_i32(const Tensor& t, int32_t* out) {
+  KILN_CHECK(t.dtype == DType::kI32 && t.device == Device::kHost) << name() << ": to_host_i32 of a non-host or non-i32 tensor";
+  std::copy_n(t.as<int32_t>(), t.numel(), out);
+}
+
+void Backend::argmax(const ArgmaxArgs& a) {
+  const int64_t n = a.logits.dim(0);
+  KILN_CHECK(a.out.dtype == DType::kI32 && a.out.device == Device::kHost && a.out.numel() >= n)
+      << name() << ": argmax into " << dtype_name(a.out.dtype) << " " << a.out.shape;
+  const std::vector<SamplingParams> params(static_cast<size_t>(n));  // temperature 0
+  const std::vector<float> uniform(static_cast<size_t>(n), 0.0f);
+  sample({.logits = a.logits, .params = params, .uniform = uniform,
+          .tokens = std::span<int32_t>(a.out.as<int32_t>(), static_cast<size_t>(n))});
 }
 
 void Backend::linears(const LinearsArgs& a) {

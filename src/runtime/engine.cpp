@@ -226,7 +226,7 @@ Status Engine::size_kv_cache(const EngineOptions& o) {
     const int64_t step_rows = decode_bucket(o.max_num_seqs);
     const int64_t cap = std::min<int64_t>({int64_t(std::max(o.mtp_deferred_steps, 0)) * step_rows,
                                            (int64_t(64) << 20) / (2 * std::max<int64_t>(config_.d_model, 1)), rows});
-    runner_->enable_mtp(rows, int32_t(cap < step_rows ? 0 : cap));
+    runner_->enable_mtp(rows, int32_t(cap < step_rows ? 0 : cap), std::max(o.num_speculative_tokens, 1));
   }
   int64_t len = o.max_model_len > 0 ? o.max_model_len
                                     : (config_.max_position_embeddings > 0 ? config_.max_position_embeddings : 8192);

@@ -79,6 +79,10 @@ struct EngineOptions {
   // MTP pass holds this many steps of max_num_seqs rows (more steps of a smaller batch;
   // runtime/mtp_drafts.cpp); 0: the MTP layer runs after every step.
   int32_t mtp_deferred_steps = 16;
+  // MTP with one rank: a chained pass reads its tokens where the previous pass's argmax
+  // left them, so the passes queue without a wait. false (tests): each pass's drafts come
+  // to the host and go out with the next batch, as with several ranks.
+  bool mtp_chain_on_device = true;
   // Several ranks (model_runner.h): one backend each, given to load() in rank order;
   // `comms` makes their communicators (empty: in-process groups, host backends only).
   ParallelConfig parallel;
@@ -140,6 +144,11 @@ struct EngineStats {
   // MTP (runtime/mtp_drafts.cpp): hidden rows kept aside by steps planned without drafts,
   // and the MTP passes that ran over them later.
   int64_t mtp_deferred_rows = 0, mtp_flushes = 0;
+  // Steps that drafted with MTP, the wall time of their MTP passes (the first over the
+  // step's rows, then chained ones for drafts 2..k: mtp_chained_passes in all), waits for
+  // the device included.
+  int64_t mtp_draft_steps = 0, mtp_chained_passes = 0;
+  double mtp_draft_seconds = 0.0;
 };
 
 // A step that failed on some rank (a dead GPU, a failed collective): the engine cannot

@@ -371,7 +371,7 @@ Result<Tensor> ModelRunner::forward(const ops::BatchMeta& batch, std::vector<KvC
   return hand_over ? logits_ : backend(0).alloc(backend(0).activation_dtype(), {0, vocab});
 }
 
-void ModelRunner::enable_mtp(int32_t max_tokens, int32_t pending_rows) {
+void ModelRunner::enable_mtp(int32_t max_tokens, int32_t pending_rows, int32_t max_depth) {
   KILN_CHECK(parallel_.pipeline_parallel == 1) << "MTP with pipeline parallelism";
   mtp_.resize(ranks_.size());
   for (size_t r = 0; r < ranks_.size(); ++r) {
@@ -379,8 +379,18 @@ void ModelRunner::enable_mtp(int32_t max_tokens, int32_t pending_rows) {
     ops::Backend& be = *ranks_[r].backend;
     const Shape shape{max_tokens, ranks_[r].model.d_model};
     mtp_[r].step_hidden = be.alloc(be.activation_dtype(), shape);
-    for (Tensor& t : mtp_[r].chain) t = be.alloc(be.activation_dtype(), shape);
+    // Zeros: padding rows of a chained pass may read rows no pass wrote yet.
+    for (Tensor& t : mtp_[r].chain) {
+      t = be.alloc(be.activation_dtype(), shape);
+      be.fill_random({.out = t, .mean = 0.0f, .stddev = 0.0f});
+    }
     if (pending_rows > 0) mtp_[r].pending = be.alloc(be.activation_dtype(), {pending_rows, ranks_[r].model.d_model});
+    if (r == 0) {
+      Tensor zeros = host_tensor(DType::kI32, {int64_t(std::max(max_depth, 1)) * max_tokens});
+      std::fill_n(zeros.as<int32_t>(), zeros.numel(), 0);
+      mtp_[r].draft_ids = be.upload(zeros);
+    }
+    be.synchronize();
   }
 }
 
@@ -399,16 +409,21 @@ Status ModelRunner::mtp_keep(int32_t n, int32_t at) {
   return run(one);  // (a copy queued on each rank's stream, before its next step: no wait)
 }
 
-Result<Tensor> ModelRunner::mtp_forward(const ops::BatchMeta& batch, std::span<const int32_t> h_rows, MtpInput from,
-                                        std::vector<KvCache>& kv) {
+Result<Tensor> ModelRunner::mtp_forward(const ops::BatchMeta& batch, MtpInput from, std::vector<KvCache>& kv,
+                                        int tokens_from_depth) {
   KILN_CHECK(!mtp_.empty()) << "mtp_forward before enable_mtp";
   KILN_CHECK_LE(batch.n_tokens(), mtp_[0].step_hidden.dim(0)) << "mtp_forward: rows";
+  const int64_t n = batch.n_tokens();
+  KILN_CHECK(tokens_from_depth < 0 || (world() == 1 && (tokens_from_depth + 1) * n <= mtp_[0].draft_ids.dim(0)))
+      << "mtp_forward: token ids from draft row " << tokens_from_depth;
   Tensor result;
   const auto one = [&](int r) {
     MtpBuffers& m = mtp_[size_t(r)];
     const int next = from == MtpInput::kChain ? 1 - m.last : 0;
     const Tensor& h = from == MtpInput::kStep ? m.step_hidden : from == MtpInput::kKept ? m.pending : m.chain[m.last];
-    Tensor out = ranks_[size_t(r)].model.mtp_forward(backend(r), batch, h, h_rows, kv[size_t(r)].layers, m.chain[next]);
+    const Tensor tokens = tokens_from_depth >= 0 ? m.draft_ids.slice0(tokens_from_depth * n, (tokens_from_depth + 1) * n)
+                                                 : Tensor{};
+    Tensor out = ranks_[size_t(r)].model.mtp_forward(backend(r), batch, h, kv[size_t(r)].layers, m.chain[next], tokens);
     m.last = next;
     if (r == 0) result = out;
   };
@@ -421,6 +436,19 @@ Result<Tensor> ModelRunner::mtp_forward(const ops::BatchMeta& batch, std::span<c
     backend(r).synchronize();
   }, /*watched_step=*/true));
   return result;
+}
+
+void ModelRunner::mtp_argmax(const Tensor& logits, int depth) {
+  const int64_t n = logits.dim(0);
+  KILN_CHECK(!mtp_.empty() && depth >= 0 && (depth + 1) * n <= mtp_[0].draft_ids.dim(0)) << "mtp_argmax: draft row " << depth;
+  backend(0).argmax({.logits = logits, .out = mtp_[0].draft_ids.slice0(depth * n, (depth + 1) * n)});
+}
+
+std::vector<int32_t> ModelRunner::mtp_drafts(int depths, int n) {
+  KILN_CHECK(depths >= 0 && n >= 0 && int64_t(depths) * n <= mtp_[0].draft_ids.dim(0)) << "mtp_drafts: " << depths << " x " << n;
+  std::vector<int32_t> out(size_t(depths) * size_t(n));
+  if (!out.empty()) backend(0).to_host_i32(mtp_[0].draft_ids.slice0(0, int64_t(depths) * n), out.data());
+  return out;
 }
 
 }  // namespace kiln::runtime

@@ -87,21 +87,28 @@ class ModelRunner {
 
   // Multi-token prediction (--speculative-method mtp; every rank's model has its MTP
   // layer): from now on forward() keeps the final hidden state of each of up to
-  // max_tokens rows, which mtp_forward reads; and pending_rows (0: none) more can be kept
-  // for a later MTP pass (mtp_keep).
-  void enable_mtp(int32_t max_tokens, int32_t pending_rows);
+  // max_tokens rows, which mtp_forward reads; pending_rows (0: none) more can be kept
+  // for a later MTP pass (mtp_keep); and max_depth rows of draft ids (mtp_argmax).
+  void enable_mtp(int32_t max_tokens, int32_t pending_rows, int32_t max_depth);
   bool mtp_enabled() const { return !mtp_.empty(); }
   int32_t mtp_pending_rows() const { return mtp_.empty() || !mtp_[0].pending.defined() ? 0 : int32_t(mtp_[0].pending.dim(0)); }
   // Copies the last forward step's hidden rows [0, n) to the kept rows [at, at + n).
   Status mtp_keep(int32_t n, int32_t at);
   // Where mtp_forward's rows read their hidden state: the last forward step's, the last
-  // mtp_forward's outputs, or the rows mtp_keep kept.
+  // mtp_forward's outputs (row i: its logit row i), or the rows mtp_keep kept.
   enum class MtpInput { kStep, kChain, kKept };
   // The MTP layer over `batch` on every rank (model::CausalLM::mtp_forward): row r reads
-  // hidden row h_rows[r] of `from`. Logits [batch.logit_rows.size(), vocab] on rank 0's
-  // backend, valid until the next step.
-  Result<Tensor> mtp_forward(const ops::BatchMeta& batch, std::span<const int32_t> h_rows, MtpInput from,
-                             std::vector<KvCache>& kv);
+  // hidden row batch.input_rows[r] of `from`, and (tokens_from_depth = j >= 0, one rank
+  // only) token draft_ids(j)[r] instead of batch.token_ids[r]. Logits
+  // [batch.logit_rows.size(), vocab] on rank 0's backend, valid until the next step; the
+  // work may still be running (the next wait: mtp_drafts or a read of the logits).
+  Result<Tensor> mtp_forward(const ops::BatchMeta& batch, MtpInput from, std::vector<KvCache>& kv,
+                             int tokens_from_depth = -1);
+  // Greedy ids of `logits`'s n rows into draft row `depth` (ids [depth n, (depth + 1) n))
+  // on rank 0, not waited for.
+  void mtp_argmax(const Tensor& logits, int depth);
+  // Draft rows [0, depths) of passes of n rows, on the host (waits for them).
+  std::vector<int32_t> mtp_drafts(int depths, int n);
 
   // Runs fn(rank) on every rank's thread at once (rank 0 on this one); the first
   // failure, after every rank has stopped (the others are aborted out of collectives).
@@ -139,6 +146,8 @@ class ModelRunner {
     Tensor chain[2];     // mtp_forward's outputs, alternately
     int last = 0;        // chain[last] holds the latest
     Tensor pending;      // [pending_rows, d_model]: rows mtp_keep kept
+    Tensor draft_ids;    // [max_depth * max_tokens] i32 (rank 0): mtp_argmax's outputs, draft row
+                         // j of a pass of n rows at [j n, (j + 1) n)
   };
   std::vector<MtpBuffers> mtp_;  // per rank, once enable_mtp ran
   std::vector<ops::BatchMeta> micro_;  // the current step's micro-batches

@@ -29,6 +29,7 @@
 // and positions still deferred there are missing: only the drafts' quality can differ,
 // never the output).
 #include <algorithm>
+#include <chrono>
 #include <unordered_map>
 
 #include "core/check.h"
@@ -37,18 +38,6 @@
 
 namespace kiln::runtime {
 namespace {
-
-// Greedy ids of the rows of `logits` (host).
-std::vector<int32_t> argmax_rows(ops::Backend& be, const Tensor& logits) {
-  const size_t n = size_t(logits.dim(0));
-  std::vector<int32_t> ids(n);
-  if (n == 0) return ids;
-  const std::vector<ops::SamplingParams> params(n);  // temperature 0: argmax, lowest id on ties
-  const std::vector<float> uniform(n, 0.0f);
-  be.sample({.logits = logits, .params = params, .uniform = uniform, .tokens = ids});
-  return ids;
-}
-
 
 // A batch's block table from its sequences' tables, `width` entries each (a power of two,
 // as build_step_batch's: a recording per width), wide enough for every row's context (a
@@ -78,7 +67,6 @@ void Engine::mtp_flush() {
   ops::BatchMeta& b = mtp_batch_;
   b = ops::BatchMeta{};
   b.block_size = blocks_->block_size();
-  std::vector<int32_t> h_rows;
   std::vector<const std::vector<int32_t>*> tables;
   // Each sequence's kept rows (consecutive positions, one a decode step) as one chunk, in
   // the order the sequences first appear; a gap (none is expected) would start another.
@@ -103,7 +91,7 @@ void Engine::mtp_flush() {
       b.token_ids.push_back(k.token);
       b.positions.push_back(k.pos);
       b.slot_mapping.push_back(k.slot);
-      h_rows.push_back(i);
+      b.input_rows.push_back(i);
     }
     b.context_len.push_back(last + 1);
   }
@@ -114,7 +102,7 @@ void Engine::mtp_flush() {
   b.logit_rows.push_back(b.n_tokens() - 1);  // (one: nothing is drafted from these rows)
   fill_block_table(b, tables);
   b.q_start.push_back(b.n_tokens());
-  Result<Tensor> logits = runner_->mtp_forward(b, h_rows, ModelRunner::MtpInput::kKept, kv_);
+  Result<Tensor> logits = runner_->mtp_forward(b, ModelRunner::MtpInput::kKept, kv_);
   if (!logits.ok()) {
     KILN_LOG(kError, "MTP step failed: " << logits.status().to_string());
     throw EngineFailure(logits.status().to_string());
@@ -178,13 +166,13 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
   ops::BatchMeta& b = mtp_batch_;
   b = ops::BatchMeta{};
   b.block_size = bs;
-  std::vector<int32_t> h_rows;
   std::vector<const std::vector<int32_t>*> tables;
   // A uniform step (every sequence R <= 8 rows in order: decode steps, R = 1, and uniform
-  // verify steps) runs as it was: all its rows, row r reading hidden row r, every row a logit
-  // row; the rows it did not keep (rejected drafts) and those of a sequence that ended in
-  // it are padding (nothing stored, their logits unused). So the MTP step has the step's
-  // shape and a GPU backend replays a recording of it. Other steps run the kept rows only.
+  // verify steps) runs as it was: all its rows, row r reading hidden row r, one logit row
+  // per sequence (its last kept row, or any); the rows it did not keep (rejected drafts)
+  // and those of a sequence that ended in it are padding (nothing stored). So the MTP step
+  // has the step's shape and a GPU backend replays a recording of it. Other steps run the
+  // kept rows only, with a logit row per drafting sequence.
   const int32_t R = rows.empty() ? 0 : rows[0].n_rows;
   bool uniform = R >= 1 && R <= 8;  // (a prefill chunk's rows would all be logit rows)
   for (size_t i = 0; i < rows.size() && uniform; ++i)
@@ -195,12 +183,9 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
   });
   if (it == rows.end()) return;
   const StepBatch::Rows* live = &*it;
-  struct Drafter {
-    Sequence* seq;
-    int32_t row;    // its batch row (the MTP output's row, which chains on)
-    int32_t logit;  // its index in the logits
-  };
-  std::vector<Drafter> drafters;
+  // Logit row i of this pass is slot i of every chained pass: its drafting sequence, or
+  // none (padding).
+  std::vector<Sequence*> slots;
   for (const StepBatch::Rows& r : rows) {
     Sequence& seq = *r.seq;
     // The step's rows of this sequence that stand: those now below n_computed.
@@ -219,100 +204,125 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
       b.token_ids.push_back(at.seq->tokens[size_t(keep ? p + 1 : at.first_pos + 1)]);
       b.positions.push_back(p);
       b.slot_mapping.push_back(keep ? seq.table.blocks[size_t(p / bs)] * bs + p % bs : ops::kPadSlot);
-      h_rows.push_back(r.first_row + j);
-      if (uniform) b.logit_rows.push_back(b.n_tokens() - 1);
+      b.input_rows.push_back(r.first_row + j);
     }
-    if (kept <= 0) continue;
-    seq.mtp_draft.clear();
-    seq.mtp_draft_at = -1;
-    if (seq.n_uncomputed() == 1) {  // decoding: its last kept row drafts
-      const int32_t row = b.n_tokens() - n + kept - 1;
-      if (!uniform) b.logit_rows.push_back(row);
-      drafters.push_back({.seq = &seq, .row = row, .logit = uniform ? row : int32_t(b.logit_rows.size()) - 1});
+    if (kept > 0) {
+      seq.mtp_draft.clear();
+      seq.mtp_draft_at = -1;
+    }
+    const bool drafts = kept > 0 && seq.n_uncomputed() == 1;  // decoding: its last kept row drafts
+    if (drafts || uniform) {
+      b.logit_rows.push_back(b.n_tokens() - n + std::max(kept, 1) - 1);
+      slots.push_back(drafts ? &seq : nullptr);
     }
   }
   if (b.n_tokens() == 0) return;
-  // A decode-shaped batch (one row per sequence, each drafting) is padded as decode steps
-  // are (build_step_batch): few shapes, so a GPU backend replays recordings of them
-  // (model::CausalLM::mtp_forward).
-  const auto pad_decode_shape = [&] {
-    const int32_t n = b.n_tokens();
-    if (n != b.n_seqs() || int32_t(b.logit_rows.size()) != n) return;
+  // A decode-shaped batch (one row per sequence) is padded as decode steps are
+  // (build_step_batch): few shapes, so a GPU backend replays recordings of them
+  // (model::CausalLM::mtp_forward). Padding rows repeat the first row, store nothing.
+  if (b.n_tokens() == b.n_seqs()) {
     bool identity = true;
-    for (int32_t r = 0; r < n; ++r) identity = identity && h_rows[size_t(r)] == r;
-    for (int32_t r = n; r < decode_bucket(n); ++r) {  // padding rows: the first row again, nothing stored
+    for (int32_t r = 0; r < b.n_tokens(); ++r) identity = identity && b.input_rows[size_t(r)] == r;
+    for (int32_t r = b.n_tokens(); r < decode_bucket(b.n_seqs()); ++r) {
       b.q_start.push_back(r);
       b.context_len.push_back(b.context_len[0]);
       tables.push_back(tables[0]);
       b.token_ids.push_back(b.token_ids[0]);
       b.positions.push_back(b.positions[0]);
       b.slot_mapping.push_back(ops::kPadSlot);
-      b.logit_rows.push_back(r);
-      h_rows.push_back(identity ? r : h_rows[0]);
+      b.input_rows.push_back(identity ? r : b.input_rows[0]);  // (a decode step's padded rows are there)
     }
-  };
-  pad_decode_shape();
+  }
+  if (b.logit_rows.empty()) {  // nothing drafts (prompt chunks): the KV of the kept positions only
+    b.logit_rows.push_back(b.n_tokens() - 1);
+    slots.push_back(nullptr);
+  }
+  // Logit rows (the chained passes' slots) to a decode bucket too.
+  const int32_t n_slots = decode_bucket(int32_t(b.logit_rows.size()));
+  while (int32_t(b.logit_rows.size()) < n_slots) {
+    b.logit_rows.push_back(b.logit_rows[0]);
+    slots.push_back(nullptr);
+  }
   fill_block_table(b, tables);
   b.q_start.push_back(b.n_tokens());
-  const auto run = [&](ModelRunner::MtpInput from, bool drafts) {
-    Result<Tensor> logits = runner_->mtp_forward(b, h_rows, from, kv_);
+  const auto run = [&](ModelRunner::MtpInput from, int tokens_from_depth) {
+    Result<Tensor> logits = runner_->mtp_forward(b, from, kv_, tokens_from_depth);
     if (!logits.ok()) {
       KILN_LOG(kError, "MTP step failed: " << logits.status().to_string());
       throw EngineFailure(logits.status().to_string());
     }
-    return drafts ? argmax_rows(*backend_, *logits) : std::vector<int32_t>{};
+    return *logits;
   };
-  if (k == 0) {  // the KV of the kept positions only
-    run(ModelRunner::MtpInput::kStep, false);
+  if (k == 0 || std::none_of(slots.begin(), slots.end(), [](const Sequence* q) { return q != nullptr; })) {
+    // the KV of the kept positions only
+    run(ModelRunner::MtpInput::kStep, -1);
     return;
   }
-  std::vector<int32_t> ids = run(ModelRunner::MtpInput::kStep, true);
-  std::vector<Sequence*> decoding;  // the drafting sequences, and their rows of the last MTP step
-  std::vector<int32_t> prev_rows;
-  for (const Drafter& d : drafters) {
-    d.seq->mtp_draft = {ids[size_t(d.logit)]};
-    d.seq->mtp_draft_at = d.seq->n_tokens();
-    decoding.push_back(d.seq);
-    prev_rows.push_back(d.row);
-  }
-  // Chained drafts: one row per decoding sequence that may use another, at its next
-  // position (its block allocated now if need be; none free: its drafts stop here).
-  for (int32_t depth = 2; depth <= k && !decoding.empty(); ++depth) {
+  const auto start = std::chrono::steady_clock::now();
+  // Draft d_j of slot i is draft row j - 1's entry i (ModelRunner::mtp_argmax). With one
+  // rank a chained pass reads its tokens where the previous pass's argmax left them, so the
+  // passes queue back to back and the drafts come back once; with several, each pass's
+  // drafts come to the host and go out in the next batch.
+  const bool on_device = runner_->world() == 1 && options_.mtp_chain_on_device;
+  runner_->mtp_argmax(run(ModelRunner::MtpInput::kStep, -1), 0);
+  // depth_of[i]: the drafts slot i has.
+  std::vector<int32_t> depth_of(slots.size(), 0);
+  for (size_t i = 0; i < slots.size(); ++i) depth_of[i] = slots[i] != nullptr ? 1 : 0;
+  std::vector<int32_t> host_ids;  // several ranks: the drafts so far
+  int32_t depths = 1;
+  // Chained drafts: row i continues slot i at its next position (its block allocated now
+  // if need be; none free, or no more tokens to emit: its drafts stop here, and its row
+  // becomes padding).
+  for (int32_t depth = 2; depth <= k; ++depth) {
     b = ops::BatchMeta{};
     b.block_size = bs;
-    h_rows.clear();
     tables.clear();
-    std::vector<Sequence*> next;
-    for (size_t i = 0; i < decoding.size(); ++i) {
-      Sequence& seq = *decoding[i];
-      const Request& r = *seq.request;
-      const int64_t can_emit = std::min<int64_t>(r.max_tokens - seq.n_generated(), max_model_len_ - seq.n_tokens());
+    if (!on_device) host_ids = runner_->mtp_drafts(depths, n_slots);
+    int32_t model = -1;  // a row that drafts: the padding rows' model
+    for (size_t i = 0; i < slots.size(); ++i) {
+      Sequence* seq = slots[i];
+      if (seq == nullptr || depth_of[i] != depth - 1) continue;
+      const Request& r = *seq->request;
+      const int64_t can_emit = std::min<int64_t>(r.max_tokens - seq->n_generated(), max_model_len_ - seq->n_tokens());
       if (depth > can_emit - 1) continue;
-      const int32_t p = seq.n_computed + depth - 2;  // the position of d_{depth - 1}
-      const int32_t need = blocks_->blocks_needed(seq.table, p + 1);
+      const int32_t p = seq->n_computed + depth - 2;  // the position of d_{depth - 1}
+      const int32_t need = blocks_->blocks_needed(seq->table, p + 1);
       if (need > 0) {
         if (!blocks_->can_allocate(need)) continue;
-        blocks_->allocate(seq.table, {}, p + 1);
+        blocks_->allocate(seq->table, {}, p + 1);
       }
+      depth_of[i] = depth;
+      if (model < 0) model = int32_t(i);
+    }
+    if (model < 0) break;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const bool real = depth_of[i] == depth;
+      Sequence& seq = *slots[size_t(real ? int32_t(i) : model)];
+      const int32_t p = seq.n_computed + depth - 2;
       b.q_start.push_back(b.n_tokens());
       b.context_len.push_back(p + 1);
       tables.push_back(&seq.table.blocks);
-      b.token_ids.push_back(seq.mtp_draft.back());
+      b.token_ids.push_back(on_device ? 0 : host_ids[size_t(depth - 2) * size_t(n_slots) + (real ? i : size_t(model))]);
       b.positions.push_back(p);
-      b.slot_mapping.push_back(seq.table.blocks[size_t(p / bs)] * bs + p % bs);
-      b.logit_rows.push_back(b.n_tokens() - 1);
-      h_rows.push_back(prev_rows[i]);
-      next.push_back(&seq);
+      b.slot_mapping.push_back(real ? seq.table.blocks[size_t(p / bs)] * bs + p % bs : ops::kPadSlot);
+      b.logit_rows.push_back(int32_t(i));
+      b.input_rows.push_back(int32_t(i));
     }
-    if (next.empty()) break;
-    pad_decode_shape();
     fill_block_table(b, tables);
     b.q_start.push_back(b.n_tokens());
-    ids = run(ModelRunner::MtpInput::kChain, true);
-    for (size_t i = 0; i < next.size(); ++i) next[i]->mtp_draft.push_back(ids[i]);
-    prev_rows.assign(b.logit_rows.begin(), b.logit_rows.end());
-    decoding = std::move(next);
+    runner_->mtp_argmax(run(ModelRunner::MtpInput::kChain, on_device ? depth - 2 : -1), depth - 1);
+    ++stats_.mtp_chained_passes;
+    depths = depth;
   }
+  const std::vector<int32_t> ids = runner_->mtp_drafts(depths, n_slots);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i] == nullptr) continue;
+    Sequence& seq = *slots[i];
+    for (int32_t j = 0; j < depth_of[i]; ++j) seq.mtp_draft.push_back(ids[size_t(j) * size_t(n_slots) + i]);
+    seq.mtp_draft_at = seq.n_tokens();
+  }
+  ++stats_.mtp_draft_steps;
+  stats_.mtp_draft_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 Result<std::vector<std::vector<float>>> Engine::mtp_logits(const std::vector<int32_t>& prompt) {
@@ -333,9 +343,9 @@ Result<std::vector<std::vector<float>>> Engine::mtp_logits(const std::vector<int
     if (last <= begin) break;
     mtp_batch_ = one_sequence_batch(table, all.subspan(size_t(begin + 1), size_t(last - begin)), begin, true);
     const ops::BatchMeta& m = mtp_batch_;
-    std::vector<int32_t> h_rows(size_t(last - begin));
-    for (size_t r = 0; r < h_rows.size(); ++r) h_rows[r] = int32_t(r);
-    KILN_ASSIGN_OR_RETURN(const Tensor logits, runner_->mtp_forward(m, h_rows, ModelRunner::MtpInput::kStep, kv_));
+    mtp_batch_.input_rows.resize(size_t(last - begin));
+    for (size_t r = 0; r < mtp_batch_.input_rows.size(); ++r) mtp_batch_.input_rows[r] = int32_t(r);
+    KILN_ASSIGN_OR_RETURN(const Tensor logits, runner_->mtp_forward(m, ModelRunner::MtpInput::kStep, kv_));
     std::vector<float> flat(size_t(logits.numel()));
     backend_->to_host_f32(logits, flat.data());
     const size_t vocab = size_t(config_.vocab_size);

@@ -157,14 +157,14 @@ TEST(CudaServingMtp, MtpDraftsGiveTheTokensOfDecodingWithout) {
     r->ignore_eos = true;
     requests.push_back(r);
   }
-  const auto load = [&](runtime::SpeculativeMethod method) -> std::unique_ptr<runtime::Engine> {
+  const auto load = [&](runtime::SpeculativeMethod method, bool on_device = true) -> std::unique_ptr<runtime::Engine> {
     auto be = cuda::make_cuda_backend({.smem_cap = smem_cap()});
     if (!be.ok()) return nullptr;
     auto e = runtime::Engine::load(dir, std::move(be).value(),
                                    {.block_size = 16, .max_model_len = 512, .max_num_seqs = 32,
                                     .kv_cache_bytes = int64_t(64) << 20, .speculative_method = method,
                                     .num_speculative_tokens = method == runtime::SpeculativeMethod::kOff ? 0 : 3,
-                                    .speculative_adaptive = false});
+                                    .speculative_adaptive = false, .mtp_chain_on_device = on_device});
     EXPECT_TRUE(e.ok()) << e.status().to_string();
     return e.ok() ? std::move(e).value() : nullptr;
   };
@@ -172,13 +172,22 @@ TEST(CudaServingMtp, MtpDraftsGiveTheTokensOfDecodingWithout) {
   if (plain == nullptr) GTEST_SKIP() << "no CUDA device";
   auto mtp = load(runtime::SpeculativeMethod::kMtp);
   ASSERT_NE(mtp, nullptr);
-  std::map<uint64_t, std::vector<int32_t>> want, got;
+  // The chained passes read their tokens where the previous pass's argmax left them; with
+  // the drafts going through the host instead (as with several ranks), the same drafts.
+  auto via_host = load(runtime::SpeculativeMethod::kMtp, false);
+  ASSERT_NE(via_host, nullptr);
+  std::map<uint64_t, std::vector<int32_t>> want, got, got_via_host;
   for (size_t i = 0; i < requests.size(); ++i) {
     ASSERT_TRUE(plain->add_request(i, requests[i]).ok());
     ASSERT_TRUE(mtp->add_request(i, requests[i]).ok());
+    ASSERT_TRUE(via_host->add_request(i, requests[i]).ok());
   }
   drain(*plain, want);
   drain(*mtp, got);
+  drain(*via_host, got_via_host);
+  EXPECT_EQ(got, got_via_host);
+  EXPECT_EQ(mtp->stats().spec_accepted_tokens, via_host->stats().spec_accepted_tokens);
+  EXPECT_EQ(mtp->stats().spec_draft_tokens, via_host->stats().spec_draft_tokens);
   const auto [equal, worst_margin] = same_but_near_ties(*plain, requests, got, want);
   const runtime::EngineStats s = mtp->stats();
   const double rate = double(s.spec_accepted_tokens) / double(std::max<int64_t>(1, s.spec_draft_tokens));

@@ -153,6 +153,37 @@ TEST(MtpDemo, DraftsAreAcceptedAndOutputsEqualThoseWithout) {
   }
 }
 
+// With one rank, a chained MTP pass reads its tokens where the previous pass's argmax left
+// them (no wait between passes); with several, each pass's drafts go through the host. The
+// two give the same drafts (same ops on the same values: only where the token ids come
+// from differs), so exactly as many stand, and the outputs of decoding without drafts,
+// in batches of several sequences with n = 2, greedy and sampled.
+TEST(MtpDemo, DraftsChainedOnTheDeviceAreThoseOfTheHostChain) {
+  const nlohmann::json golden = testing::read_json(testing::fixture_dir(kModel) + "/golden.json");
+  const std::vector<runtime::Request> requests = demo_requests(golden, 40);
+  EngineOptions base{.block_size = 4, .max_model_len = 256, .prefill_chunk = 16};
+  const Tokens want = without_drafts(base, requests);
+  ASSERT_FALSE(want.empty());
+  std::map<bool, runtime::EngineStats> stats;
+  for (bool on_device : {true, false}) {
+    base.mtp_chain_on_device = on_device;
+    auto mtp = load(base, SpeculativeMethod::kMtp, 3);
+    ASSERT_TRUE(mtp);
+    EXPECT_EQ(run_all(*mtp, requests), want) << "on device " << on_device;
+    stats[on_device] = mtp->stats();
+    const runtime::EngineStats& s = stats[on_device];
+    std::printf("[ mtp demo ] chained %s: %lld of %lld drafts accepted, %lld chained passes after %lld drafting steps\n",
+                on_device ? "on the device" : "through the host", (long long)s.spec_accepted_tokens,
+                (long long)s.spec_draft_tokens, (long long)s.mtp_chained_passes, (long long)s.mtp_draft_steps);
+    EXPECT_EQ(s.kv_blocks_used, 0);
+  }
+  EXPECT_GT(stats[true].mtp_chained_passes, 20);
+  EXPECT_EQ(stats[true].mtp_chained_passes, stats[false].mtp_chained_passes);
+  EXPECT_EQ(stats[true].spec_draft_tokens, stats[false].spec_draft_tokens);
+  EXPECT_EQ(stats[true].spec_accepted_tokens, stats[false].spec_accepted_tokens);
+  EXPECT_GT(stats[true].spec_accepted_tokens, stats[true].spec_draft_tokens / 4);
+}
+
 // While the depth policy plans no drafts, the MTP layer's passes wait: decode steps keep
 // their hidden rows and the next pass runs over them first. A schedule of depths (one
 // step in four drafts, the others plan none) run with deferred passes and with a pass

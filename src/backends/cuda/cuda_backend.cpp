@@ -164,6 +164,12 @@ void CudaBackend::to_host_f32(const Tensor& t, float* out) {
   for (size_t i = 0; i < b.size(); ++i) out[i] = bf16_to_f32(b[i]);
 }
 
+void CudaBackend::to_host_i32(const Tensor& t, int32_t* out) {
+  KILN_CHECK(t.device == Device::kCuda && t.dtype == DType::kI32) << "cuda: to_host_i32 of " << dtype_name(t.dtype);
+  KILN_CUDA_CHECK(cudaMemcpyAsync(out, t.data, t.nbytes(), cudaMemcpyDeviceToHost, stream_));
+  synchronize();
+}
+
 void CudaBackend::from_host_f32(const float* src, Tensor& t) {
   KILN_CHECK(t.device == Device::kCuda && t.dtype == DType::kBF16) << "from_host_f32 into " << dtype_name(t.dtype);
   std::vector<uint16_t> b(size_t(t.numel()));
@@ -181,11 +187,12 @@ void CudaBackend::begin_step(const ops::BatchMeta& b) {
   const size_t n_seqs = b.context_len.size(), n_slots = b.state_slots.size();
   KILN_CHECK(n_slots == 0 || n_slots == n_seqs) << "begin_step: " << n_slots << " state slots for " << n_seqs
                                                 << " sequences";
-  const size_t n_snaps = b.state_snapshots.size();
+  const size_t n_snaps = b.state_snapshots.size(), n_inputs = b.input_rows.size();
   KILN_CHECK(n_snaps == 0 || n_snaps == n) << "begin_step: " << n_snaps << " state snapshots for " << n << " rows";
+  KILN_CHECK(n_inputs == 0 || n_inputs == n) << "begin_step: " << n_inputs << " input rows for " << n << " rows";
   // One buffer: positions | slot_mapping | seq_of_token | token_ids | block_table | logit_rows
-  // | q_start | state_slots | state_snapshots.
-  const size_t total = 4 * n + n_table + n_rows + (n_seqs + 1) + n_slots + n_snaps;
+  // | q_start | state_slots | state_snapshots | input_rows.
+  const size_t total = 4 * n + n_table + n_rows + (n_seqs + 1) + n_slots + n_snaps + n_inputs;
   KILN_CUDA_CHECK(cudaEventSynchronize(batch_copied_));  // the previous step's copy left the staging
   if (total > batch_capacity_) {
     release_graphs();  // they read the old buffer
@@ -208,6 +215,7 @@ void CudaBackend::begin_step(const ops::BatchMeta& b) {
   std::copy(b.q_start.begin(), b.q_start.end(), h + at_q);
   std::copy(b.state_slots.begin(), b.state_slots.end(), h + at_slots);
   std::copy(b.state_snapshots.begin(), b.state_snapshots.end(), h + at_slots + n_slots);
+  std::copy(b.input_rows.begin(), b.input_rows.end(), h + at_slots + n_slots + n_snaps);
   auto* d = static_cast<int32_t*>(batch_buffer_.get());
   KILN_CUDA_CHECK(cudaMemcpyAsync(d, h, total * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
   KILN_CUDA_CHECK(cudaEventRecord(batch_copied_, stream_));
@@ -215,7 +223,8 @@ void CudaBackend::begin_step(const ops::BatchMeta& b) {
             .token_ids = d + 3 * n, .logit_rows = d + 4 * n + n_table, .n_tokens = b.n_tokens(),
             .n_seqs = b.n_seqs(), .max_blocks = b.max_blocks_per_seq, .block_size = b.block_size,
             .n_logit_rows = int32_t(n_rows), .q_start = d + at_q, .state_slots = n_slots ? d + at_slots : nullptr,
-            .state_snapshots = n_snaps ? d + at_slots + n_slots : nullptr};
+            .state_snapshots = n_snaps ? d + at_slots + n_slots : nullptr,
+            .input_rows = n_inputs ? d + at_slots + n_slots + n_snaps : nullptr};
   host_batch_ = &b;
 }
 
@@ -231,7 +240,9 @@ void CudaBackend::release_graphs() {
 // forward pass become one cudaGraphLaunch. So are speculative verify steps of a uniform
 // shape (every sequence q = 2..8 rows, each a logit row: the same q_start for a given
 // key), since every op reads the batch from the device buffer and sizes its launch from
-// the shape alone (a step some op cannot record runs eagerly, as below). Everything a replay reads that changes
+// the shape alone (a step some op cannot record runs eagerly, as below); and MTP passes
+// (input_rows set: model::CausalLM::mtp_forward) of a uniform shape whatever their logit
+// rows. Everything a replay reads that changes
 // between steps lives in the batch buffer begin_step refills in place; every
 // block the recorded kernels touch is held by the graph, so no later allocation
 // can alias it.
@@ -241,7 +252,7 @@ Tensor CudaBackend::run_step(const ops::BatchMeta& b, uint64_t key, const std::f
   const int32_t n = b.n_tokens(), n_seqs = b.n_seqs();
   bool shaped = n == n_seqs;
   if (!shaped && verify_graphs_ && n_seqs > 0 && n % n_seqs == 0 && n / n_seqs <= 8 &&
-      int32_t(b.logit_rows.size()) == n) {
+      (int32_t(b.logit_rows.size()) == n || !b.input_rows.empty())) {
     shaped = true;
     for (int32_t s = 0; shaped && s <= n_seqs; ++s) shaped = b.q_start[size_t(s)] == s * (n / n_seqs);
   }

@@ -36,6 +36,7 @@ class CudaBackend final : public ops::Backend {
   Tensor upload(const Tensor& host) override;
   void to_host_f32(const Tensor& t, float* out) override;
   void from_host_f32(const float* src, Tensor& t) override;
+  void to_host_i32(const Tensor& t, int32_t* out) override;
   void synchronize() override { KILN_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
   Result<int64_t> quantized_bytes(const formats::QuantizedTensor& q) const override;
   void release_step_memory() override {
@@ -80,6 +81,7 @@ class CudaBackend final : public ops::Backend {
   void slice_columns(const ops::SliceColumnsArgs& a) override;
   void moe(const ops::MoeArgs& a) override;
   void sample(const ops::SampleArgs& a) override;  // cuda_sampling.cpp
+  void argmax(const ops::ArgmaxArgs& a) override;  // cuda_sampling.cpp
   void fill_random(const ops::FillRandomArgs& a) override;
   // Gated DeltaNet (OptionalOp::kGatedDeltaNet; cuda_gdn.cpp).
   void sigmoid_mul(const ops::SigmoidMulArgs& a) override;
@@ -206,6 +208,8 @@ class CudaBackend final : public ops::Backend {
   // The step's metadata: packed in pinned host memory, copied to one device
   // buffer that moves only when it grows (recorded graphs read it in place).
   std::shared_ptr<void> batch_buffer_;
+  std::shared_ptr<void> greedy_rows_;  // argmax: SampleRows of temperature 0
+  int64_t greedy_rows_n_ = 0;
   int32_t* batch_staging_ = nullptr;  // pinned, batch_capacity_ entries
   size_t batch_capacity_ = 0;
   cudaEvent_t batch_copied_ = nullptr;  // the staging may be rewritten once this passed

@@ -125,6 +125,13 @@ void CudaBackend::embedding(const ops::EmbeddingArgs& a) {
   const int64_t rows = a.table.dim(0), vocab = a.vocab_size > 0 ? a.vocab_size : rows;
   KILN_CHECK(a.id_begin >= 0 && a.id_begin + rows <= vocab)
       << "embedding: table rows [" << a.id_begin << ", " << a.id_begin + rows << ") of vocab " << vocab;
+  if (a.from_batch == ops::BatchIds::kNone && a.ids.device == Device::kCuda) {  // ids made here (argmax)
+    KILN_CHECK(a.ids.dtype == DType::kI32 && a.ids.rank() == 1 && a.ids.dim(0) == a.out.dim(0))
+        << "embedding: device ids " << dtype_name(a.ids.dtype) << " " << a.ids.shape << " for " << a.out.dim(0) << " rows";
+    launch_embedding(a.table.as<bf16>(), a.ids.as<int32_t>(), a.out.dim(0), a.table.dim(1), a.id_begin, rows,
+                     a.out.as<bf16>(), stream_);
+    return;
+  }
   const std::span<const int32_t> host = ops::embedding_ids(a);
   KILN_CHECK_EQ(a.out.dim(0), int64_t(host.size())) << "embedding: out.dim(0) vs the number of ids";
   for (size_t i = 0; i < host.size(); ++i)
@@ -135,7 +142,9 @@ void CudaBackend::embedding(const ops::EmbeddingArgs& a) {
     ids = device_ids(a.ids, op_scratch_);
   } else {
     KILN_CHECK(a.batch == host_batch_) << "embedding: ids from a batch other than the step's";
-    ids = a.from_batch == ops::BatchIds::kTokens ? batch_.token_ids : batch_.logit_rows;
+    ids = a.from_batch == ops::BatchIds::kTokens      ? batch_.token_ids
+          : a.from_batch == ops::BatchIds::kLogitRows ? batch_.logit_rows
+                                                      : batch_.input_rows;
   }
   launch_embedding(a.table.as<bf16>(), ids, int64_t(host.size()), a.table.dim(1), a.id_begin, rows,
                    a.out.as<bf16>(), stream_);

@@ -1,6 +1,8 @@
 // CudaBackend::sample: the rows' parameters go up, sampling.cu runs one block per row on
 // the device logits, and only the tokens (+ logprobs) come back.
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "backends/cuda/cuda_backend_impl.h"
 #include "backends/cuda/kernels/token_mask.h"
@@ -73,6 +75,27 @@ void CudaBackend::sample(const ops::SampleArgs& a) {
     std::memcpy(a.top_ids.data(), out.data() + 2 * nr, nr * nt * sizeof(int32_t));
     std::memcpy(a.top_logprobs.data(), out.data() + 2 * nr + nr * nt, nr * nt * sizeof(float));
   }
+}
+
+void CudaBackend::argmax(const ops::ArgmaxArgs& a) {
+  KILN_CHECK(a.logits.device == Device::kCuda && a.logits.dtype == DType::kBF16 && a.logits.rank() == 2)
+      << "cuda: argmax logits must be a bf16 device matrix (dtype " << dtype_name(a.logits.dtype) << ")";
+  const int64_t n_rows = a.logits.dim(0);
+  KILN_CHECK(a.out.device == Device::kCuda && a.out.dtype == DType::kI32 && a.out.numel() >= n_rows)
+      << "cuda: argmax into " << dtype_name(a.out.dtype) << " " << a.out.shape << " for " << n_rows << " rows";
+  if (n_rows == 0) return;
+  // The sampling kernel's greedy pass (so the ids are sample()'s at temperature 0): rows
+  // of default parameters, uploaded once per size (a synchronisation only then).
+  if (greedy_rows_n_ < n_rows) {
+    greedy_rows_n_ = std::max<int64_t>(n_rows, 2 * greedy_rows_n_);
+    greedy_rows_ = allocator_->allocate(size_t(greedy_rows_n_) * sizeof(SampleRow));
+    const std::vector<SampleRow> rows(static_cast<size_t>(greedy_rows_n_));
+    KILN_CUDA_CHECK(cudaMemcpyAsync(greedy_rows_.get(), rows.data(), rows.size() * sizeof(SampleRow),
+                                    cudaMemcpyHostToDevice, stream_));
+    synchronize();
+  }
+  launch_sample(a.logits.as<bf16>(), n_rows, a.logits.dim(1), static_cast<const SampleRow*>(greedy_rows_.get()), 0,
+                a.out.as<int32_t>(), nullptr, nullptr, nullptr, stream_);
 }
 
 }  // namespace kiln::cuda

@@ -29,6 +29,7 @@ struct DeviceBatch {
   const int32_t* q_start = nullptr;       // [n_seqs + 1]
   const int32_t* state_slots = nullptr;   // [n_seqs], or nullptr when the batch has none
   const int32_t* state_snapshots = nullptr;  // [n_tokens] (ops::BatchMeta), or nullptr when none
+  const int32_t* input_rows = nullptr;       // [n_tokens] (ops::BatchMeta), or nullptr when none
 };
 
 // ---- elementwise.cu
