@@ -137,16 +137,16 @@ int cmd_generate(const CommonOptions& o, const std::string& tokens_arg, const Ge
                    100.0 * double(st.spec_accepted_tokens) / double(std::max<int64_t>(1, st.spec_draft_tokens)),
                    double(n) / double(std::max<int64_t>(1, st.steps)));
     }
-    // Where a step's time goes (wall time of Engine::step: scheduling, the forward pass,
-    // sampling, and the MTP passes after it; verify steps count as "other").
+    // The wall time of Engine::step by kind (scheduling, the forward pass, sampling, the
+    // MTP passes it queues: their drafts are waited for in the next step; verify steps
+    // count as "other").
     const auto per = [](double s, int64_t n) { return s * 1e3 / double(std::max<int64_t>(1, n)); };
     std::fprintf(stderr, "kiln: steps: %lld decode (%.3f ms each), %lld other (prefill, verify: %.3f ms each)\n",
                  (long long)st.decode_steps.steps, per(st.decode_steps.seconds, st.decode_steps.steps),
                  (long long)st.mixed_steps.steps, per(st.mixed_steps.seconds, st.mixed_steps.steps));
     if (st.mtp_draft_steps > 0)
-      std::fprintf(stderr, "kiln: MTP drafts: %.3f ms a drafting step (%lld steps; the first pass and %.2f chained "
-                   "ones each)\n", per(st.mtp_draft_seconds, st.mtp_draft_steps), (long long)st.mtp_draft_steps,
-                   double(st.mtp_chained_passes) / double(st.mtp_draft_steps));
+      std::fprintf(stderr, "kiln: MTP drafts: %lld steps drafted, with the first pass and %.2f chained ones each\n",
+                   (long long)st.mtp_draft_steps, double(st.mtp_chained_passes) / double(st.mtp_draft_steps));
     if (const runtime::AdaptiveDepth* depth = (*engine)->speculation_depth(); depth && st.spec_depth_steps > 0) {
       // The depth policy (runtime/adaptive_depth.h): what it chose and what it measured.
       const auto fmt_fixed = [](double v, int digits) {

@@ -51,6 +51,9 @@ struct EmbeddingArgs {
 
 // The ids of an embedding call, on the host (host ids or the batch's).
 std::span<const int32_t> embedding_ids(const EmbeddingArgs& a);
+// A host-memory backend's token ids of `batch`: token_ids with device_token_rows' ids in
+// place (BatchMeta::device_token_rows).
+std::vector<int32_t> batch_token_ids(const BatchMeta& batch);
 
 // Greedy ids of the rows of logits [n_rows, vocab]: the tokens sample() picks at
 // temperature 0 (the largest logit, the lowest id on ties), written to out [>= n_rows] i32

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/tensor.h"
+
 namespace kiln::ops {
 
 // slot_mapping value of a padding row (a batch padded to a recorded shape):
@@ -37,6 +39,11 @@ struct BatchMeta {
   // MTP passes (model::CausalLM::mtp_forward), else empty: per token row, the row of the
   // hidden state it reads (BatchIds::kInputRows), so the gather is part of the step.
   std::vector<int32_t> input_rows;
+  // Speculative verification of drafts still in the backend's memory (MTP drafts chained
+  // there), else empty: per token row, the index in device_tokens (i32, the backend's) of
+  // the row's token id, which replaces token_ids[r] (a placeholder), or -1.
+  std::vector<int32_t> device_token_rows;
+  Tensor device_tokens;
 
   int32_t n_tokens() const { return int32_t(positions.size()); }
   int32_t n_seqs() const { return int32_t(context_len.size()); }

@@ -23,6 +23,21 @@ std::span<const int32_t> embedding_ids(const EmbeddingArgs& a) {
   return a.batch->input_rows;
 }
 
+std::vector<int32_t> batch_token_ids(const BatchMeta& b) {
+  std::vector<int32_t> ids = b.token_ids;
+  if (b.device_token_rows.empty()) return ids;
+  KILN_CHECK(b.device_token_rows.size() == ids.size() && b.device_tokens.dtype == DType::kI32 &&
+             b.device_tokens.device == Device::kHost)
+      << "batch: device token rows need " << ids.size() << " entries and host i32 tokens";
+  for (size_t r = 0; r < ids.size(); ++r) {
+    const int32_t at = b.device_token_rows[r];
+    if (at < 0) continue;
+    KILN_CHECK_LT(at, b.device_tokens.numel()) << "batch: device token index at row " << r;
+    ids[r] = b.device_tokens.as<int32_t>()[at];
+  }
+  return ids;
+}
+
 void Backend::to_host_i32(const Tensor& t, int32_t* out) {
   KILN_CHECK(t.dtype == DType::kI32 && t.device == Device::kHost) << name() << ": to_host_i32 of a non-host or non-i32 tensor";
   std::copy_n(t.as<int32_t>(), t.numel(), out);

@@ -669,6 +669,7 @@ std::vector<StepOutput> Engine::step() {
       for (int32_t j = 0; j < batch.verify[i].n_draft; ++j)
         snap[size_t(batch.verify[i].first_row + j)] = states_.snapshot_row(int32_t(i) * options_.num_speculative_tokens + j);
   }
+  mtp_mark_device_drafts(batch.meta, batch.verify);  // drafts the forward pass reads on the device
   const std::vector<Sequence*> sampled = std::move(batch.sampled);
   const std::vector<StepBatch::Verify> verify = std::move(batch.verify);
   const std::vector<StepBatch::Rows> rows = std::move(batch.rows);
@@ -709,6 +710,7 @@ std::vector<StepOutput> Engine::step() {
     return s.n_new == 1 + s.n_draft && s.seq->n_uncomputed() == 1;
   });
   const Tensor logits = forward(std::move(batch.meta));
+  mtp_fetch();  // (queued after the forward pass: the drafts it verifies, for the host)
   for (const ScheduledSeq& s : schedule.seqs) {
     if (RequestState& st = requests_.at(s.seq->request_id); !st.started) {
       st.started = true;
@@ -809,6 +811,10 @@ bool Engine::emit(Sequence& seq, SampledToken t, std::vector<StepOutput>& outs, 
 
 void Engine::propose_drafts() {
   const int32_t k = options_.num_speculative_tokens;
+  // A grammar cuts drafts by their values (below): those still on the device come first.
+  if (std::any_of(scheduler_->running().begin(), scheduler_->running().end(),
+                  [](const Sequence* s) { return s->mtp_device_slot >= 0 && s->sampler.constrained(); }))
+    mtp_fetch();
   std::vector<int32_t> lengths;  // of the decoding sequences' drafts at depth K
   for (Sequence* seq : scheduler_->running()) {
     seq->draft.clear();

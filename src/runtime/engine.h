@@ -144,11 +144,9 @@ struct EngineStats {
   // MTP (runtime/mtp_drafts.cpp): hidden rows kept aside by steps planned without drafts,
   // and the MTP passes that ran over them later.
   int64_t mtp_deferred_rows = 0, mtp_flushes = 0;
-  // Steps that drafted with MTP, the wall time of their MTP passes (the first over the
-  // step's rows, then chained ones for drafts 2..k: mtp_chained_passes in all), waits for
-  // the device included.
+  // Steps that drafted with MTP, and their chained passes (drafts 2..k; each drafting step
+  // also runs a first pass over its rows).
   int64_t mtp_draft_steps = 0, mtp_chained_passes = 0;
-  double mtp_draft_seconds = 0.0;
 };
 
 // A step that failed on some rank (a dead GPU, a failed collective): the engine cannot
@@ -258,8 +256,14 @@ class Engine {
     int32_t pos = 0, token = 0, slot = 0;
   };
   void mtp_flush();
-  void mtp_forget(const Sequence& seq);
+  void mtp_forget(Sequence& seq);
   void mtp_drafts(const std::vector<StepBatch::Rows>& rows);
+  // With one rank the last MTP drafts stay in the backend's memory until needed on the
+  // host: the next verify step reads them there (BatchMeta::device_token_rows), and
+  // mtp_fetch brings them to their sequences (after that step's forward pass is queued,
+  // or earlier where a grammar needs them).
+  void mtp_mark_device_drafts(ops::BatchMeta& batch, const std::vector<StepBatch::Verify>& verify) const;
+  void mtp_fetch();
   // Appends one sampled token to seq and ends it where a stop condition holds; false
   // when it ended (nothing more may follow).
   bool emit(Sequence& seq, SampledToken t, std::vector<StepOutput>& outs, std::vector<uint64_t>& done);
@@ -287,6 +291,8 @@ class Engine {
   ops::BatchMeta step_batch_;  // the current step's batch (backends read it until the step ends)
   ops::BatchMeta mtp_batch_;   // likewise, the MTP layer's current step
   std::vector<MtpKept> mtp_kept_;  // row i: the runner's kept row i (ModelRunner::mtp_keep)
+  std::vector<Sequence*> mtp_on_device_;  // slot i's sequence whose drafts are on the device (or null)
+  int32_t mtp_on_device_depths_ = 0;     // draft rows of those drafts
   std::unordered_map<uint64_t, RequestState> requests_;
   EngineStats stats_;
   int32_t unstarted_requests_ = 0;

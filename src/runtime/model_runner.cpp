@@ -304,6 +304,7 @@ int64_t ModelRunner::kv_bytes_per_token(KvCacheDtype dtype) const {
 }
 
 ops::BatchMeta batch_slice(const ops::BatchMeta& b, int32_t begin, int32_t end) {
+  KILN_CHECK(b.device_token_rows.empty()) << "batch_slice: token ids still on a device (one rank only)";
   ops::BatchMeta out;
   out.block_size = b.block_size;
   out.max_blocks_per_seq = b.max_blocks_per_seq;

@@ -109,6 +109,8 @@ class ModelRunner {
   void mtp_argmax(const Tensor& logits, int depth);
   // Draft rows [0, depths) of passes of n rows, on the host (waits for them).
   std::vector<int32_t> mtp_drafts(int depths, int n);
+  // All draft rows (rank 0's memory): a verify step may read its tokens there.
+  const Tensor& mtp_draft_ids() const { return mtp_[0].draft_ids; }
 
   // Runs fn(rank) on every rank's thread at once (rank 0 on this one); the first
   // failure, after every rank has stopped (the others are aborted out of collectives).

@@ -29,7 +29,6 @@
 // and positions still deferred there are missing: only the drafts' quality can differ,
 // never the output).
 #include <algorithm>
-#include <chrono>
 #include <unordered_map>
 
 #include "core/check.h"
@@ -57,9 +56,44 @@ void fill_block_table(ops::BatchMeta& b, const std::vector<const std::vector<int
 
 }  // namespace
 
-void Engine::mtp_forget(const Sequence& seq) {
+void Engine::mtp_forget(Sequence& seq) {
   for (MtpKept& k : mtp_kept_)
     if (k.seq == &seq) k.seq = nullptr;
+  if (seq.mtp_device_slot >= 0) {  // its drafts on the device are no one's now
+    mtp_on_device_[size_t(seq.mtp_device_slot)] = nullptr;
+    seq.mtp_device_slot = -1;
+    seq.mtp_draft.clear();
+    seq.mtp_draft_at = -1;
+  }
+}
+
+void Engine::mtp_mark_device_drafts(ops::BatchMeta& b, const std::vector<StepBatch::Verify>& verify) const {
+  if (mtp_on_device_.empty()) return;
+  const size_t n_slots = mtp_on_device_.size();
+  for (const StepBatch::Verify& v : verify) {
+    const int32_t slot = v.seq->mtp_device_slot;
+    if (slot < 0) continue;
+    if (b.device_token_rows.empty()) b.device_token_rows.assign(size_t(b.n_tokens()), -1);
+    for (int32_t j = 0; j < v.n_draft; ++j)  // its rows [last, d1 .. dk]: d_{j+1} from draft row j
+      b.device_token_rows[size_t(v.first_row + 1 + j)] = int32_t(size_t(j) * n_slots + size_t(slot));
+  }
+  if (!b.device_token_rows.empty()) b.device_tokens = runner_->mtp_draft_ids();
+}
+
+void Engine::mtp_fetch() {
+  if (mtp_on_device_.empty()) return;
+  const size_t n_slots = mtp_on_device_.size();
+  const std::vector<int32_t> ids = runner_->mtp_drafts(mtp_on_device_depths_, int32_t(n_slots));
+  for (size_t i = 0; i < n_slots; ++i) {
+    Sequence* seq = mtp_on_device_[i];
+    if (seq == nullptr) continue;
+    for (size_t j = 0; j < seq->mtp_draft.size(); ++j) seq->mtp_draft[j] = ids[j * n_slots + i];
+    // A draft proposed from them is their prefix (Engine::propose_drafts).
+    for (size_t j = 0; j < seq->draft.size() && j < seq->mtp_draft.size(); ++j) seq->draft[j] = seq->mtp_draft[j];
+    seq->mtp_device_slot = -1;
+  }
+  mtp_on_device_.clear();
+  mtp_on_device_depths_ = 0;
 }
 
 void Engine::mtp_flush() {
@@ -258,7 +292,7 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
     run(ModelRunner::MtpInput::kStep, -1);
     return;
   }
-  const auto start = std::chrono::steady_clock::now();
+  mtp_fetch();  // (the last drafts, if still on the device: this pass overwrites them)
   // Draft d_j of slot i is draft row j - 1's entry i (ModelRunner::mtp_argmax). With one
   // rank a chained pass reads its tokens where the previous pass's argmax left them, so the
   // passes queue back to back and the drafts come back once; with several, each pass's
@@ -314,15 +348,24 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
     ++stats_.mtp_chained_passes;
     depths = depth;
   }
-  const std::vector<int32_t> ids = runner_->mtp_drafts(depths, n_slots);
+  // With one rank the drafts stay on the device: the next verify step reads them there,
+  // so it is queued without waiting for them (mtp_fetch reads them back after that).
+  const std::vector<int32_t> ids = on_device ? std::vector<int32_t>{} : runner_->mtp_drafts(depths, n_slots);
+  if (on_device) {
+    mtp_on_device_.assign(slots.size(), nullptr);
+    mtp_on_device_depths_ = depths;
+  }
   for (size_t i = 0; i < slots.size(); ++i) {
     if (slots[i] == nullptr) continue;
     Sequence& seq = *slots[i];
-    for (int32_t j = 0; j < depth_of[i]; ++j) seq.mtp_draft.push_back(ids[size_t(j) * size_t(n_slots) + i]);
+    for (int32_t j = 0; j < depth_of[i]; ++j) seq.mtp_draft.push_back(on_device ? 0 : ids[size_t(j) * size_t(n_slots) + i]);
     seq.mtp_draft_at = seq.n_tokens();
+    if (on_device) {
+      seq.mtp_device_slot = int32_t(i);
+      mtp_on_device_[i] = &seq;
+    }
   }
   ++stats_.mtp_draft_steps;
-  stats_.mtp_draft_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 Result<std::vector<std::vector<float>>> Engine::mtp_logits(const std::vector<int32_t>& prompt) {

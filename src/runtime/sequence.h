@@ -61,6 +61,9 @@ struct Sequence {
   // after the step that computed them; stale once tokens grow or the sequence restarts).
   std::vector<int32_t> mtp_draft;
   int32_t mtp_draft_at = -1;
+  // >= 0: mtp_draft holds placeholders, its ids are still in the backend's memory (slot
+  // of the last MTP drafts: Engine::mtp_fetch), where the next verify step reads them.
+  int32_t mtp_device_slot = -1;
 
   Sequence(uint64_t id, int32_t index, std::shared_ptr<const Request> r, const SamplingParams& params)
       : request_id(id), sample_index(index), request(std::move(r)), sampler(params) {}

@@ -162,7 +162,12 @@ void CpuBackend::from_host_f32(const float* src, Tensor& t) {
 void CpuBackend::embedding(const ops::EmbeddingArgs& a) {
   KILN_CHECK_EQ(a.table.rank(), 2) << "embedding: table " << a.table.shape;
   check_float_dtype(a.table, "embedding table");
-  const std::span<const int32_t> id_span = ops::embedding_ids(a);
+  std::span<const int32_t> id_span = ops::embedding_ids(a);
+  std::vector<int32_t> patched;  // token ids still in device_tokens (speculative drafts)
+  if (a.from_batch == ops::BatchIds::kTokens && !a.batch->device_token_rows.empty()) {
+    patched = ops::batch_token_ids(*a.batch);
+    id_span = patched;
+  }
   check_activation(a.out, "embedding out", 2);
   const int64_t n_tokens = int64_t(id_span.size()), rows = a.table.dim(0), d_model = a.table.dim(1);
   const int64_t vocab = a.vocab_size > 0 ? a.vocab_size : rows;

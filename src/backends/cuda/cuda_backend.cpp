@@ -187,12 +187,14 @@ void CudaBackend::begin_step(const ops::BatchMeta& b) {
   const size_t n_seqs = b.context_len.size(), n_slots = b.state_slots.size();
   KILN_CHECK(n_slots == 0 || n_slots == n_seqs) << "begin_step: " << n_slots << " state slots for " << n_seqs
                                                 << " sequences";
-  const size_t n_snaps = b.state_snapshots.size(), n_inputs = b.input_rows.size();
+  const size_t n_snaps = b.state_snapshots.size(), n_inputs = b.input_rows.size(), n_patch = b.device_token_rows.size();
+  KILN_CHECK(n_patch == 0 || (n_patch == n && b.device_tokens.device == Device::kCuda && b.device_tokens.dtype == DType::kI32))
+      << "begin_step: " << n_patch << " device token rows for " << n << " rows";
   KILN_CHECK(n_snaps == 0 || n_snaps == n) << "begin_step: " << n_snaps << " state snapshots for " << n << " rows";
   KILN_CHECK(n_inputs == 0 || n_inputs == n) << "begin_step: " << n_inputs << " input rows for " << n << " rows";
   // One buffer: positions | slot_mapping | seq_of_token | token_ids | block_table | logit_rows
-  // | q_start | state_slots | state_snapshots | input_rows.
-  const size_t total = 4 * n + n_table + n_rows + (n_seqs + 1) + n_slots + n_snaps + n_inputs;
+  // | q_start | state_slots | state_snapshots | input_rows | device_token_rows.
+  const size_t total = 4 * n + n_table + n_rows + (n_seqs + 1) + n_slots + n_snaps + n_inputs + n_patch;
   KILN_CUDA_CHECK(cudaEventSynchronize(batch_copied_));  // the previous step's copy left the staging
   if (total > batch_capacity_) {
     release_graphs();  // they read the old buffer
@@ -216,9 +218,13 @@ void CudaBackend::begin_step(const ops::BatchMeta& b) {
   std::copy(b.state_slots.begin(), b.state_slots.end(), h + at_slots);
   std::copy(b.state_snapshots.begin(), b.state_snapshots.end(), h + at_slots + n_slots);
   std::copy(b.input_rows.begin(), b.input_rows.end(), h + at_slots + n_slots + n_snaps);
+  const size_t at_patch = at_slots + n_slots + n_snaps + n_inputs;
+  std::copy(b.device_token_rows.begin(), b.device_token_rows.end(), h + at_patch);
   auto* d = static_cast<int32_t*>(batch_buffer_.get());
   KILN_CUDA_CHECK(cudaMemcpyAsync(d, h, total * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
   KILN_CUDA_CHECK(cudaEventRecord(batch_copied_, stream_));
+  // Token ids still on the device (speculative drafts) into place, before any op reads them.
+  if (n_patch > 0) launch_patch_ids(d + 3 * n, d + at_patch, b.device_tokens.as<int32_t>(), int64_t(n), stream_);
   batch_ = {.positions = d, .slot_mapping = d + n, .seq_of_token = d + 2 * n, .block_table = d + 4 * n,
             .token_ids = d + 3 * n, .logit_rows = d + 4 * n + n_table, .n_tokens = b.n_tokens(),
             .n_seqs = b.n_seqs(), .max_blocks = b.max_blocks_per_seq, .block_size = b.block_size,

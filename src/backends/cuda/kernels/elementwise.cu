@@ -23,6 +23,11 @@ __global__ void embedding_kernel(const bf16* table, const int32_t* ids, int64_t 
   for (int64_t i = threadIdx.x; i < d; i += blockDim.x) out[row * d + i] = src[i];
 }
 
+__global__ void patch_ids_kernel(int32_t* dst, const int32_t* at, const int32_t* src, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n && at[i] >= 0) dst[i] = src[at[i]];
+}
+
 // ops::FillRandomArgs: element i from the shared host/device formula (ops/random.h).
 template <typename T>
 __global__ void fill_random_kernel(T* out, int64_t n, uint64_t seed, float mean, float stddev) {
@@ -90,6 +95,12 @@ void launch_embedding(const bf16* table, const int32_t* ids, int64_t n_rows, int
                       int64_t table_rows, bf16* out, cudaStream_t stream) {
   if (n_rows == 0) return;
   embedding_kernel<<<unsigned(n_rows), kThreads, 0, stream>>>(table, ids, d, id_begin, table_rows, out);
+  KILN_CUDA_LAUNCH_CHECK();
+}
+
+void launch_patch_ids(int32_t* dst, const int32_t* at, const int32_t* src, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  patch_ids_kernel<<<ceil_div(n, kThreads), kThreads, 0, stream>>>(dst, at, src, n);
   KILN_CUDA_LAUNCH_CHECK();
 }
 

@@ -40,6 +40,8 @@ cudaError_t probe_kernel_image();
 // zero row (vocab-parallel tables: another rank holds that id). ids: device memory.
 void launch_embedding(const bf16* table, const int32_t* ids, int64_t n_rows, int64_t d, int64_t id_begin,
                       int64_t table_rows, bf16* out, cudaStream_t stream);
+// dst[i] = src[at[i]] where at[i] >= 0, for i < n (ops::BatchMeta::device_token_rows).
+void launch_patch_ids(int32_t* dst, const int32_t* at, const int32_t* src, int64_t n, cudaStream_t stream);
 void launch_add(const bf16* a, const bf16* b, bf16* out, int64_t n, cudaStream_t stream);
 void launch_add_bias(bf16* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream);
 // y[r, c] += bias[c] in fp32.
