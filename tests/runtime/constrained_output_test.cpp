@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,20 @@ std::shared_ptr<const OutputConstraint> constraint_for(const tokenizer::Tokenize
   c->masker = std::make_shared<grammar::TokenMasker>(*bytes, std::nullopt);
   c->token_bytes = std::move(bytes);
   return c;
+}
+
+// A fixture's tokenizer and the constraint of kSchema over its vocabulary.
+struct SchemaFixture {
+  std::optional<tokenizer::Tokenizer> tok;
+  std::shared_ptr<const OutputConstraint> constraint;
+};
+SchemaFixture schema_fixture(const std::string& name) {
+  auto tok = tokenizer::Tokenizer::load(testing::fixture_dir(name));
+  EXPECT_TRUE(tok.ok()) << tok.status().to_string();
+  if (!tok.ok()) return {};
+  SchemaFixture f{.tok = std::move(tok).value()};
+  f.constraint = constraint_for(*f.tok, ordered_json::parse(kSchema));
+  return f;
 }
 
 // The schema above, checked by hand on the parsed document.
@@ -165,10 +180,10 @@ TEST(ConstrainedOutput, EndsAtEosWhereTheDocumentMayGoOnAndAtLengthWhenCut) {
 // token for token, as with a cache that never preempts, with and without prefix caching.
 TEST(ConstrainedOutput, PreemptionKeepsTheMatcherAndTheOutputs) {
   const std::string dir = testing::fixture_dir("kiln_demo");
-  auto tok = tokenizer::Tokenizer::load(dir);
-  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
-  const auto constraint = constraint_for(*tok, ordered_json::parse(kSchema));
-  ASSERT_NE(constraint, nullptr);
+  const SchemaFixture f = schema_fixture("kiln_demo");
+  ASSERT_NE(f.constraint, nullptr);
+  const auto& tok = f.tok;
+  const auto& constraint = f.constraint;
   const std::vector<int32_t> prompt = tok->encode("A person, as JSON:", true);
   std::vector<Request> requests;
   for (uint64_t seed = 1; seed <= 6; ++seed) {
@@ -315,17 +330,13 @@ TEST(ConstrainedOutput, SpeculativeDraftsGiveTheSameDocuments) {
 // batch with MTP drafts (the MTP demo model, K = 3): the outputs of decoding without them.
 TEST(ConstrainedOutput, MtpDraftsGiveTheSameDocuments) {
   const std::string dir = testing::fixture_dir("kiln_mtp_demo");
-  auto tok = tokenizer::Tokenizer::load(dir);
-  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
-  const auto constraint = constraint_for(*tok, ordered_json::parse(kSchema));
-  ASSERT_NE(constraint, nullptr);
-  const std::vector<int32_t> prompt = tok->encode("A person, as JSON:", true);
-  std::vector<Request> requests;
+  const SchemaFixture f = schema_fixture("kiln_mtp_demo");
+  ASSERT_NE(f.constraint, nullptr);
+  const std::vector<int32_t> prompt = f.tok->encode("A person, as JSON:", true);
+  std::vector<Request> requests;  // even ids constrained, odd ones not
   for (uint64_t seed = 1; seed <= 3; ++seed) {
-    Request r{.prompt = prompt, .sampling = {.temperature = seed == 1 ? 0.0f : 0.7f, .seed = seed, .logprobs = 1},
-              .max_tokens = 120};
-    r.constraint = constraint;
-    requests.push_back(r);
+    requests.push_back({.prompt = prompt, .sampling = {.temperature = seed == 1 ? 0.0f : 0.7f, .seed = seed, .logprobs = 1},
+                        .max_tokens = 120, .constraint = f.constraint});
     requests.push_back({.prompt = prompt, .sampling = {.temperature = 0.0f, .seed = seed}, .max_tokens = 60 + 10 * int32_t(seed),
                         .ignore_eos = true});  // unconstrained
   }
@@ -345,7 +356,7 @@ TEST(ConstrainedOutput, MtpDraftsGiveTheSameDocuments) {
     EXPECT_EQ(got.at(key).tokens, w.tokens) << "request " << key.first;
     EXPECT_EQ(got.at(key).logprobs, w.logprobs) << "request " << key.first;
     EXPECT_EQ(got.at(key).finish, w.finish) << "request " << key.first;
-    if (key.first % 2 == 0) expect_document(tok->decode(got.at(key).tokens), "request " + std::to_string(key.first));
+    if (key.first % 2 == 0) expect_document(f.tok->decode(got.at(key).tokens), "request " + std::to_string(key.first));
   }
   const EngineStats s = spec->stats();
   std::printf("constrained and unconstrained MTP drafts: %lld of %lld accepted in %lld verifications\n",
