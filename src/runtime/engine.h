@@ -80,8 +80,9 @@ struct EngineOptions {
   // runtime/mtp_drafts.cpp); 0: the MTP layer runs after every step.
   int32_t mtp_deferred_steps = 16;
   // MTP with one rank: a chained pass reads its tokens where the previous pass's argmax
-  // left them, so the passes queue without a wait. false (tests): each pass's drafts come
-  // to the host and go out with the next batch, as with several ranks.
+  // left them, and the next verify step its drafts, so neither waits for them (mtp_fetch
+  // reads them back later). false (tests): each pass's drafts come to the host and go out
+  // with the next batch, as with several ranks.
   bool mtp_chain_on_device = true;
   // Several ranks (model_runner.h): one backend each, given to load() in rank order;
   // `comms` makes their communicators (empty: in-process groups, host backends only).

@@ -100,8 +100,8 @@ class ModelRunner {
   // The MTP layer over `batch` on every rank (model::CausalLM::mtp_forward): row r reads
   // hidden row batch.input_rows[r] of `from`, and (tokens_from_depth = j >= 0, one rank
   // only) token draft_ids(j)[r] instead of batch.token_ids[r]. Logits
-  // [batch.logit_rows.size(), vocab] on rank 0's backend, valid until the next step; the
-  // work may still be running (the next wait: mtp_drafts or a read of the logits).
+  // [batch.logit_rows.size(), vocab] on rank 0's backend, valid until the next step; with
+  // one rank the work may still be running (nothing here waits for it).
   Result<Tensor> mtp_forward(const ops::BatchMeta& batch, MtpInput from, std::vector<KvCache>& kv,
                              int tokens_from_depth = -1);
   // Greedy ids of `logits`'s n rows into draft row `depth` (ids [depth n, (depth + 1) n))
