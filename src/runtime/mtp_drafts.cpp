@@ -60,6 +60,7 @@ void Engine::mtp_forget(Sequence& seq) {
   for (MtpKept& k : mtp_kept_)
     if (k.seq == &seq) k.seq = nullptr;
   if (seq.mtp_device_slot >= 0) {  // its drafts on the device are no one's now
+    KILN_CHECK_LT(size_t(seq.mtp_device_slot), mtp_on_device_.size()) << "mtp: a draft slot without drafts";
     mtp_on_device_[size_t(seq.mtp_device_slot)] = nullptr;
     seq.mtp_device_slot = -1;
     seq.mtp_draft.clear();
