@@ -445,8 +445,8 @@ void ModelRunner::mtp_argmax(const Tensor& logits, int depth) {
   backend(0).argmax({.logits = logits, .out = mtp_[0].draft_ids.slice0(depth * n, (depth + 1) * n)});
 }
 
-std::vector<int32_t> ModelRunner::mtp_drafts(int depths, int n) {
-  KILN_CHECK(depths >= 0 && n >= 0 && int64_t(depths) * n <= mtp_[0].draft_ids.dim(0)) << "mtp_drafts: " << depths << " x " << n;
+std::vector<int32_t> ModelRunner::mtp_read_drafts(int depths, int n) {
+  KILN_CHECK(depths >= 0 && n >= 0 && int64_t(depths) * n <= mtp_[0].draft_ids.dim(0)) << "mtp_read_drafts: " << depths << " x " << n;
   std::vector<int32_t> out(size_t(depths) * size_t(n));
   if (!out.empty()) backend(0).to_host_i32(mtp_[0].draft_ids.slice0(0, int64_t(depths) * n), out.data());
   return out;

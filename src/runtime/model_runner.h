@@ -108,7 +108,7 @@ class ModelRunner {
   // on rank 0, not waited for.
   void mtp_argmax(const Tensor& logits, int depth);
   // Draft rows [0, depths) of passes of n rows, on the host (waits for them).
-  std::vector<int32_t> mtp_drafts(int depths, int n);
+  std::vector<int32_t> mtp_read_drafts(int depths, int n);
   // All draft rows (rank 0's memory): a verify step may read its tokens there.
   const Tensor& mtp_draft_ids() const { return mtp_[0].draft_ids; }
 

@@ -84,7 +84,7 @@ void Engine::mtp_mark_device_drafts(ops::BatchMeta& b, const std::vector<StepBat
 void Engine::mtp_fetch() {
   if (mtp_on_device_.empty()) return;
   const size_t n_slots = mtp_on_device_.size();
-  const std::vector<int32_t> ids = runner_->mtp_drafts(mtp_on_device_depths_, int32_t(n_slots));
+  const std::vector<int32_t> ids = runner_->mtp_read_drafts(mtp_on_device_depths_, int32_t(n_slots));
   for (size_t i = 0; i < n_slots; ++i) {
     Sequence* seq = mtp_on_device_[i];
     if (seq == nullptr) continue;
@@ -312,7 +312,7 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
     b = ops::BatchMeta{};
     b.block_size = bs;
     tables.clear();
-    if (!on_device) host_ids = runner_->mtp_drafts(depths, n_slots);
+    if (!on_device) host_ids = runner_->mtp_read_drafts(depths, n_slots);
     int32_t model = -1;  // a row that drafts: the padding rows' model
     for (size_t i = 0; i < slots.size(); ++i) {
       Sequence* seq = slots[i];
@@ -351,7 +351,7 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
   }
   // With one rank the drafts stay on the device: the next verify step reads them there,
   // so it is queued without waiting for them (mtp_fetch reads them back after that).
-  const std::vector<int32_t> ids = on_device ? std::vector<int32_t>{} : runner_->mtp_drafts(depths, n_slots);
+  const std::vector<int32_t> ids = on_device ? std::vector<int32_t>{} : runner_->mtp_read_drafts(depths, n_slots);
   if (on_device) {
     mtp_on_device_.assign(slots.size(), nullptr);
     mtp_on_device_depths_ = depths;

@@ -262,6 +262,29 @@ TEST(ConstrainedOutput, MasksOnWorkerThreadsEqualTheUncachedMasks) {
 namespace kiln::runtime {
 namespace {
 
+// `requests` run together on an engine with options `o` (speculative drafts): every
+// output the same as in `want` (tokens, logprobs, finish reason). Its outputs and stats.
+std::pair<test::Outputs, EngineStats> same_outputs_with(const std::string& dir, const EngineOptions& o,
+                                                        const std::vector<Request>& requests, const test::Outputs& want,
+                                                        const std::string& what) {
+  auto spec = test::load_engine(dir, o);
+  EXPECT_NE(spec, nullptr) << what;
+  if (spec == nullptr) return {};
+  test::Outputs got = test::run_together(*spec, requests);
+  EXPECT_EQ(got.size(), want.size()) << what;
+  for (const auto& [key, w] : want) {
+    const std::string at = "request " + std::to_string(key.first) + " sample " + std::to_string(key.second) + what;
+    if (!got.contains(key)) {
+      ADD_FAILURE() << at << ": no output";
+      continue;
+    }
+    EXPECT_EQ(got.at(key).tokens, w.tokens) << at;
+    EXPECT_EQ(got.at(key).logprobs, w.logprobs) << at;
+    EXPECT_EQ(got.at(key).finish, w.finish) << at;
+  }
+  return {std::move(got), spec->stats()};
+}
+
 // Speculative decoding of constrained sequences: n-gram drafts cut where the grammar
 // stops taking them, each verify row masked as decoding would mask it (the matcher
 // advanced over the drafts before it), and the matcher advanced only by the tokens that
@@ -295,24 +318,16 @@ TEST(ConstrainedOutput, SpeculativeDraftsGiveTheSameDocuments) {
     o.speculative_method = SpeculativeMethod::kNgram;
     o.num_speculative_tokens = 3;
     o.speculative_adaptive = adaptive;
-    auto spec = test::load_engine(dir, o);
-    ASSERT_NE(spec, nullptr);
-    const test::Outputs got = test::run_together(*spec, requests);
+    const std::string what = adaptive ? ", adaptive" : ", fixed depth";
+    const auto [got, s] = same_outputs_with(dir, o, requests, want, what);
     ASSERT_EQ(got.size(), want.size());
-    for (const auto& [key, w] : want) {
-      const std::string what = "request " + std::to_string(key.first) + " sample " + std::to_string(key.second) +
-                               (adaptive ? ", adaptive" : ", fixed depth");
-      EXPECT_EQ(got.at(key).tokens, w.tokens) << what;
-      EXPECT_EQ(got.at(key).logprobs, w.logprobs) << what;
-      EXPECT_EQ(got.at(key).finish, w.finish) << what;
-      if (key.first + 1 < requests.size()) {
-        const std::string text = tok->decode(got.at(key).tokens);
-        const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-        ASSERT_TRUE(j.is_array() && j.size() == 3) << what << ": " << text;
-        for (const auto& item : j) expect_document(item.dump(), what);
-      }
+    for (const auto& [key, out] : got) {  // the constrained requests' documents
+      if (key.first + 1 >= requests.size()) continue;
+      const std::string text = tok->decode(out.tokens);
+      const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+      ASSERT_TRUE(j.is_array() && j.size() == 3) << "request " << key.first << what << ": " << text;
+      for (const auto& item : j) expect_document(item.dump(), "request " + std::to_string(key.first) + what);
     }
-    const EngineStats s = spec->stats();
     std::printf("constrained drafts (%s): %lld of %lld accepted in %lld verifications\n",
                 adaptive ? "adaptive" : "fixed depth 3", (long long)s.spec_accepted_tokens,
                 (long long)s.spec_draft_tokens, (long long)s.spec_verified_seqs);
@@ -348,17 +363,10 @@ TEST(ConstrainedOutput, MtpDraftsGiveTheSameDocuments) {
   o.speculative_method = SpeculativeMethod::kMtp;
   o.num_speculative_tokens = 3;
   o.speculative_adaptive = false;
-  auto spec = test::load_engine(dir, o);
-  ASSERT_NE(spec, nullptr);
-  const test::Outputs got = test::run_together(*spec, requests);
+  const auto [got, s] = same_outputs_with(dir, o, requests, want, "");
   ASSERT_EQ(got.size(), want.size());
-  for (const auto& [key, w] : want) {
-    EXPECT_EQ(got.at(key).tokens, w.tokens) << "request " << key.first;
-    EXPECT_EQ(got.at(key).logprobs, w.logprobs) << "request " << key.first;
-    EXPECT_EQ(got.at(key).finish, w.finish) << "request " << key.first;
-    if (key.first % 2 == 0) expect_document(f.tok->decode(got.at(key).tokens), "request " + std::to_string(key.first));
-  }
-  const EngineStats s = spec->stats();
+  for (const auto& [key, out] : got)  // even ids constrained
+    if (key.first % 2 == 0) expect_document(f.tok->decode(out.tokens), "request " + std::to_string(key.first));
   std::printf("constrained and unconstrained MTP drafts: %lld of %lld accepted in %lld verifications\n",
               (long long)s.spec_accepted_tokens, (long long)s.spec_draft_tokens, (long long)s.spec_verified_seqs);
   EXPECT_GT(s.spec_accepted_tokens, 0);
