@@ -12,6 +12,9 @@
 #include <cupti.h>
 
 #include <cxxabi.h>
+#include <pthread.h>
+
+#include <csignal>
 
 #include <algorithm>
 #include <cstdint>
@@ -40,6 +43,9 @@ std::string readable(const char* mangled) {
   int status = 0;
   std::unique_ptr<char, void (*)(void*)> d(abi::__cxa_demangle(mangled, nullptr, nullptr, &status), std::free);
   std::string s = status == 0 && d ? d.get() : mangled;
+  // "(anonymous namespace)::" would end the name at its parenthesis below.
+  for (const std::string anon = "(anonymous namespace)::"; s.find(anon) != std::string::npos;)
+    s.erase(s.find(anon), anon.size());
   // The kernel and its template arguments, not the parameter list.
   if (const size_t paren = s.find('('); paren != std::string::npos && paren > 0) s.resize(paren);
   return s.size() > 110 ? s.substr(0, 107) + "..." : s;
@@ -94,6 +100,18 @@ void report() {
 struct Start {
   Start() {
     stats = new std::map<std::string, Stat>();
+    // CUPTI's threads, started here before main, must not take the signals the program
+    // waits for on a thread of its own (kiln serve's SIGINT / SIGTERM): they inherit a
+    // mask that blocks them.
+    sigset_t stop, before;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop, &before);
+    struct Restore {
+      sigset_t* mask;
+      ~Restore() { pthread_sigmask(SIG_SETMASK, mask, nullptr); }
+    } restore{&before};
     if (cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed) != CUPTI_SUCCESS ||
         cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS) {
       std::fprintf(stderr, "kernel_trace: CUPTI refused the kernel activity records; nothing will be traced\n");
