@@ -9,9 +9,11 @@
 // cards): NCCL then stages through host memory, and kiln's one-shot path is off.
 //
 // Two groups over the same GPUs: one sends every sum to NCCL (KILN_ONESHOT_MAX_BYTES=0),
-// the other every sum up to the staging capacity (4 MiB) to the one-shot all-reduce over
+// the other every sum up to the receive capacity (4 MiB) to the one-shot all-reduce over
 // peer memory (comm/nccl/peer_all_reduce.h), so each row compares the two; the crossover
-// kiln picks (PeerAllReduce::default_max_bytes) comes from this table.
+// kiln picks (PeerAllReduce::default_max_bytes) comes from this table. "fused" is the
+// one-shot sum with the residual add and RMSNorm that follow it in a decoder layer, in
+// the same launch (Communicator::all_reduce_add_rms_norm), where it takes the shape.
 //
 // Timing. One thread per rank (the layout kiln runs), each with a stream of its own;
 // the ranks meet at a host barrier, then each enqueues --iters all-reduces and
@@ -100,13 +102,17 @@ int main(int argc, char** argv) {
   for (const Case& c : cases) max_bytes = std::max(max_bytes, size_t(c.tokens * c.d_model * 2));
 
   std::vector<NcclRank> ranks(static_cast<size_t>(n));
+  // Per rank: the message, then (the fused form) a residual stream, the normed output
+  // and an fp32 norm weight; zeros, so sums and norms stay finite.
+  constexpr int64_t kMaxDim = 7168;
   std::vector<void*> buffers(static_cast<size_t>(n), nullptr);
+  const size_t fused_bytes = 3 * max_bytes + kMaxDim * 4;
   for (int r = 0; r < n; ++r) {
     BENCH_CUDA(cudaSetDevice(r));
     ranks[size_t(r)].device = r;
     BENCH_CUDA(cudaStreamCreateWithFlags(&ranks[size_t(r)].stream, cudaStreamNonBlocking));
-    BENCH_CUDA(cudaMalloc(&buffers[size_t(r)], max_bytes));
-    BENCH_CUDA(cudaMemset(buffers[size_t(r)], 0, max_bytes));  // bf16 zeros: sums stay finite
+    BENCH_CUDA(cudaMalloc(&buffers[size_t(r)], fused_bytes));
+    BENCH_CUDA(cudaMemset(buffers[size_t(r)], 0, fused_bytes));
   }
   // The NCCL-only group, then the one-shot group (up to its capacity).
   std::vector<std::unique_ptr<NcclCommunicator>> groups[2];
@@ -125,25 +131,35 @@ int main(int argc, char** argv) {
                                                                : "not available (see the log line above)");
 
   std::printf("\n| tokens | d_model | bytes | NCCL eager us | NCCL graph us | NCCL busbw GB/s (graph) | "
-              "one-shot eager us | one-shot graph us | one-shot / NCCL (graph) |\n");
-  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+              "one-shot eager us | one-shot graph us | one-shot / NCCL (graph) | fused graph us |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   std::barrier sync(n);
   // Slowest rank's eager and graph time per all-reduce, in us.
-  auto measure = [&](std::vector<std::unique_ptr<NcclCommunicator>>& comms, const Case& c) {
+  auto measure = [&](std::vector<std::unique_ptr<NcclCommunicator>>& comms, const Case& c, bool fused = false) {
     std::vector<double> eager(static_cast<size_t>(n)), graph(static_cast<size_t>(n));
     std::vector<std::thread> threads;
     for (int r = 0; r < n; ++r) {
       threads.emplace_back([&, r] {
         BENCH_CUDA(cudaSetDevice(r));
         NcclCommunicator& comm = *comms[size_t(r)];
-        kiln::Tensor t{.data = buffers[size_t(r)], .dtype = kiln::DType::kBF16,
-                       .shape = kiln::Shape{c.tokens, c.d_model}, .device = kiln::Device::kCuda, .device_index = r};
+        const auto tensor = [&](size_t offset, kiln::DType dtype, kiln::Shape shape) {
+          return kiln::Tensor{.data = static_cast<char*>(buffers[size_t(r)]) + offset, .dtype = dtype,
+                              .shape = shape, .device = kiln::Device::kCuda, .device_index = r};
+        };
+        kiln::Tensor t = tensor(0, kiln::DType::kBF16, {c.tokens, c.d_model});
+        kiln::Tensor residual = tensor(max_bytes, kiln::DType::kBF16, {c.tokens, c.d_model});
+        kiln::Tensor out = tensor(2 * max_bytes, kiln::DType::kBF16, {c.tokens, c.d_model});
+        const kiln::Tensor weight = tensor(3 * max_bytes, kiln::DType::kF32, {c.d_model});
+        const auto op = [&] {
+          if (!fused) comm.all_reduce(t);
+          else if (!comm.all_reduce_add_rms_norm(t, residual, weight, out, 1e-6f)) std::exit(3);
+        };
         const cudaStream_t s = comm.stream();
-        comm.all_reduce(t);  // warm-up: lazy connection setup
+        op();  // warm-up: lazy connection setup
         BENCH_CUDA(cudaStreamSynchronize(s));
         sync.arrive_and_wait();
         auto t0 = std::chrono::steady_clock::now();
-        for (int i = 0; i < iters; ++i) comm.all_reduce(t);
+        for (int i = 0; i < iters; ++i) op();
         BENCH_CUDA(cudaStreamSynchronize(s));
         eager[size_t(r)] = seconds_since(t0);
         // The same all-reduces recorded once and replayed.
@@ -151,7 +167,7 @@ int main(int argc, char** argv) {
         cudaGraphExec_t exec = nullptr;
         sync.arrive_and_wait();
         BENCH_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
-        for (int i = 0; i < iters; ++i) comm.all_reduce(t);
+        for (int i = 0; i < iters; ++i) op();
         BENCH_CUDA(cudaStreamEndCapture(s, &g));
         BENCH_CUDA(cudaGraphInstantiate(&exec, g, 0));
         BENCH_CUDA(cudaGraphLaunch(exec, s));  // warm-up replay
@@ -179,9 +195,14 @@ int main(int argc, char** argv) {
     else std::printf("%.1f | ", busbw);
     if (bytes <= one_shot_max) {
       const auto [one_eager, one_graph] = measure(groups[1], c);
-      std::printf("%.1f | %.1f | %.2f |\n", one_eager, one_graph, one_graph / graph_us);
+      std::printf("%.1f | %.1f | %.2f | ", one_eager, one_graph, one_graph / graph_us);
+      if (c.d_model % 8 == 0 && c.d_model <= kiln::comm::PeerAllReduce::kMaxNormDim) {
+        std::printf("%.1f |\n", measure(groups[1], c, true).second);
+      } else {
+        std::printf("- |\n");
+      }
     } else {
-      std::printf("- | - | - |\n");
+      std::printf("- | - | - | - |\n");
     }
   }
   groups[0].clear();

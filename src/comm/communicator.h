@@ -37,6 +37,15 @@ class Communicator {
 
   // t = sum over ranks of t (in place).
   virtual void all_reduce(Tensor& t) = 0;
+  // A layer's sum and what follows it, in one call where the implementation fuses them:
+  // t = sum over ranks of t, residual += t, out = rms_norm(residual) x weight (bf16 t,
+  // residual and out [rows, dim], fp32 weight [dim]; the GPU backend's rms_norm with a
+  // residual). Returns false, having done nothing, where it does not fuse them (the
+  // default): the caller then runs all_reduce and its backend's rms_norm. Every rank
+  // makes the same call and gets the same answer for it.
+  virtual bool all_reduce_add_rms_norm(Tensor& t, Tensor& residual, const Tensor& weight, Tensor& out, float eps) {
+    return false;
+  }
   // out [size * n] (flat) = every rank's `in` [n], in rank order.
   virtual void all_gather(const Tensor& in, Tensor& out) = 0;
   // out [n] = sum over ranks r of r's in[rank * n, (rank + 1) * n) (in: [size * n], flat).

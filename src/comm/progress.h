@@ -62,6 +62,11 @@ class WatchedCommunicator final : public Communicator {
   int size() const override { return inner_->size(); }
   std::string name() const override { return inner_->name(); }
   void all_reduce(Tensor& t) override { watched("all_reduce", [&] { inner_->all_reduce(t); }); }
+  bool all_reduce_add_rms_norm(Tensor& t, Tensor& residual, const Tensor& weight, Tensor& out, float eps) override {
+    bool fused = false;
+    watched("all_reduce", [&] { fused = inner_->all_reduce_add_rms_norm(t, residual, weight, out, eps); });
+    return fused;
+  }
   void all_gather(const Tensor& in, Tensor& out) override {
     watched("all_gather", [&] { inner_->all_gather(in, out); });
   }

@@ -224,10 +224,17 @@ void CausalLM::reduce(ops::Backend& be, Tensor& partial) const {
   be.after_collective(partial);
 }
 
+void CausalLM::reduce_add_norm(ops::Backend& be, Tensor& partial, Tensor& residual, const Tensor& weight,
+                               Tensor& out) const {
+  if (tp != nullptr && tp->all_reduce_add_rms_norm(partial, residual, weight, out, norm_eps)) return;
+  reduce(be, partial);
+  be.rms_norm({.x = partial, .weight = weight, .residual = residual, .out = out, .eps = norm_eps});
+}
+
 void CausalLM::layer_step(ops::Backend& be, const DecoderLayer& l, const ops::BatchMeta& batch, LayerKv& kv,
-                          Tensor& residual, Tensor& normed, Tensor& block_out, bool first, Tensor& dsa_selection) const {
-  be.rms_norm({.x = first ? residual : block_out, .weight = l.input_norm, .residual = first ? Tensor{} : residual,
-               .out = normed, .eps = norm_eps});
+                          Tensor& residual, Tensor& normed, Tensor& block_out, bool first, Tensor& dsa_selection,
+                          const Tensor* next_norm) const {
+  if (first) be.rms_norm({.x = residual, .weight = l.input_norm, .out = normed, .eps = norm_eps});
   if (const auto* a = std::get_if<Attention>(&l.attn)) {
     a->forward(be, normed, batch, kv, block_out, tp);
   } else if (const auto* m = std::get_if<Mla>(&l.attn)) {
@@ -235,10 +242,10 @@ void CausalLM::layer_step(ops::Backend& be, const DecoderLayer& l, const ops::Ba
   } else {
     std::get<GatedDeltaNet>(l.attn).forward(be, normed, batch, kv, block_out);
   }
-  reduce(be, block_out);
-  be.rms_norm({.x = block_out, .weight = l.post_attn_norm, .residual = residual, .out = normed, .eps = norm_eps});
+  reduce_add_norm(be, block_out, residual, l.post_attn_norm, normed);
   std::visit([&](const auto& f) { f.forward(be, normed, block_out); }, l.ffn);
-  reduce(be, block_out);
+  if (next_norm != nullptr) reduce_add_norm(be, block_out, residual, *next_norm, normed);
+  else reduce(be, block_out);
 }
 
 Tensor CausalLM::step_ops(ops::Backend& be, const ops::BatchMeta& batch, std::vector<LayerKv>& kv,
@@ -258,15 +265,18 @@ Tensor CausalLM::step_ops(ops::Backend& be, const ops::BatchMeta& batch, std::ve
   Tensor normed = act(be, {n_tokens, d_model});
   Tensor block_out = act(be, {n_tokens, d_model});
   Tensor dsa_selection;  // the latest DeepSeek sparse attention selection of this step
-  for (size_t i = 0; i < layers.size(); ++i)
-    layer_step(be, layers[i], batch, kv[i], residual, normed, block_out, i == 0, dsa_selection);
+  // Each layer ends in the next one's input norm (the last: the final norm; a stage that
+  // hands on: none, its last ffn output added below).
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const Tensor* next_norm = i + 1 < layers.size() ? &layers[i + 1].input_norm : last_stage ? &final_norm : nullptr;
+    layer_step(be, layers[i], batch, kv[i], residual, normed, block_out, i == 0, dsa_selection, next_norm);
+  }
   if (!last_stage) {  // hand the residual stream on
     if (!layers.empty()) be.add({.a = residual, .b = block_out, .out = residual});
     pp->send(residual, next_stage);
     return Tensor{};
   }
-  be.rms_norm({.x = layers.empty() ? residual : block_out, .weight = final_norm,
-               .residual = layers.empty() ? Tensor{} : residual, .out = normed, .eps = norm_eps});
+  if (layers.empty()) be.rms_norm({.x = residual, .weight = final_norm, .out = normed, .eps = norm_eps});
   if (hidden.defined()) be.slice_columns({.src = normed, .dst = hidden.slice0(0, n_tokens)});
 
   // Gather the requested rows, then project them to the vocabulary.
@@ -321,7 +331,7 @@ Tensor CausalLM::mtp_forward(ops::Backend& be, const ops::BatchMeta& batch, cons
     Tensor normed = act(be, {n_tokens, d_model});
     Tensor block_out = act(be, {n_tokens, d_model});
     Tensor dsa_selection;
-    layer_step(be, m.block, batch, kv.back(), residual, normed, block_out, true, dsa_selection);
+    layer_step(be, m.block, batch, kv.back(), residual, normed, block_out, true, dsa_selection, nullptr);
     be.add({.a = residual, .b = block_out, .out = residual});  // o
     const Tensor o = out_hidden.slice0(0, n_rows);
     be.embedding({.table = residual, .out = o, .from_batch = ops::BatchIds::kLogitRows, .batch = &batch});

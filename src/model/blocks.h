@@ -249,11 +249,19 @@ struct CausalLM {
 
  private:
   Tensor step_ops(ops::Backend& be, const ops::BatchMeta& batch, std::vector<LayerKv>& kv, const Tensor& hidden) const;
-  // One pre-norm decoder layer: adds the previous block's output (none when `first`) into
-  // `residual`, then attention and ffn; block_out holds the ffn's output.
+  // One pre-norm decoder layer. `first`: `residual` holds the layer's input, normed is
+  // computed here; otherwise `normed` already holds the input norm of residual (the
+  // previous layer's end). Then attention and ffn; with `next_norm`, the ffn's output is
+  // added into `residual` and normed = next_norm(residual) (the next layer's input norm,
+  // or the final norm); without, block_out holds the ffn's output (summed over ranks).
   void layer_step(ops::Backend& be, const DecoderLayer& l, const ops::BatchMeta& batch, LayerKv& kv, Tensor& residual,
-                  Tensor& normed, Tensor& block_out, bool first, Tensor& dsa_selection) const;
+                  Tensor& normed, Tensor& block_out, bool first, Tensor& dsa_selection,
+                  const Tensor* next_norm) const;
   void reduce(ops::Backend& be, Tensor& partial) const;
+  // The sum of a block's partial output over the tensor-parallel ranks, its residual add
+  // and the norm that follows: one fused call where the communicator takes it
+  // (Communicator::all_reduce_add_rms_norm), else reduce and the backend's rms_norm.
+  void reduce_add_norm(ops::Backend& be, Tensor& partial, Tensor& residual, const Tensor& weight, Tensor& out) const;
   Tensor logits(ops::Backend& be, const Tensor& picked, const ops::Weight& head) const;
 };
 

@@ -11,6 +11,7 @@
 #ifdef KILN_HAVE_NCCL
 
 #include <algorithm>
+#include <barrier>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -24,6 +25,7 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "comm/nccl/nccl_communicator.h"
+#include "comm/nccl/peer_all_reduce.h"
 
 namespace kiln {
 namespace {
@@ -328,7 +330,7 @@ TEST(NcclComm, AbortFailsEveryLaterCollectiveWithTheReason) {
 // The one-shot all-reduce over peer memory (the small sums of decode steps): the
 // Communicator contract's sum, fp32 in rank order rounded once, bit for bit, on values
 // where NCCL's ring of bf16 additions would round differently at 3+ ranks; messages of
-// many sizes interleaved (the staging halves alternate; an element's block is fixed),
+// many sizes interleaved (the receive halves alternate by the call count),
 // a partial last 16 bytes, and replays of a recorded graph (the call count lives on
 // the GPU).
 float fraction(int r, int64_t i) { return float((i * 37 + r * 101) % 1000) / 997.0f - 0.5f; }
@@ -415,6 +417,231 @@ TEST(NcclComm, OneShotWaitForAMissingPeerEndsOnAbort) {
   }
   ASSERT_EQ(cudaStreamQuery(cuda::stream_of(b)), cudaSuccess) << "rank 0 still waits 10 s after the abort";
   EXPECT_THROW(g.comms[0]->all_reduce(t), CommAborted);
+}
+
+// The fused form: sum, residual add and RMSNorm in one launch
+// (Communicator::all_reduce_add_rms_norm), against the host's arithmetic (the CUDA
+// rms_norm's: the sum rounded to bf16, residual = bf16(residual + sum), fp32 norm):
+// the sum and the residual bit for bit, the normed rows within one bf16 rounding (the
+// kernels add up the squares in different orders). Shapes: one decode row, odd row
+// counts, gpt-oss's 2880 and DeepSeek's 7168 (several vectors per thread), 64 rows.
+struct NormCase {
+  int64_t rows, dim;
+};
+const NormCase kNormCases[] = {{1, 2048}, {3, 2880}, {64, 2048}, {5, 7168}, {2, 64}};
+constexpr float kNormEps = 1e-6f;
+
+float partial_value(int r, int64_t i) { return float(int((i * 37 + r * 101) % 1000) - 500) / 512.0f; }
+float residual_value(int64_t i) { return float(int((i * 53) % 997) - 498) / 256.0f; }
+float weight_value(int64_t i) { return 0.5f + float(i % 13) / 16.0f; }
+float bf16r(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+struct NormWant {
+  std::vector<float> sum, residual, out;
+};
+
+NormWant norm_reference(int ranks, const NormCase& c) {
+  const int64_t n = c.rows * c.dim;
+  NormWant w{std::vector<float>(size_t(n)), std::vector<float>(size_t(n)), std::vector<float>(size_t(n))};
+  for (int64_t i = 0; i < n; ++i) {
+    float acc = 0.0f;
+    for (int r = 0; r < ranks; ++r) acc += bf16r(partial_value(r, i));
+    w.sum[size_t(i)] = bf16r(acc);
+    w.residual[size_t(i)] = bf16r(bf16r(residual_value(i)) + w.sum[size_t(i)]);
+  }
+  for (int64_t row = 0; row < c.rows; ++row) {
+    double ss = 0.0;
+    for (int64_t j = 0; j < c.dim; ++j) ss += double(w.residual[size_t(row * c.dim + j)]) * w.residual[size_t(row * c.dim + j)];
+    const float inv = float(1.0 / std::sqrt(ss / double(c.dim) + kNormEps));
+    for (int64_t j = 0; j < c.dim; ++j) {
+      const size_t i = size_t(row * c.dim + j);
+      w.out[i] = bf16r(w.residual[i] * inv * weight_value(j));
+    }
+  }
+  return w;
+}
+
+// Normed rows: within one bf16 rounding of each row's largest value.
+void expect_close_rows(const std::vector<float>& got, const std::vector<float>& want, int64_t dim,
+                       const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int64_t bad = 0;
+  for (size_t row = 0; row * size_t(dim) < want.size(); ++row) {
+    float top = 0.0f;
+    for (int64_t j = 0; j < dim; ++j) top = std::max(top, std::fabs(want[row * size_t(dim) + size_t(j)]));
+    for (int64_t j = 0; j < dim; ++j) {
+      const size_t i = row * size_t(dim) + size_t(j);
+      if (!(std::fabs(got[i] - want[i]) <= 2.0f / 256.0f * top) && bad++ < 3)
+        ADD_FAILURE() << what << " [" << i << "]: " << got[i] << " vs " << want[i];
+    }
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+// Copies on the backend's own stream only: two ranks on one GPU must not wait for the
+// whole device (device_tensor does) while the other rank's sum waits for them.
+Tensor upload(ops::Backend& b, DType dtype, Shape shape, const std::vector<float>& v) {
+  Tensor t = b.alloc(dtype, shape);
+  if (dtype == DType::kBF16) {
+    b.from_host_f32(v.data(), t);
+  } else {
+    const cudaStream_t s = cuda::stream_of(b);
+    KILN_CHECK(cudaMemcpyAsync(t.data, v.data(), t.nbytes(), cudaMemcpyHostToDevice, s) == cudaSuccess);
+    KILN_CHECK(cudaStreamSynchronize(s) == cudaSuccess);
+  }
+  return t;
+}
+
+std::vector<float> download(ops::Backend& b, const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  if (t.dtype == DType::kBF16) {
+    b.to_host_f32(t, v.data());
+  } else {
+    const cudaStream_t s = cuda::stream_of(b);
+    KILN_CHECK(cudaMemcpyAsync(v.data(), t.data, t.nbytes(), cudaMemcpyDeviceToHost, s) == cudaSuccess);
+    KILN_CHECK(cudaStreamSynchronize(s) == cudaSuccess);
+  }
+  return v;
+}
+
+struct NormTensors {
+  Tensor t, residual, weight, out;
+};
+
+NormTensors norm_inputs(ops::Backend& b, int r, const NormCase& c) {
+  const int64_t n = c.rows * c.dim;
+  std::vector<float> part(static_cast<size_t>(n)), res(static_cast<size_t>(n)), w(static_cast<size_t>(c.dim));
+  for (int64_t i = 0; i < n; ++i) part[size_t(i)] = partial_value(r, i), res[size_t(i)] = residual_value(i);
+  for (int64_t j = 0; j < c.dim; ++j) w[size_t(j)] = weight_value(j);
+  const Shape shape{c.rows, c.dim};
+  return {upload(b, DType::kBF16, shape, part), upload(b, DType::kBF16, shape, res),
+          upload(b, DType::kF32, {c.dim}, w), upload(b, DType::kBF16, shape, std::vector<float>(size_t(n), NAN))};
+}
+
+void expect_norm_results(ops::Backend& b, const NormTensors& x, const NormWant& want, int64_t dim,
+                         const std::string& what) {
+  expect_same(download(b, x.t), want.sum, what + ": sum");
+  expect_same(download(b, x.residual), want.residual, what + ": residual");
+  expect_close_rows(download(b, x.out), want.out, dim, what + ": normed");
+}
+
+// Two ranks of the one-shot path on one GPU (a group may name a device twice): the
+// push, the wait for every element and the fused epilogue, on the one-GPU machines, with
+// plain sums of both dtypes in between (the receive halves alternate; a slot last used
+// by an f32 sum must read as empty to a bf16 one). On one GPU a rank's sum waits for the
+// other's launch, and an allocation or a free may wait for the whole GPU: every tensor
+// is made before the first sum (a barrier) and lives to the end.
+TEST(PeerAllReduce, TwoRanksOnOneGpuSumAndNormLikeTheHost) {
+  if (visible_gpus() < 1) GTEST_SKIP() << "no GPU visible";
+  std::string why_not;
+  auto peers = comm::PeerAllReduce::create_group({0, 0}, &why_not);
+  if (peers.empty()) GTEST_SKIP() << "no one-shot path: " << why_not;
+  std::vector<std::unique_ptr<ops::Backend>> backends;
+  for (int r = 0; r < 2; ++r) {
+    auto b = cuda::make_cuda_backend({.device = 0});
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    backends.push_back(std::move(b).value());
+  }
+  constexpr int kRounds = 2;
+  constexpr int64_t kCount = 4099;  // plain sums: a partial last vector
+  const auto plain_want = [](DType dtype, int round) {
+    std::vector<float> want(static_cast<size_t>(kCount), 0.0f);
+    for (int q = 0; q < 2; ++q)
+      for (int64_t i = 0; i < kCount; ++i) {
+        const float v = fraction(q, i + round);
+        want[size_t(i)] += dtype == DType::kF32 ? v : bf16r(v);
+      }
+    if (dtype == DType::kBF16)
+      for (float& w : want) w = bf16r(w);
+    return want;
+  };
+  std::barrier ready(2);
+  std::vector<std::exception_ptr> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        cudaSetDevice(0);
+        ops::Backend& b = *backends[size_t(r)];
+        comm::PeerAllReduce& peer = *peers[size_t(r)];
+        const cudaStream_t stream = cuda::stream_of(b);
+        struct Step {
+          NormCase c;
+          NormTensors fused;
+          Tensor plain[2];  // f32, bf16
+        };
+        std::vector<Step> steps;
+        for (int round = 0; round < kRounds; ++round) {
+          for (const NormCase& c : kNormCases) {
+            Step st{c, norm_inputs(b, r, c), {}};
+            for (int k = 0; k < 2; ++k) {
+              std::vector<float> in(static_cast<size_t>(kCount));
+              for (int64_t i = 0; i < kCount; ++i) in[size_t(i)] = fraction(r, i + round);
+              st.plain[k] = upload(b, k == 0 ? DType::kF32 : DType::kBF16, {kCount}, in);
+            }
+            steps.push_back(std::move(st));
+          }
+        }
+        ready.arrive_and_wait();
+        for (Step& st : steps) {
+          const comm::PeerAllReduce::AddRmsNorm norm{
+              .residual = st.fused.residual.data, .weight = static_cast<const float*>(st.fused.weight.data),
+              .out = st.fused.out.data, .rows = st.c.rows, .dim = st.c.dim, .eps = kNormEps};
+          EXPECT_TRUE(peer.takes(st.fused.t.data, norm));
+          EXPECT_EQ(peer.all_reduce(st.fused.t.data, st.fused.t.numel(), false, stream, &norm), cudaSuccess);
+          for (int k = 0; k < 2; ++k)
+            EXPECT_EQ(peer.all_reduce(st.plain[k].data, kCount, k == 0, stream), cudaSuccess);
+        }
+        for (size_t i = 0; i < steps.size(); ++i) {
+          const Step& st = steps[i];
+          const int round = int(i / std::size(kNormCases));
+          const std::string what = std::to_string(st.c.rows) + " x " + std::to_string(st.c.dim) + " round " +
+                                   std::to_string(round) + " rank " + std::to_string(r);
+          expect_norm_results(b, st.fused, norm_reference(2, st.c), st.c.dim, "fused " + what);
+          expect_same(download(b, st.plain[0]), plain_want(DType::kF32, round), "plain f32 sum after " + what);
+          expect_same(download(b, st.plain[1]), plain_want(DType::kBF16, round), "plain bf16 sum after " + what);
+        }
+      } catch (...) {
+        errors[size_t(r)] = std::current_exception();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+// The communicator's fused call on 2 GPUs: it fuses wherever the one-shot path takes the
+// sum and gives what all_reduce and the backend's rms_norm give; a message over the
+// one-shot limit is declined and left untouched.
+TEST(NcclComm, AllReduceAddRmsNormMatchesAllReduceThenRmsNorm) {
+  if (visible_gpus() < 2) GTEST_SKIP() << "needs 2 GPUs; " << visible_gpus() << " visible";
+  Group g;
+  make_group(2, &g);
+  if (HasFatalFailure()) return;
+  if (g.comms[0]->one_shot_max_bytes() == 0) GTEST_SKIP() << "no one-shot path on these GPUs: see the log";
+  on_ranks(2, [&](int r) {
+    ops::Backend& b = *g.backends[size_t(r)];
+    NcclCommunicator& c = *g.comms[size_t(r)];
+    for (const NormCase& nc : kNormCases) {
+      const std::string what = std::to_string(nc.rows) + " x " + std::to_string(nc.dim) + " rank " + std::to_string(r);
+      NormTensors fused = norm_inputs(b, r, nc);
+      EXPECT_TRUE(c.all_reduce_add_rms_norm(fused.t, fused.residual, fused.weight, fused.out, kNormEps)) << what;
+      NormTensors plain = norm_inputs(b, r, nc);
+      c.all_reduce(plain.t);
+      b.rms_norm({.x = plain.t, .weight = plain.weight, .residual = plain.residual, .out = plain.out, .eps = kNormEps});
+      expect_same(download(b, fused.t), download(b, plain.t), "fused vs plain sum " + what);
+      expect_same(download(b, fused.residual), download(b, plain.residual), "fused vs plain residual " + what);
+      expect_close_rows(download(b, fused.out), download(b, plain.out), nc.dim, "fused vs rms_norm " + what);
+      expect_norm_results(b, fused, norm_reference(2, nc), nc.dim, "fused vs host " + what);
+    }
+    const NormCase big{int64_t(g.comms[0]->one_shot_max_bytes() / (2 * 2048)) + 1, 2048};
+    NormTensors x = norm_inputs(b, r, big);
+    EXPECT_FALSE(c.all_reduce_add_rms_norm(x.t, x.residual, x.weight, x.out, kNormEps));
+    std::vector<float> part(size_t(big.rows * big.dim));
+    for (size_t i = 0; i < part.size(); ++i) part[i] = bf16r(partial_value(r, int64_t(i)));
+    expect_same(download(b, x.t), part, "a declined message is left as it was, rank " + std::to_string(r));
+  });
 }
 
 }  // namespace

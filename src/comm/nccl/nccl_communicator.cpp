@@ -298,6 +298,27 @@ void NcclCommunicator::all_reduce(Tensor& t) {
   run("all_reduce", [&](ncclComm_t c) { return ncclAllReduce(t.data, t.data, n, type, ncclSum, c, where_.stream); });
 }
 
+bool NcclCommunicator::all_reduce_add_rms_norm(Tensor& t, Tensor& residual, const Tensor& weight, Tensor& out,
+                                               float eps) {
+  if (peer_ == nullptr || t.dtype != DType::kBF16 || t.rank() != 2 || residual.dtype != DType::kBF16 ||
+      out.dtype != DType::kBF16 || weight.dtype != DType::kF32 || !(residual.shape == t.shape) ||
+      !(out.shape == t.shape) || weight.numel() != t.dim(1))
+    return false;
+  const PeerAllReduce::AddRmsNorm norm{
+      .residual = residual.data, .weight = static_cast<const float*>(weight.data), .out = out.data,
+      .rows = t.dim(0), .dim = t.dim(1), .eps = eps};
+  if (!peer_->takes(t.data, norm)) return false;
+  check(t, "all_reduce_add_rms_norm");
+  check(residual, "all_reduce_add_rms_norm residual");
+  check(out, "all_reduce_add_rms_norm out");
+  if (world_->failed.load()) raise_aborted();
+  const cudaError_t e = peer_->all_reduce(t.data, t.numel(), false, where_.stream, &norm);
+  if (e == cudaSuccess) return true;
+  abort("one-shot all_reduce_add_rms_norm on rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": " +
+        cudaGetErrorString(e));
+  raise_aborted();
+}
+
 void NcclCommunicator::all_gather(const Tensor& in, Tensor& out) {
   check(in, "all_gather in");
   check(out, "all_gather out");

@@ -19,6 +19,7 @@
 //   algorithm: a bf16 all_reduce rounds to bf16 after every step of the reduction
 //   (size - 1 roundings per element on a ring), where LocalGroup rounds the fp32 sum
 //   once. All ranks still get the same bits either way. reduce_scatter is NCCL's.
+//   all_reduce_add_rms_norm is fused on the one-shot path only.
 // - send is asynchronous on the host, as the contract allows, but NCCL's send kernel
 //   holds the sender's stream until the peer's recv has started: work queued after a
 //   send waits for the peer.
@@ -100,6 +101,8 @@ class NcclCommunicator final : public Communicator {
   size_t one_shot_max_bytes() const;
 
   void all_reduce(Tensor& t) override;
+  // Fused where the one-shot path takes the sum (PeerAllReduce::takes with its norm).
+  bool all_reduce_add_rms_norm(Tensor& t, Tensor& residual, const Tensor& weight, Tensor& out, float eps) override;
   void all_gather(const Tensor& in, Tensor& out) override;
   void reduce_scatter(const Tensor& in, Tensor& out) override;
   void all_to_all(const Tensor& in, Tensor& out) override;

@@ -12,20 +12,19 @@ namespace kiln::comm {
 
 struct PeerAllReduce::Shared {
   std::vector<int> devices;
-  std::vector<void*> staging;       // per rank: 2 x kCapacity bytes on its device
-  std::vector<uint32_t*> flags;     // per rank: [kPeerReduceBlocks][kMaxRanks]
-  std::vector<uint32_t*> counters;  // per rank: [kPeerReduceBlocks]
-  int* abort_flag = nullptr;        // mapped, portable host memory
-  size_t max_bytes = 0;
+  std::vector<void*> receive;     // per rank: [2 halves][ranks slots][slot_bytes] on its device
+  std::vector<uint32_t*> state;   // per rank: {calls so far, blocks done in this call}
+  int* abort_flag = nullptr;      // mapped, portable host memory
+  size_t max_bytes = 0, slot_bytes = 0;
+  bool dependent_launch = false;  // every device SM 9.0+ and KILN_PDL not 0
 
   ~Shared() {
     int previous = 0;
     cudaGetDevice(&previous);
     for (size_t r = 0; r < devices.size(); ++r) {
       cudaSetDevice(devices[r]);
-      if (r < staging.size()) cudaFree(staging[r]);
-      if (r < flags.size()) cudaFree(flags[r]);
-      if (r < counters.size()) cudaFree(counters[r]);
+      if (r < receive.size()) cudaFree(receive[r]);
+      if (r < state.size()) cudaFree(state[r]);
     }
     if (abort_flag != nullptr) cudaFreeHost(abort_flag);
     cudaSetDevice(previous);
@@ -34,7 +33,7 @@ struct PeerAllReduce::Shared {
 
 namespace {
 
-// KILN_ONESHOT_MAX_BYTES, or the default for `ranks`; at most the staging capacity.
+// KILN_ONESHOT_MAX_BYTES, or the default for `ranks`; at most the receive capacity.
 size_t configured_max_bytes(int ranks) {
   const size_t fallback = PeerAllReduce::default_max_bytes(ranks);
   const char* v = std::getenv("KILN_ONESHOT_MAX_BYTES");
@@ -85,8 +84,17 @@ std::vector<std::unique_ptr<PeerAllReduce>> PeerAllReduce::create_group(const st
   cudaGetDevice(&previous);
   std::string error;
   shared->devices = devices;
-  const size_t flag_bytes = size_t(kPeerReduceBlocks) * kMaxRanks * sizeof(uint32_t);
-  const size_t counter_bytes = size_t(kPeerReduceBlocks) * sizeof(uint32_t);
+  shared->slot_bytes = (shared->max_bytes + 15) / 16 * 16;
+  const char* pdl = std::getenv("KILN_PDL");
+  shared->dependent_launch = pdl == nullptr || std::strcmp(pdl, "0") != 0;
+  for (int d : devices) {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d) != cudaSuccess || major < 9)
+      shared->dependent_launch = false;
+  }
+  cudaGetLastError();
+  const size_t receive_bytes = 2 * size_t(n) * shared->slot_bytes;
+  const size_t state_bytes = 2 * sizeof(uint32_t);
   for (int r = 0; r < n && error.empty(); ++r) {
     cudaSetDevice(devices[size_t(r)]);
     for (int peer : devices) {
@@ -100,15 +108,14 @@ std::vector<std::unique_ptr<PeerAllReduce>> PeerAllReduce::create_group(const st
         break;
       }
     }
-    void *staging = nullptr, *flags = nullptr, *counters = nullptr;
-    cudaError_t e = cudaMalloc(&staging, 2 * kCapacity);
-    if (e == cudaSuccess) e = cudaMalloc(&flags, flag_bytes);
-    if (e == cudaSuccess) e = cudaMalloc(&counters, counter_bytes);
-    if (e == cudaSuccess) e = cudaMemset(flags, 0, flag_bytes);
-    if (e == cudaSuccess) e = cudaMemset(counters, 0, counter_bytes);
-    shared->staging.push_back(staging);
-    shared->flags.push_back(static_cast<uint32_t*>(flags));
-    shared->counters.push_back(static_cast<uint32_t*>(counters));
+    void *receive = nullptr, *state = nullptr;
+    cudaError_t e = cudaMalloc(&receive, receive_bytes);
+    if (e == cudaSuccess) e = cudaMalloc(&state, state_bytes);
+    if (e == cudaSuccess) e = launch_peer_reduce_clear(receive, receive_bytes / 4, nullptr);
+    if (e == cudaSuccess) e = load_peer_reduce_kernels();
+    if (e == cudaSuccess) e = cudaMemset(state, 0, state_bytes);
+    shared->receive.push_back(receive);
+    shared->state.push_back(static_cast<uint32_t*>(state));
     if (e != cudaSuccess && error.empty()) error = cuda_error("allocating the one-shot buffers", e);
   }
   if (error.empty()) {
@@ -117,7 +124,7 @@ std::vector<std::unique_ptr<PeerAllReduce>> PeerAllReduce::create_group(const st
     if (e != cudaSuccess) error = cuda_error("allocating the one-shot abort flag", e);
     else *shared->abort_flag = 0;
   }
-  if (error.empty()) {  // the memsets above ran on the legacy streams: done before any use
+  if (error.empty()) {  // the fills above ran on the legacy streams: done before any use
     for (int d : devices) {
       cudaSetDevice(d);
       if (const cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess && error.empty()) {
@@ -145,21 +152,27 @@ bool PeerAllReduce::takes(const void* data, int64_t n, bool f32) const {
   return n > 0 && bytes <= shared_->max_bytes && reinterpret_cast<uintptr_t>(data) % 16 == 0;
 }
 
-cudaError_t PeerAllReduce::all_reduce(void* data, int64_t n, bool f32, cudaStream_t stream) {
+bool PeerAllReduce::takes(const void* data, const AddRmsNorm& norm) const {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return norm.rows > 0 && norm.dim > 0 && norm.dim % 8 == 0 && norm.dim <= kMaxNormDim &&
+         takes(data, norm.rows * norm.dim, false) && aligned(norm.residual) && aligned(norm.weight) &&
+         aligned(norm.out);
+}
+
+cudaError_t PeerAllReduce::all_reduce(void* data, int64_t n, bool f32, cudaStream_t stream, const AddRmsNorm* norm) {
   const Shared& s = *shared_;
   PeerReduceLaunch l{};
-  for (size_t r = 0; r < s.devices.size(); ++r) {
-    l.staging[r] = s.staging[r];
-    l.flags[r] = s.flags[r];
-  }
-  l.counters = s.counters[size_t(rank_)];
+  for (size_t r = 0; r < s.devices.size(); ++r) l.receive[r] = s.receive[r];
+  l.state = s.state[size_t(rank_)];
   l.abort = s.abort_flag;
   l.data = data;
   l.n = n;
-  l.capacity = kCapacity;
+  l.slot_bytes = s.slot_bytes;
   l.rank = rank_;
   l.size = int(s.devices.size());
   l.f32 = f32;
+  l.dependent_launch = s.dependent_launch;
+  if (norm != nullptr) l.norm = *norm;
   return launch_peer_all_reduce(l, stream);
 }
 

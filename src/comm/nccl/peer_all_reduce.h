@@ -7,24 +7,40 @@
 //
 // How. Ranks are threads of one process, so every rank's device pointers are valid on
 // every other GPU once peer access is enabled: no IPC handles. One kernel per rank and
-// call, on the rank's stream (so it records into CUDA graphs like any kernel):
-//   1. each block copies its part of the rank's tensor into the rank's staging buffer;
-//   2. it tells the same block of every peer it is there (a flag written into the
-//      peer's memory, with release semantics at system scope) and waits until every
-//      peer's block has said the same;
-//   3. it sums its part of every rank's staging buffer, in fp32 and in rank order
-//      0..size-1, and writes the sum over the tensor (bf16: rounded once, to nearest
-//      even). Every rank gets the same bits, the Communicator contract's sum (what the
-//      CPU's LocalGroup computes), unlike NCCL's ring of bf16 additions.
-// The flags carry a call count kept in device memory (so a replayed graph counts on),
-// and the staging buffer alternates between two halves by its parity: a block can be at
-// most one call ahead of its peers (it cannot pass call e + 1's flags until every peer's
-// block has finished reading call e), so it never overwrites a half a peer still reads.
-// Every element belongs to one fixed block whatever the message size (a fixed grid),
-// which keeps that argument true across calls of different sizes.
+// call, on the rank's stream (so it records into CUDA graphs like any kernel), in the
+// "push" form that costs one trip over the link (TensorRT-LLM's Lamport all-reduce):
+//   1. each thread writes its 16-byte vectors of the rank's tensor straight into every
+//      rank's receive buffer (its own included), into the slot of this rank;
+//   2. it then reads its vectors of every slot of its own receive buffer, waiting on
+//      each until no element holds the "empty" pattern (remote stores arrive in any
+//      order, so every element is checked: a 16-byte store may land in parts), and
+//      puts the pattern back once read;
+//   3. it sums the slots in fp32 in rank order 0..size-1 and writes the sum over the
+//      tensor (bf16: rounded once, to nearest even). Every rank gets the same bits, the
+//      Communicator contract's sum (what the CPU's LocalGroup computes), unlike NCCL's
+//      ring of bf16 additions.
+// The empty pattern is the 32-bit word 0x80008000: two bf16 negative zeros, or one f32
+// subnormal. A sender writes +0 for a bf16 -0 and -0 for that f32 value (which changes
+// a sum by at most 4.6e-41, and the sign of an all-negative-zero sum), so real data is
+// never mistaken for "not arrived".
+// Receive buffers alternate between two halves by the parity of a call count kept in
+// device memory (a replayed graph counts on; the last block of a call advances it). A
+// rank writes half h of call e + 2 into a peer only after that peer's call e + 1 data
+// reached it, which the peer sent after it finished reading half h in call e: a half is
+// never written while its owner still reads it.
+//
+// Fused form (all_reduce with an AddRmsNorm): rows of `dim` bf16 values, a block per
+// row; after the sum the block adds it into the residual stream and writes
+// rms_norm(residual) x weight, as the CUDA backend's rms_norm with a residual does
+// (the sum rounded to bf16, residual = bf16(residual + sum), fp32 norm): the layer's
+// all-reduce, residual add and next norm in one launch.
+//
+// Launched as a programmatic dependent launch where the CUDA backend's kernels are
+// (pdl.cuh: SM 9.0+ and KILN_PDL not 0), so its start overlaps the end of the kernel
+// before it and the next kernel's start overlaps it.
 //
 // Failure: a peer that never arrives would leave the others waiting in step 2 forever;
-// abort() raises a flag in mapped host memory that the waiting blocks poll, so their
+// abort() raises a flag in mapped host memory that the waiting threads poll, so their
 // kernels end (with a meaningless sum; the group has failed anyway) and a stream
 // synchronize returns.
 #pragma once
@@ -42,8 +58,11 @@ namespace kiln::comm {
 class PeerAllReduce {
  public:
   static constexpr int kMaxRanks = 8;
-  // The largest message the staging buffers take (each rank holds two halves of it).
+  // The largest message the receive buffers take (each rank holds two halves of a slot
+  // per rank, each slot the group's max_bytes).
   static constexpr size_t kCapacity = size_t(4) << 20;
+  // The widest row the fused form takes (bf16 values).
+  static constexpr int64_t kMaxNormDim = 8192;
   // The largest message sent this way by default, from the crossover against NCCL
   // measured by bench/comm_bench on 4 H200 SXM over NVLink (docs/PERF.md): at 2 ranks
   // the one-shot sum is faster up to the whole capacity (0.6-0.97x NCCL's time), at 4
@@ -68,10 +87,22 @@ class PeerAllReduce {
   // Whether a sum of n elements (f32, or else bf16) at `data` goes this way: at most
   // max_bytes, and `data` aligned to 16 bytes.
   bool takes(const void* data, int64_t n, bool f32) const;
-  // data = the sum over ranks of data (n elements, f32 or bf16, in place), enqueued on
-  // `stream`; every rank of the group makes the same calls in the same order. Returns
-  // the launch's error.
-  cudaError_t all_reduce(void* data, int64_t n, bool f32, cudaStream_t stream);
+  // After the sum of `rows` x `dim` bf16 values: residual += sum (bf16 [rows, dim]), then
+  // out = rms_norm(residual) x weight (fp32 [dim]), out bf16 [rows, dim].
+  struct AddRmsNorm {
+    void* residual = nullptr;
+    const float* weight = nullptr;
+    void* out = nullptr;
+    int64_t rows = 0, dim = 0;
+    float eps = 1e-6f;
+  };
+  // Whether the fused form takes it: takes() for the bf16 sum, dim a multiple of 8 up to
+  // kMaxNormDim, every pointer aligned to 16 bytes.
+  bool takes(const void* data, const AddRmsNorm& norm) const;
+  // data = the sum over ranks of data (n elements, f32 or bf16, in place), then with
+  // `norm` its add and norm (bf16 only; n = rows x dim), enqueued on `stream`; every
+  // rank of the group makes the same calls in the same order. Returns the launch's error.
+  cudaError_t all_reduce(void* data, int64_t n, bool f32, cudaStream_t stream, const AddRmsNorm* norm = nullptr);
   // Ends every kernel of the group waiting for a peer, now and later (see above).
   void abort();
 
@@ -85,18 +116,25 @@ class PeerAllReduce {
 
 // The kernel's view of one call (peer_all_reduce.cu).
 struct PeerReduceLaunch {
-  void* staging[PeerAllReduce::kMaxRanks];   // every rank's 2 x capacity bytes
-  uint32_t* flags[PeerAllReduce::kMaxRanks];  // every rank's [blocks][kMaxRanks] arrivals
-  uint32_t* counters;                         // this rank's calls so far, per block
-  const volatile int* abort;                  // mapped host memory: non-zero after abort()
+  void* receive[PeerAllReduce::kMaxRanks];  // every rank's [2 halves][size slots][slot bytes]
+  uint32_t* state;                          // this rank's {calls so far, blocks done in this call}
+  const volatile int* abort;                // mapped host memory: non-zero after abort()
   void* data;
   int64_t n;
-  size_t capacity;
+  size_t slot_bytes;
   int rank, size;
   bool f32;
+  PeerAllReduce::AddRmsNorm norm;  // rows == 0: a plain sum
+  // Launched as a programmatic dependent launch (SM 9.0+, KILN_PDL not 0, as the CUDA
+  // backend's decode kernels): it may be scheduled while the kernel before it ends, and
+  // waits for it before anything else; the kernel after it may be scheduled once it has.
+  bool dependent_launch;
 };
-// Blocks of the fixed grid, and the launch.
-inline constexpr int kPeerReduceBlocks = 32;
 cudaError_t launch_peer_all_reduce(const PeerReduceLaunch& l, cudaStream_t stream);
+// Loads the kernels on the current device now: with CUDA's lazy loading a kernel's first
+// launch may wait for the device to go idle, which a sum waiting for its peers never does.
+cudaError_t load_peer_reduce_kernels();
+// Fills `words` 32-bit words at `p` with the empty pattern (on `stream`).
+cudaError_t launch_peer_reduce_clear(void* p, size_t words, cudaStream_t stream);
 
 }  // namespace kiln::comm
