@@ -123,8 +123,7 @@ int print_ranks(const formats::ModelConfig& config, const formats::QuantConfig& 
               (long long)max_len, gpu > 0 ? "; left for KV: after the weights, activations and the runtime's reserve" : "");
   if (!fits) {
     std::printf("does not fit in %.0f GiB per GPU: use more GPUs, a quantized checkpoint, or fewer "
-                "--max-num-batched-tokens (the activations grow with the step's tokens: every MoE layer's "
-                "scratch lives to the step's end)\n",
+                "--max-num-batched-tokens (the activations grow with the step's tokens)\n",
                 io.gpu_memory_gib);
   }
   return fits ? 0 : 3;

@@ -9,12 +9,17 @@ namespace kiln::runtime {
 namespace {
 
 // The largest step's buffers on one rank, estimated from the config and the rank's shard
-// (bf16 activations): per token, one layer's widest set of live tensors (residual, norm
-// output, q / k / v, attention output, the MLP's or the routed experts' gate / up /
-// product for the tokens' top-k experts, the router's fp32 logits), plus the fp32 logits
-// of max_num_seqs rows (this rank's vocabulary slice, and the whole vocabulary gathered on
-// rank 0). One layer's for those (the ops release a layer's tensors before the next
-// layer's), plus every MoE layer's scratch (below).
+// (bf16 activations). The residual stream lives through the step (residual, norm output
+// and block output per token); on top of it one op's buffers at a time, the largest of:
+// attention's (q / k / v and its output, MLA's fp32 scratch), a dense MLP's (gate / up /
+// product), a MoE layer's (its scratch, given back when the op returns: the router's fp32
+// logits, choices and weights, and per (token, expert) pair the fp32 expert output, the
+// bf16 activation and the permutation; or its shared experts' MLP, which runs apart from
+// it), and the fp32 logits of max_num_seqs rows (this rank's vocabulary slice, and the
+// whole vocabulary gathered on rank 0). Measured on an H200 (2026-11-29, kiln serve's
+// start-up line, 2,048 tokens in 64 sequences): Qwen3-30B-A3B 177 MiB, GLM-4.7 NVFP4 430,
+// GLM-4.5-Air NVFP4 353, the same at every depth. (Until then every MoE layer's scratch
+// was held to the step's end: 7,398 MiB for Qwen3-30B-A3B, 29,783 for GLM-4.7 at TP4.)
 int64_t activation_estimate(const formats::ModelConfig& c, const model::Shard& sh, const SizingOptions& o,
                             int rank, int64_t n_moe_layers) {
   const int64_t tp = sh.tp_size, tokens = o.max_num_batched_tokens, rows = o.max_num_seqs;
@@ -23,29 +28,18 @@ int64_t activation_estimate(const formats::ModelConfig& c, const model::Shard& s
   const int64_t d_qk = mla ? c.d_nope + c.d_rope : c.d_head, d_v = mla ? c.d_v : c.d_head;
   int64_t attn = heads * d_qk + heads * d_v + (mla ? c.d_latent + c.d_rope : 2 * kv_heads * c.d_head);
   if (mla) attn += heads * c.d_latent * 4;  // the MLA kernels' fp32 scratch, 2 floats per latent value
-  const int64_t dense_ff = c.d_ff > 0 ? 3 * ((c.d_ff + tp - 1) / tp) : 0;
-  int64_t moe_ff = 0;
-  if (c.n_experts > 0) {
-    const int64_t ff = sh.expert_parallel ? c.d_ff_expert : (c.d_ff_expert + tp - 1) / tp;
-    moe_ff = 3 * ff * c.n_experts_active + 3 * ff * c.n_shared_experts + 2 * c.n_experts;  // router in fp32
-  }
-  const int64_t per_token = 2 * (4 * c.d_model + attn + std::max(dense_ff, moe_ff));
-  const int64_t vocab_part = (c.vocab_size + tp - 1) / tp;
-  const int64_t logits = rows * vocab_part * 4 + (rank == 0 ? rows * c.vocab_size * 4 : 0);
-  // Each MoE layer's scratch, which the CUDA backend holds to the step's end (released at
-  // the next step's start): the router's fp32 logits, choices and weights, and per
-  // (token, expert) pair the fp32 expert output, the bf16 activation and the permutation.
-  // It dominates the peak of a long step: measured on 4 x H200, GLM-4.7 NVFP4 TP4 29,783
-  // MiB at 2,048 tokens and 64 sequences (89 MoE layers), Qwen3-30B-A3B 7,398 MiB at TP1
-  // and 6,852 at TP2 (48): the whole estimate comes to 100.3%, 102.3% and 101.0% of those
-  // (docs/PERF.md).
-  int64_t moe_held = 0;
-  if (c.n_experts > 0) {
+  const int64_t stream = tokens * 2 * 3 * c.d_model;
+  int64_t op = tokens * 2 * attn;
+  if (c.d_ff > 0) op = std::max(op, tokens * 2 * 3 * ((c.d_ff + tp - 1) / tp));
+  if (c.n_experts > 0 && n_moe_layers > 0) {
     const int64_t ff = sh.expert_parallel ? c.d_ff_expert : (c.d_ff_expert + tp - 1) / tp;
     const int64_t pairs = tokens * c.n_experts_active;
-    moe_held = tokens * c.n_experts * 4 + pairs * (4 + 4) + pairs * (c.d_model * 4 + ff * 2 + 4);
+    op = std::max(op, tokens * c.n_experts * 4 + pairs * (4 + 4) + pairs * (c.d_model * 4 + ff * 2 + 4));
+    op = std::max(op, tokens * 2 * 3 * ((c.d_ff_expert * c.n_shared_experts + tp - 1) / tp));
   }
-  return tokens * per_token + logits + n_moe_layers * moe_held;
+  const int64_t vocab_part = (c.vocab_size + tp - 1) / tp;
+  op = std::max(op, rows * vocab_part * 4 + (rank == 0 ? rows * c.vocab_size * 4 : 0));
+  return stream + op;
 }
 
 int64_t moe_layers(const model::CausalLM& lm) {

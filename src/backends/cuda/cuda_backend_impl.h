@@ -242,7 +242,23 @@ class CudaBackend final : public ops::Backend {
   };
   std::map<const ops::MoeExperts*, ExpertTable> expert_tables_;
   std::map<const ops::Weight*, std::pair<const void*, Tensor>> dequantized_;  // by weight, checked by data
-  std::vector<std::shared_ptr<void>> op_scratch_;  // released at begin_step
+  // Device blocks an op's kernels use for its own intermediate values (scratch<T>): an op
+  // that takes any holds a ScratchScope, which gives them back to the allocator's cache
+  // when the op returns. Its kernels are queued by then, and all of this backend's work
+  // runs on one stream, so a later op reusing a block runs after them; a step's peak is
+  // one op's scratch, not every layer's (a CUDA graph being recorded keeps its blocks
+  // anyway). begin_step clears what is left.
+  std::vector<std::shared_ptr<void>> op_scratch_;
+  struct ScratchScope {
+    explicit ScratchScope(std::vector<std::shared_ptr<void>>& blocks) : blocks_(blocks), mark_(blocks.size()) {}
+    ~ScratchScope() { blocks_.resize(mark_); }
+    ScratchScope(const ScratchScope&) = delete;
+    ScratchScope& operator=(const ScratchScope&) = delete;
+
+   private:
+    std::vector<std::shared_ptr<void>>& blocks_;
+    size_t mark_;  // blocks before the op: a nested op releases only its own
+  };
   // cuBLASLt descriptors and the chosen algorithm per GEMM shape, made once: a
   // decode step runs the same few shapes every time.
   struct GemmPlan {

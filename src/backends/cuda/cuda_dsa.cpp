@@ -82,6 +82,7 @@ void CudaBackend::dsa_index_store(const ops::DsaIndexStoreArgs& a) {
 }
 
 void CudaBackend::dsa_select(const ops::DsaSelectArgs& a) {
+  const ScratchScope scratch_scope(op_scratch_);
   const DeviceBatch& b = batch_for(a.batch);
   check_bf16(a.q, 3, "dsa_select q");
   check_bf16(a.weights, 2, "dsa_select weights");

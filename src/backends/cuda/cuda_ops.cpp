@@ -119,6 +119,7 @@ Status CudaBackend::supports_kv_cache(DType dtype) const {
 }
 
 void CudaBackend::embedding(const ops::EmbeddingArgs& a) {
+  const ScratchScope scratch_scope(op_scratch_);
   check_act(a.table, "embedding table");
   check_act(a.out, "embedding out");
   KILN_CHECK_EQ(a.out.dim(1), a.table.dim(1)) << "embedding: out.dim(1) vs table.dim(1)";
@@ -185,6 +186,7 @@ std::optional<CudaBackend::GemvLinear> CudaBackend::gemv_linear(const ops::Linea
 }
 
 void CudaBackend::linear(const ops::LinearArgs& a) {
+  const ScratchScope scratch_scope(op_scratch_);
   check_act(a.x, "linear x");
   check_act(a.out, "linear out");
   const ops::Weight& w = *a.w;
@@ -287,6 +289,7 @@ void CudaBackend::kv_store(const ops::KvStoreArgs& a) {
 }
 
 void CudaBackend::attention(const ops::AttentionArgs& a) {
+  const ScratchScope scratch_scope(op_scratch_);
   const DeviceBatch& b = batch_for(a.batch);
   check_act(a.q, "attention q");
   check_act(a.out, "attention out");
@@ -336,6 +339,7 @@ void CudaBackend::mla_store(const ops::MlaStoreArgs& a) {
 }
 
 void CudaBackend::mla_attention(const ops::MlaArgs& a) {
+  const ScratchScope scratch_scope(op_scratch_);
   const DeviceBatch& b = batch_for(a.batch);
   check_act(a.q_nope, "mla q_nope");
   check_act(a.out, "mla out");
@@ -505,6 +509,7 @@ CudaBackend::ExpertTables CudaBackend::expert_table(const ops::MoeExperts& ex, i
 // sees n_pairs / n_local rows per expert, more than the n_pairs / n_experts a rank
 // expects under expert parallelism: a tuner's place, as for every shape choice.
 void CudaBackend::moe(const ops::MoeArgs& a) {
+  const ScratchScope scratch_scope(op_scratch_);
   check_act(a.x, "moe x");
   check_act(a.out, "moe out");
   const int64_t n_tokens = a.x.dim(0), d_model = a.x.dim(1);
