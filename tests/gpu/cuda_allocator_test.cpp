@@ -1,6 +1,7 @@
 // The caching allocator's two kinds of block: activations in size classes (a freed block
 // is reused for the same class), weights (`exact`) carved from shared slabs at 512-byte
-// granularity, the slab returned to the driver when its last block dies.
+// granularity, the slab returned to the driver when its last block dies; and what a CUDA
+// graph being recorded keeps.
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -99,6 +100,49 @@ TEST(CudaAllocator, IsFreedWithItsLastBlockSlabsIncluded) {
   ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
   // Everything went back: the cache's 512 MiB and the slab (other processes aside).
   EXPECT_GE(free_after + (size_t(64) << 20), free_before);
+}
+
+// While a graph is recorded every block goes to the sink, and one the recorded work let go
+// of is handed out again within the same recording (so the graph holds the step's peak);
+// a block let go after the recording is not, and a handle that outlives its recording
+// keeps its block after the sink is dropped.
+TEST(CudaAllocator, ARecordingReusesWhatItsWorkLetGoOfAndNothingElse) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto a = CachingAllocator::create(0);
+  std::vector<std::shared_ptr<void>> sink;
+  std::shared_ptr<void> outlives;
+  {
+    a->record_into(&sink);
+    auto first = a->allocate(1 << 20);
+    const uintptr_t first_addr = addr(first);
+    first.reset();  // the recorded work is done with it
+    auto second = a->allocate(1 << 20);
+    EXPECT_EQ(addr(second), first_addr) << "a block let go of within the recording is reused";
+    auto third = a->allocate(1 << 20);
+    EXPECT_NE(addr(third), first_addr);
+    EXPECT_EQ(sink.size(), 2u);
+    EXPECT_EQ(a->recorded_bytes(), sink.size() * (size_t(1) << 20)) << "the graph holds two blocks, not three";
+    EXPECT_EQ(a->recorded_handouts(), 3 * (size_t(1) << 20));
+    outlives = third;  // like a step's output, read after the recording
+    second.reset();
+    a->record_into(nullptr);
+  }
+  outlives.reset();
+  // Outside any recording nothing the sink holds comes back.
+  std::vector<std::shared_ptr<void>> later;
+  for (int i = 0; i < 3; ++i) later.push_back(a->allocate(1 << 20));
+  for (const auto& block : later)
+    for (const auto& kept : sink) EXPECT_NE(addr(block), addr(kept)) << "a recorded block handed out again";
+  // A later recording does not take the earlier one's blocks either.
+  std::vector<std::shared_ptr<void>> sink2;
+  a->record_into(&sink2);
+  auto x = a->allocate(1 << 20);
+  for (const auto& kept : sink) EXPECT_NE(addr(x), addr(kept));
+  a->record_into(nullptr);
+  // Dropping the sinks gives their blocks back to the cache, the outliving one included.
+  const size_t in_use = a->bytes_in_use();
+  sink.clear();
+  EXPECT_EQ(a->bytes_in_use(), in_use - 2 * (size_t(1) << 20));
 }
 
 }  // namespace

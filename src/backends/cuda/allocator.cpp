@@ -74,6 +74,14 @@ std::shared_ptr<void> CachingAllocator::allocate(size_t bytes, bool exact) {
   void* p = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (record_ != nullptr) {  // a block the recording's earlier work let go of
+      auto again = recording_free_.find(cls);
+      if (again != recording_free_.end() && !again->second.empty()) {
+        std::shared_ptr<void> block = std::move(again->second.back());
+        again->second.pop_back();
+        return recording_handle(std::move(block), cls);
+      }
+    }
     auto it = free_.find(cls);
     if (it != free_.end() && !it->second.empty()) {
       p = it->second.back();
@@ -87,11 +95,38 @@ std::shared_ptr<void> CachingAllocator::allocate(size_t bytes, bool exact) {
   std::shared_ptr<CachingAllocator> self = shared_from_this();
   std::shared_ptr<void> block(p, [self, cls](void* q) { self->give_back(q, cls); });
   std::lock_guard<std::mutex> lock(mu_);
-  if (record_ != nullptr) {
-    record_->push_back(block);
-    recorded_bytes_ += cls;
+  if (record_ == nullptr) return block;
+  record_->push_back(block);
+  recorded_bytes_ += cls;
+  return recording_handle(std::move(block), cls);
+}
+
+std::shared_ptr<void> CachingAllocator::recording_handle(std::shared_ptr<void> block, size_t cls) {
+  recorded_handouts_ += cls;
+  void* p = block.get();
+  std::shared_ptr<CachingAllocator> self = shared_from_this();
+  const uint64_t recording = recording_;
+  // The handle holds the block too (the sink may be dropped first); when it dies within
+  // its recording, the block goes to that recording's free list.
+  return std::shared_ptr<void>(p, [self, cls, recording, block = std::move(block)](void*) mutable {
+    std::lock_guard<std::mutex> lock(self->mu_);
+    if (self->record_ != nullptr && self->recording_ == recording) self->recording_free_[cls].push_back(block);
+    // The deleter (and its copy of the block) is destroyed after this returns, outside
+    // the lock: the last reference's give_back locks mu_ itself.
+  });
+}
+
+void CachingAllocator::record_into(std::vector<std::shared_ptr<void>>* sink) {
+  std::map<size_t, std::vector<std::shared_ptr<void>>> let_go;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    record_ = sink;
+    ++recording_;
+    if (sink != nullptr) recorded_bytes_ = recorded_handouts_ = 0;
+    let_go.swap(recording_free_);
   }
-  return block;
+  // let_go's blocks are in the ended recording's sink as well: dropped here, outside the
+  // lock, in case the sink is gone.
 }
 
 void CachingAllocator::give_back(void* p, size_t cls) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -40,14 +41,21 @@ class CachingAllocator : public std::enable_shared_from_this<CachingAllocator> {
   // While set, every block handed out is also appended to *sink (a CUDA graph
   // being recorded keeps the blocks its kernels use); nullptr stops recording.
   // recorded_bytes: the bytes of the blocks appended since the last non-null sink.
-  void record_into(std::vector<std::shared_ptr<void>>* sink) {
-    std::lock_guard<std::mutex> lock(mu_);
-    record_ = sink;
-    if (sink != nullptr) recorded_bytes_ = 0;
-  }
+  // Within a recording a block the recorded work has let go of (the handle allocate
+  // returned died) is handed out again to later work of the same recording instead of a
+  // new one: the graph replays that work in the same order, so the sink holds the step's
+  // peak, not the sum of its allocations. A handle that outlives the recording keeps its
+  // block as before.
+  void record_into(std::vector<std::shared_ptr<void>>* sink);
   size_t recorded_bytes() const {
     std::lock_guard<std::mutex> lock(mu_);
     return recorded_bytes_;
+  }
+  // The bytes handed out since the last non-null sink, reused blocks counted each time
+  // (what the sink would hold without reuse).
+  size_t recorded_handouts() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return recorded_handouts_;
   }
 
  private:
@@ -57,13 +65,17 @@ class CachingAllocator : public std::enable_shared_from_this<CachingAllocator> {
   // cudaMalloc, after emptying the cache once if the device is full.
   void* device_malloc(size_t bytes);
   std::shared_ptr<void> slab_block(size_t bytes);
+  // The handle of a block handed out while recording (see record_into); mu_ held.
+  std::shared_ptr<void> recording_handle(std::shared_ptr<void> block, size_t cls);
 
   int device_;
   mutable std::mutex mu_;
   std::map<size_t, std::vector<void*>> free_;  // size class -> free blocks
   size_t in_use_ = 0, cached_ = 0, peak_ = 0;
   std::vector<std::shared_ptr<void>>* record_ = nullptr;
-  size_t recorded_bytes_ = 0;
+  size_t recorded_bytes_ = 0, recorded_handouts_ = 0;
+  uint64_t recording_ = 0;  // counts record_into calls: which recording a handle belongs to
+  std::map<size_t, std::vector<std::shared_ptr<void>>> recording_free_;  // size class -> blocks let go
   // The slab exact blocks are carved from (bump allocation; its blocks keep it alive).
   std::weak_ptr<void> slab_;
   size_t slab_used_ = 0;

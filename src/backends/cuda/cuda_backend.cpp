@@ -292,8 +292,9 @@ Tensor CudaBackend::run_step(const ops::BatchMeta& b, uint64_t key, const std::f
     begin_step(b);
     return ops();
   }
-  // The recording holds every block its step allocated (none is reused within it): past
-  // the budget the KV cache left for recordings, this shape runs eagerly instead.
+  // The recording holds the blocks its step used (one reused within it once the step's
+  // work let go of it: about the step's peak): past the budget the KV cache left for
+  // recordings, this shape runs eagerly instead.
   const size_t bytes = allocator_->recorded_bytes();
   if (graph_bytes_ + bytes > graph_budget_) {
     cudaGraphExecDestroy(exec);
@@ -310,6 +311,10 @@ Tensor CudaBackend::run_step(const ops::BatchMeta& b, uint64_t key, const std::f
     return ops();
   }
   graph_bytes_ += bytes;
+  KILN_LOG(kDebug, "cuda: recorded a step of " << n << " rows over " << n_seqs << " sequences holding "
+                                                << (bytes >> 10) << " KiB of the " << (allocator_->recorded_handouts() >> 10)
+                                                << " KiB its work allocated (" << (graph_bytes_ >> 20)
+                                                << " MiB in all recordings)");
   g.exec = exec;
   g.out = out;
   g.keep = std::move(keep);
