@@ -6,7 +6,8 @@
 //   build-gpu/bin/comm_bench [--iters 50] [--gpus N]
 //
 // Run it with NCCL_P2P_DISABLE=1 to see a PCIe machine without peer-to-peer (consumer
-// cards): NCCL then stages through host memory, and kiln's one-shot path is off.
+// cards): NCCL then stages through host memory, and so does kiln's one-shot path (its
+// receive buffers in mapped host memory, KILN_ONESHOT_HOST).
 //
 // Two groups over the same GPUs: one sends every sum to NCCL (KILN_ONESHOT_MAX_BYTES=0),
 // the other every sum up to the receive capacity (4 MiB) to the one-shot all-reduce over
@@ -116,6 +117,9 @@ int main(int argc, char** argv) {
   }
   // The NCCL-only group, then the one-shot group (up to its capacity).
   std::vector<std::unique_ptr<NcclCommunicator>> groups[2];
+  // Without peer access (NCCL_P2P_DISABLE=1) the one-shot group stages through host
+  // memory (KILN_ONESHOT_HOST), so the table compares that with NCCL's own host path.
+  setenv("KILN_ONESHOT_HOST", "1", 1);
   for (int k = 0; k < 2; ++k) {
     setenv("KILN_ONESHOT_MAX_BYTES", k == 0 ? "0" : std::to_string(kiln::comm::PeerAllReduce::kCapacity).c_str(), 1);
     auto group = NcclCommunicator::create_group(ranks);

@@ -531,11 +531,12 @@ void expect_norm_results(ops::Backend& b, const NormTensors& x, const NormWant& 
 // by an f32 sum must read as empty to a bf16 one). On one GPU a rank's sum waits for the
 // other's launch, and an allocation or a free may wait for the whole GPU: every tensor
 // is made before the first sum (a barrier) and lives to the end.
-TEST(PeerAllReduce, TwoRanksOnOneGpuSumAndNormLikeTheHost) {
+void two_ranks_on_one_gpu(comm::PeerAllReduce::Staging staging) {
   if (visible_gpus() < 1) GTEST_SKIP() << "no GPU visible";
   std::string why_not;
-  auto peers = comm::PeerAllReduce::create_group({0, 0}, &why_not);
+  auto peers = comm::PeerAllReduce::create_group({0, 0}, &why_not, staging);
   if (peers.empty()) GTEST_SKIP() << "no one-shot path: " << why_not;
+  EXPECT_EQ(peers[0]->host_staged(), staging == comm::PeerAllReduce::Staging::kHost);
   std::vector<std::unique_ptr<ops::Backend>> backends;
   for (int r = 0; r < 2; ++r) {
     auto b = cuda::make_cuda_backend({.device = 0});
@@ -610,6 +611,12 @@ TEST(PeerAllReduce, TwoRanksOnOneGpuSumAndNormLikeTheHost) {
   for (const std::exception_ptr& e : errors)
     if (e) std::rethrow_exception(e);
 }
+
+TEST(PeerAllReduce, TwoRanksOnOneGpuSumAndNormLikeTheHost) { two_ranks_on_one_gpu(comm::PeerAllReduce::Staging::kAuto); }
+
+// The same with the receive buffers in mapped host memory (the path for GPUs without
+// peer access, KILN_ONESHOT_HOST=1).
+TEST(PeerAllReduce, TwoRanksStagedThroughHostMemory) { two_ranks_on_one_gpu(comm::PeerAllReduce::Staging::kHost); }
 
 // The communicator's fused call on 2 GPUs: it fuses wherever the one-shot path takes the
 // sum and gives what all_reduce and the backend's rms_norm give; a message over the

@@ -75,7 +75,8 @@ std::vector<std::unique_ptr<PeerAllReduce>> make_peer_group(const std::vector<in
     KILN_LOG(kInfo, "nccl: every all-reduce of the group of " << devices.size() << " goes to NCCL (" << why_not << ")");
   } else {
     KILN_LOG(kInfo, "nccl: all-reduces of up to " << peers[0]->max_bytes() / 1024 << " KiB over the group of "
-                                                   << devices.size() << " take the one-shot path over peer memory");
+                                                   << devices.size() << " take the one-shot path over "
+                                                   << (peers[0]->host_staged() ? "host" : "peer") << " memory");
   }
   return peers;
 }

@@ -17,13 +17,14 @@ struct PeerAllReduce::Shared {
   int* abort_flag = nullptr;      // mapped, portable host memory
   size_t max_bytes = 0, slot_bytes = 0;
   bool dependent_launch = false;  // every device SM 9.0+ and KILN_PDL not 0
+  bool host = false;              // receive buffers in mapped host memory (no peer access)
 
   ~Shared() {
     int previous = 0;
     cudaGetDevice(&previous);
     for (size_t r = 0; r < devices.size(); ++r) {
       cudaSetDevice(devices[r]);
-      if (r < receive.size()) cudaFree(receive[r]);
+      if (r < receive.size()) host ? cudaFreeHost(receive[r]) : cudaFree(receive[r]);
       if (r < state.size()) cudaFree(state[r]);
     }
     if (abort_flag != nullptr) cudaFreeHost(abort_flag);
@@ -34,8 +35,8 @@ struct PeerAllReduce::Shared {
 namespace {
 
 // KILN_ONESHOT_MAX_BYTES, or the default for `ranks`; at most the receive capacity.
-size_t configured_max_bytes(int ranks) {
-  const size_t fallback = PeerAllReduce::default_max_bytes(ranks);
+size_t configured_max_bytes(int ranks, bool host) {
+  const size_t fallback = host ? PeerAllReduce::kHostMaxBytes : PeerAllReduce::default_max_bytes(ranks);
   const char* v = std::getenv("KILN_ONESHOT_MAX_BYTES");
   if (v == nullptr || *v == '\0') return fallback;
   char* end = nullptr;
@@ -47,38 +48,50 @@ size_t configured_max_bytes(int ranks) {
   return std::min<size_t>(size_t(n), PeerAllReduce::kCapacity);
 }
 
+bool env_set(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+}
+
 std::string cuda_error(const char* what, cudaError_t e) { return std::string(what) + ": " + cudaGetErrorString(e); }
 
 }  // namespace
 
 std::vector<std::unique_ptr<PeerAllReduce>> PeerAllReduce::create_group(const std::vector<int>& devices,
-                                                                        std::string* why_not) {
+                                                                        std::string* why_not, Staging staging) {
   std::vector<std::unique_ptr<PeerAllReduce>> none;
   const int n = int(devices.size());
   if (n < 2 || n > kMaxRanks) {
     *why_not = "a group of " + std::to_string(n) + " (the one-shot path takes 2 to " + std::to_string(kMaxRanks) + ")";
     return none;
   }
-  if (const char* p2p = std::getenv("NCCL_P2P_DISABLE"); p2p != nullptr && std::strcmp(p2p, "0") != 0) {
-    *why_not = std::string("NCCL_P2P_DISABLE=") + p2p + " asks for no peer-to-peer traffic";
-    return none;
-  }
-  auto shared = std::make_shared<Shared>();
-  shared->max_bytes = configured_max_bytes(n);
-  if (shared->max_bytes == 0) {
-    *why_not = "KILN_ONESHOT_MAX_BYTES=0";
-    return none;
+  // Peer memory where every pair of GPUs has peer access and NCCL_P2P_DISABLE is unset;
+  // else host memory where asked (KILN_ONESHOT_HOST), else none.
+  std::string no_peers;
+  if (const char* p2p = std::getenv("NCCL_P2P_DISABLE"); env_set("NCCL_P2P_DISABLE")) {
+    no_peers = std::string("NCCL_P2P_DISABLE=") + p2p + " asks for no peer-to-peer traffic";
   }
   for (int a : devices) {
     for (int b : devices) {
-      if (a == b) continue;
       int can = 0;
+      if (a == b || !no_peers.empty()) continue;
       if (cudaDeviceCanAccessPeer(&can, a, b) != cudaSuccess || can == 0) {
         cudaGetLastError();
-        *why_not = "GPU " + std::to_string(a) + " has no peer access to GPU " + std::to_string(b);
-        return none;
+        no_peers = "GPU " + std::to_string(a) + " has no peer access to GPU " + std::to_string(b);
       }
     }
+  }
+  const bool host = staging == Staging::kHost || (!no_peers.empty() && env_set("KILN_ONESHOT_HOST"));
+  if (!no_peers.empty() && !host) {
+    *why_not = no_peers + "; KILN_ONESHOT_HOST=1 stages it through host memory instead";
+    return none;
+  }
+  auto shared = std::make_shared<Shared>();
+  shared->host = host;
+  shared->max_bytes = configured_max_bytes(n, host);
+  if (shared->max_bytes == 0) {
+    *why_not = "KILN_ONESHOT_MAX_BYTES=0";
+    return none;
   }
   int previous = 0;
   cudaGetDevice(&previous);
@@ -98,7 +111,7 @@ std::vector<std::unique_ptr<PeerAllReduce>> PeerAllReduce::create_group(const st
   for (int r = 0; r < n && error.empty(); ++r) {
     cudaSetDevice(devices[size_t(r)]);
     for (int peer : devices) {
-      if (peer == devices[size_t(r)]) continue;
+      if (peer == devices[size_t(r)] || host) continue;
       const cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
       if (e == cudaErrorPeerAccessAlreadyEnabled) {
         cudaGetLastError();
@@ -109,9 +122,14 @@ std::vector<std::unique_ptr<PeerAllReduce>> PeerAllReduce::create_group(const st
       }
     }
     void *receive = nullptr, *state = nullptr;
-    cudaError_t e = cudaMalloc(&receive, receive_bytes);
+    cudaError_t e = host ? cudaHostAlloc(&receive, receive_bytes, cudaHostAllocMapped | cudaHostAllocPortable)
+                         : cudaMalloc(&receive, receive_bytes);
     if (e == cudaSuccess) e = cudaMalloc(&state, state_bytes);
-    if (e == cudaSuccess) e = launch_peer_reduce_clear(receive, receive_bytes / 4, nullptr);
+    if (e == cudaSuccess && host) {
+      std::fill_n(static_cast<uint32_t*>(receive), receive_bytes / 4, kEmptyWord);
+    } else if (e == cudaSuccess) {
+      e = launch_peer_reduce_clear(receive, receive_bytes / 4, nullptr);
+    }
     if (e == cudaSuccess) e = load_peer_reduce_kernels();
     if (e == cudaSuccess) e = cudaMemset(state, 0, state_bytes);
     shared->receive.push_back(receive);
@@ -146,6 +164,8 @@ std::vector<std::unique_ptr<PeerAllReduce>> PeerAllReduce::create_group(const st
 PeerAllReduce::~PeerAllReduce() = default;
 
 size_t PeerAllReduce::max_bytes() const { return shared_->max_bytes; }
+
+bool PeerAllReduce::host_staged() const { return shared_->host; }
 
 bool PeerAllReduce::takes(const void* data, int64_t n, bool f32) const {
   const size_t bytes = size_t(n) * (f32 ? 4 : 2);

@@ -10,7 +10,7 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxBlocks = 256;  // a grid-stride loop beyond: every block stays resident
 constexpr int kMaxRanks = PeerAllReduce::kMaxRanks;
-constexpr uint32_t kEmpty = 0x80008000u;  // two bf16 -0, or one f32 subnormal: "not arrived"
+constexpr uint32_t kEmpty = PeerAllReduce::kEmptyWord;  // two bf16 -0, or one f32 subnormal: "not arrived"
 // 16-byte vectors of one row per thread in the fused form.
 constexpr int kNormVecs = int(PeerAllReduce::kMaxNormDim / 8 / kThreads);
 

@@ -35,6 +35,13 @@
 // (the sum rounded to bf16, residual = bf16(residual + sum), fp32 norm): the layer's
 // all-reduce, residual add and next norm in one launch.
 //
+// Host staging: where GPUs have no peer access (consumer cards over PCIe, or
+// NCCL_P2P_DISABLE), the receive buffers can live in mapped host memory instead
+// (KILN_ONESHOT_HOST=1; Staging): the same kernel, every store and poll crossing the
+// GPU's bus. A GPU's posted writes reach host memory in the order it issued them, so the
+// argument above holds: a receiver's emptying of a half lands before the data of its
+// next call, which a sender sees before it writes that half again.
+//
 // Launched as a programmatic dependent launch where the CUDA backend's kernels are
 // (pdl.cuh: SM 9.0+ and KILN_PDL not 0), so its start overlaps the end of the kernel
 // before it and the next kernel's start overlaps it.
@@ -70,20 +77,32 @@ class PeerAllReduce {
   // three peers' whole messages while NCCL's ring moves 1.5x the message per link.
   // KILN_ONESHOT_MAX_BYTES overrides it (0 turns the path off).
   static size_t default_max_bytes(int ranks) { return ranks <= 2 ? kCapacity : size_t(512) << 10; }
+  // Staged through host memory (below): the largest message by default.
+  static constexpr size_t kHostMaxBytes = size_t(256) << 10;
+  // The empty pattern a receive buffer is filled with (a 32-bit word).
+  static constexpr uint32_t kEmptyWord = 0x80008000u;
 
+  // Where the receive buffers live. kAuto: in each GPU's memory where every pair of the
+  // group's GPUs has peer access and NCCL_P2P_DISABLE is unset; else, with
+  // KILN_ONESHOT_HOST=1, in mapped host memory that every GPU writes and reads over its
+  // bus (the consumer cards' case: no P2P); else no one-shot path. kHost: host memory
+  // whatever the GPUs can do (tests; a group may then name one GPU twice).
+  enum class Staging { kAuto, kHost };
   // One object per rank of a group of GPUs (rank r on devices[r]), sharing each other's
   // buffers; empty, with the reason in *why_not, where the path is not taken: fewer than
-  // 2 or more than kMaxRanks ranks, a pair of GPUs without peer access, NCCL_P2P_DISABLE
-  // set (the user asked for no peer-to-peer traffic), KILN_ONESHOT_MAX_BYTES=0, or an
+  // 2 or more than kMaxRanks ranks, no peer access (above), KILN_ONESHOT_MAX_BYTES=0, or an
   // allocation that failed. Called from one thread; leaves the current device as it was.
   static std::vector<std::unique_ptr<PeerAllReduce>> create_group(const std::vector<int>& devices,
-                                                                  std::string* why_not);
+                                                                  std::string* why_not,
+                                                                  Staging staging = Staging::kAuto);
 
   ~PeerAllReduce();
   PeerAllReduce(const PeerAllReduce&) = delete;
   PeerAllReduce& operator=(const PeerAllReduce&) = delete;
 
   size_t max_bytes() const;
+  // Whether the receive buffers are in host memory (Staging).
+  bool host_staged() const;
   // Whether a sum of n elements (f32, or else bf16) at `data` goes this way: at most
   // max_bytes, and `data` aligned to 16 bytes.
   bool takes(const void* data, int64_t n, bool f32) const;
