@@ -1,6 +1,9 @@
 #include "runtime/model_runner.h"
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -13,51 +16,72 @@ namespace kiln::runtime {
 // Ranks 1..n-1's threads: each waits for a job, runs it with its rank, reports done.
 // The state lives in a shared block the threads hold too, so that a rank stuck in its
 // job (the watchdog gave up on it) can be left behind without touching freed memory.
+//
+// Handing a step to a sleeping thread and back costs two wake-ups (tens of microseconds
+// each on a server's idle cores), on every step's critical path: a rank that starts late
+// holds up the others at their first collective. So with `spin` > 0 (device backends,
+// whose host threads are otherwise idle during a step) a rank thread polls for the next
+// job for up to `spin` after each one before it sleeps, and the caller polls for the
+// ranks' ends for as long before it blocks; decode steps come back within that. With
+// host backends (the CPU reference) the cores do the work: no polling.
 struct ModelRunner::Threads {
   struct Shared {
     std::mutex m;
     std::condition_variable job_ready, job_done;
-    uint64_t generation = 0;
-    int pending = 0;
+    std::atomic<uint64_t> generation{0};  // written under m; polled without it
+    std::atomic<int> pending{0};          // likewise
     bool stop = false;
     std::shared_ptr<const std::function<void(int)>> job;
   };
   std::shared_ptr<Shared> s = std::make_shared<Shared>();
   std::vector<std::thread> threads;
+  std::chrono::microseconds spin;
 
-  explicit Threads(int world) {
-    for (int r = 1; r < world; ++r) threads.emplace_back([s = s, r] { loop(*s, r); });
+  Threads(int world, std::chrono::microseconds spin_for) : spin(spin_for) {
+    for (int r = 1; r < world; ++r) threads.emplace_back([s = s, r, spin_for] { loop(*s, r, spin_for); });
   }
   ~Threads() {
     {
       std::lock_guard<std::mutex> lock(s->m);
       s->stop = true;
+      s->generation.fetch_add(1);  // ends a poll
     }
     s->job_ready.notify_all();
     // A rank still in a job the watchdog gave up on is left to the process's exit.
     const bool stuck = !wait_idle(std::chrono::seconds(5));
     for (std::thread& t : threads) stuck ? t.detach() : t.join();
   }
-  static void loop(Shared& s, int rank) {
+  // Polls `done` for up to `limit`; whether it held.
+  template <typename F>
+  static bool poll(std::chrono::microseconds limit, F&& done) {
+    if (limit.count() <= 0) return done();
+    const auto until = std::chrono::steady_clock::now() + limit;
+    for (int i = 0;; ++i) {
+      if (done()) return true;
+      if ((i & 63) == 63 && std::chrono::steady_clock::now() > until) return false;
+    }
+  }
+  static void loop(Shared& s, int rank, std::chrono::microseconds spin) {
     uint64_t seen = 0;
     for (;;) {
+      poll(spin, [&] { return s.generation.load(std::memory_order_acquire) != seen; });
       std::shared_ptr<const std::function<void(int)>> j;
       {
         std::unique_lock<std::mutex> lock(s.m);
-        s.job_ready.wait(lock, [&] { return s.stop || s.generation != seen; });
+        s.job_ready.wait(lock, [&] { return s.stop || s.generation.load() != seen; });
         if (s.stop) return;
-        seen = s.generation;
+        seen = s.generation.load();
         j = s.job;
       }
       (*j)(rank);
       std::lock_guard<std::mutex> lock(s.m);
-      if (--s.pending == 0) s.job_done.notify_all();
+      if (s.pending.fetch_sub(1) == 1) s.job_done.notify_all();
     }
   }
   // Waits up to `limit` for every rank's job to end; false if some rank is still in it.
   bool wait_idle(std::chrono::milliseconds limit) {
     std::unique_lock<std::mutex> lock(s->m);
-    return s->job_done.wait_for(lock, limit, [&] { return s->pending == 0; });
+    return s->job_done.wait_for(lock, limit, [&] { return s->pending.load() == 0; });
   }
   // fn(0) here, fn(r) on thread r, all at once; returns when every rank has finished, or
   // false when `give_up()` has held for `grace` and some rank is still in its job.
@@ -66,14 +90,15 @@ struct ModelRunner::Threads {
     {
       std::lock_guard<std::mutex> lock(s->m);
       s->job = fn;
-      s->pending = int(threads.size());
-      ++s->generation;
+      s->pending.store(int(threads.size()));
+      s->generation.fetch_add(1, std::memory_order_release);
     }
     s->job_ready.notify_all();
     (*fn)(0);
+    if (poll(spin, [&] { return s->pending.load(std::memory_order_acquire) == 0; })) return true;
     std::unique_lock<std::mutex> lock(s->m);
     auto since = std::chrono::steady_clock::time_point::max();
-    while (!s->job_done.wait_for(lock, std::chrono::milliseconds(100), [&] { return s->pending == 0; })) {
+    while (!s->job_done.wait_for(lock, std::chrono::milliseconds(100), [&] { return s->pending.load() == 0; })) {
       if (since == std::chrono::steady_clock::time_point::max() && give_up()) since = std::chrono::steady_clock::now();
       if (std::chrono::steady_clock::now() - since > grace) return false;
     }
@@ -143,6 +168,19 @@ Result<CommWorld> local_comm_world(const std::vector<ops::Backend*>& backends, c
   return c;
 }
 
+namespace {
+
+// How long rank threads poll for the next job, and the caller for their ends, before
+// sleeping (ModelRunner::Threads): 1 ms with device backends, none with host ones;
+// KILN_RANK_SPIN_US overrides (0: never poll).
+std::chrono::microseconds rank_spin(ops::Backend& b) {
+  if (const char* v = std::getenv("KILN_RANK_SPIN_US"); v != nullptr && *v != '\0')
+    return std::chrono::microseconds(std::max(0LL, std::atoll(v)));
+  return std::chrono::microseconds(b.memory_info() ? 1000 : 0);
+}
+
+}  // namespace
+
 Result<std::unique_ptr<ModelRunner>> ModelRunner::create(std::vector<std::unique_ptr<ops::Backend>> backends,
                                                          const ParallelConfig& parallel, const CommFactory& comms) {
   if (parallel.tensor_parallel < 1 || parallel.pipeline_parallel < 1) {
@@ -176,7 +214,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(std::vector<std::unique
       r->watchdog_ = std::make_unique<Watchdog>(r->board_, parallel.watchdog_seconds, r->comms_.abort);
     }
   }
-  r->threads_ = std::make_unique<Threads>(parallel.world());
+  r->threads_ = std::make_unique<Threads>(parallel.world(), rank_spin(*raw[0]));
   return r;
 }
 
