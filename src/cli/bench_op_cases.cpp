@@ -213,7 +213,12 @@ struct MoeModel {
   bool router_bias, correction_bias;
   ops::RouterParams routing;
   ops::GluParams glu;
+  bool rank_part = false;  // one rank's part of a model (bf16 cases only)
+  int64_t n_local = 0;     // expert parallelism: experts [0, n_local) here (0: all)
 };
+
+const ops::RouterParams kQwen3Routing{.kind = ops::RouterKind::kSoftmaxTopK, .n_experts = 128, .top_k = 8,
+                                      .norm_topk_prob = true};
 
 const MoeModel kMoeModels[] = {
     {"gpt-oss-120b", 128, 4, 2880, 2880, true, true, false,
@@ -222,9 +227,16 @@ const MoeModel kMoeModels[] = {
     {"gpt-oss-20b", 32, 4, 2880, 2880, true, true, false,
      {.kind = ops::RouterKind::kTopKSoftmax, .n_experts = 32, .top_k = 4},
      {.kind = ops::GluKind::kGptOssClamp}},
-    {"Qwen3-30B-A3B", 128, 8, 2048, 768, false, false, false,
-     {.kind = ops::RouterKind::kSoftmaxTopK, .n_experts = 128, .top_k = 8, .norm_topk_prob = true},
-     {.kind = ops::GluKind::kSilu}},
+    {"Qwen3-30B-A3B", 128, 8, 2048, 768, false, false, false, kQwen3Routing, {.kind = ops::GluKind::kSilu}},
+    // One rank's part of it under tensor parallelism (every expert's d_ff split) and under
+    // expert parallelism (half the experts whole): what a TP2 / TP4 / TP2+EP decode step
+    // asks of one GPU's MoE kernels (docs/perf/multi-gpu.md).
+    {"Qwen3-30B-A3B TP2 rank", 128, 8, 2048, 384, false, false, false, kQwen3Routing, {.kind = ops::GluKind::kSilu},
+     true},
+    {"Qwen3-30B-A3B TP4 rank", 128, 8, 2048, 192, false, false, false, kQwen3Routing, {.kind = ops::GluKind::kSilu},
+     true},
+    {"Qwen3-30B-A3B EP2 rank", 128, 8, 2048, 768, false, false, false, kQwen3Routing, {.kind = ops::GluKind::kSilu},
+     true, 64},
     {"Qwen3.5-35B-A3B", 256, 8, 2048, 512, false, false, false,
      {.kind = ops::RouterKind::kSoftmaxTopK, .n_experts = 256, .top_k = 8, .norm_topk_prob = true},
      {.kind = ops::GluKind::kSilu}},
@@ -238,7 +250,7 @@ const MoeModel kMoeModels[] = {
 // logits of the same bf16 x and router.
 int64_t distinct_experts(ops::Backend& be, const Tensor& x, const ops::Weight& router,
                          const std::vector<float>& router_bias, const std::vector<float>& correction,
-                         const ops::RouterParams& r) {
+                         const ops::RouterParams& r, int64_t n_local) {
   const int64_t rows = x.dim(0), d = x.dim(1), n = r.n_experts;
   std::vector<float> xs(static_cast<size_t>(rows * d)), ws(static_cast<size_t>(n * d));
   std::vector<float> logits(static_cast<size_t>(n)), weights(static_cast<size_t>(r.top_k));
@@ -254,7 +266,8 @@ int64_t distinct_experts(ops::Backend& be, const Tensor& x, const ops::Weight& r
     }
     cpu::route(logits.data(), correction.empty() ? nullptr : correction.data(), r, chosen.data(),
                      weights.data());
-    used.insert(chosen.begin(), chosen.end());
+    for (int32_t e : chosen)
+      if (e < n_local) used.insert(e);
   }
   return int64_t(used.size());
 }
@@ -266,7 +279,7 @@ void bench_moe_model(Bench& b, const MoeModel& m) {
   const double expert_gb = 3.0 * 2.0 * double(m.n_experts * m.d_model * m.d_ff) / 1e9;
   std::fprintf(stderr, "kiln bench op: building %s experts (%.1f GB)\n", m.name, expert_gb);
   auto be = b.backend();  // the expert set is freed with it, before the next model's
-  const int64_t E = m.n_experts, d = m.d_model, f = m.d_ff;
+  const int64_t E = m.n_local > 0 ? m.n_local : m.n_experts, d = m.d_model, f = m.d_ff;
   ops::MoeExperts ex{.d_ff = f};
   // Stacked as in the checkpoints; each expert's Weight is a view of its slice.
   Tensor gate_up, gate_up_bias, gate, up, down, down_bias;
@@ -291,12 +304,13 @@ void bench_moe_model(Bench& b, const MoeModel& m) {
     }
   }
   std::vector<float> router_bias_host, correction_host;
-  ops::Weight router{.data = b.fill.weight(*be, {E, d})};  // (n_experts, d_model)
-  if (m.router_bias) router.bias = b.fill.vector(*be, E, -0.1f, 0.1f, &router_bias_host);
-  const Tensor correction = m.correction_bias ? b.fill.vector(*be, E, -0.05f, 0.05f, &correction_host) : Tensor{};
+  const int64_t all = m.n_experts;  // the router is whole under expert parallelism
+  ops::Weight router{.data = b.fill.weight(*be, {all, d})};  // (n_experts, d_model)
+  if (m.router_bias) router.bias = b.fill.vector(*be, all, -0.1f, 0.1f, &router_bias_host);
+  const Tensor correction = m.correction_bias ? b.fill.vector(*be, all, -0.05f, 0.05f, &correction_host) : Tensor{};
   // What one expert's GEMVs read (the kernels read biases as fp32 copies).
   const double expert_bytes = 2.0 * 3.0 * double(d * f) + (m.gpt_oss_layout ? 4.0 * double(2 * f + d) : 0.0);
-  const double router_bytes = 2.0 * double(E * d) + (m.router_bias ? 4.0 * double(E) : 0.0);
+  const double router_bytes = 2.0 * double(all * d) + (m.router_bias ? 4.0 * double(all) : 0.0);
 
   // 64 rows: a decode step of 64 streams; 512: one with a prompt chunk in it.
   for (int64_t rows : {1, 8, 64, 512, kPrefillRows, 4 * kPrefillRows}) {
@@ -305,11 +319,11 @@ void bench_moe_model(Bench& b, const MoeModel& m) {
     Tensor x = b.fill.activation(*be, {rows, d});
     Tensor out = be->alloc(DType::kBF16, {rows, d});
     if (rows <= 64) {
-      const int64_t n_used = distinct_experts(*be, x, router, router_bias_host, correction_host, m.routing);
+      const int64_t n_used = distinct_experts(*be, x, router, router_bias_host, correction_host, m.routing, E);
       c.bytes = double(n_used) * expert_bytes + router_bytes + 2.0 * 2.0 * double(rows * d);
-      c.note = str(n_used) + " distinct experts (host routing; bound " + str(std::min(E, rows * m.top_k)) + ")";
+      c.note = str(n_used) + " distinct experts here (host routing; bound " + str(std::min(E, rows * m.top_k)) + ")";
     } else {
-      c.flops = 2.0 * double(rows) * double(m.top_k) * 3.0 * double(d) * double(f);
+      c.flops = 2.0 * double(rows) * double(m.top_k) * 3.0 * double(d) * double(f) * double(E) / double(all);
     }
     b.run(*be, b.rows_batch(rows), c, [&] {
       be->moe({.x = x, .router = &router, .correction_bias = correction, .experts = &ex, .routing = m.routing,
@@ -461,7 +475,7 @@ void bench_quant_moe(Bench& b, const MoeModel& m, const QuantFormatCase& f) {
     Tensor x = b.fill.activation(*be, {rows, d});
     std::vector<Tensor> outs;
     for (int l = 0; l < layers; ++l) outs.push_back(be->alloc(DType::kBF16, {rows, d}));
-    const int64_t n_used = distinct_experts(*be, x, router, router_bias_host, correction_host, m.routing);
+    const int64_t n_used = distinct_experts(*be, x, router, router_bias_host, correction_host, m.routing, m.n_experts);
     c.bytes = double(n_used) * expert_bytes + router_bytes + 2.0 * 2.0 * double(rows * d);
     c.note = str(n_used) + " distinct experts; " + str(layers) + " layers per graph";
     // Decode-shaped: `rows` sequences of one new token each (run_step records those).
@@ -695,7 +709,8 @@ void run_all_cases(Bench& b) {
   }
   for (const MoeModel& m : kMoeModels) bench_moe_model(b, m);
   for (const MoeModel& m : kMoeModels)
-    for (const QuantFormatCase& f : kQuantFormats) bench_quant_moe(b, m, f);
+    for (const QuantFormatCase& f : kQuantFormats)
+      if (!m.rank_part) bench_quant_moe(b, m, f);
   bench_fp8_linear(b);
   bench_mla(b, "DeepSeek-V3", 128);
   bench_mla(b, "Kimi-K2", 64);
