@@ -9,6 +9,11 @@
 // KILN_KERNEL_TRACE_OUT=FILE writes the table there instead of stderr. Times are each
 // kernel's own (start to end on the GPU), summed over devices; gaps between kernels (launch
 // latency, host work) are the difference between "kernels" and the wall time of a step.
+// With programmatic dependent launches (kiln's decode kernels on SM 9.0+) a kernel starts
+// while the one before it ends and its time includes that wait, so the sum exceeds the
+// wall time: run with KILN_PDL=0 for each kernel's own cost. Preload it into the process
+// to trace only (not into `timeout` or a wrapper shell, whose exit would write an empty
+// table over the file).
 #include <cupti.h>
 
 #include <cxxabi.h>
