@@ -3,7 +3,8 @@
 // tests are in tests/gpu/nccl_comm_test.cpp), on the CPU: a tensor-parallel communicator
 // that says yes and does the same ops itself (its all_reduce, then the rank's backend
 // rms_norm with the residual) is asked once after every attention block and every MLP
-// block but a pipeline stage's last (whose output the stage hands on), i.e. 2 x layers
+// block but a pipeline stage's last (whose output the stage hands on; TP2, TP2 with
+// expert parallelism, TP2 x PP2), i.e. 2 x layers
 // per forward pass on a last stage, one fewer before it; and the logits and greedy tokens
 // are exactly those of the in-process communicator, which declines. (That equality holds
 // the model to passing the fused call what it passes the two separate ops; the layer
@@ -80,12 +81,20 @@ Result<std::unique_ptr<runtime::Engine>> load(const std::string& fixture, const 
                                {.block_size = 4, .max_model_len = 256, .parallel = p, .comms = std::move(comms)});
 }
 
-class FusedReduce : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
+struct Layout {
+  const char* name;
+  runtime::ParallelConfig parallel;
+};
+const Layout kLayouts[] = {{"tp2", {.tensor_parallel = 2}},
+                           {"tp2_ep", {.tensor_parallel = 2, .expert_parallel = true}},
+                           {"tp2_pp2", {.tensor_parallel = 2, .pipeline_parallel = 2}}};
+
+class FusedReduce : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(FusedReduce, GivesWhatTheSeparateSumAndNormGive) {
   const std::string fixture = std::get<0>(GetParam());
-  const bool pipeline = std::get<1>(GetParam());
-  const runtime::ParallelConfig layout{.tensor_parallel = 2, .pipeline_parallel = pipeline ? 2 : 1};
+  const runtime::ParallelConfig layout = kLayouts[std::get<1>(GetParam())].parallel;
+  const bool pipeline = layout.pipeline_parallel > 1;
   const nlohmann::json config = testing::read_json(testing::fixture_dir(fixture) + "/config.json");
   const int64_t layers = config["num_hidden_layers"].get<int64_t>();
   auto calls = std::make_shared<FusedCalls>();
@@ -119,9 +128,9 @@ TEST_P(FusedReduce, GivesWhatTheSeparateSumAndNormGive) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FusedReduce,
                          ::testing::Combine(::testing::Values("llama", "qwen3_moe", "deepseek_v3_mla"),
-                                            ::testing::Bool()),
+                                            ::testing::Range(0, int(std::size(kLayouts)))),
                          [](const auto& info) {
-                           return std::get<0>(info.param) + (std::get<1>(info.param) ? "_tp2_pp2" : "_tp2");
+                           return std::get<0>(info.param) + "_" + kLayouts[std::get<1>(info.param)].name;
                          });
 
 }  // namespace
