@@ -108,7 +108,7 @@ std::shared_ptr<void> CachingAllocator::recording_handle(std::shared_ptr<void> b
   const uint64_t recording = recording_;
   // The handle holds the block too (the sink may be dropped first); when it dies within
   // its recording, the block goes to that recording's free list.
-  return std::shared_ptr<void>(p, [self, cls, recording, block = std::move(block)](void*) mutable {
+  return std::shared_ptr<void>(p, [self, cls, recording, block = std::move(block)](void*) {
     std::lock_guard<std::mutex> lock(self->mu_);
     if (self->record_ != nullptr && self->recording_ == recording) self->recording_free_[cls].push_back(block);
     // The deleter (and its copy of the block) is destroyed after this returns, outside

@@ -312,6 +312,7 @@ bool NcclCommunicator::all_reduce_add_rms_norm(Tensor& t, Tensor& residual, cons
   check(t, "all_reduce_add_rms_norm");
   check(residual, "all_reduce_add_rms_norm residual");
   check(out, "all_reduce_add_rms_norm out");
+  check(weight, "all_reduce_add_rms_norm weight");
   if (world_->failed.load()) raise_aborted();
   const cudaError_t e = peer_->all_reduce(t.data, t.numel(), false, where_.stream, &norm);
   if (e == cudaSuccess) return true;
