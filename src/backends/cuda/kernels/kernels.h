@@ -414,7 +414,8 @@ constexpr int kGemvRows = 8;
 int quant_gemv_max_rows(int64_t n_in);
 // The warps per CTA of MoE GEMV launches staging `rows` rows of n_in inputs: 4 where an
 // SM's shared memory (blocks_fit_sm) holds 4 such CTAs, else 8 where it holds 2 (16 warps
-// either way), else 0 (the tile is to be cut).
+// either way), else 0 (the tile is to be cut). By shared memory alone: a launch where 4
+// also takes 8 if registers leave an SM fewer warps of 4-warp CTAs (quant_gemv.cu).
 int quant_gemv_moe_warps(int rows, int64_t n_in);
 // Up to kGemvParts linears of one input x [rows, n_in], rows <= quant_gemv_max_rows(n_in),
 // in one launch: out = bf16(x w^T + bias) for each part. The weights are packed in format

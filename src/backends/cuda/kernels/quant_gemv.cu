@@ -40,6 +40,10 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <map>
+#include <mutex>
+#include <tuple>
+
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels/attention_mma.cuh"
 #include "backends/cuda/kernels/common.cuh"
@@ -442,6 +446,28 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == kWideCtaWarps ? 2 : 0) 
 
 int kp_of(int64_t k) { return int((k + kKTile - 1) / kKTile * kKTile); }
 
+// Calls fn(kernel) with the instance for format f (one per format the packer produces,
+// quant_pack.cpp).
+template <int kKind, int kWarps, typename Fn>
+void with_instance(const QuantFormat& f, Fn&& fn) {
+  const int v = f.value, s = f.scale_kind, spc = std::max(1, 32 / f.group);
+  if (v == 0 && s == 0 && spc == 1) fn(quant_gemv_kernel<kKind, kWarps, 0, 0, 1>);        // MXFP4
+  else if (v == 0 && s == 1 && spc == 2) fn(quant_gemv_kernel<kKind, kWarps, 0, 1, 2>);   // NVFP4
+  else if (v == 1 && s == 2 && spc == 1) fn(quant_gemv_kernel<kKind, kWarps, 1, 2, 1>);   // INT4, bf16 scales
+  else if (v == 1 && s == 2 && spc == 2) fn(quant_gemv_kernel<kKind, kWarps, 1, 2, 2>);
+  else if (v == 1 && s == 2 && spc == 4) fn(quant_gemv_kernel<kKind, kWarps, 1, 2, 4>);
+  else if (v == 1 && s == 3 && spc == 1) fn(quant_gemv_kernel<kKind, kWarps, 1, 3, 1>);   // INT4, f16 scales
+  else if (v == 1 && s == 3 && spc == 2) fn(quant_gemv_kernel<kKind, kWarps, 1, 3, 2>);
+  else if (v == 1 && s == 3 && spc == 4) fn(quant_gemv_kernel<kKind, kWarps, 1, 3, 4>);
+  else if (v == 1 && s == 4 && spc == 1) fn(quant_gemv_kernel<kKind, kWarps, 1, 4, 1>);   // INT4, f32 scales
+  else if (v == 1 && s == 4 && spc == 2) fn(quant_gemv_kernel<kKind, kWarps, 1, 4, 2>);
+  else if (v == 1 && s == 4 && spc == 4) fn(quant_gemv_kernel<kKind, kWarps, 1, 4, 4>);
+  else if (v == 2 && s == 4 && spc == 1) fn(quant_gemv_kernel<kKind, kWarps, 2, 4, 1>);   // FP8
+  else if (v == 2 && s == 4 && spc == 2) fn(quant_gemv_kernel<kKind, kWarps, 2, 4, 2>);
+  else if (v == kBf16Value) fn(quant_gemv_kernel<kKind, kWarps, kBf16Value, 0, 1>);  // plain bf16
+  else KILN_CHECK(false) << "quant gemv: no kernel for value kind " << v << ", scale kind " << s << ", group " << f.group;
+}
+
 // Launch over `tiles` tiles (MoE: about the live ones), splitting each unit's k range
 // over 2 or 4 warps while the warps still fit in one wave (all resident at once): more warps
 // hide more latency, but a split whose warps spill into a second wave leaves most of the
@@ -477,27 +503,10 @@ void launch_gemv_warps(GemvParams p, int n_slots, int64_t tiles, cudaStream_t st
   const dim3 grid(unsigned((p.units + units_per_cta - 1) / units_per_cta), unsigned(n_slots));
   const int smem = x_bytes(p.rows_cap, p.Kp);
   KILN_CHECK(smem <= kSmemBudget) << "quant gemv: " << p.rows_cap << " rows of " << p.K << " inputs";
-  const auto go = [&](auto kernel) {
+  with_instance<kKind, kWarps>(p.f, [&](auto kernel) {
     prepare_smem(kernel, smem, static_smem(kWarps));
     launch_dependent(kernel, grid, 32 * kWarps, smem, stream, p);
-  };
-  const int v = p.f.value, s = p.f.scale_kind, spc = std::max(1, 32 / p.f.group);
-  // One instance per format the packer produces (quant_pack.cpp).
-  if (v == 0 && s == 0 && spc == 1) go(quant_gemv_kernel<kKind, kWarps, 0, 0, 1>);        // MXFP4
-  else if (v == 0 && s == 1 && spc == 2) go(quant_gemv_kernel<kKind, kWarps, 0, 1, 2>);   // NVFP4
-  else if (v == 1 && s == 2 && spc == 1) go(quant_gemv_kernel<kKind, kWarps, 1, 2, 1>);   // INT4, bf16 scales
-  else if (v == 1 && s == 2 && spc == 2) go(quant_gemv_kernel<kKind, kWarps, 1, 2, 2>);
-  else if (v == 1 && s == 2 && spc == 4) go(quant_gemv_kernel<kKind, kWarps, 1, 2, 4>);
-  else if (v == 1 && s == 3 && spc == 1) go(quant_gemv_kernel<kKind, kWarps, 1, 3, 1>);   // INT4, f16 scales
-  else if (v == 1 && s == 3 && spc == 2) go(quant_gemv_kernel<kKind, kWarps, 1, 3, 2>);
-  else if (v == 1 && s == 3 && spc == 4) go(quant_gemv_kernel<kKind, kWarps, 1, 3, 4>);
-  else if (v == 1 && s == 4 && spc == 1) go(quant_gemv_kernel<kKind, kWarps, 1, 4, 1>);   // INT4, f32 scales
-  else if (v == 1 && s == 4 && spc == 2) go(quant_gemv_kernel<kKind, kWarps, 1, 4, 2>);
-  else if (v == 1 && s == 4 && spc == 4) go(quant_gemv_kernel<kKind, kWarps, 1, 4, 4>);
-  else if (v == 2 && s == 4 && spc == 1) go(quant_gemv_kernel<kKind, kWarps, 2, 4, 1>);   // FP8
-  else if (v == 2 && s == 4 && spc == 2) go(quant_gemv_kernel<kKind, kWarps, 2, 4, 2>);
-  else if (v == kBf16Value) go(quant_gemv_kernel<kKind, kWarps, kBf16Value, 0, 1>);  // plain bf16
-  else KILN_CHECK(false) << "quant gemv: no kernel for value kind " << v << ", scale kind " << s << ", group " << p.f.group;
+  });
   KILN_CUDA_LAUNCH_CHECK();
 }
 
@@ -513,14 +522,56 @@ int moe_gemv_warps(int rows, int kp) {
   return blocks_fit_sm(x + static_smem(kWideCtaWarps), 2) ? kWideCtaWarps : 0;
 }
 
-// Dense launches always take 4-warp CTAs (the ternary keeps their 8-warp instances from
-// being compiled at all).
+// Warps of this instance an SM holds with `smem` bytes of staged rows: the occupancy
+// calculator's CTAs (registers, warps, the device's shared memory) as far as the emulated
+// SM's shared memory holds them too (blocks_fit_sm). Asked once per instance, shape and
+// device (a launch is on the host's path of every eager step).
+template <int kKind, int kWarps>
+int resident_warps(const QuantFormat& f, int smem) {
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, int>, int> known;
+  int device = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&device));
+  int warps = 0;
+  with_instance<kKind, kWarps>(f, [&](auto kernel) {
+    const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), smem, device);
+    std::lock_guard<std::mutex> lock(mutex);
+    if (const auto it = known.find(key); it != known.end()) {
+      warps = it->second;
+      return;
+    }
+    prepare_smem(kernel, smem, static_smem(kWarps));
+    int ctas = 0;
+    KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, 32 * kWarps, smem));
+    while (ctas > 0 && !blocks_fit_sm(smem + static_smem(kWarps), ctas)) --ctas;
+    warps = known[key] = ctas * kWarps;
+  });
+  return warps;
+}
+
+// A MoE launch takes 8-warp CTAs where the staged rows leave an SM too few CTAs of 4
+// (moe_gemv_warps), and also where registers do: an instance above 128 registers a thread
+// (the bf16 down GEMV: 134, ncu on the H200) fits 3 CTAs of 4 warps, 12 warps an SM,
+// where 2 CTAs of 8, held to 128 registers by their launch bounds, make 16. So it goes by
+// the warps each holds (the 4-warp CTAs where equal: finer-grained). H200, MoE layers
+// (kiln bench op, the mean of two runs each, us): Qwen3-30B-A3B bf16 at 64 rows 346 ->
+// 338, one TP2 rank 215 -> 203, one TP4 rank 148 -> 140; NVFP4 (graph-replayed) at 64
+// rows Qwen3-30B-A3B 197 -> 188, Qwen3.5-35B-A3B 220 -> 208, DeepSeek-like 2,340 ->
+// 2,273; gpt-oss-120b MXFP4 at 1 / 8 rows 48.6 / 171.9 -> 45.7 / 164.9; the other
+// formats within 1% (docs/perf/multi-gpu.md, twelfth session). Dense launches always
+// take 4-warp CTAs.
 template <int kKind>
 void launch_gemv(const GemvParams& p, int n_slots, int64_t tiles, cudaStream_t stream) {
-  if (kKind != kDense && moe_gemv_warps(p.rows_cap, p.Kp) == kWideCtaWarps)
-    launch_gemv_warps<kKind, kKind == kDense ? kCtaWarps : kWideCtaWarps>(p, n_slots, tiles, stream);
-  else
+  if constexpr (kKind == kDense) {
     launch_gemv_warps<kKind, kCtaWarps>(p, n_slots, tiles, stream);
+  } else {
+    const int by_smem = moe_gemv_warps(p.rows_cap, p.Kp), smem = x_bytes(p.rows_cap, p.Kp);
+    const bool wide = by_smem == kWideCtaWarps ||
+                      (by_smem == kCtaWarps &&
+                       resident_warps<kKind, kWideCtaWarps>(p.f, smem) > resident_warps<kKind, kCtaWarps>(p.f, smem));
+    if (wide) launch_gemv_warps<kKind, kWideCtaWarps>(p, n_slots, tiles, stream);
+    else launch_gemv_warps<kKind, kCtaWarps>(p, n_slots, tiles, stream);
+  }
 }
 
 void set_k(GemvParams& p, const QuantFormat& f, int64_t K) {
