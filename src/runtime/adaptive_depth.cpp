@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "core/log.h"
 
 namespace kiln::runtime {
 
@@ -143,12 +144,25 @@ void AdaptiveDepth::govern(Costs& c, int64_t emitted, double seconds) {
   c.window_tokens += emitted;
   c.window_seconds += seconds;
   if (++c.window_steps < config_.governor_window || c.window_seconds < config_.governor_min_window_s) return;
-  if (c.window_seconds > 0.0)
-    c.rate[c.on ? 1 : 0].add(double(c.window_tokens) / c.window_seconds, kGovernorDecay, 1);
+  const double window_rate = c.window_seconds > 0.0 ? double(c.window_tokens) / c.window_seconds : 0.0;
+  if (c.window_seconds > 0.0) c.rate[c.on ? 1 : 0].add(window_rate, kGovernorDecay, 1);
+  const bool was_on = c.on;
   c.window_steps = 0;
   c.window_tokens = 0;
   c.window_seconds = 0.0;
   ++c.windows;
+  next_mode(c);
+  // Every verdict in the log (KILN_LOG=debug): what the window measured and what runs next.
+  KILN_LOG(kDebug, "speculation governor: batch class " << (&c - costs_.data()) << ", window " << c.windows << " ("
+                                                        << (was_on ? "on" : "off") << "): " << int64_t(window_rate)
+                                                        << " tok/s; means off " << int64_t(c.rate[0].value) << " ("
+                                                        << c.rate[0].n << " windows), on " << int64_t(c.rate[1].value)
+                                                        << " (" << c.rate[1].n << "); best " << (c.best_on ? "on" : "off")
+                                                        << ", next " << (c.on ? "on" : "off") << ", refresh every "
+                                                        << c.refresh_every << "; recent depth " << recent_depth_);
+}
+
+void AdaptiveDepth::next_mode(Costs& c) {
   const int32_t base = std::max(config_.governor_refresh, 2);
   if (c.refresh_every == 0) c.refresh_every = base;
   // A window of the losing mode (a refresh window, or a trial before the first verdict)

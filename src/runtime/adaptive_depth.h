@@ -157,6 +157,16 @@ class AdaptiveDepth {
     const Costs& c = costs_[class_of(batch)];
     return config_.adaptive && !c.on && !c.best_on;
   }
+  // Whether steps of `batch` sequences are settled on no drafts: speculation_off, or the
+  // governor has it on but the estimates, past their warm-up, chose no drafts for the
+  // step planned last (probes aside: plan_drafts plans them). A drafter whose drafts cost
+  // passes of their own (MTP) may skip those passes while this holds.
+  bool speculation_idle(int32_t batch) const {
+    const Costs& c = costs_[class_of(batch)];
+    return speculation_off(batch) || (config_.adaptive && !config_.schedule && c.on &&
+                                      c.decode_timed >= config_.warmup_steps &&
+                                      c.verify_timed >= config_.warmup_steps && c.current == 0);
+  }
   double governor_rate(int32_t batch, bool on) const { return costs_[class_of(batch)].rate[on ? 1 : 0].value; }
 
  private:
@@ -186,6 +196,7 @@ class AdaptiveDepth {
   // The class of `batch`, seeded from the other classes' verdicts when first met.
   Costs& costs_for(int32_t batch);
   void govern(Costs& c, int64_t emitted, double seconds);
+  void next_mode(Costs& c);  // the mode of c's next window, once one has ended
   static constexpr int kClasses = 16;  // batch sizes 1, 2, 3-4, 5-8, ..., above 2^14
   static size_t class_of(int32_t batch);
   static StepCostModel line(const Costs& c);

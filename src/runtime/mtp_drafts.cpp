@@ -152,19 +152,25 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
     return r.seq->state == SeqState::kRunning && r.seq->n_uncomputed() == 1;
   }));
   const int32_t k = n_decoding > 0 ? depth_->plan_drafts(n_decoding) : 0;
-  // Speculation off at this batch size, where the depth policy's governor found it losing
-  // (not its trial windows: holes there would cost where speculation wins), above
-  // kMtpSkipAbove sequences: the MTP layer does not run at all (its KV gets holes at these
-  // positions: drafts read them later, outputs never do), since even deferred passes cost
-  // several percent of a small model's steps there. At fewer sequences the passes stay
-  // deferred (one pass over the kept rows whenever the pending buffer, sized for
+  // Speculation settled off at this batch size, above kMtpSkipAbove sequences: where the
+  // depth policy's governor found it losing (not its trial windows: holes there would cost
+  // where speculation wins), or where the governor has it on but the estimates choose no
+  // drafts (AdaptiveDepth::speculation_idle; probes aside, which plan_drafts plans), the
+  // MTP layer does not run at all (its KV gets holes at these positions: drafts read them
+  // later, outputs never do), since even deferred passes cost several percent of a small
+  // model's steps there. (With deferred passes while the estimates chose no drafts, "on"
+  // cost more than "off" and the governor, whose windows vary by 10-50% at 32-128
+  // streams, could not tell them apart: the MTP demo model at 32 streams served 0.87x
+  // the tokens a second of decoding without drafts in a run whose estimates chose depth 0
+  // through most "on" windows, H200, 2026-11-29, docs/perf/speculative.md.) At fewer
+  // sequences the passes stay deferred (one pass over the kept rows whenever the pending buffer, sized for
   // max_num_seqs x mtp_deferred_steps rows, fills; its cost there was not measured apart):
   // with holes, the governor's refresh windows saw drafts of a damaged cache lose, and one
   // stream, turned off by a slow first window, never turned back on (H200, 2026-11-29).
   // 8: the MTP demo model's K = 3 still pays at one stream and is near even at 8; the
   // threshold was not tuned further.
   constexpr int32_t kMtpSkipAbove = 8;
-  if (k == 0 && n_decoding > kMtpSkipAbove && depth_->speculation_off(n_decoding)) {
+  if (k == 0 && n_decoding > kMtpSkipAbove && depth_->speculation_idle(n_decoding)) {
     mtp_flush();  // what earlier steps kept (once, as speculation turns off)
     for (const StepBatch::Rows& r : rows) {
       r.seq->mtp_draft.clear();

@@ -155,6 +155,48 @@ TEST(AdaptiveDepth, PlannedDraftsFollowTheEstimates) {
   EXPECT_GT(std::count(seen.begin(), seen.end(), 3), 100) << "the policy climbed to K";
 }
 
+// speculation_idle: settled on no drafts once the estimates, past their warm-up, choose
+// none (a drafter with passes of its own may skip them), not before, not while they
+// choose drafts, never at a fixed depth.
+TEST(AdaptiveDepth, IdleOnceTheEstimatesSettleOnNoDrafts) {
+  AdaptiveDepth fixed({.max_depth = 3, .adaptive = false});
+  EXPECT_EQ(fixed.plan_drafts(16), 3);
+  EXPECT_FALSE(fixed.speculation_idle(16));
+  AdaptiveDepth p({.max_depth = 3, .governor_window = 0});
+  const std::vector<int32_t> lengths(16, 3);
+  for (int i = 0; i < 2; ++i) {  // decode steps of the warm-up: no drafts, not idle
+    EXPECT_EQ(p.plan_drafts(16), 0);
+    EXPECT_FALSE(p.speculation_idle(16)) << "warm-up step " << i;
+    p.record_step(true, false, 16, 16, 2e-3);
+  }
+  for (int i = 0; i < 2; ++i) {  // verify steps at K: every draft rejected, rows dear
+    EXPECT_EQ(p.plan_drafts(16), 3);
+    EXPECT_FALSE(p.speculation_idle(16));
+    EXPECT_EQ(p.choose(lengths), 3);
+    for (int s = 0; s < 16; ++s) p.record_verification(3, 0);
+    p.record_step(true, true, 16, 64, 8e-3);
+  }
+  EXPECT_EQ(p.plan_drafts(16), 0);
+  EXPECT_TRUE(p.speculation_idle(16));
+  EXPECT_FALSE(p.speculation_off(16)) << "the governor (none here) did not turn it off";
+  // Another batch size class has not warmed up.
+  EXPECT_FALSE(p.speculation_idle(2));
+  // Where drafts stand and rows are cheap the estimates choose drafts again.
+  AdaptiveDepth q({.max_depth = 3, .governor_window = 0});
+  for (int i = 0; i < 2; ++i) {
+    q.plan_drafts(16);
+    q.record_step(true, false, 16, 16, 2e-3);
+  }
+  for (int i = 0; i < 2; ++i) {
+    q.plan_drafts(16);
+    EXPECT_EQ(q.choose(lengths), 3);
+    for (int s = 0; s < 16; ++s) q.record_verification(3, 3);
+    q.record_step(true, true, 16, 64, 2e-3 + 48e-6);
+  }
+  EXPECT_GT(q.plan_drafts(16), 0);
+  EXPECT_FALSE(q.speculation_idle(16));
+}
+
 // A simulated machine: a step of R rows takes fixed_ms + per_row_ms * R; draft i stands with
 // probability accept (given the ones before it stood).
 struct Machine {
