@@ -153,13 +153,12 @@ void AdaptiveDepth::govern(Costs& c, int64_t emitted, double seconds) {
   ++c.windows;
   next_mode(c);
   // Every verdict in the log (KILN_LOG=debug): what the window measured and what runs next.
-  KILN_LOG(kDebug, "speculation governor: batch class " << (&c - costs_.data()) << ", window " << c.windows << " ("
-                                                        << (was_on ? "on" : "off") << "): " << int64_t(window_rate)
-                                                        << " tok/s; means off " << int64_t(c.rate[0].value) << " ("
-                                                        << c.rate[0].n << " windows), on " << int64_t(c.rate[1].value)
-                                                        << " (" << c.rate[1].n << "); best " << (c.best_on ? "on" : "off")
-                                                        << ", next " << (c.on ? "on" : "off") << ", refresh every "
-                                                        << c.refresh_every << "; recent depth " << recent_depth_);
+  KILN_LOG(kDebug, "speculation governor: batch class " << (&c - costs_.data()) << ", window " << c.windows
+                   << " (" << (was_on ? "on" : "off") << "): " << int64_t(window_rate) << " tok/s; means off "
+                   << int64_t(c.rate[0].value) << " (" << c.rate[0].n << " windows), on " << int64_t(c.rate[1].value)
+                   << " (" << c.rate[1].n << "); best " << (c.best_on ? "on" : "off") << ", next "
+                   << (c.on ? "on" : "off") << ", refresh every " << c.refresh_every << "; recent depth "
+                   << recent_depth_);
 }
 
 void AdaptiveDepth::next_mode(Costs& c) {
