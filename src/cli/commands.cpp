@@ -138,12 +138,15 @@ int cmd_generate(const CommonOptions& o, const std::string& tokens_arg, const Ge
                    double(n) / double(std::max<int64_t>(1, st.steps)));
     }
     // The wall time of Engine::step by kind (scheduling, the forward pass, sampling, the
-    // MTP passes it queues: their drafts are waited for in the next step; verify steps
-    // count as "other").
+    // MTP passes it queues: their drafts are waited for in the next step).
     const auto per = [](double s, int64_t n) { return s * 1e3 / double(std::max<int64_t>(1, n)); };
-    std::fprintf(stderr, "kiln: steps: %lld decode (%.3f ms each), %lld other (prefill, verify: %.3f ms each)\n",
+    std::fprintf(stderr,
+                 "kiln: steps: %lld decode (%.3f ms each), %lld verify (%.3f ms each), %lld with prefill (%.3f ms "
+                 "each); %lld ran a shape first or recorded it\n",
                  (long long)st.decode_steps.steps, per(st.decode_steps.seconds, st.decode_steps.steps),
-                 (long long)st.mixed_steps.steps, per(st.mixed_steps.seconds, st.mixed_steps.steps));
+                 (long long)st.verify_steps.steps, per(st.verify_steps.seconds, st.verify_steps.steps),
+                 (long long)st.mixed_steps.steps, per(st.mixed_steps.seconds, st.mixed_steps.steps),
+                 (long long)st.one_time_steps);
     if (st.mtp_draft_steps > 0)
       std::fprintf(stderr, "kiln: MTP drafts: %lld steps drafted, with the first pass and %.2f chained ones each\n",
                    (long long)st.mtp_draft_steps, double(st.mtp_chained_passes) / double(st.mtp_draft_steps));

@@ -641,7 +641,7 @@ std::vector<StepOutput> Engine::step() {
     for (int r = 0; r < runner_->world(); ++r) n += runner_->backend(r).one_time_steps();
     return n;
   };
-  const int64_t one_time_before = depth_ ? one_time_steps() : 0;
+  const int64_t one_time_before = one_time_steps();
   if (options_.speculative_method != SpeculativeMethod::kOff) propose_drafts();
   const Schedule schedule = scheduler_->schedule(*blocks_);
   // A preempted sequence starts again from position 0: its recurrent-state row is free.
@@ -650,7 +650,12 @@ std::vector<StepOutput> Engine::step() {
     mtp_forget(*s);  // its blocks went back
   }
   if (schedule.empty()) return {};
-  EngineStats::StepKind& kind = schedule.decode_only() ? stats_.decode_steps : stats_.mixed_steps;
+  const bool decoding = std::all_of(schedule.seqs.begin(), schedule.seqs.end(), [](const ScheduledSeq& s) {
+    return s.n_new == 1 + s.n_draft && s.seq->n_uncomputed() == 1;
+  });
+  EngineStats::StepKind& kind = schedule.decode_only() ? stats_.decode_steps
+                                : decoding              ? stats_.verify_steps
+                                                        : stats_.mixed_steps;
   ++kind.steps;
   kind.tokens += schedule.n_tokens;
   struct AddTime {  // on every return
@@ -706,9 +711,7 @@ std::vector<StepOutput> Engine::step() {
     if (draft_masks.valid()) draft_masks.wait();
   }};
   // Steps whose sequences all decode (with or without drafts) price the depth policy's rows.
-  const bool timed = std::all_of(schedule.seqs.begin(), schedule.seqs.end(), [](const ScheduledSeq& s) {
-    return s.n_new == 1 + s.n_draft && s.seq->n_uncomputed() == 1;
-  });
+  const bool timed = decoding;
   const Tensor logits = forward(std::move(batch.meta));
   mtp_fetch();  // (queued after the forward pass: the drafts it verifies, for the host)
   for (const ScheduledSeq& s : schedule.seqs) {
@@ -781,8 +784,10 @@ std::vector<StepOutput> Engine::step() {
   }
   if (options_.speculative_method == SpeculativeMethod::kMtp) mtp_drafts(rows);
   for (uint64_t id : done) drop_request(requests_.find(id));
+  const int64_t one_time = one_time_steps() - one_time_before;
+  stats_.one_time_steps += one_time > 0 ? 1 : 0;
   if (depth_) {
-    const bool steady = one_time_steps() == one_time_before;
+    const bool steady = one_time == 0;
     depth_->record_step(timed && steady, !verify.empty(), int32_t(schedule.seqs.size()), schedule.n_tokens,
                         steady ? std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() : 0.0,
                         steady ? stats_.generated_tokens - generated_before : 0);

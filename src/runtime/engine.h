@@ -128,13 +128,17 @@ struct EngineStats {
   int32_t waiting_requests = 0;      // requests none of whose sequences has run yet
   int32_t kv_blocks_used = 0, kv_blocks_total = 0;
   // Steps by kind: decode (every sequence computes one token; a recorded CUDA graph where
-  // the backend has them) or mixed (prefill chunks in the step). Seconds are the wall time
-  // of step(): scheduling, the forward pass and sampling.
+  // the backend has them), verify (every sequence decodes, some verifying drafts) or mixed
+  // (prefill chunks in the step). Seconds are the wall time of step(): scheduling, the
+  // forward pass, sampling and the draft passes it queues.
   struct StepKind {
     int64_t steps = 0, tokens = 0;
     double seconds = 0.0;
   };
-  StepKind decode_steps, mixed_steps;
+  StepKind decode_steps, verify_steps, mixed_steps;
+  // Steps that ran a batch shape for the first time or recorded it (a CUDA graph), on any
+  // rank: their time is mostly that one-time cost (ops::Backend::one_time_steps).
+  int64_t one_time_steps = 0;
   // Speculative decoding: draft tokens verified, and those the target accepted.
   int64_t spec_draft_tokens = 0, spec_accepted_tokens = 0;
   int64_t spec_verified_seqs = 0;  // sequence-steps that verified drafts

@@ -70,14 +70,19 @@ std::string metrics_text(const std::string& model_name, const runtime::AsyncEngi
   w.counter("kiln_computed_tokens_total", "Tokens run through the model (prefill, decode, recompute).",
             double(s.engine.computed_tokens));
   w.counter("kiln_engine_steps_total", "Engine steps run.", double(s.engine.steps));
-  // By kind: decode steps (every sequence one token) and mixed ones (prefill chunks in them).
+  w.counter("kiln_engine_one_time_steps_total",
+            "Engine steps that ran a batch shape for the first time or recorded it (a CUDA graph).",
+            double(s.engine.one_time_steps));
+  // By kind: decode steps (every sequence one token), verify steps (every sequence decodes,
+  // some verify drafts) and mixed ones (prefill chunks in them).
   const std::pair<const char*, const runtime::EngineStats::StepKind*> kinds[] = {
-      {"decode", &s.engine.decode_steps}, {"mixed", &s.engine.mixed_steps}};
+      {"decode", &s.engine.decode_steps}, {"verify", &s.engine.verify_steps}, {"mixed", &s.engine.mixed_steps}};
   const auto by_kind = [&](const char* name, const char* type, const char* help, auto value) {
     w.metric(name, type, help);
     for (const auto& [kind, k] : kinds) w.value(name, value(*k), std::string("kind=\"") + kind + "\"");
   };
-  by_kind("kiln_engine_step_kind_total", "counter", "Engine steps by kind: decode (one token per sequence) or mixed.",
+  by_kind("kiln_engine_step_kind_total", "counter",
+          "Engine steps by kind: decode (one token per sequence), verify (drafts verified) or mixed (prefill).",
           [](const runtime::EngineStats::StepKind& k) { return double(k.steps); });
   by_kind("kiln_engine_step_tokens_total", "counter", "Tokens computed in engine steps, by kind.",
           [](const runtime::EngineStats::StepKind& k) { return double(k.tokens); });

@@ -293,6 +293,13 @@ TEST_P(SpeculativeFixture, GreedyOutputsEqualThoseWithoutSpeculationUnderBatchin
   EXPECT_LT(s.spec_accepted_tokens, s.spec_draft_tokens) << "no draft was rejected";
   EXPECT_EQ(s.generated_tokens, plain->stats().generated_tokens);
   EXPECT_EQ(s.kv_blocks_used, 0);
+  // Steps by kind: every step counted once; steps with drafts and no prefill are verify
+  // steps (none without drafts), each computing more tokens than it has sequences.
+  EXPECT_EQ(s.decode_steps.steps + s.verify_steps.steps + s.mixed_steps.steps, s.steps);
+  EXPECT_EQ(s.decode_steps.tokens + s.verify_steps.tokens + s.mixed_steps.tokens, s.computed_tokens);
+  EXPECT_EQ(plain->stats().verify_steps.steps, 0);
+  EXPECT_GT(s.verify_steps.steps, 0) << "every draft verified beside a prefill chunk";
+  EXPECT_GT(s.verify_steps.tokens, s.verify_steps.steps);
 }
 
 // A KV cache of 12 blocks for 8 requests: sequences are preempted (drafts dropped,

@@ -87,6 +87,7 @@ test("64 concurrent streams equal each request alone; the prefix cache changes n
   // Every step counted once by kind, and timed; decode steps compute one token per sequence.
   const byKind = async (name, kind) => metric(cached.url, name, `kind="${kind}"`);
   const [decode, mixed] = [await byKind("kiln_engine_step_kind_total", "decode"), await byKind("kiln_engine_step_kind_total", "mixed")];
+  assert.equal(await byKind("kiln_engine_step_kind_total", "verify"), 0, "no drafts here, so no verify steps");
   assert.equal(decode + mixed, await metric(cached.url, "kiln_engine_steps_total"));
   assert.ok(decode > 0 && mixed > 0, `${decode} decode and ${mixed} mixed steps`);
   const decodeTokens = await byKind("kiln_engine_step_tokens_total", "decode");
