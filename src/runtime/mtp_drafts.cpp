@@ -165,9 +165,9 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
   // through most "on" windows, H200, 2026-11-29, docs/perf/speculative.md.) At fewer
   // sequences the passes stay deferred (one pass over the kept rows whenever the pending
   // buffer, sized for max_num_seqs x mtp_deferred_steps rows, fills; its cost there was
-  // not measured apart):
-  // with holes, the governor's refresh windows saw drafts of a damaged cache lose, and one
-  // stream, turned off by a slow first window, never turned back on (H200, 2026-11-29).
+  // not measured apart): with holes, the governor's refresh windows saw drafts of a
+  // damaged cache lose, and one stream, turned off by a slow first window, never turned
+  // back on (H200, 2026-11-29).
   // 8: the MTP demo model's K = 3 still pays at one stream and is near even at 8; the
   // threshold was not tuned further.
   constexpr int32_t kMtpSkipAbove = 8;
