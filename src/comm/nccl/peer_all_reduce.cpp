@@ -53,6 +53,18 @@ bool env_set(const char* name) {
   return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
 }
 
+// Staging through host memory where the GPUs cannot reach each other: KILN_ONESHOT_HOST=1
+// or 0 asks for it or not; unset, it is taken at 2 ranks, where it beat NCCL's own path
+// without P2P (bench/comm_bench on 2 x H200 with NCCL_P2P_DISABLE=1: 0.42-0.71x NCCL's
+// time up to 256 KiB; Qwen3-30B-A3B at TP2 1.18x the tokens a second at one stream, 1.05x
+// at 64: docs/perf/multi-gpu.md), and not at more ranks (not measured: each rank would
+// read every peer's message over its bus).
+bool host_staging_wanted(int ranks) {
+  const char* v = std::getenv("KILN_ONESHOT_HOST");
+  if (v == nullptr || *v == '\0') return ranks == 2;
+  return std::strcmp(v, "0") != 0;
+}
+
 std::string cuda_error(const char* what, cudaError_t e) { return std::string(what) + ": " + cudaGetErrorString(e); }
 
 }  // namespace
@@ -66,7 +78,7 @@ std::vector<std::unique_ptr<PeerAllReduce>> PeerAllReduce::create_group(const st
     return none;
   }
   // Peer memory where every pair of GPUs has peer access and NCCL_P2P_DISABLE is unset;
-  // else host memory where asked (KILN_ONESHOT_HOST), else none.
+  // else host memory where wanted (host_staging_wanted), else none.
   std::string no_peers;
   if (const char* p2p = std::getenv("NCCL_P2P_DISABLE"); env_set("NCCL_P2P_DISABLE")) {
     no_peers = std::string("NCCL_P2P_DISABLE=") + p2p + " asks for no peer-to-peer traffic";
@@ -81,9 +93,10 @@ std::vector<std::unique_ptr<PeerAllReduce>> PeerAllReduce::create_group(const st
       }
     }
   }
-  const bool host = staging == Staging::kHost || (!no_peers.empty() && env_set("KILN_ONESHOT_HOST"));
+  const bool host = staging == Staging::kHost || (!no_peers.empty() && host_staging_wanted(n));
   if (!no_peers.empty() && !host) {
-    *why_not = no_peers + "; KILN_ONESHOT_HOST=1 stages it through host memory instead";
+    *why_not = no_peers + (n == 2 ? "; KILN_ONESHOT_HOST=0 asked for NCCL alone"
+                                  : "; KILN_ONESHOT_HOST=1 stages it through host memory instead");
     return none;
   }
   auto shared = std::make_shared<Shared>();
