@@ -197,26 +197,44 @@ TEST_P(CudaParallel, MatchesTheCpuSplitAlike) {
   const std::vector<std::vector<int32_t>> prompts = {
       prompt, g["prompt_short"].get<std::vector<int32_t>>(),
       std::vector<int32_t>(prompt.begin(), prompt.begin() + long(prompt.size() / 2))};
+  // Where the split parts from one GPU, the CPU split alike is the reference, as for the
+  // logits above: on the MoE and sparse-attention fixtures the reference's own split flips
+  // near-tied expert (or indexer) choices, after which the greedy tokens part from one
+  // rank at margins that are no near-tie of the final logits (qwen3_5_moe, deepseek_v32 at
+  // TP2: the prompt's logits equal the CPU split's to 0-0.01 while they differ from one
+  // GPU's by 0.08-0.24 of max|logit|; 2 x H200, 2026-11-29). So a divergence passes where
+  // the CPU split alike generates the same tokens, or where it is a near-tie against
+  // either reference.
   auto a = (*one_fast)->generate_batch(prompts, 8, {.temperature = 0.0f}, /*ignore_eos=*/true);
   auto b = (*fast)->generate_batch(prompts, 8, {.temperature = 0.0f}, /*ignore_eos=*/true);
+  auto c = (*ref)->generate_batch(prompts, 8, {.temperature = 0.0f}, /*ignore_eos=*/true);
   ASSERT_TRUE(a.ok()) << a.status().to_string();
   ASSERT_TRUE(b.ok()) << b.status().to_string();
-  int diverged = 0;
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  int diverged = 0, as_split = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
     const auto& got = (*b)[i].tokens;
     const auto& want_tokens = (*a)[i].tokens;
     if (got == want_tokens) continue;
     ++diverged;
+    if (got == (*c)[i].tokens) {
+      ++as_split;
+      continue;
+    }
     const gpu_testing::Divergence d = gpu_testing::first_divergence(**one_fast, prompts[i], got, want_tokens);
-    EXPECT_LT(d.margin, kNearTie) << fixture << " " << layout.name << " prompt " << i << ": greedy diverged at step "
-                                  << d.at << " with a top-2 margin of " << d.top2_gap;
+    const gpu_testing::Divergence ds = gpu_testing::first_divergence(**ref, prompts[i], got, (*c)[i].tokens);
+    EXPECT_LT(std::min(d.margin, ds.margin), kNearTie)
+        << fixture << " " << layout.name << " prompt " << i << ": greedy diverged from one GPU at step " << d.at
+        << " (top-2 margin " << d.top2_gap << ") and from the CPU split alike at step " << ds.at << " (" << ds.top2_gap
+        << ")";
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("%s %s: max rel err %.3g vs the CPU split alike or one rank, row by row (%d of %zu rows nearer one "
               "rank; %.3g against the split alone; bound %.3g; one GPU vs CPU %.3g; split vs one GPU %.3g), "
-              "%d of 3 greedy runs diverged from one GPU at a near-tie, %.1f s\n",
+              "%d of 3 greedy runs diverged from one GPU (%d as the CPU split alike does, the others at a near-tie), "
+              "%.1f s\n",
               fixture.c_str(), layout.name, err, rows_one, want->size(), err_split, tol, err_one, vs_one_gpu, diverged,
-              secs);
+              as_split, secs);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaParallel,
