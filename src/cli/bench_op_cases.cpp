@@ -430,6 +430,54 @@ void bench_fp8_linear(Bench& b) {
   }
 }
 
+// ---- quantized dense linears at decode rows (tiles against GEMV passes) ----------------
+//
+// GLM-4.5-Air's attention projections (96 q + 2 x 8 kv heads of 128; o from 12,288
+// inputs), whole and one TP2 rank's part, in FP8 block (its FP8 release) and NVFP4, at
+// decode batch sizes: the GEMV takes up to quant_gemv_max_rows(n_in) rows (5 at 4,096
+// inputs, 3 at 12,288), the decode tiles the rest below 32. "GEMV passes" rows run the
+// same call with the GEMV in passes of that many rows (set_quant_gemv_rows), reading the
+// weight once a pass; bytes count the weight once either way (what a step must read).
+void bench_quant_linear_decode(Bench& b) {
+  constexpr LinearShape kShapes[] = {
+      {"GLM-4.5-Air", "qkv", 4096, 14336, false},
+      {"GLM-4.5-Air", "o", 12288, 4096, false},
+      {"GLM-4.5-Air TP2 rank", "qkv", 4096, 7168, false},
+      {"GLM-4.5-Air TP2 rank", "o", 6144, 4096, false},
+  };
+  constexpr int kRows[] = {1, 4, 8, 16, 24, 31};
+  auto be = b.backend();
+  auto* cuda_be = dynamic_cast<cuda::CudaBackend*>(be.get());
+  KILN_CHECK(cuda_be != nullptr) << "kiln bench op: the quantized linear cases need the CUDA backend";
+  for (const QuantFormatCase* f : {&kQuantFormats[3], &kQuantFormats[1]}) {
+    for (const LinearShape& s : kShapes) {
+      const std::string base = std::string(s.model) + " " + s.name + " " + f->name + " " + str(s.n_in) + "->" +
+                               str(s.n_out);
+      for (const bool passes : {false, true}) {
+        const std::string shape = base + (passes ? " [GEMV passes]" : "");
+        if (!any_wanted(b, "linear (quantized, decode rows)", shape, {1, 4, 8, 16, 24, 31})) continue;
+        double bytes = 0.0;
+        const ops::Weight w{.quant = packed_experts(b, *be, *f, 1, s.n_out, s.n_in, &bytes)[0]};
+        cuda_be->set_quant_gemv_rows(passes ? 31 : 0);
+        for (const int64_t rows : kRows) {
+          const int64_t pass = cuda::quant_gemv_max_rows(s.n_in);
+          if (passes && rows <= pass) continue;  // one pass: the same call as without
+          Case c{.op = "linear (quantized, decode rows)", .shape = shape, .rows = rows,
+                 .bytes = bytes + 2.0 * double(rows) * double(s.n_in + s.n_out)};
+          c.note = rows <= pass ? "GEMV"
+                   : passes     ? str((rows + pass - 1) / pass) + " GEMV passes of " + str(pass) + " rows"
+                                : "decode tiles";
+          if (!b.wanted(c)) continue;
+          Tensor x = b.fill.activation(*be, {rows, s.n_in});
+          Tensor out = be->alloc(DType::kBF16, {rows, s.n_out});
+          b.run(*be, b.rows_batch(rows), c, [&] { be->linear({.x = x, .w = &w, .out = out}); });
+        }
+        cuda_be->set_quant_gemv_rows(0);
+      }
+    }
+  }
+}
+
 void bench_quant_moe(Bench& b, const MoeModel& m, const QuantFormatCase& f) {
   const std::string shape = std::string(m.name) + " " + f.name + ": " + str(m.n_experts) + " experts top-" +
                             str(m.top_k) + ", d_model " + str(m.d_model) + ", d_ff " + str(m.d_ff);
@@ -712,6 +760,7 @@ void run_all_cases(Bench& b) {
     for (const QuantFormatCase& f : kQuantFormats)
       if (!m.rank_part) bench_quant_moe(b, m, f);
   bench_fp8_linear(b);
+  bench_quant_linear_decode(b);
   bench_mla(b, "DeepSeek-V3", 128);
   bench_mla(b, "Kimi-K2", 64);
   bench_dsa(b);

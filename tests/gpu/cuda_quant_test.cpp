@@ -107,6 +107,30 @@ TEST_F(CudaQuant, LinearMatchesCpuForEveryFormatAndShape) {
   }
 }
 
+// The GEMV in passes (set_quant_gemv_rows, KILN_QUANT_GEMV_ROWS): rows past one pass's
+// quant_gemv_max_rows(n_in) in several GEMV launches, each pass's rows and outputs offset,
+// against the CPU for every format; 12,288 inputs take 3 rows a pass (GLM-4.5-Air's o),
+// 1,056 take 8, so 31 rows are 11 and 4 passes, the last one short.
+TEST_F(CudaQuant, LinearInGemvPassesMatchesCpuForEveryFormat) {
+  auto* be = dynamic_cast<cuda::CudaBackend*>(gpu_.get());
+  be->set_quant_gemv_rows(31);
+  for (const QuantCase& c : cuda::quant_cases()) {
+    for (auto [n_out, n_in] : std::vector<std::pair<int64_t, int64_t>>{{96, 12288}, {77, 1056}}) {
+      if (n_in % cuda::quant_k_unit(c) != 0) continue;
+      for (int rows : {9, 17, 31}) {
+        SCOPED_TRACE(::testing::Message() << c.name() << " " << n_out << "x" << n_in << " rows " << rows);
+        ASSERT_LT(cuda::quant_gemv_max_rows(n_in), rows) << "the case must take several passes";
+        ops::Weight wc, wg;
+        make_weight(c, n_out, n_in, rows % 3 == 0, wc, wg);
+        const Tensor x = random({rows, n_in});
+        const auto [ref, got] = linear_on_both(wc, wg, x);
+        expect_within_bound(wc, x, got, ref);
+      }
+    }
+  }
+  be->set_quant_gemv_rows(0);
+}
+
 // MXFP4 scales far from a trained model's, at both ends (the GEMV applies 2^(e - 127) as
 // the bf16 2^(e - 27) before its mma and 2^26 after it, pack_quantized refuses e > 154):
 // rows whose every scale is 2^-67..2^-55 (the mma's products stay normal fp32) and rows

@@ -58,6 +58,10 @@ Result<std::unique_ptr<ops::Backend>> make_cuda_backend(const CudaOptions& optio
     backend->set_quant_gemv_moe_tokens(std::atoll(t));
     KILN_LOG(kWarn, "cuda: quantized MoE layers take the GEMV up to " << t << " tokens (KILN_QUANT_GEMV_MOE_TOKENS)");
   }
+  if (const char* r = std::getenv("KILN_QUANT_GEMV_ROWS"); r && *r) {
+    backend->set_quant_gemv_rows(std::atoll(r));
+    KILN_LOG(kWarn, "cuda: quantized dense linears take the GEMV in passes up to " << r << " rows (KILN_QUANT_GEMV_ROWS)");
+  }
   return std::unique_ptr<ops::Backend>(std::move(backend));
 }
 

@@ -119,6 +119,13 @@ class CudaBackend final : public ops::Backend {
   // The most tokens a quantized MoE layer takes the GEMV for (tiles beyond), in place
   // of the rule of moe_stream_gemv.
   void set_quant_gemv_moe_tokens(int64_t n) { quant_gemv_moe_tokens_ = n; }
+  // Quantized dense linears of up to n rows take the GEMV in passes of
+  // quant_gemv_max_rows(n_in) rows where one pass cannot take them all (each pass reads
+  // the weight again), instead of the decode tiles; 0 (the default): off
+  // (KILN_QUANT_GEMV_ROWS; kiln bench op's "linear (quantized, decode rows)" compares
+  // both). The decode tiles run a CTA per 64 outputs over the whole K, so a long-K weight
+  // (GLM-4.5-Air's FP8 o_proj: 12,288 inputs, 64 CTAs) is latency-bound at 6-31 rows.
+  void set_quant_gemv_rows(int64_t n) { quant_gemv_rows_ = n; }
   // Whether weights of format f take the W8A8 GEMMs where a call is prefill-shaped
   // (a linear's rows or a MoE layer's pairs per expert at least 32: the 64-row tiles).
   bool use_w8a8(const QuantFormat& f) const {
@@ -178,6 +185,13 @@ class CudaBackend final : public ops::Backend {
   };
   std::optional<GemvLinear> gemv_linear(const ops::LinearArgs& a) const;
   int64_t quant_gemv_moe_tokens_ = -1;  // >= 0: the token count that replaces the rule
+  int64_t quant_gemv_rows_ = 0;         // set_quant_gemv_rows
+  // The rows of one GEMV pass where a quantized dense linear of `rows` rows takes the
+  // GEMV in several passes (set_quant_gemv_rows), else 0.
+  int64_t gemv_pass_rows(const ops::Weight& w, int64_t rows) const {
+    const int64_t pass = w.quantized() ? quant_gemv_max_rows(w.n_in()) : 0;
+    return pass > 0 && rows > pass && rows <= quant_gemv_rows_ ? pass : 0;
+  }
   // bf16 experts (row-major) stream under the same rule with one tile per expert: while
   // each is read once. From there the grouped bf16 tiles, unlike the quantized ones, are
   // as fast, and twice as fast where the GEMV would stream experts several times

@@ -202,6 +202,13 @@ void CudaBackend::linear(const ops::LinearArgs& a) {
   } else if (!w.quantized()) {
     Tensor out = a.out;
     gemm(a.x, w, out);
+  } else if (const int64_t pass = gemv_pass_rows(w, rows); pass > 0) {
+    for (int64_t r0 = 0; r0 < rows; r0 += pass) {
+      const GemvPart part{.w = quant_mat(w.quant), .bias = vec_or_null(w.bias, "linear bias"), .n_out = w.n_out(),
+                          .out = a.out.as<bf16>() + r0 * w.n_out()};
+      launch_quant_gemv_linears(a.x.as<bf16>() + r0 * w.n_in(), &part, 1, quant_format(w.quant),
+                                std::min(pass, rows - r0), w.n_in(), stream_);
+    }
   } else if (!quant_gemm_decode_rows(rows) && use_w8a8(quant_format(w.quant))) {
     void* act_q = scratch<uint8_t>(int64_t(quant_w8a8_act_bytes(rows, w.n_in())), op_scratch_);
     launch_quant_linear_w8a8(a.x.as<bf16>(), quant_mat(w.quant), quant_format(w.quant),
@@ -668,7 +675,12 @@ std::string CudaBackend::weight_path(const ops::Weight& w, bool expert) const {
                                                    use_w8a8({.value = 2, .scale_kind = 4, .scale_bytes = 4, .group = 128});
   const std::string w8a8_path = "W8A8 e4m3 mma.sync (activations quantized to e4m3 per 128 inputs)";
   if (!expert) {
-    return "<= " + std::to_string(quant_gemv_max_rows(w.n_in())) + " rows: " + gemv + "; more: " + tiles +
+    const int64_t pass = quant_gemv_max_rows(w.n_in());
+    const std::string passes = quant_gemv_rows_ > pass && pass > 0 ? "; <= " + std::to_string(quant_gemv_rows_) +
+                                                                         " rows: the GEMV in passes of " +
+                                                                         std::to_string(pass) + " rows"
+                                                                   : "";
+    return "<= " + std::to_string(pass) + " rows: " + gemv + passes + "; more: " + tiles +
            (w8a8 ? "; >= 32 rows: " + w8a8_path : "");
   }
   const int act = w.quant.kind == formats::QuantKind::kMxfp4 ? 0 : w.quant.kind == formats::QuantKind::kNvfp4 ? 1 : -1;
