@@ -317,7 +317,20 @@ TEST_F(CudaOps, MoeMatchesCpuForEveryRouterAndLayout) {
     Tensor router = random({c.n_experts, c.d_model}, 0.05f);
     ops::Weight rc{.data = as_bf16(router)}, rg{.data = gpu_->upload(rc.data)};
     if (c.biases) rc.bias = as_bf16(random({c.n_experts}, 0.1f)), rg.bias = gpu_->upload(rc.bias);
-    Tensor corr = c.kind == ops::RouterKind::kSigmoidGroupedTopK ? random({c.n_experts}, 0.05f) : Tensor{};
+    const bool grouped_router = c.kind == ops::RouterKind::kSigmoidGroupedTopK;
+    const Tensor corr_even = grouped_router ? random({c.n_experts}, 0.05f) : Tensor{};
+    // Skewed routing (grouped routers): a correction bias that sends every token to the
+    // same top_k experts of the first groups, so those experts take every token (several
+    // GEMV tiles each) and the rest none, as a trained router's favourites can.
+    Tensor corr_skew;
+    if (grouped_router) {
+      corr_skew = host_tensor(DType::kF32, {c.n_experts});
+      const int per_group = c.n_experts / c.n_group;
+      for (int e = 0; e < c.n_experts; ++e) {
+        const int rank = (e / per_group) * 2 + e % per_group;  // two favourites in each group in turn
+        corr_skew.as<float>()[e] = corr_even.as<float>()[e] + (e % per_group < 2 && rank < c.top_k ? 1.0f - 0.1f * float(rank) : 0.0f);
+      }
+    }
     const ops::RouterParams rp{.kind = c.kind, .n_experts = c.n_experts, .top_k = c.top_k, .n_group = c.n_group,
                                .topk_group = c.topk_group, .norm_topk_prob = true, .routed_scaling_factor = 2.5f};
     const cuda::MoeShape shape{.d_model = c.d_model, .d_ff = c.d_ff, .interleaved = c.interleaved,
@@ -325,8 +338,11 @@ TEST_F(CudaOps, MoeMatchesCpuForEveryRouterAndLayout) {
     // 1-17 tokens: decode tiles (16 rows); 200 / 600: 64-row prefill tiles where
     // there are at least 32 rows per expert; with 64 experts and 1-3 tokens most
     // experts receive none.
-    for (int tokens : {1, 3, 7, 17, 28, 200, 600}) {
-      SCOPED_TRACE(::testing::Message() << tokens << " tokens");
+    for (int tokens : {1, 3, 7, 17, 28, 200, 600})
+    for (const bool skew : {false, true}) {
+      if (skew && !grouped_router) continue;
+      const Tensor& corr = skew ? corr_skew : corr_even;
+      SCOPED_TRACE(::testing::Message() << tokens << " tokens" << (skew ? ", skewed routing" : ""));
       Tensor x = random({tokens, c.d_model});
       Tensor ref = host_tensor(DType::kF32, {tokens, c.d_model});
       cpu_->moe({.x = x, .router = &rc, .correction_bias = corr, .experts = &ec, .routing = rp,
