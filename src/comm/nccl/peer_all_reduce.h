@@ -38,9 +38,9 @@
 // Host staging: where GPUs have no peer access (consumer cards over PCIe, or
 // NCCL_P2P_DISABLE), the receive buffers can live in mapped host memory instead (by
 // default at 2 ranks; KILN_ONESHOT_HOST; Staging): the same kernel, every store and poll
-// crossing the GPU's bus. A GPU's posted writes reach host memory in the order it issued them, so the
-// argument above holds: a receiver's emptying of a half lands before the data of its
-// next call, which a sender sees before it writes that half again.
+// crossing the GPU's bus. A GPU's posted writes reach host memory in the order it issued
+// them, so the argument above holds: a receiver's emptying of a half lands before the
+// data of its next call, which a sender sees before it writes that half again.
 //
 // Launched as a programmatic dependent launch where the CUDA backend's kernels are
 // (pdl.cuh: SM 9.0+ and KILN_PDL not 0), so its start overlaps the end of the kernel
