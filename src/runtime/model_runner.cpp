@@ -367,11 +367,13 @@ Result<Tensor> ModelRunner::forward(const ops::BatchMeta& batch, std::vector<KvC
   if (world() == 1) return ranks_[0].model.forward(backend(0), batch, kv[0].layers, hidden(0));
   const int tp = parallel_.tensor_parallel, pp = parallel_.pipeline_parallel;
   // A pipeline's micro-batches: the sequences in up to pp parts, their logit rows in
-  // the batch's order (each sequence's rows after the previous sequence's).
+  // the batch's order (each sequence's rows after the previous sequence's); a step of few
+  // tokens runs whole (ParallelConfig::pipeline_micro_min_tokens).
   std::vector<const ops::BatchMeta*> parts = {&batch};
   micro_.clear();
   const int32_t n_seqs = batch.n_seqs();
-  const int32_t n_micro = pp > 1 ? std::min(pp, n_seqs) : 1;
+  const bool split = pp > 1 && batch.n_tokens() >= parallel_.pipeline_micro_min_tokens;
+  const int32_t n_micro = split ? std::min(pp, n_seqs) : 1;
   if (n_micro > 1) {
     for (size_t i = 1; i < batch.logit_rows.size(); ++i)
       KILN_CHECK_LT(batch.logit_rows[i - 1], batch.logit_rows[i]) << "forward: logit rows out of order";

@@ -35,6 +35,13 @@ struct ParallelConfig {
   // finishes) for this long is aborted with an error naming the rank that holds the
   // others up (0: no watchdog). Applies with several ranks.
   double watchdog_seconds = 60.0;
+  // A pipeline splits a step into micro-batches (its sequences in up to
+  // pipeline_parallel parts, so the stages overlap) only where the step has at least this
+  // many tokens: below it a step is bound by reading the weights, which each micro-batch
+  // reads again (two micro-batches cost a stage ~1.5x a step's weight reads in the
+  // pipeline's fill and drain), so decode steps run whole, one stage after the other.
+  // 0: every step of several sequences is split (tests).
+  int32_t pipeline_micro_min_tokens = 512;
   int world() const { return tensor_parallel * pipeline_parallel; }
 };
 
@@ -81,7 +88,8 @@ class ModelRunner {
 
   // One step over `batch` (alive and unchanged until it returns): logits
   // [batch.logit_rows.size(), vocab] on rank 0's backend, valid until the next step.
-  // A pipeline splits the batch's sequences into micro-batches, so the stages overlap.
+  // A pipeline splits the batch's sequences into micro-batches, so the stages overlap,
+  // where the step has ParallelConfig::pipeline_micro_min_tokens tokens or more.
   // A rank's failure fails the step on every rank: the error names the rank.
   Result<Tensor> forward(const ops::BatchMeta& batch, std::vector<KvCache>& kv);
 

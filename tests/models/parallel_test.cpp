@@ -25,8 +25,8 @@ const Layout kLayouts[] = {
     {"tp4", {.tensor_parallel = 4}},
     {"tp2_ep", {.tensor_parallel = 2, .expert_parallel = true}},
     {"tp4_ep", {.tensor_parallel = 4, .expert_parallel = true}},
-    {"pp2", {.pipeline_parallel = 2}},
-    {"tp2_pp2", {.tensor_parallel = 2, .pipeline_parallel = 2}},
+    {"pp2", {.pipeline_parallel = 2}},  // steps of these prompts run whole (below the micro-batch threshold)
+    {"tp2_pp2", {.tensor_parallel = 2, .pipeline_parallel = 2, .pipeline_micro_min_tokens = 0}},  // micro-batches
 };
 
 Result<std::unique_ptr<runtime::Engine>> load(const std::string& fixture, const runtime::ParallelConfig& p) {
