@@ -195,7 +195,7 @@ void AdaptiveDepth::next_mode(Costs& c) {
 }
 
 void AdaptiveDepth::record_step(bool timed, bool verify, int32_t n_seqs, int64_t rows, double seconds,
-                                int64_t emitted) {
+                                int64_t emitted, bool one_time) {
   ++steps_;
   for (size_t i = 0; i < acceptance_.size(); ++i) {
     if (step_tested_[i] == 0) continue;
@@ -205,8 +205,12 @@ void AdaptiveDepth::record_step(bool timed, bool verify, int32_t n_seqs, int64_t
   }
   if (n_seqs <= 0) return;
   Costs& c = costs_for(n_seqs);
-  if (config_.adaptive && !config_.schedule && config_.governor_window > 0) govern(c, emitted, seconds);
-  if (!timed || rows <= 0) return;
+  if (config_.adaptive && !config_.schedule && config_.governor_window > 0) {
+    const bool verdict = c.rate[0].n > 0 && c.rate[1].n > 0;
+    if (one_time && !verdict) govern(c, 0, 0.0);  // counted as a step, not in the rate
+    else govern(c, emitted, seconds);
+  }
+  if (!timed || one_time || rows <= 0) return;
   Ema& r = verify ? c.verify_rows : c.decode_rows;
   Ema& t = verify ? c.verify_seconds : c.decode_seconds;
   int64_t& last = verify ? c.verify_last_step : c.decode_last_step;

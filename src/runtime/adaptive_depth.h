@@ -127,7 +127,14 @@ class AdaptiveDepth {
   // EMA; a step whose sequences were all decoding (timed) enters the cost EMA of its kind
   // (verify: it had drafts) for its batch size (n_seqs); rows = its query rows. Every
   // step (timed or not) counts in the governor's window: `emitted` tokens in `seconds`.
-  void record_step(bool timed, bool verify, int32_t n_seqs, int64_t rows, double seconds, int64_t emitted = 0);
+  // A one-time step (a GPU backend ran its batch shape for the first time, or recorded
+  // it) enters no cost EMA, and the governor's windows only once its batch size class has
+  // a verdict: the first windows compare the modes unbiased by recordings, the later ones
+  // see what speculation costs where its shapes keep changing (batch sizes that drift
+  // make verify steps and MTP passes of new shapes: at 128 streams 46-54 more one-time
+  // steps than without drafts, docs/perf/speculative.md).
+  void record_step(bool timed, bool verify, int32_t n_seqs, int64_t rows, double seconds, int64_t emitted = 0,
+                   bool one_time = false);
 
   // The best depth for these drafts under the given estimates (acceptance[i - 1] = a_i;
   // positions past its end count as 0); 0 when the model is unknown or k > 0 does not win

@@ -15,7 +15,15 @@ int32_t decode_bucket(int32_t n) {
   return (n + 7) / 8 * 8;
 }
 
-StepBatch build_step_batch(const Schedule& schedule, int32_t block_size, int32_t pad_state_slot) {
+int32_t uniform_verify_drafts(const Schedule& schedule) {
+  if (schedule.seqs.empty()) return 0;
+  const int32_t k = schedule.seqs[0].n_draft;
+  for (const ScheduledSeq& s : schedule.seqs)
+    if (s.n_draft != k || s.n_new != k + 1) return 0;
+  return k;
+}
+
+StepBatch build_step_batch(const Schedule& schedule, int32_t block_size, int32_t pad_state_slot, int32_t max_rows) {
   StepBatch out;
   ops::BatchMeta& b = out.meta;
   b.block_size = block_size;
@@ -32,7 +40,12 @@ StepBatch build_step_batch(const Schedule& schedule, int32_t block_size, int32_t
   for (const ScheduledSeq& s : schedule.seqs)
     if (s.n_draft > 0) order.push_back(&s);
   const int32_t n_seqs = int32_t(schedule.seqs.size());
-  const int32_t n_rows_seqs = decode ? decode_bucket(n_seqs) : n_seqs;
+  // A verify step whose sequences all verify k drafts is padded like a decode step, by
+  // sequences of k + 1 padding rows, each a logit row (ignored), within the step's row
+  // budget; recurrent models' verify steps (state snapshots per row) are not.
+  const int32_t k = pad_state_slot < 0 && max_rows > 0 ? uniform_verify_drafts(schedule) : 0;
+  const bool pad_verify = k > 0 && int64_t(decode_bucket(n_seqs)) * (k + 1) <= max_rows;
+  const int32_t n_rows_seqs = decode || pad_verify ? decode_bucket(n_seqs) : n_seqs;
   for (int32_t r = 0; r < n_rows_seqs; ++r) {
     // A padding row repeats the first sequence's row with a padding slot.
     const bool pad = r >= n_seqs;
@@ -59,7 +72,7 @@ StepBatch build_step_batch(const Schedule& schedule, int32_t block_size, int32_t
       if (s.n_draft > 0) b.logit_rows.push_back(b.n_tokens() - 1);
     }
     if (s.n_draft > 0) {
-      out.verify.push_back({.seq = s.seq, .n_draft = s.n_draft, .first_row = b.n_tokens() - s.n_new});
+      if (!pad) out.verify.push_back({.seq = s.seq, .n_draft = s.n_draft, .first_row = b.n_tokens() - s.n_new});
     } else if (pad) {
       b.logit_rows.push_back(b.n_tokens() - 1);
     } else if (seq.n_computed + s.n_new == seq.n_tokens()) {

@@ -5,9 +5,13 @@
 // last, with a logit row for each of their rows.
 //
 // Decode-only steps (one token per sequence) are padded to decode_bucket(n) rows with
-// padding rows (ops::kPadSlot: nothing stored, logits ignored), and every step's block
-// tables to one power-of-two width: few distinct batch shapes, so a GPU backend replays
-// a recorded step (Backend::run_step) for most decode steps.
+// padding rows (ops::kPadSlot: nothing stored, logits ignored), verify steps in which
+// every sequence verifies the same number of drafts k to decode_bucket(n) sequences of
+// k + 1 padding rows (within max_rows), and every step's block tables to one
+// power-of-two width: few distinct batch shapes, so a GPU backend replays a recorded
+// step (Backend::run_step) for most decode and verify steps. (Unpadded, the verify steps
+// of 100-128 streams, whose count drifts, met a new shape nearly every time and ran
+// eagerly or were recorded: docs/perf/speculative.md.)
 #pragma once
 
 #include <cstdint>
@@ -45,8 +49,14 @@ struct StepBatch {
   std::vector<Rows> rows;
 };
 
+// The number of drafts every scheduled sequence verifies (each with n_new = k + 1), or 0
+// where they differ or some sequence has none.
+int32_t uniform_verify_drafts(const Schedule& schedule);
+
 // pad_state_slot >= 0: the model has recurrent layers; each row gets its sequence's
 // Sequence::state_slot, a padding row this scratch slot (so it never touches a real state).
-StepBatch build_step_batch(const Schedule& schedule, int32_t block_size, int32_t pad_state_slot = -1);
+// max_rows > 0: the step's row budget, within which a uniform verify step is padded.
+StepBatch build_step_batch(const Schedule& schedule, int32_t block_size, int32_t pad_state_slot = -1,
+                           int32_t max_rows = 0);
 
 }  // namespace kiln::runtime

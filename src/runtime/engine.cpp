@@ -664,7 +664,8 @@ std::vector<StepOutput> Engine::step() {
     ~AddTime() { seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); }
   } add_time{start, kind.seconds};
   if (states_.enabled()) assign_state_rows(schedule);
-  StepBatch batch = build_step_batch(schedule, kv_[0].block_size, states_.enabled() ? states_.scratch_row() : -1);
+  StepBatch batch = build_step_batch(schedule, kv_[0].block_size, states_.enabled() ? states_.scratch_row() : -1,
+                                     scheduler_->config().max_num_batched_tokens);
   // Recurrent layers: verify row j < k of the i-th sequence with drafts leaves its state
   // in snapshot row i K + j (restored below where draft j + 1 is rejected).
   if (states_.enabled() && !batch.verify.empty()) {
@@ -712,7 +713,15 @@ std::vector<StepOutput> Engine::step() {
   }};
   // Steps whose sequences all decode (with or without drafts) price the depth policy's rows.
   const bool timed = decoding;
+  auto phase_start = std::chrono::steady_clock::now();
+  const auto end_phase = [&](int phase) {
+    const auto now = std::chrono::steady_clock::now();
+    kind.phase_seconds[phase] += std::chrono::duration<double>(now - phase_start).count();
+    phase_start = now;
+  };
+  kind.phase_seconds[0] += std::chrono::duration<double>(phase_start - start).count();
   const Tensor logits = forward(std::move(batch.meta));
+  end_phase(1);
   mtp_fetch();  // (queued after the forward pass: the drafts it verifies, for the host)
   for (const ScheduledSeq& s : schedule.seqs) {
     if (RequestState& st = requests_.at(s.seq->request_id); !st.started) {
@@ -758,6 +767,7 @@ std::vector<StepOutput> Engine::step() {
     const int64_t row = int64_t(sampled.size());
     results = verify_drafts(*backend_, logits.slice0(row, row + verify_rows), to_verify);
   }
+  end_phase(2);
   for (size_t i = 0; i < verify.size(); ++i) {
     const StepBatch::Verify& v = verify[i];
     Sequence& seq = *v.seq;
@@ -787,11 +797,11 @@ std::vector<StepOutput> Engine::step() {
   const int64_t one_time = one_time_steps() - one_time_before;
   stats_.one_time_steps += one_time > 0 ? 1 : 0;
   if (depth_) {
-    const bool steady = one_time == 0;
-    depth_->record_step(timed && steady, !verify.empty(), int32_t(schedule.seqs.size()), schedule.n_tokens,
-                        steady ? std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() : 0.0,
-                        steady ? stats_.generated_tokens - generated_before : 0);
+    depth_->record_step(timed, !verify.empty(), int32_t(schedule.seqs.size()), schedule.n_tokens,
+                        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                        stats_.generated_tokens - generated_before, one_time > 0);
   }
+  end_phase(3);
   return outs;
 }
 

@@ -131,9 +131,17 @@ struct EngineStats {
   // the backend has them), verify (every sequence decodes, some verifying drafts) or mixed
   // (prefill chunks in the step). Seconds are the wall time of step(): scheduling, the
   // forward pass, sampling and the draft passes it queues.
+  // Where a kind's wall time goes, by phase: plan (drafts proposed, scheduling, the batch
+  // built), launch (the forward pass queued: a graph replay, or every op's launch), sample
+  // (sampling and verification, which wait for the device: the forward pass's time where
+  // the host ran ahead of it) and finish (tokens emitted, blocks committed, the MTP passes
+  // queued, the depth policy). The device idles through plan and finish.
+  static constexpr int kPhases = 4;
+  static constexpr const char* kPhaseNames[kPhases] = {"plan", "launch", "sample", "finish"};
   struct StepKind {
     int64_t steps = 0, tokens = 0;
     double seconds = 0.0;
+    double phase_seconds[kPhases] = {};
   };
   StepKind decode_steps, verify_steps, mixed_steps;
   // Steps that ran a batch shape for the first time or recorded it (a CUDA graph), on any

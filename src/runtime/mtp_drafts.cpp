@@ -259,6 +259,26 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
     }
   }
   if (b.n_tokens() == 0) return;
+  // A uniform batch of R > 1 rows a sequence (after a verify step) is padded to
+  // decode_bucket(n) sequences of R padding rows, as build_step_batch pads the verify
+  // step, within the step's row budget: each padding row repeats the first sequence's row
+  // (its hidden row too), stores nothing, and its sequence has a logit row (no slot).
+  if (uniform && R > 1 && b.n_seqs() > 0 && b.n_tokens() == b.n_seqs() * R &&
+      int64_t(decode_bucket(b.n_seqs())) * R <= scheduler_->config().max_num_batched_tokens) {
+    for (int32_t s = b.n_seqs(), n = decode_bucket(b.n_seqs()); s < n; ++s) {
+      b.q_start.push_back(b.n_tokens());
+      b.context_len.push_back(b.context_len[0]);
+      tables.push_back(tables[0]);
+      for (int32_t j = 0; j < R; ++j) {
+        b.token_ids.push_back(b.token_ids[size_t(j)]);
+        b.positions.push_back(b.positions[size_t(j)]);
+        b.slot_mapping.push_back(ops::kPadSlot);
+        b.input_rows.push_back(b.input_rows[size_t(j)]);
+      }
+      b.logit_rows.push_back(b.n_tokens() - 1);
+      slots.push_back(nullptr);
+    }
+  }
   // A decode-shaped batch (one row per sequence) is padded as decode steps are
   // (build_step_batch): few shapes, so a GPU backend replays recordings of them
   // (model::CausalLM::mtp_forward). Padding rows repeat the first row, store nothing.

@@ -89,6 +89,14 @@ std::string metrics_text(const std::string& model_name, const runtime::AsyncEngi
   by_kind("kiln_engine_step_seconds_total", "counter",
           "Wall time of engine steps (scheduling, forward pass, sampling), by kind.",
           [](const runtime::EngineStats::StepKind& k) { return k.seconds; });
+  w.metric("kiln_engine_step_phase_seconds_total", "counter",
+           "Wall time of engine steps by kind and phase: plan (scheduling, the batch built), launch (the forward "
+           "pass queued), sample (sampling and verification, waiting for the device), finish (tokens emitted, "
+           "MTP passes queued).");
+  for (const auto& [kind, k] : kinds)
+    for (int i = 0; i < runtime::EngineStats::kPhases; ++i)
+      w.value("kiln_engine_step_phase_seconds_total", k->phase_seconds[i],
+              std::string("kind=\"") + kind + "\",phase=\"" + runtime::EngineStats::kPhaseNames[i] + "\"");
   w.counter("kiln_spec_decode_num_draft_tokens_total", "Speculative draft tokens verified.",
             double(s.engine.spec_draft_tokens));
   w.counter("kiln_spec_decode_num_accepted_tokens_total", "Speculative draft tokens the target model accepted.",

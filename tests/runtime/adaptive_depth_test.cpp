@@ -396,5 +396,38 @@ TEST(AdaptiveDepth, OneSlowWindowDoesNotTurnSpeculationOff) {
   }
 }
 
+// One-time steps (a batch shape run or recorded for the first time): speculation whose
+// verify steps win by the line (10 ms + 0.2 ms a row, 70% of drafts standing) but where
+// one verify step in two meets a new shape and costs 40 ms more. They stay out of the
+// first windows (the first verdict: on) and count from then on, so the governor turns
+// speculation off; where no step is one-time it stays on; where only the first windows
+// hold the one-time steps (recordings as a class warms up) it stays on too.
+TEST(AdaptiveDepth, TheGovernorCountsOneTimeStepsOnceItHasAVerdict) {
+  for (int recurring : {1, 0, 2}) {  // one-time verify steps throughout, never, only early
+    AdaptiveDepth p({.max_depth = 3});
+    std::mt19937 rng(7);
+    const int32_t batch = 64;
+    const std::vector<int32_t> lengths(size_t(batch), 3);
+    int64_t late_steps = 0, late_drafting = 0, verify_steps = 0;
+    for (int step = 0; step < 6000; ++step) {
+      const int32_t k = p.choose(lengths);
+      const int64_t emitted = verify_step(p, batch, k, 0.7, rng);
+      const int64_t rows = int64_t(batch) * (1 + k);
+      const bool one_time = k > 0 && verify_steps++ % 2 == 0 && (recurring == 1 || (recurring == 2 && step < 300));
+      const double ms = 10.0 + 0.2 * double(rows) + (one_time ? 40.0 : 0.0);
+      p.record_step(true, k > 0, batch, rows, ms * 1e-3, emitted, one_time);
+      if (step >= 3000) {
+        ++late_steps;
+        late_drafting += k > 0 ? 1 : 0;
+      }
+    }
+    std::printf("one-time verify steps %d: %.0f tokens/s on, %.0f off; %lld of %lld late steps drafted\n", recurring,
+                p.governor_rate(batch, true), p.governor_rate(batch, false), (long long)late_drafting,
+                (long long)late_steps);
+    if (recurring == 1) EXPECT_LT(late_drafting, late_steps / 16) << "off but for the refresh windows";
+    else EXPECT_GT(late_drafting, late_steps * 3 / 4) << "on but for the refresh windows and probes";
+  }
+}
+
 }  // namespace
 }  // namespace kiln::runtime

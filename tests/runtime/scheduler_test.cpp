@@ -354,6 +354,51 @@ TEST(BuildStepBatch, PadsDecodeStepsWithPadSlotRowsAndPowerOfTwoBlockTables) {
   EXPECT_EQ(m.logit_rows, (std::vector<int32_t>{0, 1, 2, 3})) << "the sampled rows first, then padding";
 }
 
+// A verify step in which every sequence verifies 2 drafts: 3 sequences padded to
+// decode_bucket(3) = 4, the padding sequence 3 rows of padding (each a logit row: the
+// step's shape is then a recorded one), no Verify or Rows entry for it; and not padded
+// past the row budget, nor where the sequences' draft counts differ.
+TEST(BuildStepBatch, PadsVerifyStepsOfOneDraftCountLikeDecodeSteps) {
+  BlockManager bm(32, kBs, false);
+  Scheduler sched({});
+  Sequences q;
+  Sequence *a = q.make(9), *b = q.make(2, 30), *c = q.make(5, 60);
+  for (Sequence* x : {a, b, c}) sched.add(x);
+  finish_step(sched.schedule(bm), bm);
+  for (Sequence* x : {a, b, c}) x->draft = {40, 41};
+  const Schedule s = sched.schedule(bm);
+  ASSERT_EQ(pairs(s), (P{{a, 3}, {b, 3}, {c, 3}}));
+  ASSERT_EQ(uniform_verify_drafts(s), 2);
+  const StepBatch batch = build_step_batch(s, kBs, -1, /*max_rows=*/12);
+  const ops::BatchMeta& m = batch.meta;
+  ASSERT_EQ(m.n_seqs(), 4) << "3 sequences padded to decode_bucket(3)";
+  ASSERT_EQ(m.n_tokens(), 12);
+  EXPECT_EQ(m.q_start, (std::vector<int32_t>{0, 3, 6, 9, 12}));
+  EXPECT_EQ(m.context_len, (std::vector<int32_t>{12, 5, 8, 12}));
+  EXPECT_EQ(m.positions, (std::vector<int32_t>{9, 10, 11, 2, 3, 4, 5, 6, 7, 9, 10, 11}));
+  std::vector<int32_t> all_rows(12);
+  std::iota(all_rows.begin(), all_rows.end(), 0);
+  EXPECT_EQ(m.logit_rows, all_rows) << "every row a logit row, the padding ones too";
+  for (int32_t r = 0; r < 12; ++r)
+    EXPECT_EQ(m.slot_mapping[size_t(r)] == ops::kPadSlot, r >= 9) << "row " << r << ": only padding stores nothing";
+  ASSERT_EQ(batch.verify.size(), 3u);
+  EXPECT_EQ(batch.verify[2].seq, c);
+  EXPECT_EQ(batch.verify[2].first_row, 6);
+  EXPECT_EQ(batch.rows.size(), 3u);
+  EXPECT_TRUE(batch.sampled.empty());
+
+  const StepBatch tight = build_step_batch(s, kBs, -1, /*max_rows=*/11);
+  EXPECT_EQ(tight.meta.n_seqs(), 3) << "4 x 3 rows exceed the budget of 11";
+  EXPECT_EQ(tight.meta.n_tokens(), 9);
+  a->state_slot = 0, b->state_slot = 1, c->state_slot = 2;
+  const StepBatch recurrent = build_step_batch(s, kBs, /*pad_state_slot=*/5, /*max_rows=*/12);
+  EXPECT_EQ(recurrent.meta.n_seqs(), 3) << "recurrent layers' verify steps are not padded";
+  Schedule mixed = s;
+  mixed.seqs[1].n_draft = 1, mixed.seqs[1].n_new = 2, mixed.n_tokens -= 1;
+  EXPECT_EQ(uniform_verify_drafts(mixed), 0);
+  EXPECT_EQ(build_step_batch(mixed, kBs, -1, 12).meta.n_seqs(), 3) << "draft counts differ: no padding";
+}
+
 TEST(BuildStepBatch, AskForLogitsOnlyForSequencesReachingTheirEnd) {
   BlockManager bm(32, kBs, false);
   Scheduler sched({.max_prefill_chunk = 6});
