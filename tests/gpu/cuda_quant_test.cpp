@@ -87,8 +87,12 @@ class CudaQuant : public gpu_testing::GpuTest {
 TEST_F(CudaQuant, LinearMatchesCpuForEveryFormatAndShape) {
   // (n_out, n_in): gpt-oss-120b attention / expert shapes, Kimi K2 / DeepSeek q_a and an
   // expert down, Qwen3-30B-A3B, and odd shapes (an output tail, inputs off the 128 tile).
+  // 17 rows take the decode tiles, split over k where few CTAs would stream the whole K
+  // (quant_linear_k_splits; on a 132-SM H200 {1536, 7168} in 6 splits, {77, 1056} in 2 of 9
+  // stages each).
   const std::vector<std::pair<int64_t, int64_t>> shapes = {
       {5120, 2880}, {2880, 4096}, {1536, 7168}, {7168, 2048}, {768, 2048}, {131, 160}, {77, 1056}};
+  int split_cases = 0;
   for (const QuantCase& c : cuda::quant_cases()) {
     for (auto [n_out, n_in] : shapes) {
       if (n_in % cuda::quant_k_unit(c) != 0) continue;
@@ -100,11 +104,14 @@ TEST_F(CudaQuant, LinearMatchesCpuForEveryFormatAndShape) {
         const Tensor x = random({rows, n_in});
         const bool fp8_act = w8a8(wg, rows);
         if (fp8_act) std::printf("%s %lldx%lld rows %d: W8A8\n", c.name().c_str(), (long long)n_out, (long long)n_in, rows);
+        if (rows > 8 && !fp8_act && cuda::quant_linear_k_splits(rows, n_out, n_in, cuda::quant_format(wg.quant)) > 1)
+          ++split_cases;
         const auto [ref, got] = linear_on_both(wc, wg, x, (fp8_act ? cpu_fp8_ : cpu_).get());
         expect_within_bound(wc, x, got, ref);
       }
     }
   }
+  EXPECT_GT(split_cases, 0) << "no case took the decode tiles split over k";
 }
 
 // The GEMV in passes (set_quant_gemv_rows, KILN_QUANT_GEMV_ROWS): rows past one pass's

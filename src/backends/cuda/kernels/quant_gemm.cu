@@ -40,6 +40,16 @@ using attn::swz;
 constexpr int kKTile = 128;      // the packed layout's k tile (quant_pack.h kQuantKTile): scales per tile
 constexpr int kKStage = 64;      // inputs per pipeline stage: one 128-byte swizzled bf16 row of A and of B
 constexpr int kMaxScaleRow = 32; // scale bytes per row per k tile (kQuantMaxTileScaleBytes)
+// Dense decode tiles split over k (quant_linear_k_splits) where their grid leaves SMs
+// without work: enough splits for about kQuantSplitWaves CTAs per SM, at most
+// kQuantMaxKSplits, each of at least kQuantMinSplitStages stages (the 6-stage pipeline's
+// fill is not repaid by fewer). A decode tile is one CTA per 64 outputs streaming the
+// whole K: GLM-4.5-Air's FP8 o_proj (12,288 -> 4,096) ran as 64 CTAs at 257 GB/s for
+// 4-31 rows on an H200, 200 us against 43 us for the GEMV of one row; in 5 splits 72 us
+// at 8 rows, 108 at 31 (kiln bench op "linear (quantized, decode rows)", docs/PERF.md).
+constexpr int kQuantSplitWaves = 2;
+constexpr int kQuantMaxKSplits = 8;
+constexpr int kQuantMinSplitStages = 8;
 
 // value: 0 e2m1, 1 int4, 2 e4m3 (QuantValue).
 // kScaleRow: scale bytes per row per k tile the stage holds (at most kMaxScaleRow; a
@@ -110,6 +120,10 @@ struct QGemmParams {
   const float* a_scales;
   int64_t a_code_row, a_scale_row;
   bool n_fast;                  // the grid's order: cta_grid
+  // Dense decode tiles split over k (launch_quant_linear): split z of gridDim.z takes
+  // stages [z per, (z + 1) per) and writes its fp32 sums (scale2 applied, no bias) to
+  // partial [gridDim.z, dense_rows, NF]; reduce_splits_kernel adds them in split order.
+  float* partial;
 };
 
 // Where fused column f's weight row lives (codes and scales of its 128-input block 0;
@@ -172,6 +186,10 @@ __device__ __forceinline__ void store_tile(const QGemmParams& p, const QuantExpe
           const int i = f / 2;
           p.act[int64_t(row0 + r) * p.d_ff + i] = __float2bfloat16(
               glu_output(v0, v1, ew->gate_up_bias, p.s.interleaved, i, p.d_ff, p.s.glu_kind, p.s.alpha, p.s.limit));
+        } else if (ew == nullptr && p.partial != nullptr) {
+          float* o = p.partial + (int64_t(blockIdx.z) * p.dense_rows + row0 + r) * p.NF + f;
+          o[0] = v0;
+          if (f + 1 < p.NF) o[1] = v1;
         } else if (ew == nullptr) {
           bf16* o = p.out + int64_t(row0 + r) * p.NF + f;
           o[0] = __float2bfloat16(v0 + (p.dense_bias ? p.dense_bias[f] : 0.0f));
@@ -311,25 +329,29 @@ __global__ void __launch_bounds__(C::kThreads) quant_gemm_kernel(const QGemmPara
   // The pipeline: stages s + 1 .. s + kStages - 2 in flight while the CTA dequantizes
   // stage s + 1 into one B tile and multiplies stage s's A by the other: one barrier per
   // stage, which also frees stage s - 1's buffers for the load it then issues.
+  // This CTA's stages: all of them, or its split's range (dense decode tiles, gridDim.z
+  // splits). i counts the CTA's own stages (its buffers), sb + i is the stage of K.
   float acc[C::kMT][C::kNT][4] = {};
-  const int n_s = int(p.code_row * 8 / C::kBits) / kKStage;  // padded to whole k tiles: even
+  const int n_k = int(p.code_row * 8 / C::kBits) / kKStage;  // padded to whole k tiles: even
+  const int per = (n_k + int(gridDim.z) - 1) / int(gridDim.z);
+  const int sb = min(n_k, int(blockIdx.z) * per), n_s = min(n_k, sb + per) - sb;
 #pragma unroll
-  for (int s = 0; s < C::kStages - 1; ++s) {
-    if (s < n_s) load_stage(s, s);
+  for (int i = 0; i < C::kStages - 1; ++i) {
+    if (i < n_s) load_stage(i, sb + i);
     cp_async_commit();
   }
   cp_async_wait<C::kStages - 2>();
   __syncthreads();
-  dequantize_stage(0, 0, 0);
-  for (int s = 0; s < n_s; ++s) {
+  if (n_s > 0) dequantize_stage(0, sb, 0);
+  for (int i = 0; i < n_s; ++i) {
     cp_async_wait<C::kStages - 3>();
-    __syncthreads();  // stage s + 1 landed, B tile s % 2 written; stage s - 1 and B tile (s + 1) % 2 free
-    const int next = s + C::kStages - 1;
-    if (next < n_s) load_stage(next % C::kStages, next);
+    __syncthreads();  // stage i + 1 landed, B tile i % 2 written; stage i - 1 and B tile (i + 1) % 2 free
+    const int next = i + C::kStages - 1;
+    if (next < n_s) load_stage(next % C::kStages, sb + next);
     cp_async_commit();
-    if (s + 1 < n_s) dequantize_stage((s + 1) % C::kStages, s + 1, (s + 1) % 2);
-    attn::warp_tile_mma<C::kMT, C::kNT, kKStage>(s0 + (s % C::kStages) * C::kStageBytes,
-                                                  sbt + (s % 2) * C::kBTileBytes, wm, wn, lane, acc);
+    if (i + 1 < n_s) dequantize_stage((i + 1) % C::kStages, sb + i + 1, (i + 1) % 2);
+    attn::warp_tile_mma<C::kMT, C::kNT, kKStage>(s0 + (i % C::kStages) * C::kStageBytes,
+                                                  sbt + (i % 2) * C::kBTileBytes, wm, wn, lane, acc);
   }
   cp_async_wait<0>();
 
@@ -346,12 +368,24 @@ dim3 cta_grid(QGemmParams& p, int row_tiles, int64_t n_tiles) {
 }
 
 template <typename C, bool kUp>
-void launch_q(QGemmParams p, int grid_x, cudaStream_t stream) {
+void launch_q(QGemmParams p, int grid_x, cudaStream_t stream, int k_splits = 1) {
   const auto kernel = quant_gemm_kernel<C, kUp>;
   prepare_smem(kernel, C::kSmemBytes);
-  const dim3 grid = cta_grid(p, grid_x, (p.NF + C::kBNF - 1) / C::kBNF);
+  dim3 grid = cta_grid(p, grid_x, (p.NF + C::kBNF - 1) / C::kBNF);
+  grid.z = unsigned(k_splits);
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
   KILN_CUDA_LAUNCH_CHECK();
+}
+
+// out [rows, n] = bf16(sum over the splits of partial [splits, rows, n] + bias), the
+// splits added in order (the result does not depend on the schedule).
+__global__ void reduce_splits_kernel(const float* partial, int splits, int64_t rows, int64_t n, const float* bias,
+                                     bf16* out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * n) return;
+  float v = 0.0f;
+  for (int z = 0; z < splits; ++z) v += partial[int64_t(z) * rows * n + i];
+  out[i] = __float2bfloat16(v + (bias != nullptr ? bias[i % n] : 0.0f));
 }
 
 // The instance for (tile shape, value kind, up or not). FP8 has no wide tiles (qtile_for).
@@ -690,8 +724,24 @@ int quant_gemm_smem_bytes() {
                    WideQ<0>::kSmemBytes});
 }
 
+int quant_linear_k_splits(int64_t rows, int64_t n_out, int64_t n_in, const QuantFormat& f) {
+  if (rows < 1 || quant_gemm_tile(rows, f) != QTile::kDecode) return 1;
+  int device = 0, sms = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&device));
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t ctas = (rows + 15) / 16 * ((n_out + 63) / 64);
+  const int64_t stages = (n_in + kKTile - 1) / kKTile * (kKTile / kKStage);
+  // Split below one CTA per SM for FP8, two for the 4-bit formats: at 224 CTAs (GLM-4.5-Air's
+  // qkv at 8-16 rows, a TP2 rank's at 24-31) two splits took NVFP4 70 -> 59 us and FP8 84 ->
+  // 91 us on an H200.
+  if (ctas >= (f.value == 2 ? 1 : 2) * int64_t(sms)) return 1;
+  int64_t splits = (kQuantSplitWaves * sms + ctas - 1) / ctas;
+  splits = std::min<int64_t>({splits, kQuantMaxKSplits, stages / kQuantMinSplitStages});
+  return int(std::max<int64_t>(splits, 1));
+}
+
 void launch_quant_linear(const bf16* x, const QuantMat& w, const QuantFormat& f, const float* bias, int64_t rows,
-                         int64_t n_out, int64_t n_in, bf16* out, cudaStream_t stream) {
+                         int64_t n_out, int64_t n_in, bf16* out, cudaStream_t stream, float* split_scratch) {
   if (rows == 0) return;
   QGemmParams p{};
   p.dense = w;
@@ -704,7 +754,18 @@ void launch_quant_linear(const bf16* x, const QuantMat& w, const QuantFormat& f,
   set_rows(p, f, n_in);
   const QTile t = quant_gemm_tile(rows, f);
   const int bm = quant_gemm_tile_rows(t);
-  dispatch<false>(t, p, int((rows + bm - 1) / bm), stream);
+  const int splits = split_scratch != nullptr ? quant_linear_k_splits(rows, n_out, n_in, f) : 1;
+  if (splits == 1) return dispatch<false>(t, p, int((rows + bm - 1) / bm), stream);
+  p.partial = split_scratch;
+  const int grid_x = int((rows + bm - 1) / bm);
+  switch (f.value) {
+    case 0: launch_q<DecodeQ<0>, false>(p, grid_x, stream, splits); break;
+    case 1: launch_q<DecodeQ<1>, false>(p, grid_x, stream, splits); break;
+    default: launch_q<DecodeQ<2>, false>(p, grid_x, stream, splits);
+  }
+  const int64_t n = rows * n_out;
+  reduce_splits_kernel<<<unsigned((n + 255) / 256), 256, 0, stream>>>(split_scratch, splits, rows, n_out, bias, out);
+  KILN_CUDA_LAUNCH_CHECK();
 }
 
 void launch_moe_grouped_quant(const bf16* x, const QuantExpert* table, const QuantFormat& f, const int32_t* experts,
