@@ -577,6 +577,7 @@ def samples(ref, tok, cfg, n, max_new):
 
 
 def main():
+    global N_LAYERS
     ap = argparse.ArgumentParser()
     ap.add_argument("corpus")
     ap.add_argument("out")
@@ -587,8 +588,12 @@ def main():
                     help="DeepSeek-V3 aux-loss-free balancing speed for e_score_correction_bias (0: off)")
     ap.add_argument("--smoke", action="store_true", help="about 20 steps on a slice of the corpus; all outputs")
     ap.add_argument("--from-state", help="a train_state.pt of an earlier run: skip training")
+    ap.add_argument("--layers", type=int, default=N_LAYERS,
+                    help="main decoder layers (the MTP layer follows them); the committed model has 4, where "
+                         "the MTP layer is a fifth of the depth (GLM-4.5-Air: one of 47)")
     ap.add_argument("--tokenizer", default=os.path.join(os.path.dirname(os.path.dirname(HERE)), "models", "kiln-demo"))
     a = ap.parse_args()
+    N_LAYERS = a.layers
     if a.smoke:
         a.batch = min(a.batch, 8)
     t_start = time.time()
