@@ -552,6 +552,56 @@ TEST(SpeculativeDepth, OneTimeStepsStayOutOfTheStepCostLine) {
   }
 }
 
+// A backend that records every step's shape: (rows, sequences, logit rows).
+class ShapeRecorder final : public testing::DelegatingBackend {
+ public:
+  ShapeRecorder() : DelegatingBackend(cpu::make_cpu_backend(1)) {}
+  Tensor run_step(const ops::BatchMeta& b, uint64_t key, const std::function<Tensor()>& ops) override {
+    shapes.emplace_back(b.n_tokens(), b.n_seqs(), int32_t(b.logit_rows.size()));
+    return inner_->run_step(b, key, ops);
+  }
+  std::vector<std::tuple<int32_t, int32_t, int32_t>> shapes;
+};
+
+// A verify step in which every sequence verifies the same number of drafts runs padded to
+// decode_bucket(n) sequences of K + 1 rows (build_step_batch), like a decode step, and the
+// tokens are those of decoding without drafts: three greedy requests whose drafts are the
+// tokens decoding emits (an oracle), so three sequences verify 3 drafts a step, padded to
+// four sequences of 4 rows, every row a logit row.
+TEST(SpeculativeBatch, UniformVerifyStepsRunPaddedAndGiveTheSameTokens) {
+  const EngineOptions base{.block_size = 4, .max_model_len = 64, .max_num_seqs = 4, .max_num_batched_tokens = 48};
+  std::vector<Request> requests;
+  for (int32_t i = 0; i < 3; ++i)
+    requests.push_back({.prompt = repetitive_prompt(i), .max_tokens = 20, .ignore_eos = true});
+  auto plain = test::load_fixture("llama", base);
+  ASSERT_TRUE(plain);
+  const Outputs want = test::run_together(*plain, requests);
+  std::map<uint64_t, std::vector<int32_t>> text;  // request i's prompt and emitted tokens
+  for (const auto& [key, out] : want) {
+    std::vector<int32_t>& t = text[key.first];
+    t = requests[size_t(key.first)].prompt;
+    t.insert(t.end(), out.tokens.begin(), out.tokens.end());
+  }
+  EngineOptions o = spec_options(base, 3);
+  o.speculative_test_drafter = [&](uint64_t id, std::span<const int32_t> tokens, int32_t k) {
+    std::vector<int32_t> d;
+    const std::vector<int32_t>& t = text.at(id);
+    for (size_t p = tokens.size(); p < t.size() && int32_t(d.size()) < k; ++p) d.push_back(t[p]);
+    return d;
+  };
+  auto recorder = std::make_unique<ShapeRecorder>();
+  const ShapeRecorder* shapes = recorder.get();
+  auto spec = Engine::load(testing::fixture_dir("llama"), std::move(recorder), o);
+  ASSERT_TRUE(spec.ok()) << spec.status().to_string();
+  expect_same(test::run_together(**spec, requests), want, "llama, oracle drafts");
+  const auto n_padded = std::count(shapes->shapes.begin(), shapes->shapes.end(), std::make_tuple(16, 4, 16));
+  std::printf("%zu steps, %td verify steps padded to 4 sequences of 4 rows\n", shapes->shapes.size(), n_padded);
+  EXPECT_GT(n_padded, 0) << "no verify step of 3 sequences padded to 4 of 4 rows";
+  EXPECT_EQ(std::count(shapes->shapes.begin(), shapes->shapes.end(), std::make_tuple(12, 3, 12)), 0)
+      << "a uniform verify step of 3 sequences ran unpadded";
+  EXPECT_GT((*spec)->stats().spec_accepted_tokens, 0);
+}
+
 TEST(Speculative, ZeroDraftTokensAreRefusedAtLoad) {
   auto z = Engine::load(testing::fixture_dir("llama"), cpu::make_cpu_backend(1),
                         spec_options({.block_size = 4, .max_model_len = 64}, 0));
