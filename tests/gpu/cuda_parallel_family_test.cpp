@@ -109,9 +109,7 @@ Result<std::unique_ptr<runtime::Engine>> load_reference(const std::string& dir, 
 // the reference's own split flips near-tied expert choices of single tokens against one
 // rank (kimi_k2 0.444, deepseek_v3 0.199, gpt_oss_d64 0.06-0.13 of max|logit| on the CPU
 // alone, every shard exact in fp32: docs/GPU-TESTS.md), and the GPU's split may fall on
-// either side of such a tie. A wrong shard is off in every row against both. Returns the
-// worst row's error over the split reference's max |logit|; *second counts the rows
-// closer to the one-rank reference.
+// either side of such a tie. A wrong shard is off in every row against both.
 // Rows of one check: each row's error against the nearer reference, and the largest
 // row difference between the two references themselves (the CPU split alike against the
 // CPU on one rank), all over the split reference's max |logit|.
@@ -121,12 +119,17 @@ struct RowErrors {
   int nearer_one = 0;  // rows nearer the one-rank reference
 };
 
+double max_abs(const std::vector<std::vector<float>>& rows) {
+  double m = 0.0;
+  for (const auto& row : rows)
+    for (float v : row) m = std::max(m, std::abs(double(v)));
+  return m;
+}
+
 RowErrors either_reference_error(const std::vector<std::vector<float>>& have,
                                  const std::vector<std::vector<float>>& split,
                                  const std::vector<std::vector<float>>& one) {
-  double max_ref = 0.0;
-  for (const auto& row : split)
-    for (float v : row) max_ref = std::max(max_ref, std::abs(double(v)));
+  const double max_ref = max_abs(split);
   RowErrors e;
   for (size_t r = 0; r < split.size(); ++r) {
     double d_split = 0.0, d_one = 0.0, apart = 0.0;
@@ -166,16 +169,13 @@ bool rows_pass(const RowErrors& e, double tol) {
   return beyond == 0 || (beyond == 1 && worst_beyond <= e.references_apart);
 }
 
-// A failed logits check's rows (prompt positions): the split GPU against the CPU split
-// alike and the CPU on one rank, and one GPU against the CPU on one rank, each over the
-// split reference's max |logit|. An error that starts at one position and stays in every
-// row after it is a discrete choice (a near-tied expert) that the rows after it attend
-// to; a wrong kernel on some shapes is off in rows of its own.
+// A logits check's rows (prompt positions), printed where one is beyond the bound: the
+// split GPU against the CPU split alike and the CPU on one rank, and one GPU against the
+// CPU on one rank, each over the split reference's max |logit| (rows_pass tells a lone
+// flipped row from a fault that spans many).
 void print_rows(const std::vector<std::vector<float>>& have, const std::vector<std::vector<float>>& split,
                 const std::vector<std::vector<float>>& one, const std::vector<std::vector<float>>& one_gpu) {
-  double max_ref = 0.0;
-  for (const auto& row : split)
-    for (float v : row) max_ref = std::max(max_ref, std::abs(double(v)));
+  const double max_ref = max_abs(split);
   const auto diff = [&](const std::vector<float>& a, const std::vector<float>& b) {
     double d = 0.0;
     for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::abs(double(a[i]) - double(b[i])));

@@ -219,7 +219,7 @@ void CudaBackend::linear(const ops::LinearArgs& a) {
     const int splits = quant_linear_k_splits(rows, w.n_out(), w.n_in(), f);
     float* partial = splits > 1 ? scratch<float>(int64_t(splits) * rows * w.n_out(), op_scratch_) : nullptr;
     launch_quant_linear(a.x.as<bf16>(), quant_mat(w.quant), f, vec_or_null(w.bias, "linear bias"), rows, w.n_out(),
-                        w.n_in(), a.out.as<bf16>(), stream_, partial);
+                        w.n_in(), a.out.as<bf16>(), stream_, splits, partial);
   }
 }
 

@@ -352,12 +352,13 @@ int quant_gemm_tile_rows(QTile t);
 bool quant_gemm_decode_rows(int64_t rows_per_group);
 int quant_gemm_smem_bytes();
 // out [rows, n_out] = bf16(x [rows, n_in] W^T * scale2 + bias); n_in % 8 == 0. Decode-
-// shaped tiles whose grid would leave SMs idle split K over quant_linear_k_splits CTAs
-// each, their fp32 sums in split_scratch (splits x rows x n_out floats; nullptr: no split)
-// added in split order by a second kernel.
+// shaped tiles whose grid would leave SMs idle split K over k_splits CTAs each
+// (quant_linear_k_splits), their fp32 sums in split_scratch (k_splits x rows x n_out
+// floats) added in split order by a second kernel.
 int quant_linear_k_splits(int64_t rows, int64_t n_out, int64_t n_in, const QuantFormat& f);
 void launch_quant_linear(const bf16* x, const QuantMat& w, const QuantFormat& f, const float* bias, int64_t rows,
-                         int64_t n_out, int64_t n_in, bf16* out, cudaStream_t stream, float* split_scratch = nullptr);
+                         int64_t n_out, int64_t n_in, bf16* out, cudaStream_t stream, int k_splits = 1,
+                         float* split_scratch = nullptr);
 // launch_moe_grouped over quantized experts (same scratch, same y).
 void launch_moe_grouped_quant(const bf16* x, const QuantExpert* table, const QuantFormat& f, const int32_t* experts,
                               const MoeShape& s, int64_t n_pairs, int n_experts, int top_k, MoeGroupedScratch& scratch,

@@ -390,19 +390,20 @@ __global__ void reduce_splits_kernel(const float* partial, int splits, int64_t r
 
 // The instance for (tile shape, value kind, up or not). FP8 has no wide tiles (qtile_for).
 template <bool kUp, int V>
-void dispatch_value(QTile t, const QGemmParams& p, int grid_x, cudaStream_t stream) {
-  if (t == QTile::kDecode) return launch_q<DecodeQ<V>, kUp>(p, grid_x, stream);
+void dispatch_value(QTile t, const QGemmParams& p, int grid_x, cudaStream_t stream, int k_splits) {
+  if (t == QTile::kDecode) return launch_q<DecodeQ<V>, kUp>(p, grid_x, stream, k_splits);
   if constexpr (V != 2) {
     if (t == QTile::kWide) return launch_q<WideQ<V>, kUp>(p, grid_x, stream);
   }
   launch_q<PrefillQ<V>, kUp>(p, grid_x, stream);
 }
+// k_splits > 1: dense decode tiles only (launch_quant_linear), partial set.
 template <bool kUp>
-void dispatch(QTile t, const QGemmParams& p, int grid_x, cudaStream_t stream) {
+void dispatch(QTile t, const QGemmParams& p, int grid_x, cudaStream_t stream, int k_splits = 1) {
   switch (p.f.value) {
-    case 0: dispatch_value<kUp, 0>(t, p, grid_x, stream); break;
-    case 1: dispatch_value<kUp, 1>(t, p, grid_x, stream); break;
-    default: dispatch_value<kUp, 2>(t, p, grid_x, stream);
+    case 0: dispatch_value<kUp, 0>(t, p, grid_x, stream, k_splits); break;
+    case 1: dispatch_value<kUp, 1>(t, p, grid_x, stream, k_splits); break;
+    default: dispatch_value<kUp, 2>(t, p, grid_x, stream, k_splits);
   }
 }
 
@@ -741,7 +742,8 @@ int quant_linear_k_splits(int64_t rows, int64_t n_out, int64_t n_in, const Quant
 }
 
 void launch_quant_linear(const bf16* x, const QuantMat& w, const QuantFormat& f, const float* bias, int64_t rows,
-                         int64_t n_out, int64_t n_in, bf16* out, cudaStream_t stream, float* split_scratch) {
+                         int64_t n_out, int64_t n_in, bf16* out, cudaStream_t stream, int k_splits,
+                         float* split_scratch) {
   if (rows == 0) return;
   QGemmParams p{};
   p.dense = w;
@@ -754,17 +756,15 @@ void launch_quant_linear(const bf16* x, const QuantMat& w, const QuantFormat& f,
   set_rows(p, f, n_in);
   const QTile t = quant_gemm_tile(rows, f);
   const int bm = quant_gemm_tile_rows(t);
-  const int splits = split_scratch != nullptr ? quant_linear_k_splits(rows, n_out, n_in, f) : 1;
-  if (splits == 1) return dispatch<false>(t, p, int((rows + bm - 1) / bm), stream);
-  p.partial = split_scratch;
-  const int grid_x = int((rows + bm - 1) / bm);
-  switch (f.value) {
-    case 0: launch_q<DecodeQ<0>, false>(p, grid_x, stream, splits); break;
-    case 1: launch_q<DecodeQ<1>, false>(p, grid_x, stream, splits); break;
-    default: launch_q<DecodeQ<2>, false>(p, grid_x, stream, splits);
+  if (k_splits > 1) {
+    KILN_CHECK(t == QTile::kDecode && split_scratch != nullptr)
+        << "quant linear: " << k_splits << " splits of " << rows << " rows without decode tiles or scratch";
+    p.partial = split_scratch;
   }
+  dispatch<false>(t, p, int((rows + bm - 1) / bm), stream, std::max(k_splits, 1));
+  if (k_splits <= 1) return;
   const int64_t n = rows * n_out;
-  reduce_splits_kernel<<<unsigned((n + 255) / 256), 256, 0, stream>>>(split_scratch, splits, rows, n_out, bias, out);
+  reduce_splits_kernel<<<unsigned((n + 255) / 256), 256, 0, stream>>>(split_scratch, k_splits, rows, n_out, bias, out);
   KILN_CUDA_LAUNCH_CHECK();
 }
 
