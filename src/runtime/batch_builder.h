@@ -7,11 +7,13 @@
 // Decode-only steps (one token per sequence) are padded to decode_bucket(n) rows with
 // padding rows (ops::kPadSlot: nothing stored, logits ignored), verify steps in which
 // every sequence verifies the same number of drafts k to decode_bucket(n) sequences of
-// k + 1 padding rows (within max_rows), and every step's block tables to one
-// power-of-two width: few distinct batch shapes, so a GPU backend replays a recorded
-// step (Backend::run_step) for most decode and verify steps. (Unpadded, the verify steps
-// of 100-128 streams, whose count drifts, met a new shape nearly every time and ran
-// eagerly or were recorded: docs/perf/speculative.md.)
+// k + 1 padding rows (within max_rows; with pad_any_verify, below, those whose draft
+// counts differ too), and every step's block tables to one power-of-two width: few
+// distinct batch shapes, so a GPU backend replays a recorded step (Backend::run_step)
+// for most decode and verify steps. (Unpadded, the verify steps of 100-128 streams, whose
+// count drifts, met a new shape nearly every time and ran eagerly or were recorded; and
+// most verify steps there hold a sequence with fewer drafts, one near its max_tokens or
+// just out of its prefill: docs/perf/speculative.md.)
 #pragma once
 
 #include <cstdint>
@@ -56,7 +58,13 @@ int32_t uniform_verify_drafts(const Schedule& schedule);
 // pad_state_slot >= 0: the model has recurrent layers; each row gets its sequence's
 // Sequence::state_slot, a padding row this scratch slot (so it never touches a real state).
 // max_rows > 0: the step's row budget, within which a uniform verify step is padded.
+// pad_any_verify: a verify step whose sequences all decode but verify different numbers
+// of drafts k_s (some none) is padded too, each sequence to max k_s + 1 rows (its padding
+// rows repeat its last row: same token and position, nothing stored, attending to what
+// that row attends to), so its shape is one a GPU backend replays. Its logit rows are
+// then out of row order (sampled, verified, padding: the contract above); pipeline
+// parallelism's micro-batches need them in order, so it passes false.
 StepBatch build_step_batch(const Schedule& schedule, int32_t block_size, int32_t pad_state_slot = -1,
-                           int32_t max_rows = 0);
+                           int32_t max_rows = 0, bool pad_any_verify = false);
 
 }  // namespace kiln::runtime

@@ -665,7 +665,8 @@ std::vector<StepOutput> Engine::step() {
   } add_time{start, kind.seconds};
   if (states_.enabled()) assign_state_rows(schedule);
   StepBatch batch = build_step_batch(schedule, kv_[0].block_size, states_.enabled() ? states_.scratch_row() : -1,
-                                     scheduler_->config().max_num_batched_tokens);
+                                     scheduler_->config().max_num_batched_tokens,
+                                     /*pad_any_verify=*/options_.parallel.pipeline_parallel == 1);
   // Recurrent layers: verify row j < k of the i-th sequence with drafts leaves its state
   // in snapshot row i K + j (restored below where draft j + 1 is rejected).
   if (states_.enabled() && !batch.verify.empty()) {

@@ -209,16 +209,18 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
   b = ops::BatchMeta{};
   b.block_size = bs;
   std::vector<const std::vector<int32_t>*> tables;
-  // A uniform step (every sequence R <= 8 rows in order: decode steps, R = 1, and uniform
-  // verify steps) runs as it was: all its rows, row r reading hidden row r, one logit row
+  // A uniform step (every sequence R <= 8 rows in order: decode steps, R = 1, and verify
+  // steps padded to R rows a sequence) runs as it was: all its rows, row r reading hidden row r, one logit row
   // per sequence (its last kept row, or any); the rows it did not keep (rejected drafts)
   // and those of a sequence that ended in it are padding (nothing stored). So the MTP step
   // has the step's shape and a GPU backend replays a recording of it. Other steps run the
   // kept rows only, with a logit row per drafting sequence.
-  const int32_t R = rows.empty() ? 0 : rows[0].n_rows;
+  // (A verify step padded by build_step_batch gives every sequence R rows, its own first:
+  // R is the most a sequence has, and sequence i starts at row i R.)
+  int32_t R = 0;
+  for (const StepBatch::Rows& r : rows) R = std::max(R, r.n_rows);
   bool uniform = R >= 1 && R <= 8;  // (a prefill chunk's rows would all be logit rows)
-  for (size_t i = 0; i < rows.size() && uniform; ++i)
-    uniform = rows[i].n_rows == R && rows[i].first_row == int32_t(i) * R;
+  for (size_t i = 0; i < rows.size() && uniform; ++i) uniform = rows[i].first_row == int32_t(i) * R;
   // A running sequence's rows, the padding rows' model (none: nothing to run).
   const auto it = std::find_if(rows.begin(), rows.end(), [](const StepBatch::Rows& r) {
     return r.seq->state == SeqState::kRunning && r.seq->n_computed > r.first_pos;
@@ -246,7 +248,7 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
       b.token_ids.push_back(at.seq->tokens[size_t(keep ? p + 1 : at.first_pos + 1)]);
       b.positions.push_back(p);
       b.slot_mapping.push_back(keep ? seq.table.blocks[size_t(p / bs)] * bs + p % bs : ops::kPadSlot);
-      b.input_rows.push_back(r.first_row + j);
+      b.input_rows.push_back(r.first_row + std::min(j, r.n_rows - 1));  // (a padding row: any of its rows)
     }
     if (kept > 0) {
       seq.mtp_draft.clear();

@@ -399,6 +399,56 @@ TEST(BuildStepBatch, PadsVerifyStepsOfOneDraftCountLikeDecodeSteps) {
   EXPECT_EQ(build_step_batch(mixed, kBs, -1, 12).meta.n_seqs(), 3) << "draft counts differ: no padding";
 }
 
+// With pad_any_verify, a verify step whose sequences decode with 2, 1 and no drafts is
+// padded to decode_bucket(3) = 4 sequences of 3 rows: each sequence's padding rows repeat
+// its last row (token and position, nothing stored), every row a logit row, the sampled
+// ones first, then the verified rows, then the padding; without it, or where a sequence
+// is still prefilling, no padding.
+TEST(BuildStepBatch, PadsVerifyStepsOfDifferentDraftCountsWhenAsked) {
+  BlockManager bm(32, kBs, false);
+  Scheduler sched({});
+  Sequences q;
+  Sequence *a = q.make(9), *b = q.make(2, 30), *c = q.make(5, 60);
+  for (Sequence* x : {a, b, c}) sched.add(x);
+  finish_step(sched.schedule(bm), bm);
+  a->draft = {40, 41};
+  b->draft = {42};
+  const Schedule s = sched.schedule(bm);
+  ASSERT_EQ(pairs(s), (P{{a, 3}, {b, 2}, {c, 1}}));
+  const StepBatch batch = build_step_batch(s, kBs, -1, /*max_rows=*/12, /*pad_any_verify=*/true);
+  const ops::BatchMeta& m = batch.meta;
+  ASSERT_EQ(m.n_seqs(), 4);
+  ASSERT_EQ(m.n_tokens(), 12);
+  EXPECT_EQ(m.q_start, (std::vector<int32_t>{0, 3, 6, 9, 12})) << "c (no drafts) first, then a and b";
+  EXPECT_EQ(m.positions, (std::vector<int32_t>{5, 5, 5, 9, 10, 11, 2, 3, 3, 5, 5, 5}));
+  EXPECT_EQ(m.context_len, (std::vector<int32_t>{6, 12, 4, 6})) << "the real rows' context";
+  EXPECT_EQ(m.token_ids[6], kNextToken);
+  EXPECT_EQ(m.token_ids[7], 42);
+  EXPECT_EQ(m.token_ids[8], 42) << "b's padding row repeats its draft row";
+  const std::vector<int32_t> real = {0, 3, 4, 5, 6, 7};
+  for (int32_t r = 0; r < 12; ++r)
+    EXPECT_EQ(m.slot_mapping[size_t(r)] != ops::kPadSlot, std::count(real.begin(), real.end(), r) == 1) << "row " << r;
+  EXPECT_EQ(m.logit_rows, (std::vector<int32_t>{0, 3, 4, 5, 6, 7, 1, 2, 8, 9, 10, 11}))
+      << "sampled, verified, then padding rows";
+  EXPECT_EQ(batch.sampled, (std::vector<Sequence*>{c}));
+  ASSERT_EQ(batch.verify.size(), 2u);
+  EXPECT_EQ(batch.verify[0].seq, a);
+  EXPECT_EQ(batch.verify[0].first_row, 3);
+  EXPECT_EQ(batch.verify[1].seq, b);
+  EXPECT_EQ(batch.verify[1].n_draft, 1);
+  EXPECT_EQ(batch.verify[1].first_row, 6);
+  ASSERT_EQ(batch.rows.size(), 3u);
+  EXPECT_EQ(batch.rows[0].n_rows, 1) << "c's real rows";
+  EXPECT_EQ(batch.rows[2].first_row, 6);
+  EXPECT_EQ(batch.rows[2].n_rows, 2);
+
+  EXPECT_EQ(build_step_batch(s, kBs, -1, 12).meta.n_tokens(), 6) << "not asked: no padding";
+  EXPECT_EQ(build_step_batch(s, kBs, -1, 11, true).meta.n_tokens(), 6) << "past the row budget";
+  c->n_computed -= 1;  // c's row is now a prompt chunk short of its end, not decoding
+  EXPECT_EQ(build_step_batch(s, kBs, -1, 12, true).meta.n_tokens(), 6) << "a step with a prompt chunk";
+  c->n_computed += 1;
+}
+
 TEST(BuildStepBatch, AskForLogitsOnlyForSequencesReachingTheirEnd) {
   BlockManager bm(32, kBs, false);
   Scheduler sched({.max_prefill_chunk = 6});

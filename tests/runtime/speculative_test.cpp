@@ -602,6 +602,52 @@ TEST(SpeculativeBatch, UniformVerifyStepsRunPaddedAndGiveTheSameTokens) {
   EXPECT_GT((*spec)->stats().spec_accepted_tokens, 0);
 }
 
+// Verify steps whose sequences verify different numbers of drafts run padded too (each
+// sequence to K + 1 rows, build_step_batch's pad_any_verify), and the tokens are those of
+// decoding without drafts: request i's oracle drafter proposes 3 - i of the tokens decoding
+// emits (3, 2, 1 and none), so every verify step is padded to four sequences of 4 rows.
+TEST(SpeculativeBatch, VerifyStepsOfDifferentDraftCountsRunPaddedAndGiveTheSameTokens) {
+  const EngineOptions base{.block_size = 4, .max_model_len = 64, .max_num_seqs = 4, .max_num_batched_tokens = 48};
+  std::vector<Request> requests;
+  for (int32_t i = 0; i < 4; ++i)
+    requests.push_back({.prompt = repetitive_prompt(i), .max_tokens = 20, .ignore_eos = true});
+  auto plain = test::load_fixture("llama", base);
+  ASSERT_TRUE(plain);
+  const Outputs want = test::run_together(*plain, requests);
+  std::map<uint64_t, std::vector<int32_t>> text;
+  for (const auto& [key, out] : want) {
+    std::vector<int32_t>& t = text[key.first];
+    t = requests[size_t(key.first)].prompt;
+    t.insert(t.end(), out.tokens.begin(), out.tokens.end());
+  }
+  EngineOptions o = spec_options(base, 3);
+  o.speculative_test_drafter = [&](uint64_t id, std::span<const int32_t> tokens, int32_t k) {
+    std::vector<int32_t> d;
+    const std::vector<int32_t>& t = text.at(id);
+    for (size_t p = tokens.size(); p < t.size() && int32_t(d.size()) < std::min(k, 3 - int32_t(id)); ++p)
+      d.push_back(t[p]);
+    return d;
+  };
+  auto recorder = std::make_unique<ShapeRecorder>();
+  const ShapeRecorder* shapes = recorder.get();
+  auto spec = Engine::load(testing::fixture_dir("llama"), std::move(recorder), o);
+  ASSERT_TRUE(spec.ok()) << spec.status().to_string();
+  expect_same(test::run_together(**spec, requests), want, "llama, oracle drafts of 3, 2, 1 and no tokens");
+  int64_t padded = 0, unpadded = 0;
+  for (const auto& [rows, seqs, logit_rows] : shapes->shapes) {
+    // Decode steps, and those that run prompts (a logit row a sequence at most), aside:
+    // in a step whose sequences all decode every row is a logit row.
+    if (rows == seqs || logit_rows != rows) continue;
+    const bool bucketed = seqs == decode_bucket(seqs) && rows % seqs == 0;
+    (bucketed ? padded : unpadded) += 1;
+    if (!bucketed) std::printf("an unpadded verify step: %d rows, %d sequences, %d logit rows\n", rows, seqs, logit_rows);
+  }
+  std::printf("%zu steps, %lld verify steps padded\n", shapes->shapes.size(), (long long)padded);
+  EXPECT_GT(padded, 0);
+  EXPECT_EQ(unpadded, 0) << "a verify step of sequences that all decode ran unpadded";
+  EXPECT_GT((*spec)->stats().spec_accepted_tokens, 0);
+}
+
 TEST(Speculative, ZeroDraftTokensAreRefusedAtLoad) {
   auto z = Engine::load(testing::fixture_dir("llama"), cpu::make_cpu_backend(1),
                         spec_options({.block_size = 4, .max_model_len = 64}, 0));
