@@ -134,18 +134,18 @@ std::pair<int, double> same_but_near_ties(runtime::Engine& plain,
   return {equal, worst_margin};
 }
 
-// Speculative decoding with MTP drafts on CUDA: the trained MTP demo model, 24 greedy
-// requests (the goldens' prompts, their cuts and random ones) in one continuous batch,
-// K = 3 drafts every step: verify steps and the MTP passes after them (all of a uniform
-// step's rows, rejected ones as padding) replayed from recordings. The tokens are those
-// of the same batch without drafts but where a near-tie flips, and the drafts stand about
-// as often as on the CPU reference (44.5% there at K = 3).
-TEST(CudaServingMtp, MtpDraftsGiveTheTokensOfDecodingWithout) {
+// Speculative decoding with MTP drafts on CUDA: the trained MTP demo model, n_requests
+// greedy requests (the goldens' prompts, their cuts and random ones) in one continuous
+// batch, K = 3 drafts every step: verify steps and the MTP passes after them (all of a
+// uniform step's rows, rejected ones as padding) replayed from recordings. The tokens are
+// those of the same batch without drafts but where a near-tie flips, and the drafts stand
+// about as often as on the CPU reference (44.5% there at K = 3).
+void mtp_drafts_give_the_tokens_of_decoding_without(int n_requests) {
   const std::string dir = testing::fixture_dir("kiln_mtp_demo");
   const nlohmann::json golden = testing::read_json(dir + "/golden.json");
   std::vector<std::shared_ptr<runtime::Request>> requests;
   std::mt19937 rng(7);
-  for (int i = 0; i < 24; ++i) {
+  for (int i = 0; i < n_requests; ++i) {
     auto r = std::make_shared<runtime::Request>();
     if (i < 16) {
       const std::vector<int32_t> p = golden[i % 2 ? "prompt_long" : "prompt_short"].get<std::vector<int32_t>>();
@@ -161,8 +161,8 @@ TEST(CudaServingMtp, MtpDraftsGiveTheTokensOfDecodingWithout) {
     auto be = cuda::make_cuda_backend({.smem_cap = smem_cap()});
     if (!be.ok()) return nullptr;
     auto e = runtime::Engine::load(dir, std::move(be).value(),
-                                   {.block_size = 16, .max_model_len = 512, .max_num_seqs = 32,
-                                    .kv_cache_bytes = int64_t(64) << 20, .speculative_method = method,
+                                   {.block_size = 16, .max_model_len = 512, .max_num_seqs = std::max(32, n_requests),
+                                    .kv_cache_bytes = int64_t(128) << 20, .speculative_method = method,
                                     .num_speculative_tokens = method == runtime::SpeculativeMethod::kOff ? 0 : 3,
                                     .speculative_adaptive = false, .mtp_chain_on_device = on_device});
     EXPECT_TRUE(e.ok()) << e.status().to_string();
@@ -202,6 +202,14 @@ TEST(CudaServingMtp, MtpDraftsGiveTheTokensOfDecodingWithout) {
   // its third step on (the first runs eagerly, the second records).
   EXPECT_GT(cuda->graph_replays(), 20) << "verify steps and MTP passes did not replay recorded graphs";
   EXPECT_EQ(s.kv_blocks_used, 0);
+}
+
+TEST(CudaServingMtp, MtpDraftsGiveTheTokensOfDecodingWithout) { mtp_drafts_give_the_tokens_of_decoding_without(24); }
+
+// 128 sequences verifying 3 drafts: verify steps and MTP passes of 512 rows, recorded and
+// replayed since CudaBackend::run_step's limit went from 256 rows to 512.
+TEST(CudaServingMtp, MtpDraftsAt128SequencesGiveTheTokensOfDecodingWithout) {
+  mtp_drafts_give_the_tokens_of_decoding_without(128);
 }
 
 // Speculative decoding of the Gated DeltaNet hybrids on CUDA: a verify step leaves the
