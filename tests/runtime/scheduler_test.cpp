@@ -320,13 +320,25 @@ TEST(DecodeBucket, IsAPowerOfTwoUpToEightThenAMultipleOfEight) {
   for (auto [n, want] : cases) EXPECT_EQ(decode_bucket(n), want) << n;
 }
 
-TEST(BuildStepBatch, PadsDecodeStepsWithPadSlotRowsAndPowerOfTwoBlockTables) {
-  BlockManager bm(32, kBs, false);
-  Scheduler sched({});
+// Three sequences (prompts of 9, 2 and 5 tokens) past their prefill step: decoding next.
+struct ThreeDecoding {
+  BlockManager bm{32, kBs, false};
+  Scheduler sched{SchedulerConfig{}};
   Sequences q;
-  Sequence *a = q.make(9), *b = q.make(2, 30), *c = q.make(5, 60);
-  for (Sequence* x : {a, b, c}) sched.add(x);
-  finish_step(sched.schedule(bm), bm);
+  Sequence* a = q.make(9);
+  Sequence* b = q.make(2, 30);
+  Sequence* c = q.make(5, 60);
+  ThreeDecoding() {
+    for (Sequence* x : {a, b, c}) sched.add(x);
+    finish_step(sched.schedule(bm), bm);
+  }
+};
+
+TEST(BuildStepBatch, PadsDecodeStepsWithPadSlotRowsAndPowerOfTwoBlockTables) {
+  ThreeDecoding t;
+  BlockManager& bm = t.bm;
+  Scheduler& sched = t.sched;
+  Sequence *a = t.a, *b = t.b, *c = t.c;
   const Schedule s = sched.schedule(bm);
   ASSERT_TRUE(s.decode_only());
   const StepBatch batch = build_step_batch(s, kBs);
@@ -359,12 +371,10 @@ TEST(BuildStepBatch, PadsDecodeStepsWithPadSlotRowsAndPowerOfTwoBlockTables) {
 // step's shape is then a recorded one), no Verify or Rows entry for it; and not padded
 // past the row budget, nor where the sequences' draft counts differ.
 TEST(BuildStepBatch, PadsVerifyStepsOfOneDraftCountLikeDecodeSteps) {
-  BlockManager bm(32, kBs, false);
-  Scheduler sched({});
-  Sequences q;
-  Sequence *a = q.make(9), *b = q.make(2, 30), *c = q.make(5, 60);
-  for (Sequence* x : {a, b, c}) sched.add(x);
-  finish_step(sched.schedule(bm), bm);
+  ThreeDecoding t;
+  BlockManager& bm = t.bm;
+  Scheduler& sched = t.sched;
+  Sequence *a = t.a, *b = t.b, *c = t.c;
   for (Sequence* x : {a, b, c}) x->draft = {40, 41};
   const Schedule s = sched.schedule(bm);
   ASSERT_EQ(pairs(s), (P{{a, 3}, {b, 3}, {c, 3}}));
@@ -405,12 +415,10 @@ TEST(BuildStepBatch, PadsVerifyStepsOfOneDraftCountLikeDecodeSteps) {
 // ones first, then the verified rows, then the padding; without it, or where a sequence
 // is still prefilling, no padding.
 TEST(BuildStepBatch, PadsVerifyStepsOfDifferentDraftCountsWhenAsked) {
-  BlockManager bm(32, kBs, false);
-  Scheduler sched({});
-  Sequences q;
-  Sequence *a = q.make(9), *b = q.make(2, 30), *c = q.make(5, 60);
-  for (Sequence* x : {a, b, c}) sched.add(x);
-  finish_step(sched.schedule(bm), bm);
+  ThreeDecoding t;
+  BlockManager& bm = t.bm;
+  Scheduler& sched = t.sched;
+  Sequence *a = t.a, *b = t.b, *c = t.c;
   a->draft = {40, 41};
   b->draft = {42};
   const Schedule s = sched.schedule(bm);

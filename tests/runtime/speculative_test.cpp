@@ -563,18 +563,23 @@ class ShapeRecorder final : public testing::DelegatingBackend {
   std::vector<std::tuple<int32_t, int32_t, int32_t>> shapes;
 };
 
-// A verify step in which every sequence verifies the same number of drafts runs padded to
-// decode_bucket(n) sequences of K + 1 rows (build_step_batch), like a decode step, and the
-// tokens are those of decoding without drafts: three greedy requests whose drafts are the
-// tokens decoding emits (an oracle), so three sequences verify 3 drafts a step, padded to
-// four sequences of 4 rows, every row a logit row.
-TEST(SpeculativeBatch, UniformVerifyStepsRunPaddedAndGiveTheSameTokens) {
+// n greedy requests on the llama fixture, without drafts and then with K = 3 oracle drafts
+// (the tokens decoding emitted, request i at most max_drafts(i) of them) on a backend that
+// records every step's shape: the tokens must be the same. Returns the shapes and the
+// drafts accepted.
+struct OracleRun {
+  std::vector<std::tuple<int32_t, int32_t, int32_t>> shapes;
+  int64_t accepted = 0;
+};
+OracleRun run_with_oracle_drafts(int32_t n, const std::function<int32_t(uint64_t)>& max_drafts,
+                                 const std::string& what) {
   const EngineOptions base{.block_size = 4, .max_model_len = 64, .max_num_seqs = 4, .max_num_batched_tokens = 48};
   std::vector<Request> requests;
-  for (int32_t i = 0; i < 3; ++i)
+  for (int32_t i = 0; i < n; ++i)
     requests.push_back({.prompt = repetitive_prompt(i), .max_tokens = 20, .ignore_eos = true});
   auto plain = test::load_fixture("llama", base);
-  ASSERT_TRUE(plain);
+  EXPECT_TRUE(plain);
+  if (!plain) return {};
   const Outputs want = test::run_together(*plain, requests);
   std::map<uint64_t, std::vector<int32_t>> text;  // request i's prompt and emitted tokens
   for (const auto& [key, out] : want) {
@@ -586,55 +591,41 @@ TEST(SpeculativeBatch, UniformVerifyStepsRunPaddedAndGiveTheSameTokens) {
   o.speculative_test_drafter = [&](uint64_t id, std::span<const int32_t> tokens, int32_t k) {
     std::vector<int32_t> d;
     const std::vector<int32_t>& t = text.at(id);
-    for (size_t p = tokens.size(); p < t.size() && int32_t(d.size()) < k; ++p) d.push_back(t[p]);
-    return d;
-  };
-  auto recorder = std::make_unique<ShapeRecorder>();
-  const ShapeRecorder* shapes = recorder.get();
-  auto spec = Engine::load(testing::fixture_dir("llama"), std::move(recorder), o);
-  ASSERT_TRUE(spec.ok()) << spec.status().to_string();
-  expect_same(test::run_together(**spec, requests), want, "llama, oracle drafts");
-  const auto n_padded = std::count(shapes->shapes.begin(), shapes->shapes.end(), std::make_tuple(16, 4, 16));
-  std::printf("%zu steps, %td verify steps padded to 4 sequences of 4 rows\n", shapes->shapes.size(), n_padded);
-  EXPECT_GT(n_padded, 0) << "no verify step of 3 sequences padded to 4 of 4 rows";
-  EXPECT_EQ(std::count(shapes->shapes.begin(), shapes->shapes.end(), std::make_tuple(12, 3, 12)), 0)
-      << "a uniform verify step of 3 sequences ran unpadded";
-  EXPECT_GT((*spec)->stats().spec_accepted_tokens, 0);
-}
-
-// Verify steps whose sequences verify different numbers of drafts run padded too (each
-// sequence to K + 1 rows, build_step_batch's pad_any_verify), and the tokens are those of
-// decoding without drafts: request i's oracle drafter proposes 3 - i of the tokens decoding
-// emits (3, 2, 1 and none), so every verify step is padded to four sequences of 4 rows.
-TEST(SpeculativeBatch, VerifyStepsOfDifferentDraftCountsRunPaddedAndGiveTheSameTokens) {
-  const EngineOptions base{.block_size = 4, .max_model_len = 64, .max_num_seqs = 4, .max_num_batched_tokens = 48};
-  std::vector<Request> requests;
-  for (int32_t i = 0; i < 4; ++i)
-    requests.push_back({.prompt = repetitive_prompt(i), .max_tokens = 20, .ignore_eos = true});
-  auto plain = test::load_fixture("llama", base);
-  ASSERT_TRUE(plain);
-  const Outputs want = test::run_together(*plain, requests);
-  std::map<uint64_t, std::vector<int32_t>> text;
-  for (const auto& [key, out] : want) {
-    std::vector<int32_t>& t = text[key.first];
-    t = requests[size_t(key.first)].prompt;
-    t.insert(t.end(), out.tokens.begin(), out.tokens.end());
-  }
-  EngineOptions o = spec_options(base, 3);
-  o.speculative_test_drafter = [&](uint64_t id, std::span<const int32_t> tokens, int32_t k) {
-    std::vector<int32_t> d;
-    const std::vector<int32_t>& t = text.at(id);
-    for (size_t p = tokens.size(); p < t.size() && int32_t(d.size()) < std::min(k, 3 - int32_t(id)); ++p)
+    for (size_t p = tokens.size(); p < t.size() && int32_t(d.size()) < std::min(k, max_drafts(id)); ++p)
       d.push_back(t[p]);
     return d;
   };
   auto recorder = std::make_unique<ShapeRecorder>();
   const ShapeRecorder* shapes = recorder.get();
   auto spec = Engine::load(testing::fixture_dir("llama"), std::move(recorder), o);
-  ASSERT_TRUE(spec.ok()) << spec.status().to_string();
-  expect_same(test::run_together(**spec, requests), want, "llama, oracle drafts of 3, 2, 1 and no tokens");
+  EXPECT_TRUE(spec.ok()) << spec.status().to_string();
+  if (!spec.ok()) return {};
+  expect_same(test::run_together(**spec, requests), want, what);
+  return {.shapes = shapes->shapes, .accepted = (*spec)->stats().spec_accepted_tokens};
+}
+
+// A verify step in which every sequence verifies the same number of drafts runs padded to
+// decode_bucket(n) sequences of K + 1 rows (build_step_batch), like a decode step, and the
+// tokens are those of decoding without drafts: three requests with 3 oracle drafts a step,
+// padded to four sequences of 4 rows, every row a logit row.
+TEST(SpeculativeBatch, UniformVerifyStepsRunPaddedAndGiveTheSameTokens) {
+  const OracleRun run = run_with_oracle_drafts(3, [](uint64_t) { return 3; }, "llama, oracle drafts");
+  const auto n_padded = std::count(run.shapes.begin(), run.shapes.end(), std::make_tuple(16, 4, 16));
+  std::printf("%zu steps, %td verify steps padded to 4 sequences of 4 rows\n", run.shapes.size(), n_padded);
+  EXPECT_GT(n_padded, 0) << "no verify step of 3 sequences padded to 4 of 4 rows";
+  EXPECT_EQ(std::count(run.shapes.begin(), run.shapes.end(), std::make_tuple(12, 3, 12)), 0)
+      << "a uniform verify step of 3 sequences ran unpadded";
+  EXPECT_GT(run.accepted, 0);
+}
+
+// Verify steps whose sequences verify different numbers of drafts run padded too (each
+// sequence to K + 1 rows, build_step_batch's pad_any_verify), and the tokens are those of
+// decoding without drafts: request i's oracle proposes 3 - i tokens (3, 2, 1 and none).
+TEST(SpeculativeBatch, VerifyStepsOfDifferentDraftCountsRunPaddedAndGiveTheSameTokens) {
+  const OracleRun run = run_with_oracle_drafts(4, [](uint64_t id) { return 3 - int32_t(id); },
+                                               "llama, oracle drafts of 3, 2, 1 and no tokens");
   int64_t padded = 0, unpadded = 0;
-  for (const auto& [rows, seqs, logit_rows] : shapes->shapes) {
+  for (const auto& [rows, seqs, logit_rows] : run.shapes) {
     // Decode steps, and those that run prompts (a logit row a sequence at most), aside:
     // in a step whose sequences all decode every row is a logit row.
     if (rows == seqs || logit_rows != rows) continue;
@@ -642,10 +633,10 @@ TEST(SpeculativeBatch, VerifyStepsOfDifferentDraftCountsRunPaddedAndGiveTheSameT
     (bucketed ? padded : unpadded) += 1;
     if (!bucketed) std::printf("an unpadded verify step: %d rows, %d sequences, %d logit rows\n", rows, seqs, logit_rows);
   }
-  std::printf("%zu steps, %lld verify steps padded\n", shapes->shapes.size(), (long long)padded);
+  std::printf("%zu steps, %lld verify steps padded\n", run.shapes.size(), (long long)padded);
   EXPECT_GT(padded, 0);
   EXPECT_EQ(unpadded, 0) << "a verify step of sequences that all decode ran unpadded";
-  EXPECT_GT((*spec)->stats().spec_accepted_tokens, 0);
+  EXPECT_GT(run.accepted, 0);
 }
 
 TEST(Speculative, ZeroDraftTokensAreRefusedAtLoad) {
