@@ -209,14 +209,13 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
   b = ops::BatchMeta{};
   b.block_size = bs;
   std::vector<const std::vector<int32_t>*> tables;
-  // A uniform step (every sequence R <= 8 rows in order: decode steps, R = 1, and verify
-  // steps padded to R rows a sequence) runs as it was: all its rows, row r reading hidden row r, one logit row
-  // per sequence (its last kept row, or any); the rows it did not keep (rejected drafts)
-  // and those of a sequence that ended in it are padding (nothing stored). So the MTP step
-  // has the step's shape and a GPU backend replays a recording of it. Other steps run the
-  // kept rows only, with a logit row per drafting sequence.
-  // (A verify step padded by build_step_batch gives every sequence R rows, its own first:
-  // R is the most a sequence has, and sequence i starts at row i R.)
+  // A uniform step (sequence i's rows from row i R, R <= 8: decode steps, R = 1, and verify
+  // steps build_step_batch padded, R the most rows a sequence has) runs as it was: R rows a
+  // sequence, row r reading hidden row r, one logit row per sequence (its last kept row, or
+  // any); the rows it did not keep (rejected drafts, padding) and those of a sequence that
+  // ended in it are padding (nothing stored). So the MTP step has the step's shape and a GPU
+  // backend replays a recording of it. Other steps run the kept rows only, with a logit row
+  // per drafting sequence.
   int32_t R = 0;
   for (const StepBatch::Rows& r : rows) R = std::max(R, r.n_rows);
   bool uniform = R >= 1 && R <= 8;  // (a prefill chunk's rows would all be logit rows)
