@@ -43,7 +43,8 @@ struct StepBatch {
   };
   std::vector<Verify> verify;
   // Every scheduled sequence's rows, in batch order: its first row, the position of that
-  // row (its n_computed before the step) and how many rows it has (MTP drafts read them).
+  // row (its n_computed before the step) and how many rows it has (MTP drafts read them;
+  // the padding rows a padded verify step adds after them are not counted).
   struct Rows {
     Sequence* seq = nullptr;
     int32_t first_row = 0, first_pos = 0, n_rows = 0;
