@@ -15,11 +15,14 @@ int32_t decode_bucket(int32_t n) {
   return (n + 7) / 8 * 8;
 }
 
-int32_t uniform_verify_drafts(const Schedule& schedule) {
+int32_t verify_padding_drafts(const Schedule& schedule, bool any) {
   if (schedule.seqs.empty()) return 0;
-  const int32_t k = schedule.seqs[0].n_draft;
-  for (const ScheduledSeq& s : schedule.seqs)
-    if (s.n_draft != k || s.n_new != k + 1) return 0;
+  int32_t k = 0;
+  for (const ScheduledSeq& s : schedule.seqs) {
+    const bool decoding = s.n_new == s.n_draft + 1 && s.seq->n_computed + 1 == s.seq->n_tokens();
+    if (!decoding || (!any && s.n_draft != schedule.seqs[0].n_draft)) return 0;
+    k = std::max(k, s.n_draft);
+  }
   return k;
 }
 
@@ -47,13 +50,7 @@ StepBatch build_step_batch(const Schedule& schedule, int32_t block_size, int32_t
   // where every sequence decodes (a sequence with fewer drafts, or none, gets padding rows
   // that repeat its last row). Recurrent models' verify steps (state snapshots per row)
   // are not padded.
-  int32_t k = pad_state_slot < 0 && max_rows > 0 ? uniform_verify_drafts(schedule) : 0;
-  if (k == 0 && pad_any_verify && pad_state_slot < 0 && max_rows > 0 && !decode) {
-    const bool all_decoding = std::all_of(schedule.seqs.begin(), schedule.seqs.end(), [](const ScheduledSeq& s) {
-      return s.n_new == s.n_draft + 1 && s.seq->n_computed + 1 == s.seq->n_tokens();
-    });
-    for (const ScheduledSeq& s : schedule.seqs) k = all_decoding ? std::max(k, s.n_draft) : 0;
-  }
+  const int32_t k = pad_state_slot < 0 && max_rows > 0 ? verify_padding_drafts(schedule, pad_any_verify) : 0;
   const int32_t stride = k > 0 && int64_t(decode_bucket(n_seqs)) * (k + 1) <= max_rows ? k + 1 : 0;
   const int32_t n_rows_seqs = decode || stride > 0 ? decode_bucket(n_seqs) : n_seqs;
   // The logit rows: the sampled sequences' first, then the verified rows, then padding

@@ -52,9 +52,10 @@ struct StepBatch {
   std::vector<Rows> rows;
 };
 
-// The number of drafts every scheduled sequence verifies (each with n_new = k + 1), or 0
-// where they differ or some sequence has none.
-int32_t uniform_verify_drafts(const Schedule& schedule);
+// The drafts k a verify step is padded for (k + 1 rows a sequence): where every scheduled
+// sequence decodes (n_new = its drafts + 1, reaching its end), the most any verifies, if
+// they all verify as many or `any`; else 0 (also for a decode step: k = 0).
+int32_t verify_padding_drafts(const Schedule& schedule, bool any);
 
 // pad_state_slot >= 0: the model has recurrent layers; each row gets its sequence's
 // Sequence::state_slot, a padding row this scratch slot (so it never touches a real state).

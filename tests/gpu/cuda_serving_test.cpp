@@ -206,8 +206,10 @@ void mtp_drafts_give_the_tokens_of_decoding_without(int n_requests) {
 
 TEST(CudaServingMtp, MtpDraftsGiveTheTokensOfDecodingWithout) { mtp_drafts_give_the_tokens_of_decoding_without(24); }
 
-// 128 sequences verifying 3 drafts: verify steps and MTP passes of 512 rows, recorded and
-// replayed since CudaBackend::run_step's limit went from 256 rows to 512.
+// 128 sequences verifying 3 drafts: verify steps and MTP passes of up to 512 rows, which
+// CudaBackend::run_step records (its limit went from 256 rows to 512) and replays where a
+// shape repeats. What this checks is the tokens with such steps in the mix; how many of
+// them replayed is not asserted (shapes change as sequences end, so few repeat here).
 TEST(CudaServingMtp, MtpDraftsAt128SequencesGiveTheTokensOfDecodingWithout) {
   mtp_drafts_give_the_tokens_of_decoding_without(128);
 }

@@ -378,7 +378,7 @@ TEST(BuildStepBatch, PadsVerifyStepsOfOneDraftCountLikeDecodeSteps) {
   for (Sequence* x : {a, b, c}) x->draft = {40, 41};
   const Schedule s = sched.schedule(bm);
   ASSERT_EQ(pairs(s), (P{{a, 3}, {b, 3}, {c, 3}}));
-  ASSERT_EQ(uniform_verify_drafts(s), 2);
+  ASSERT_EQ(verify_padding_drafts(s, false), 2);
   const StepBatch batch = build_step_batch(s, kBs, -1, /*max_rows=*/12);
   const ops::BatchMeta& m = batch.meta;
   ASSERT_EQ(m.n_seqs(), 4) << "3 sequences padded to decode_bucket(3)";
@@ -405,7 +405,8 @@ TEST(BuildStepBatch, PadsVerifyStepsOfOneDraftCountLikeDecodeSteps) {
   EXPECT_EQ(recurrent.meta.n_seqs(), 3) << "recurrent layers' verify steps are not padded";
   Schedule mixed = s;
   mixed.seqs[1].n_draft = 1, mixed.seqs[1].n_new = 2, mixed.n_tokens -= 1;
-  EXPECT_EQ(uniform_verify_drafts(mixed), 0);
+  EXPECT_EQ(verify_padding_drafts(mixed, false), 0);
+  EXPECT_EQ(verify_padding_drafts(mixed, true), 2);
   EXPECT_EQ(build_step_batch(mixed, kBs, -1, 12).meta.n_seqs(), 3) << "draft counts differ: no padding";
 }
 
