@@ -190,7 +190,11 @@ void AdaptiveDepth::next_mode(Costs& c) {
     return;
   }
   const double off = c.rate[0].value, on = c.rate[1].value;
+  const bool was_best = c.best_on, ended_on = c.on, judged = c.judged;
+  c.judged = true;
   c.best_on = c.best_on ? !(off > on * (1.0 + kMargin)) : on > off * (1.0 + kMargin);
+  if (c.best_on != was_best) c.held = 0;
+  else if (judged && ended_on != c.best_on) ++c.held;  // the losing mode measured, the verdict stands
   c.on = refresh ? !c.best_on : c.best_on;
 }
 
@@ -221,6 +225,15 @@ void AdaptiveDepth::record_step(bool timed, bool verify, int32_t n_seqs, int64_t
   r.add(double(rows), config_.decay, gap);
   t.add(seconds, config_.decay, gap);
   ++(verify ? c.verify_timed : c.decode_timed);
+}
+
+bool AdaptiveDepth::speculation_hopeless(int32_t batch) const {
+  if (!config_.adaptive || config_.schedule || batch <= 0) return false;
+  const Costs& c = costs_[class_of(batch)];
+  if (!warm(c)) return false;
+  const int32_t max_k = config_.max_depth;
+  return best_depth(std::vector<double>(size_t(max_k), kHopefulAcceptance), line(c),
+                    std::vector<int32_t>(size_t(batch), max_k), max_k) == 0;
 }
 
 StepCostModel AdaptiveDepth::cost_model(int32_t batch) const { return line(costs_[class_of(batch)]); }

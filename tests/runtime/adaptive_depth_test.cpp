@@ -178,6 +178,7 @@ TEST(AdaptiveDepth, IdleOnceTheEstimatesSettleOnNoDrafts) {
   }
   EXPECT_EQ(p.plan_drafts(16), 0);
   EXPECT_TRUE(p.speculation_idle(16));
+  EXPECT_TRUE(p.speculation_hopeless(16)) << "rows cost linearly: drafts cannot pay";
   EXPECT_FALSE(p.speculation_off(16)) << "the governor (none here) did not turn it off";
   // Another batch size class has not warmed up.
   EXPECT_FALSE(p.speculation_idle(2));
@@ -195,6 +196,9 @@ TEST(AdaptiveDepth, IdleOnceTheEstimatesSettleOnNoDrafts) {
   }
   EXPECT_GT(q.plan_drafts(16), 0);
   EXPECT_FALSE(q.speculation_idle(16));
+  EXPECT_FALSE(q.speculation_hopeless(16));
+  EXPECT_FALSE(AdaptiveDepth({.max_depth = 3}).speculation_hopeless(16)) << "not before the warm-up";
+  EXPECT_FALSE(fixed.speculation_hopeless(16));
 }
 
 // A simulated machine: a step of R rows takes fixed_ms + per_row_ms * R; draft i stands with
@@ -393,6 +397,81 @@ TEST(AdaptiveDepth, OneSlowWindowDoesNotTurnSpeculationOff) {
                 p.governor_rate(1, true), p.governor_rate(1, false), (long long)drafted);
     if (first == 1) EXPECT_LT(drafted, 300) << "the control: one slow window decides";
     else EXPECT_GT(drafted, 1200) << "speculation stays on where it wins";
+  }
+}
+
+// When an "off" verdict counts as settled (what lets an MTP drafter skip its passes): a
+// machine where each step with speculation on costs an extra hidden step (untimed, no
+// tokens) of 12 ms (the two modes then within a few percent, "off" ahead in the first
+// windows) or 30 ms (speculation loses ~40%). Right after the verdict it is not settled;
+// a close call settles after kSettleWindows refresh windows of "on" leave it standing, a
+// clear loss after the first.
+TEST(AdaptiveDepth, AnOffVerdictSettlesOnceRefreshWindowsConfirmIt) {
+  for (const auto& [hidden_ms, refreshes] : {std::pair{12.0, 2}, std::pair{30.0, 1}}) {
+    AdaptiveDepth p({.max_depth = 3});
+    std::mt19937 rng(11);
+    const int32_t batch = 8;
+    const std::vector<int32_t> lengths(size_t(batch), 3);
+    bool off_seen = false, was_on = true;
+    int32_t on_windows_after = 0, on_windows_to_settle = -1;
+    for (int step = 0; step < 8000 && on_windows_to_settle < 0; ++step) {
+      const int32_t k = p.choose(lengths);
+      const int64_t emitted = verify_step(p, batch, k, 0.7, rng);
+      const int64_t rows = int64_t(batch) * (1 + k);
+      const bool on = p.speculating(batch);
+      p.record_step(true, k > 0, batch, rows, (10.0 + 0.2 * double(rows)) * 1e-3, emitted);
+      if (on) p.record_step(false, false, batch, 0, hidden_ms * 1e-3, 0);
+      if (p.speculation_off(batch) && !off_seen) {
+        off_seen = true;
+        EXPECT_FALSE(p.speculation_settled_off(batch)) << hidden_ms << " ms: not settled at the verdict";
+      }
+      if (off_seen && was_on && !p.speculating(batch)) ++on_windows_after;  // a window of "on" ended
+      was_on = p.speculating(batch);
+      if (p.speculation_settled_off(batch)) on_windows_to_settle = on_windows_after;
+    }
+    std::printf("hidden %.1f ms: %.0f tokens/s on, %.0f off; settled after %d windows of on\n", hidden_ms,
+                p.governor_rate(batch, true), p.governor_rate(batch, false), on_windows_to_settle);
+    ASSERT_TRUE(off_seen) << hidden_ms << " ms: speculation loses";
+    EXPECT_EQ(on_windows_to_settle, refreshes) << hidden_ms << " ms";
+    EXPECT_TRUE(p.speculation_idle(batch));
+  }
+}
+
+// A wrong first verdict: at 16 streams speculation wins ~2x, but each of the two first
+// windows with it on carries a slow step (500 ms, untimed: a long prefill), so the first
+// verdict is "off". A drafter whose cache gets holes where it skips its passes drafts
+// worse from then on (5% of drafts stand instead of 70%). Skipping as soon as the verdict
+// is off (the control), the refresh windows see drafts at their worst and speculation
+// stays off; skipping only once the verdict is settled, the first refresh window measures
+// drafts as they are and speculation turns back on.
+TEST(AdaptiveDepth, AWrongOffVerdictIsCorrectedBeforeItSettles) {
+  for (bool skip_when_settled : {false, true}) {
+    AdaptiveDepth p({.max_depth = 3});
+    std::mt19937 rng(12);
+    const int32_t batch = 16;
+    const std::vector<int32_t> lengths(size_t(batch), 3);
+    int32_t slow_left = 2;
+    bool was_on = false, holes = false;
+    int64_t late_drafting = 0;
+    for (int step = 0; step < 6000; ++step) {
+      holes = holes || (skip_when_settled ? p.speculation_settled_off(batch) : p.speculation_off(batch));
+      const int32_t k = p.choose(lengths);
+      const int64_t emitted = verify_step(p, batch, k, holes ? 0.05 : 0.7, rng);
+      const int64_t rows = int64_t(batch) * (1 + k);
+      p.record_step(true, k > 0, batch, rows, (5.0 + 0.02 * double(rows)) * 1e-3, emitted);
+      const bool on = p.speculating(batch);
+      if (on && !was_on && slow_left > 0) {  // a window of "on" began: a slow step in it
+        --slow_left;
+        p.record_step(false, false, batch, 0, 0.5, 0);
+      }
+      was_on = on;
+      if (step >= 3000) late_drafting += k > 0 ? 1 : 0;
+    }
+    std::printf("holes once %s: %.0f tokens/s on, %.0f off; %lld of the last 3000 steps drafted\n",
+                skip_when_settled ? "settled" : "off", p.governor_rate(batch, true), p.governor_rate(batch, false),
+                (long long)late_drafting);
+    if (skip_when_settled) EXPECT_GT(late_drafting, 2400) << "speculation back on where it wins";
+    else EXPECT_LT(late_drafting, 600) << "the control: drafts from holes keep it off";
   }
 }
 
