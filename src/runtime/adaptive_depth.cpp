@@ -190,11 +190,7 @@ void AdaptiveDepth::next_mode(Costs& c) {
     return;
   }
   const double off = c.rate[0].value, on = c.rate[1].value;
-  const bool was_best = c.best_on, ended_on = c.on, judged = c.judged;
-  c.judged = true;
   c.best_on = c.best_on ? !(off > on * (1.0 + kMargin)) : on > off * (1.0 + kMargin);
-  if (c.best_on != was_best) c.held = 0;
-  else if (judged && ended_on != c.best_on) ++c.held;  // the losing mode measured, the verdict stands
   c.on = refresh ? !c.best_on : c.best_on;
 }
 

@@ -44,8 +44,9 @@
 //   planning (plan_drafts): a drafter whose drafts cost a pass of their own (MTP) asks
 //     after each step how deep the next one may go; 0 (no drafts; the step is counted as a
 //     choice of 0 then) lets it defer its work (runtime/mtp_drafts.cpp), and where the
-//     governor's "off" has held through kSettleWindows windows of "on" (speculation_idle),
-//     or the cost line says drafts cannot pay (speculation_hopeless), skip it.
+//     governor has speculation off or the estimates settled on no drafts
+//     (speculation_idle), or the cost line says drafts cannot pay (speculation_hopeless),
+//     skip it.
 //
 // Greedy outputs do not depend on k (verification is exact). At temperature > 0 the emitted
 // tokens are distributed exactly as without speculation, but which draws are made depends on
@@ -111,9 +112,6 @@ class AdaptiveDepth {
   // windows) while the losing mode loses by more than this.
   static constexpr double kRefreshBackoff = 0.10;
   static constexpr int32_t kMaxRefreshFactor = 8;
-  // Windows of the losing mode after a verdict that leave it standing before it counts as
-  // settled (speculation_settled_off).
-  static constexpr int32_t kSettleWindows = 2;
 
   explicit AdaptiveDepth(const AdaptiveDepthConfig& config);
 
@@ -169,29 +167,18 @@ class AdaptiveDepth {
     const Costs& c = costs_[class_of(batch)];
     return config_.adaptive && !c.on && !c.best_on;
   }
-  // Whether speculation_off holds and the verdict is settled: windows of speculation on
-  // measured since it was reached (kSettleWindows refresh windows, or any that found "on"
-  // losing by more than kRefreshBackoff) have not changed it. An MTP drafter skips its
-  // passes only then (its cache then gets holes, which make later "on" windows measure
-  // drafts at their worst: a verdict a noisy first window got wrong would stay).
-  bool speculation_settled_off(int32_t batch) const {
-    const Costs& c = costs_[class_of(batch)];
-    return speculation_off(batch) &&
-           (c.held >= kSettleWindows || c.refresh_every > std::max(config_.governor_refresh, 2));
-  }
-  // Whether steps of `batch` sequences are settled on no drafts: speculation_settled_off,
-  // or the governor has it on but the estimates, past their warm-up, chose no drafts for
-  // the step planned last (probes aside: plan_drafts plans them). A drafter whose drafts
-  // cost passes of their own (MTP) may skip those passes while this holds.
+  // Whether steps of `batch` sequences are settled on no drafts: speculation_off, or the
+  // governor has it on but the estimates, past their warm-up, chose no drafts for the
+  // step planned last (probes aside: plan_drafts plans them). A drafter whose drafts cost
+  // passes of their own (MTP) may skip those passes while this holds.
   bool speculation_idle(int32_t batch) const {
     const Costs& c = costs_[class_of(batch)];
-    return speculation_settled_off(batch) || (config_.adaptive && !config_.schedule && c.on && warm(c) &&
-                                              c.current == 0);
+    return speculation_off(batch) || (config_.adaptive && !config_.schedule && c.on && warm(c) && c.current == 0);
   }
   // Whether, past the warm-up, the cost line of steps of `batch` sequences says that drafts
-  // would not pay even if kHopefulAcceptance of them stood (the compute-bound CPU
-  // reference, where a verified row costs what a decoded one does). Draft quality cannot
-  // change the choice there, so an MTP drafter skips its passes at any batch size.
+  // would not pay even if kHopefulAcceptance of them stood (a compute-bound backend, such
+  // as the CPU reference where its verified rows cost what decoded ones do). Draft quality
+  // cannot change the choice there, so an MTP drafter skips its passes at any batch size.
   bool speculation_hopeless(int32_t batch) const;
   double governor_rate(int32_t batch, bool on) const { return costs_[class_of(batch)].rate[on ? 1 : 0].value; }
 
@@ -216,8 +203,6 @@ class AdaptiveDepth {
     double window_seconds = 0.0;
     Ema rate[2];  // emitted tokens per second, speculation off / on
     int32_t refresh_every = 0, since_refresh = 0;  // windows between refresh windows (0: not set)
-    bool judged = false;  // a verdict was reached (after the first windows)
-    int32_t held = 0;     // windows of the losing mode since the verdict was reached or changed
     bool seeded = false;  // met: its mode set from the neighbours' verdicts
     int8_t prior = -1;    // their verdict, off (0) / on (1), or none (-1)
   };

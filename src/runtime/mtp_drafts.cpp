@@ -18,9 +18,9 @@
 //     up: EngineOptions::mtp_deferred_steps), so a batch where speculation does not pay
 //     costs one copy a step instead of an MTP pass. Rows of a sequence that ended or was
 //     preempted are dropped (its blocks went back). Where the policy's governor has found
-//     speculation losing at the batch size and the verdict has held, or drafts cannot pay
-//     there at all, the MTP layer does not run: its KV has holes at those positions, which
-//     later drafts read (their quality, never the output).
+//     speculation losing at the batch size, or drafts cannot pay there at all, the MTP
+//     layer does not run: its KV has holes at those positions, which later drafts read
+//     (their quality, never the output).
 //
 // Drafts are the MTP logits' argmax (a point mass: runtime/speculative.h verifies them
 // exactly, greedy or sampled). Positions the step computed but rejected are not stored:
@@ -154,29 +154,29 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
   }));
   const int32_t k = n_decoding > 0 ? depth_->plan_drafts(n_decoding) : 0;
   // Speculation settled off at this batch size, above kMtpSkipAbove sequences: where the
-  // depth policy's governor found it losing and windows of "on" since have not changed
-  // that (AdaptiveDepth::speculation_settled_off), or where the governor has it on but the
-  // estimates choose no drafts (speculation_idle; probes aside, which plan_drafts plans),
-  // the MTP layer does not run at all (its KV gets holes at these positions: drafts read
+  // depth policy's governor found it losing (not its trial windows: holes there would cost
+  // where speculation wins), or where the governor has it on but the estimates choose no
+  // drafts (AdaptiveDepth::speculation_idle; probes aside, which plan_drafts plans), the
+  // MTP layer does not run at all (its KV gets holes at these positions: drafts read
   // them later, outputs never do), since even deferred passes cost several percent of a
   // small model's steps there. (With deferred passes while the estimates chose no drafts,
   // "on" cost more than "off" and the governor, whose windows vary by 10-50% at 32-128
   // streams, could not tell them apart: the MTP demo model at 32 streams served 0.87x
   // the tokens a second of decoding without drafts in a run whose estimates chose depth 0
-  // through most "on" windows, H200, 2026-11-29, docs/perf/speculative.md.) Until an "off"
-  // verdict has held, passes stay deferred: a window of "on" drafting from a cache with
-  // holes measures drafts at their worst, so a verdict that the first noisy windows got
-  // wrong stayed (the 4-layer demo model at 128 streams: 0.96-0.98x in runs that settled
-  // off, 1.12-1.19x in runs that kept it on, H200, 2026-11-29). At fewer sequences the
-  // passes stay deferred too (one pass over the kept rows whenever the pending buffer,
-  // sized for max_num_seqs x mtp_deferred_steps rows, fills): one stream, turned off by a
-  // slow first window, never turned back on with holes (H200, 2026-11-29).
+  // through most "on" windows, H200, 2026-11-29, docs/perf/speculative.md.) The holes make
+  // a refresh window of "on" draft at its worst, so an "off" verdict tends to stay;
+  // deferring the passes until an "off" verdict had held through two refresh windows cost
+  // more than that (the demo model's 32-128-stream levels 0.90-0.95x against 0.99-1.00x,
+  // H200, sixteenth session, docs/perf/speculative.md). At fewer sequences the passes stay
+  // deferred (one pass over the kept rows whenever the pending buffer, sized for
+  // max_num_seqs x mtp_deferred_steps rows, fills): one stream, turned off by a slow first
+  // window, never turned back on with holes (H200, 2026-11-29).
   // 8: the MTP demo model's K = 3 still pays at one stream and is near even at 8; the
   // threshold was not tuned further.
-  // Where the cost line says drafts cannot pay whatever their quality (the CPU reference:
-  // speculation_hopeless), the passes are skipped at any batch size: a deferred pass there
-  // costs the MTP layer's share of every token (0.88x at one stream on the 12-layer demo
-  // model, this VM, 2026-11-29).
+  // Where the cost line says drafts cannot pay whatever their quality (speculation_hopeless:
+  // a compute-bound backend such as the CPU reference, where a verified row costs about
+  // what a decoded one does), the passes are skipped at any batch size: a deferred pass
+  // there costs the MTP layer's share of every token.
   constexpr int32_t kMtpSkipAbove = 8;
   if (k == 0 && ((n_decoding > kMtpSkipAbove && depth_->speculation_idle(n_decoding)) ||
                  depth_->speculation_hopeless(n_decoding))) {
