@@ -71,8 +71,7 @@ int32_t AdaptiveDepth::estimate(const Costs& c, std::span<const int32_t> draft_l
   interval = config_.probe_interval;
   if (chosen == 0) {
     interval *= std::max(config_.losing_probe_factor, 1);
-    if (best_depth(std::vector<double>(size_t(max_k), kHopefulAcceptance), cost, draft_lengths, max_k) == 0)
-      interval *= std::max(config_.hopeless_probe_factor, 1);
+    if (hopeless(cost, draft_lengths, max_k)) interval *= std::max(config_.hopeless_probe_factor, 1);
   }
   return chosen;
 }
@@ -227,9 +226,11 @@ bool AdaptiveDepth::speculation_hopeless(int32_t batch) const {
   if (!config_.adaptive || config_.schedule || batch <= 0) return false;
   const Costs& c = costs_[class_of(batch)];
   if (!warm(c)) return false;
-  const int32_t max_k = config_.max_depth;
-  return best_depth(std::vector<double>(size_t(max_k), kHopefulAcceptance), line(c),
-                    std::vector<int32_t>(size_t(batch), max_k), max_k) == 0;
+  return hopeless(line(c), std::vector<int32_t>(size_t(batch), config_.max_depth), config_.max_depth);
+}
+
+bool AdaptiveDepth::hopeless(const StepCostModel& cost, std::span<const int32_t> draft_lengths, int32_t max_depth) {
+  return best_depth(std::vector<double>(size_t(max_depth), kHopefulAcceptance), cost, draft_lengths, max_depth) == 0;
 }
 
 StepCostModel AdaptiveDepth::cost_model(int32_t batch) const { return line(costs_[class_of(batch)]); }

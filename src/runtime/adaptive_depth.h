@@ -176,9 +176,9 @@ class AdaptiveDepth {
     return speculation_off(batch) || (config_.adaptive && !config_.schedule && c.on && warm(c) && c.current == 0);
   }
   // Whether, past the warm-up, the cost line of steps of `batch` sequences says that drafts
-  // would not pay even if kHopefulAcceptance of them stood (a compute-bound backend, such
-  // as the CPU reference where its verified rows cost what decoded ones do). Draft quality
-  // cannot change the choice there, so an MTP drafter skips its passes at any batch size.
+  // would not pay even if kHopefulAcceptance of them stood (a compute-bound backend, where
+  // a verified row costs about what a decoded one does). Draft quality cannot change the
+  // choice there, so an MTP drafter skips its passes at any batch size.
   bool speculation_hopeless(int32_t batch) const;
   double governor_rate(int32_t batch, bool on) const { return costs_[class_of(batch)].rate[on ? 1 : 0].value; }
 
@@ -213,6 +213,8 @@ class AdaptiveDepth {
   static constexpr int kClasses = 16;  // batch sizes 1, 2, 3-4, 5-8, ..., above 2^14
   static size_t class_of(int32_t batch);
   static StepCostModel line(const Costs& c);
+  // Whether these drafts would not pay under `cost` even at kHopefulAcceptance.
+  static bool hopeless(const StepCostModel& cost, std::span<const int32_t> draft_lengths, int32_t max_depth);
   bool warm(const Costs& c) const {  // both kinds of step timed through the warm-up
     return c.decode_timed >= config_.warmup_steps && c.verify_timed >= config_.warmup_steps;
   }

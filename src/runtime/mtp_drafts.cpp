@@ -174,9 +174,10 @@ void Engine::mtp_drafts(const std::vector<StepBatch::Rows>& rows) {
   // 8: the MTP demo model's K = 3 still pays at one stream and is near even at 8; the
   // threshold was not tuned further.
   // Where the cost line says drafts cannot pay whatever their quality (speculation_hopeless:
-  // a compute-bound backend such as the CPU reference, where a verified row costs about
-  // what a decoded one does), the passes are skipped at any batch size: a deferred pass
-  // there costs the MTP layer's share of every token.
+  // a compute-bound backend, where a verified row costs about what a decoded one does), the
+  // passes are skipped at any batch size: a deferred pass there costs the MTP layer's share
+  // of every token. (This VM's CPU reference is not that at one stream: a verify step of 4
+  // rows took ~1.2-1.5x a decode step, sixteenth session.)
   constexpr int32_t kMtpSkipAbove = 8;
   if (k == 0 && ((n_decoding > kMtpSkipAbove && depth_->speculation_idle(n_decoding)) ||
                  depth_->speculation_hopeless(n_decoding))) {
