@@ -98,6 +98,8 @@ int main(int argc, char** argv) {
   std::vector<Case> cases;
   for (int64_t d : {2048, 4096, 7168})
     for (int64_t t : {1, 8, 16, 32, 64, 128, 256}) cases.push_back({t, d});
+  // Prefill chunks' sums (2,048 tokens is kiln's default chunk).
+  for (int64_t t : {512, 2048}) cases.push_back({t, 2048});
   for (int64_t t : {512, 2048, 8192}) cases.push_back({t, 7168});
   size_t max_bytes = 0;
   for (const Case& c : cases) max_bytes = std::max(max_bytes, size_t(c.tokens * c.d_model * 2));

@@ -19,7 +19,9 @@
 //   algorithm: a bf16 all_reduce rounds to bf16 after every step of the reduction
 //   (size - 1 roundings per element on a ring), where LocalGroup rounds the fp32 sum
 //   once. All ranks still get the same bits either way. reduce_scatter is NCCL's.
-//   all_reduce_add_rms_norm is fused on the one-shot path only.
+//   all_reduce_add_rms_norm is fused on the one-shot path only. Without peer access
+//   between 2 GPUs NCCL is given 16 channels (NCCL_MIN_NCHANNELS, unless set; the .cpp
+//   says why).
 // - send is asynchronous on the host, as the contract allows, but NCCL's send kernel
 //   holds the sender's stream until the peer's recv has started: work queued after a
 //   send waits for the peer.

@@ -125,17 +125,20 @@ struct Call {
     return make_uint4(w[0], w[1], w[2], w[3]);
   }
 
-  // Step 1: vector v into this rank's slot of every rank's receive buffer.
+  // Step 1: vector v into this rank's slot of every peer's receive buffer (a rank's own
+  // slot stays empty: receive reads its own vector from the tensor, which with host
+  // staging halves the bytes each GPU moves over its bus).
   __device__ void send(int64_t v) const {
     const uint4 x = never_empty<kF32>(load(v));
     const size_t slot = half + size_t(l.rank) * l.slot_bytes;
 #pragma unroll
     for (int p = 0; p < kMaxRanks; ++p)
-      if (p < l.size) store_volatile(reinterpret_cast<uint4*>(static_cast<char*>(l.receive[p]) + slot) + v, x);
+      if (p < l.size && p != l.rank)
+        store_volatile(reinterpret_cast<uint4*>(static_cast<char*>(l.receive[p]) + slot) + v, x);
   }
 
-  // Steps 2 and 3: acc = the sum of every rank's vector v, in rank order, each slot put
-  // back to empty once read. An abort ends the waits (the sum is then meaningless).
+  // Steps 2 and 3: acc = the sum of every rank's vector v, in rank order, each peer's
+  // slot put back to empty once read. An abort ends the waits (the sum is then meaningless).
   __device__ void receive(int64_t v, float* acc) const {
 #pragma unroll
     for (int k = 0; k < kPerVec; ++k) acc[k] = 0.0f;
@@ -143,6 +146,10 @@ struct Call {
 #pragma unroll
     for (int r = 0; r < kMaxRanks; ++r) {
       if (r >= l.size) break;
+      if (r == l.rank) {  // the same bits a peer received (send)
+        accumulate<kF32>(acc, never_empty<kF32>(load(v)));
+        continue;
+      }
       uint4* src = reinterpret_cast<uint4*>(mine + size_t(r) * l.slot_bytes) + v;
       uint4 x = load_volatile(src);
       for (uint32_t spins = 1; !arrived<kF32>(x); ++spins) {

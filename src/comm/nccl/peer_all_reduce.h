@@ -10,11 +10,12 @@
 // call, on the rank's stream (so it records into CUDA graphs like any kernel), in the
 // "push" form that costs one trip over the link (TensorRT-LLM's Lamport all-reduce):
 //   1. each thread writes its 16-byte vectors of the rank's tensor straight into every
-//      rank's receive buffer (its own included), into the slot of this rank;
-//   2. it then reads its vectors of every slot of its own receive buffer, waiting on
-//      each until no element holds the "empty" pattern (remote stores arrive in any
-//      order, so every element is checked: a 16-byte store may land in parts), and
-//      puts the pattern back once read;
+//      peer's receive buffer, into the slot of this rank (its own vectors it reads from
+//      the tensor in step 2: a GPU moves each byte once, not once per rank);
+//   2. it then reads its vectors of every peer's slot of its own receive buffer,
+//      waiting on each until no element holds the "empty" pattern (remote stores
+//      arrive in any order, so every element is checked: a 16-byte store may land in
+//      parts), and puts the pattern back once read;
 //   3. it sums the slots in fp32 in rank order 0..size-1 and writes the sum over the
 //      tensor (bf16: rounded once, to nearest even). Every rank gets the same bits, the
 //      Communicator contract's sum (what the CPU's LocalGroup computes), unlike NCCL's
@@ -78,9 +79,12 @@ class PeerAllReduce {
   // KILN_ONESHOT_MAX_BYTES overrides it (0 turns the path off).
   static size_t default_max_bytes(int ranks) { return ranks <= 2 ? kCapacity : size_t(512) << 10; }
   // Staged through host memory (below): the largest message by default (2 x H200 with
-  // NCCL_P2P_DISABLE=1: 0.42-0.71x NCCL's time up to 256 KiB, 0.94x at 448 KiB, 1.04x
-  // from 512 KiB).
-  static constexpr size_t kHostMaxBytes = size_t(256) << 10;
+  // NCCL_P2P_DISABLE=1 against NCCL on the 16 channels kiln gives it there, since a
+  // rank's own slot is no longer sent over its bus: 0.30-0.57x NCCL's time up to 256 KiB,
+  // 0.58-0.63x at 448-512 KiB, 0.85-0.89x at 0.9-1 MiB, 0.96-1.01x at 1.8-2 MiB, 1.15x
+  // at 3.5 MiB; a form with a flag per block instead of the empty pattern's second write
+  // was slower at every size: docs/perf/multi-gpu.md, seventeenth section).
+  static constexpr size_t kHostMaxBytes = size_t(1) << 20;
   // The empty pattern a receive buffer is filled with (a 32-bit word).
   static constexpr uint32_t kEmptyWord = 0x80008000u;
 
