@@ -11,7 +11,8 @@
 // "push" form that costs one trip over the link (TensorRT-LLM's Lamport all-reduce):
 //   1. each thread writes its 16-byte vectors of the rank's tensor straight into every
 //      peer's receive buffer, into the slot of this rank (its own vectors it reads from
-//      the tensor in step 2: a GPU moves each byte once, not once per rank);
+//      the tensor in step 2: nothing is sent to itself, which host staging would move
+//      over the bus both ways);
 //   2. it then reads its vectors of every peer's slot of its own receive buffer,
 //      waiting on each until no element holds the "empty" pattern (remote stores
 //      arrive in any order, so every element is checked: a 16-byte store may land in
