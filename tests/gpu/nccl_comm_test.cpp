@@ -14,7 +14,6 @@
 #include <barrier>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -537,9 +536,9 @@ void two_ranks_on_one_gpu(comm::PeerAllReduce::Staging staging) {
   std::string why_not;
   auto peers = comm::PeerAllReduce::create_group({0, 0}, &why_not, staging);
   if (peers.empty()) GTEST_SKIP() << "no one-shot path: " << why_not;
-  const char* p2p_off = std::getenv("NCCL_P2P_DISABLE");  // kAuto then stages through host memory too
+  // kAuto stages through host memory too where NCCL_P2P_DISABLE asks for no peer access.
   EXPECT_EQ(peers[0]->host_staged(), staging == comm::PeerAllReduce::Staging::kHost ||
-                                         (p2p_off != nullptr && *p2p_off != '\0' && std::string(p2p_off) != "0"));
+                                         !comm::PeerAllReduce::no_peer_access({0, 0}).empty());
   std::vector<std::unique_ptr<ops::Backend>> backends;
   for (int r = 0; r < 2; ++r) {
     auto b = cuda::make_cuda_backend({.device = 0});
@@ -635,9 +634,9 @@ TEST(NcclComm, AllReduceAddRmsNormMatchesAllReduceThenRmsNorm) {
     ops::Backend& b = *g.backends[size_t(r)];
     NcclCommunicator& c = *g.comms[size_t(r)];
     std::vector<NormCase> cases(std::begin(kNormCases), std::end(kNormCases));
-    // More rows than blocks: a block sends, then sums, several rows (where the path takes
-    // it: host staging, without P2P, takes at most 256 KiB).
-    if (size_t(300 * 2048 * 2) <= c.one_shot_max_bytes()) cases.push_back({300, 2048});
+    // More rows than blocks: a block sends, then sums, several rows (600 KiB: within what
+    // both the peer-memory and the host-staged path take).
+    cases.push_back({300, 1024});
     for (const NormCase& nc : cases) {
       const std::string what = std::to_string(nc.rows) + " x " + std::to_string(nc.dim) + " rank " + std::to_string(r);
       NormTensors fused = norm_inputs(b, r, nc);

@@ -4,7 +4,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
-#include <cstring>
 #include <thread>
 
 #include <cuda_runtime.h>
@@ -93,14 +92,7 @@ std::vector<std::unique_ptr<PeerAllReduce>> make_peer_group(const std::vector<in
 // communicator (the world's, made before any other).
 void more_channels_without_peer_access(const std::vector<int>& devices) {
   if (devices.size() != 2 || std::getenv("NCCL_MIN_NCHANNELS") != nullptr) return;
-  const char* p2p = std::getenv("NCCL_P2P_DISABLE");
-  bool no_peers = p2p != nullptr && *p2p != '\0' && std::strcmp(p2p, "0") != 0;
-  int can = 1;
-  if (!no_peers && (cudaDeviceCanAccessPeer(&can, devices[0], devices[1]) != cudaSuccess || can == 0)) {
-    cudaGetLastError();
-    no_peers = true;
-  }
-  if (!no_peers) return;
+  if (PeerAllReduce::no_peer_access(devices).empty()) return;
   setenv("NCCL_MIN_NCHANNELS", "16", 0);
   KILN_LOG(kInfo, "nccl: no peer access between the 2 GPUs: NCCL runs 16 channels (NCCL_MIN_NCHANNELS=16; "
                   "set it to choose otherwise)");

@@ -69,6 +69,23 @@ std::string cuda_error(const char* what, cudaError_t e) { return std::string(wha
 
 }  // namespace
 
+std::string PeerAllReduce::no_peer_access(const std::vector<int>& devices) {
+  if (const char* p2p = std::getenv("NCCL_P2P_DISABLE"); env_set("NCCL_P2P_DISABLE")) {
+    return std::string("NCCL_P2P_DISABLE=") + p2p + " asks for no peer-to-peer traffic";
+  }
+  for (int a : devices) {
+    for (int b : devices) {
+      int can = 0;
+      if (a == b) continue;
+      if (cudaDeviceCanAccessPeer(&can, a, b) != cudaSuccess || can == 0) {
+        cudaGetLastError();
+        return "GPU " + std::to_string(a) + " has no peer access to GPU " + std::to_string(b);
+      }
+    }
+  }
+  return "";
+}
+
 std::vector<std::unique_ptr<PeerAllReduce>> PeerAllReduce::create_group(const std::vector<int>& devices,
                                                                         std::string* why_not, Staging staging) {
   std::vector<std::unique_ptr<PeerAllReduce>> none;
@@ -79,20 +96,7 @@ std::vector<std::unique_ptr<PeerAllReduce>> PeerAllReduce::create_group(const st
   }
   // Peer memory where every pair of GPUs has peer access and NCCL_P2P_DISABLE is unset;
   // else host memory where wanted (host_staging_wanted), else none.
-  std::string no_peers;
-  if (const char* p2p = std::getenv("NCCL_P2P_DISABLE"); env_set("NCCL_P2P_DISABLE")) {
-    no_peers = std::string("NCCL_P2P_DISABLE=") + p2p + " asks for no peer-to-peer traffic";
-  }
-  for (int a : devices) {
-    for (int b : devices) {
-      int can = 0;
-      if (a == b || !no_peers.empty()) continue;
-      if (cudaDeviceCanAccessPeer(&can, a, b) != cudaSuccess || can == 0) {
-        cudaGetLastError();
-        no_peers = "GPU " + std::to_string(a) + " has no peer access to GPU " + std::to_string(b);
-      }
-    }
-  }
+  const std::string no_peers = no_peer_access(devices);
   const bool host = staging == Staging::kHost || (!no_peers.empty() && host_staging_wanted(n));
   if (!no_peers.empty() && !host) {
     *why_not = no_peers + (n == 2 ? "; KILN_ONESHOT_HOST=0 asked for NCCL alone"

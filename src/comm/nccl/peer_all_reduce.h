@@ -96,6 +96,10 @@ class PeerAllReduce {
   // else no one-shot path. kHost: host memory
   // whatever the GPUs can do (tests; a group may then name one GPU twice).
   enum class Staging { kAuto, kHost };
+  // Why the GPUs of `devices` cannot reach each other's memory directly
+  // (NCCL_P2P_DISABLE set and not 0, or the first pair without peer access); empty where
+  // every pair can. The same answer decides kAuto and NCCL's channels (the communicator).
+  static std::string no_peer_access(const std::vector<int>& devices);
   // One object per rank of a group of GPUs (rank r on devices[r]), sharing each other's
   // buffers; empty, with the reason in *why_not, where the path is not taken: fewer than
   // 2 or more than kMaxRanks ranks, no peer access (above), KILN_ONESHOT_MAX_BYTES=0, or an
