@@ -11,9 +11,10 @@
 // latency, host work) are the difference between "kernels" and the wall time of a step.
 // With programmatic dependent launches (kiln's decode kernels on SM 9.0+) a kernel starts
 // while the one before it ends and its time includes that wait, so the sum exceeds the
-// wall time: run with KILN_PDL=0 for each kernel's own cost. Preload it into the process
-// to trace only (not into `timeout` or a wrapper shell, whose exit would write an empty
-// table over the file).
+// wall time: run with KILN_PDL=0 for each kernel's own cost. A process that ran no kernel
+// writes nothing, so it may be preloaded into a wrapper script (scripts/gpu-serve-sweep:
+// the server's table, not its client's); two processes that run kernels would write over
+// each other's file.
 #include <cupti.h>
 
 #include <cxxabi.h>
@@ -80,6 +81,7 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
 void report() {
   cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
   std::lock_guard<std::mutex> lock(mu);
+  if (stats->empty()) return;  // a process that ran no kernel (a wrapper shell, a client) writes nothing
   const char* path = std::getenv("KILN_KERNEL_TRACE_OUT");
   FILE* f = path && *path ? std::fopen(path, "w") : nullptr;
   FILE* out = f ? f : stderr;

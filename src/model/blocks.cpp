@@ -64,10 +64,10 @@ void Attention::forward(ops::Backend& be, const Tensor& x, const ops::BatchMeta&
   if (k_norm_full) k_norm_full->apply(be, kt, norm_eps, tp);
   Tensor q3 = qt.reshape({n_tokens, n_heads, d_head});
   Tensor k3 = kt.reshape({n_tokens, n_kv_heads, d_head});
+  const ops::KvStoreArgs store{.k = k3, .v = vt.reshape({n_tokens, n_kv_heads, d_head}), .k_cache = kv.k,
+                               .v_cache = kv.v, .k_scale = kv.k_scale, .v_scale = kv.v_scale, .batch = &batch};
   be.qk_norm_rope({.q = q3, .k = k3, .q_norm = q_norm, .k_norm = k_norm, .eps = norm_eps, .batch = &batch,
-                   .table = &rope});
-  be.kv_store({.k = k3, .v = vt.reshape({n_tokens, n_kv_heads, d_head}), .k_cache = kv.k,
-               .v_cache = kv.v, .k_scale = kv.k_scale, .v_scale = kv.v_scale, .batch = &batch});
+                   .table = &rope, .store = &store});
   Tensor attn = act(be, {n_tokens, n_heads, d_head});
   be.attention({.q = q3, .k_cache = kv.k, .v_cache = kv.v, .k_scale = kv.k_scale, .v_scale = kv.v_scale,
                 .out = attn, .sinks = sinks, .batch = &batch, .scale = scale, .sliding_window = sliding_window});

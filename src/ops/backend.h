@@ -120,12 +120,17 @@ struct RopeArgs {
 // queries and keys, in place: q [n_tokens, n_heads, d_head], k [n_tokens, n_kv_heads,
 // d_head]. The same as rms_norm over the [n_tokens * heads, d_head] rows followed by rope,
 // which is what Backend's default does; the CUDA backend does both tensors in one launch.
+// With `store`, the keys as they leave this op and the values are then written into the
+// paged cache, as kv_store(*store) after it would (store->k is this op's k); the CUDA
+// backend does that in the same launch for a bf16 cache.
+struct KvStoreArgs;
 struct QkNormRopeArgs {
   Tensor q, k;
   Tensor q_norm, k_norm;  // [d_head] stored dtype, or undefined: no norm
   float eps = 1e-6f;
   const BatchMeta* batch = nullptr;
   const RopeTable* table = nullptr;
+  const KvStoreArgs* store = nullptr;
 };
 
 // The paged KV cache holds either the activation dtype (the values as they are) or
@@ -626,7 +631,7 @@ class Backend {
   virtual void linear(const LinearArgs& a) = 0;
   virtual void linears(const LinearsArgs& a);  // default: one linear each (ops.cpp)
   virtual void rope(const RopeArgs& a) = 0;
-  virtual void qk_norm_rope(const QkNormRopeArgs& a);  // default: rms_norm and rope (ops.cpp)
+  virtual void qk_norm_rope(const QkNormRopeArgs& a);  // default: rms_norm, rope, kv_store (ops.cpp)
   virtual void kv_store(const KvStoreArgs& a) = 0;
   virtual void attention(const AttentionArgs& a) = 0;
   virtual void mla_store(const MlaStoreArgs& a) = 0;

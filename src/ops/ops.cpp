@@ -66,6 +66,11 @@ void Backend::qk_norm_rope(const QkNormRopeArgs& a) {
     }
     rope({.x = x, .batch = a.batch, .table = a.table});
   }
+  if (a.store != nullptr) {
+    KILN_CHECK(a.store->k.data == a.k.data && a.store->k.shape == a.k.shape)
+        << "qk_norm_rope: store.k must be the k this op rotates";
+    kv_store(*a.store);
+  }
 }
 
 const char* optional_op_name(OptionalOp op) {

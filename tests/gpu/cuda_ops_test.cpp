@@ -6,6 +6,7 @@
 // the tolerance is two bf16 half-ulps of the largest reference value:
 //   |cuda - cpu| <= 2 * 2^-8 * max|cpu|.
 // GPU tests run with --smem-cap (KILN_SMEM_CAP, default 101376).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <tuple>
@@ -256,6 +257,100 @@ TEST_F(CudaOps, QkNormRopeMatchesCpu) {
       // The normed values are rounded to bf16 before the rotation (as rms_norm stores them).
       expect_close(from_gpu(qg), q, 4 * kBf16Tol, "q");
       expect_close(from_gpu(kg), k, 4 * kBf16Tol, "k");
+    }
+  }
+}
+
+// qk_norm_rope with a store writes the caches as kv_store after it does, bit for bit
+// against the two ops on the GPU (a bf16 cache: in the same launch; an e4m3 one: kv_store
+// after it; heads of 320: the ops one after the other), q and k too; the bf16 keys within
+// a bf16 rounding of the CPU's. A padding row (kPadSlot) stores nothing.
+TEST_F(CudaOps, QkNormRopeWithAStoreWritesTheCacheLikeKvStore) {
+  struct Case {
+    int n_q, n_k, d_head, d_rot;
+    bool norms;
+  };
+  const int bs = 16, max_blocks = 64;
+  ops::BatchMeta b = scattered_batch({{5, 900}, {1, 41}, {3, 3}}, bs, max_blocks);
+  b.slot_mapping[2] = ops::kPadSlot;
+  const int64_t n_blocks = 3 * max_blocks;
+  for (const Case c : {Case{16, 2, 128, 128, true}, {6, 2, 96, 32, false}, {2, 1, 320, 64, true}}) {
+    for (bool fp8 : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "heads " << c.n_q << " / " << c.n_k << " of " << c.d_head << ", rotary "
+                                        << c.d_rot << (fp8 ? ", e4m3 cache" : ", bf16 cache"));
+      ops::RopeTable tab{.d_rot = c.d_rot, .attention_factor = 1.0f, .style = ops::RopeStyle::kHalf};
+      for (int i = 0; i < c.d_rot / 2; ++i) tab.inv_freq.push_back(std::pow(10000.0f, -float(2 * i) / float(c.d_rot)));
+      Tensor q = random({b.n_tokens(), c.n_q, c.d_head}), k = random({b.n_tokens(), c.n_k, c.d_head});
+      Tensor v = random({b.n_tokens(), c.n_k, c.d_head});
+      Tensor qn = c.norms ? random({c.d_head}) : Tensor{}, kn = c.norms ? random({c.d_head}) : Tensor{};
+      const Shape shape{n_blocks, bs, c.n_k, c.d_head}, scales{n_blocks, bs, c.n_k};
+      struct Run {
+        Tensor q, k, v, k_cache, v_cache, k_scale, v_scale;
+      };
+      Run runs[2];
+      for (Run& r : runs) {
+        r = {.q = to_gpu(q), .k = to_gpu(k), .v = to_gpu(v),
+             .k_cache = gpu_->alloc(fp8 ? DType::kF8E4M3 : DType::kBF16, shape),
+             .v_cache = gpu_->alloc(fp8 ? DType::kF8E4M3 : DType::kBF16, shape),
+             .k_scale = fp8 ? gpu_->alloc(DType::kF32, scales) : Tensor{},
+             .v_scale = fp8 ? gpu_->alloc(DType::kF32, scales) : Tensor{}};
+        for (const Tensor* t : {&r.k_cache, &r.v_cache, &r.k_scale, &r.v_scale}) {
+          if (t->defined()) {
+            ASSERT_EQ(cudaMemset(t->data, 0x5a, size_t(t->nbytes())), cudaSuccess);
+          }
+        }
+      }
+      const Tensor qng = c.norms ? gpu_->upload(qn) : Tensor{}, kng = c.norms ? gpu_->upload(kn) : Tensor{};
+      gpu_->begin_step(b);
+      for (int i = 0; i < 2; ++i) {
+        Run& r = runs[i];
+        const ops::KvStoreArgs store{.k = r.k, .v = r.v, .k_cache = r.k_cache, .v_cache = r.v_cache,
+                                     .k_scale = r.k_scale, .v_scale = r.v_scale, .batch = &b};
+        gpu_->qk_norm_rope({.q = r.q, .k = r.k, .q_norm = qng, .k_norm = kng, .eps = 1e-6f, .batch = &b, .table = &tab,
+                            .store = i == 0 ? &store : nullptr});
+        if (i == 1) gpu_->kv_store(store);
+      }
+      gpu_->synchronize();
+      EXPECT_EQ(from_gpu(runs[0].q), from_gpu(runs[1].q));
+      EXPECT_EQ(from_gpu(runs[0].k), from_gpu(runs[1].k));
+      for (auto member : {&Run::k_cache, &Run::v_cache, &Run::k_scale, &Run::v_scale}) {
+        const Tensor &a = runs[0].*member, &z = runs[1].*member;
+        if (!a.defined()) continue;
+        std::vector<uint8_t> ha(size_t(a.nbytes())), hz(size_t(z.nbytes()));
+        ASSERT_EQ(cudaMemcpy(ha.data(), a.data, ha.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(hz.data(), z.data, hz.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+        EXPECT_TRUE(ha == hz) << "a cache written by the store differs from kv_store's";
+      }
+      if (fp8) continue;
+      // Against the CPU (Backend's default: the ops one after the other): the slots
+      // written, and the padding row's slot left as it was.
+      Tensor kc = host_tensor(DType::kF32, shape), vc = host_tensor(DType::kF32, shape);
+      cpu_->qk_norm_rope({.q = q, .k = k, .q_norm = qn, .k_norm = kn, .eps = 1e-6f, .batch = &b, .table = &tab,
+                          .store = nullptr});
+      cpu_->kv_store({.k = k, .v = v, .k_cache = kc, .v_cache = vc, .batch = &b});
+      const std::vector<float> kg = from_gpu(runs[0].k_cache), vg = from_gpu(runs[0].v_cache);
+      const int64_t row = int64_t(c.n_k) * c.d_head;
+      std::vector<float> k_slots, v_slots, k_ref, v_ref;
+      for (int32_t slot : b.slot_mapping) {
+        if (slot < 0) continue;
+        k_slots.insert(k_slots.end(), kg.begin() + slot * row, kg.begin() + (slot + 1) * row);
+        v_slots.insert(v_slots.end(), vg.begin() + slot * row, vg.begin() + (slot + 1) * row);
+        k_ref.insert(k_ref.end(), kc.as<float>() + slot * row, kc.as<float>() + (slot + 1) * row);
+        v_ref.insert(v_ref.end(), vc.as<float>() + slot * row, vc.as<float>() + (slot + 1) * row);
+      }
+      const auto host = [](const std::vector<float>& x) {
+        Tensor t = host_tensor(DType::kF32, {int64_t(x.size())});
+        std::memcpy(t.data, x.data(), x.size() * 4);
+        return t;
+      };
+      expect_close(k_slots, host(k_ref), 4 * kBf16Tol, "stored k");
+      EXPECT_EQ(v_slots, v_ref) << "stored v";
+      const int32_t pad_slot = int32_t(b.slot(0, 897));  // the padding row's position: not written
+      std::vector<uint8_t> raw(size_t(row) * 2);
+      ASSERT_EQ(cudaMemcpy(raw.data(), static_cast<const char*>(runs[0].k_cache.data) + size_t(pad_slot) * raw.size(),
+                           raw.size(), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      EXPECT_TRUE(std::all_of(raw.begin(), raw.end(), [](uint8_t x) { return x == 0x5a; })) << "the padding row";
     }
   }
 }

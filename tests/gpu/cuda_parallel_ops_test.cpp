@@ -364,6 +364,15 @@ TEST_F(CudaParallelOps, SliceColumnsWritesOnlyTheDstColumnRange) {
     gpu_->slice_columns({.src = to_gpu(part), .dst = logits, .dst_col_begin = r * 250, .n_cols = 250});
   }
   EXPECT_EQ(from_gpu(logits), host_values(dst0));
+  // Rows wider than one block's piece (2,048 columns): a decode step's logits at TP2.
+  const int64_t wide_rows = 3, wide_src = 5000, wide_dst = 7000;
+  Tensor wide = random({wide_rows, wide_src}), wide0 = random({wide_rows, wide_dst});
+  Tensor wide_ref = host_tensor(DType::kF32, wide0.shape);
+  std::memcpy(wide_ref.data, wide0.data, wide0.nbytes());
+  cpu_->slice_columns({.src = wide, .col_begin = 17, .dst = wide_ref, .dst_col_begin = 1999, .n_cols = 4983});
+  Tensor wide_out = to_gpu(wide0);
+  gpu_->slice_columns({.src = to_gpu(wide), .col_begin = 17, .dst = wide_out, .dst_col_begin = 1999, .n_cols = 4983});
+  EXPECT_EQ(from_gpu(wide_out), host_values(wide_ref));
 }
 
 // bf16 experts (Qwen-style gate / up / down): both expert paths; expert ranges of 2 of

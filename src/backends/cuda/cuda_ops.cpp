@@ -255,16 +255,46 @@ void CudaBackend::rope(const ops::RopeArgs& a) {
               a.table->attention_factor, a.table->style == ops::RopeStyle::kInterleaved, b.positions, stream_);
 }
 
+namespace {
+
+// kv_store's arguments checked; whether the caches hold e4m3 codes.
+bool check_kv_store(const ops::KvStoreArgs& a) {
+  check_act(a.k, "kv_store k");
+  check_act(a.v, "kv_store v");
+  KILN_CHECK(a.k_cache.rank() == 4 && a.v_cache.shape == a.k_cache.shape && a.v_cache.dtype == a.k_cache.dtype &&
+             a.k.dim(1) == a.k_cache.dim(2) && a.k.dim(2) == a.k_cache.dim(3) && a.v.shape == a.k.shape)
+      << "kv_store: k " << a.k.shape << ", v " << a.v.shape << " vs caches " << a.k_cache.shape << " / "
+      << a.v_cache.shape;
+  const bool fp8 = check_cache(a.k_cache, a.k_scale, a.k.dim(1), "k_cache");
+  check_cache(a.v_cache, a.v_scale, a.k.dim(1), "v_cache");
+  return fp8;
+}
+
+}  // namespace
+
 void CudaBackend::qk_norm_rope(const ops::QkNormRopeArgs& a) {
   check_act(a.q, "qk_norm_rope q");
   check_act(a.k, "qk_norm_rope k");
   const int64_t d_head = a.q.dim(2);
   const int d_rot = a.table->d_rot;
   if (d_head > kQkNormRopeMaxHead || a.k.dim(2) != d_head || d_rot > d_head || d_rot % 2 != 0) {
-    ops::Backend::qk_norm_rope(a);  // the two ops, one tensor at a time
+    ops::Backend::qk_norm_rope(a);  // the ops one after the other
     return;
   }
   const DeviceBatch& b = batch_for(a.batch);
+  // A bf16 cache is written in the same launch; an e4m3 one by kv_store after it.
+  QkStore store;
+  bool store_after = false;
+  if (a.store != nullptr) {
+    KILN_CHECK(a.store->k.data == a.k.data && a.store->k.shape == a.k.shape && a.store->batch == a.batch)
+        << "qk_norm_rope: store.k must be the k this op rotates, in its batch";
+    if (check_kv_store(*a.store)) {
+      store_after = true;
+    } else {
+      store = {.v = a.store->v.as<bf16>(), .k_cache = a.store->k_cache.as<bf16>(),
+               .v_cache = a.store->v_cache.as<bf16>(), .slot_mapping = b.slot_mapping};
+    }
+  }
   KILN_CHECK(a.q.dim(0) == int64_t(b.n_tokens) && a.k.dim(0) == int64_t(b.n_tokens))
       << "qk_norm_rope: q " << a.q.shape << ", k " << a.k.shape << " vs " << b.n_tokens << " batch tokens";
   for (const Tensor* w : {&a.q_norm, &a.k_norm})
@@ -272,20 +302,15 @@ void CudaBackend::qk_norm_rope(const ops::QkNormRopeArgs& a) {
         << "qk_norm_rope: norm weight of " << w->numel() << " for heads of " << d_head;
   launch_qk_norm_rope(a.q.as<bf16>(), a.k.as<bf16>(), vec_or_null(a.q_norm, "q_norm"), vec_or_null(a.k_norm, "k_norm"),
                       a.q.dim(0), int(a.q.dim(1)), int(a.k.dim(1)), int(d_head), a.eps, rope_table(*a.table), d_rot,
-                      a.table->attention_factor, a.table->style == ops::RopeStyle::kInterleaved, b.positions, stream_);
+                      a.table->attention_factor, a.table->style == ops::RopeStyle::kInterleaved, b.positions, store,
+                      stream_);
+  if (store_after) kv_store(*a.store);
 }
 
 void CudaBackend::kv_store(const ops::KvStoreArgs& a) {
   const DeviceBatch& b = batch_for(a.batch);
-  check_act(a.k, "kv_store k");
-  check_act(a.v, "kv_store v");
-  KILN_CHECK(a.k_cache.rank() == 4 && a.v_cache.shape == a.k_cache.shape && a.v_cache.dtype == a.k_cache.dtype &&
-             a.k.dim(1) == a.k_cache.dim(2) && a.k.dim(2) == a.k_cache.dim(3) && a.v.shape == a.k.shape)
-      << "kv_store: k " << a.k.shape << ", v " << a.v.shape << " vs caches " << a.k_cache.shape << " / "
-      << a.v_cache.shape;
+  const bool fp8 = check_kv_store(a);
   const int64_t n_kv_heads = a.k.dim(1), d_head = a.k.dim(2), row = n_kv_heads * d_head;
-  const bool fp8 = check_cache(a.k_cache, a.k_scale, n_kv_heads, "k_cache");
-  check_cache(a.v_cache, a.v_scale, n_kv_heads, "v_cache");
   if (fp8) {  // each (token, kv head) row quantized with its own scale
     launch_store_rows_e4m3(a.k.as<bf16>(), a.k_cache.as<uint8_t>(), a.k_scale.as<float>(), b.slot_mapping,
                            b.n_tokens, int(n_kv_heads), d_head, row, 0, int(n_kv_heads), 0, stream_);

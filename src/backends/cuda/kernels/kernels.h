@@ -70,11 +70,19 @@ void launch_rope(bf16* x, int64_t n_tokens, int64_t n_heads, int64_t d_head, con
                  float attention_factor, bool interleaved, const int32_t* positions, cudaStream_t stream);
 // Per-head RMSNorm (q_norm / k_norm may be null: none) then RoPE of q [n_tokens, n_q_heads,
 // d_head] and k [n_tokens, n_k_heads, d_head] in place, one launch (heads up to
-// kQkNormRopeMaxHead): the numbers of launch_rms_norm then launch_rope.
+// kQkNormRopeMaxHead): the numbers of launch_rms_norm then launch_rope. With store.k_cache
+// set, k's rows as written and v [n_tokens, n_k_heads, d_head] also go to the bf16 caches
+// ([slots, n_k_heads, d_head]) at slot_mapping[t] (negative: none), as launch_store_rows would.
 inline constexpr int kQkNormRopeMaxHead = 256;
+struct QkStore {
+  const bf16* v = nullptr;
+  bf16 *k_cache = nullptr, *v_cache = nullptr;
+  const int32_t* slot_mapping = nullptr;
+};
 void launch_qk_norm_rope(bf16* q, bf16* k, const float* q_norm, const float* k_norm, int64_t n_tokens, int n_q_heads,
                          int n_k_heads, int d_head, float eps, const float* inv_freq, int d_rot,
-                         float attention_factor, bool interleaved, const int32_t* positions, cudaStream_t stream);
+                         float attention_factor, bool interleaved, const int32_t* positions, const QkStore& store,
+                         cudaStream_t stream);
 // A set of rows to store: cache[slot_mapping[t], col_offset : col_offset + row_elems] = x[t]
 // (x: [n_tokens, row_elems], cache rows of cache_row_elems).
 struct StoreRowSet {

@@ -160,6 +160,8 @@ __global__ void store_rows_kernel(const StoreRowSet s0, const StoreRowSet s1, co
 // One warp per head row of q, then of k: the per-head RMSNorm (where a weight is given),
 // rounded to bf16 as rms_norm stores it, then RoPE on those values as rope reads them:
 // the numbers of the two ops, in one launch for both tensors (a decode step had four).
+// With a store (a bf16 cache), each key row also goes to its cache slot as written, and a
+// third set of warps copies the value rows: kv_store's copy, without its launch.
 struct QkNormRopeParams {
   bf16 *q, *k;
   const float *q_w, *k_w;
@@ -169,6 +171,7 @@ struct QkNormRopeParams {
   bool interleaved;
   const float* inv_freq;
   const int32_t* positions;
+  QkStore store;  // store.k_cache null: none
 };
 constexpr int kQkWarps = kNormThreads / 32;
 
@@ -177,13 +180,24 @@ __global__ void __launch_bounds__(kNormThreads) qk_norm_rope_kernel(const QkNorm
   constexpr int kPer = kQkNormRopeMaxHead / 32;
   __shared__ float rounded[kQkWarps][kQkNormRopeMaxHead];
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  const int heads = p.n_q_heads + p.n_k_heads;
+  const int n_v_heads = p.store.k_cache != nullptr ? p.n_k_heads : 0;
+  const int heads = p.n_q_heads + p.n_k_heads + n_v_heads;
   const int64_t row = int64_t(blockIdx.x) * kQkWarps + warp;
   if (row >= p.n_tokens * heads) return;  // the whole warp: no block-wide barrier follows
   const int64_t t = row / heads;
   const int h = int(row % heads);
   const bool is_q = h < p.n_q_heads;
-  bf16* x = is_q ? p.q + (t * p.n_q_heads + h) * p.d_head : p.k + (t * p.n_k_heads + h - p.n_q_heads) * p.d_head;
+  const int kv_head = h - p.n_q_heads - (h >= p.n_q_heads + p.n_k_heads ? p.n_k_heads : 0);
+  const int32_t slot = p.store.k_cache != nullptr && !is_q ? p.store.slot_mapping[t] : -1;
+  const int64_t cache_at = (int64_t(slot) * p.n_k_heads + kv_head) * p.d_head;
+  if (h >= p.n_q_heads + p.n_k_heads) {  // a value row: to its slot as it is
+    if (slot < 0) return;  // a padding row (ops::kPadSlot): nothing to store
+    const bf16* src = p.store.v + (t * p.n_k_heads + kv_head) * p.d_head;
+    for (int i = lane; i < p.d_head; i += 32) p.store.v_cache[cache_at + i] = src[i];
+    return;
+  }
+  bf16* x = is_q ? p.q + (t * p.n_q_heads + h) * p.d_head : p.k + (t * p.n_k_heads + kv_head) * p.d_head;
+  bf16* cached = slot >= 0 ? p.store.k_cache + cache_at : nullptr;  // where this key row is also stored
   const float* w = is_q ? p.q_w : p.k_w;
   float e[kPer];
   float ss = 0.0f;
@@ -210,11 +224,23 @@ __global__ void __launch_bounds__(kNormThreads) qk_norm_rope_kernel(const QkNorm
     s *= p.attention_factor;
     const int a = p.interleaved ? 2 * i : i, b = p.interleaved ? 2 * i + 1 : i + half;
     const float x1 = v[a], x2 = v[b];
-    x[a] = __float2bfloat16(x1 * c - x2 * s);
-    x[b] = __float2bfloat16(x2 * c + x1 * s);
+    const bf16 ya = __float2bfloat16(x1 * c - x2 * s), yb = __float2bfloat16(x2 * c + x1 * s);
+    x[a] = ya;
+    x[b] = yb;
+    if (cached != nullptr) {
+      cached[a] = ya;
+      cached[b] = yb;
+    }
   }
-  if (w)  // the dims past d_rot (partial rotary) take the normed values as they are
-    for (int i = p.d_rot + lane; i < p.d_head; i += 32) x[i] = __float2bfloat16(v[i]);
+  // The dims past d_rot (partial rotary) take the normed values as they are (without a
+  // norm, v holds x's own values).
+  if (w != nullptr || cached != nullptr) {
+    for (int i = p.d_rot + lane; i < p.d_head; i += 32) {
+      const bf16 y = __float2bfloat16(v[i]);
+      if (w != nullptr) x[i] = y;
+      if (cached != nullptr) cached[i] = y;
+    }
+  }
 }
 
 // One warp per (token, group) row: absmax, scale, codes (ops/kv_quant.h via kv_fp8.cuh).
@@ -277,15 +303,18 @@ void launch_rope(bf16* x, int64_t n_tokens, int64_t n_heads, int64_t d_head, con
 
 void launch_qk_norm_rope(bf16* q, bf16* k, const float* q_norm, const float* k_norm, int64_t n_tokens, int n_q_heads,
                          int n_k_heads, int d_head, float eps, const float* inv_freq, int d_rot,
-                         float attention_factor, bool interleaved, const int32_t* positions, cudaStream_t stream) {
+                         float attention_factor, bool interleaved, const int32_t* positions, const QkStore& store,
+                         cudaStream_t stream) {
   KILN_CHECK(d_head <= kQkNormRopeMaxHead && d_rot <= d_head && d_rot % 2 == 0)
       << "qk_norm_rope: head size " << d_head << ", rotary " << d_rot << " (heads up to " << kQkNormRopeMaxHead << ")";
-  const int64_t rows = n_tokens * (n_q_heads + n_k_heads);
+  KILN_CHECK(store.k_cache == nullptr || (store.v != nullptr && store.v_cache != nullptr && store.slot_mapping != nullptr))
+      << "qk_norm_rope: a store needs v, both caches and the slot mapping";
+  const int64_t rows = n_tokens * (n_q_heads + n_k_heads * (store.k_cache != nullptr ? 2 : 1));
   if (rows == 0) return;
   const QkNormRopeParams p{.q = q, .k = k, .q_w = q_norm, .k_w = k_norm, .n_tokens = n_tokens,
                            .n_q_heads = n_q_heads, .n_k_heads = n_k_heads, .d_head = d_head, .d_rot = d_rot,
                            .eps = eps, .attention_factor = attention_factor, .interleaved = interleaved,
-                           .inv_freq = inv_freq, .positions = positions};
+                           .inv_freq = inv_freq, .positions = positions, .store = store};
   launch_dependent(qk_norm_rope_kernel, unsigned(ceil_div(rows, kQkWarps)), kNormThreads, 0, stream, p);
   KILN_CUDA_LAUNCH_CHECK();
 }
