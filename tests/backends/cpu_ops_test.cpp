@@ -357,6 +357,54 @@ TEST(CpuQkNormRope, NormsEachHeadThenRotatesQAndK) {
   expect_close(k_t.as<float>(), rope_reference(k, pos, n_k, d_head, tab), 1e-6);
 }
 
+// qk_norm_rope with a store: the cache rows hold the keys as this op leaves them and the
+// values, as kv_store after it writes them; a padding row (kPadSlot) stores nothing.
+TEST(CpuQkNormRope, WithAStoreWritesTheCacheAsKvStoreAfterIt) {
+  std::mt19937 rng(11);
+  auto be = make_cpu_backend(2);
+  const int64_t n_q = 4, n_k = 2, d_head = 16, block_size = 4, n_blocks = 2;
+  const ops::RopeTable tab = make_table(16, 10000.0, 1.0f, ops::RopeStyle::kHalf);
+  ops::BatchMeta batch;
+  batch.positions = {0, 3, 77};
+  batch.slot_mapping = {5, 2, ops::kPadSlot};
+  batch.block_size = int32_t(block_size);
+  const int64_t n_tokens = 3;
+  std::vector<float> q = random_values(rng, n_tokens * n_q * d_head), k = random_values(rng, n_tokens * n_k * d_head);
+  std::vector<float> v = random_values(rng, n_tokens * n_k * d_head), w = random_values(rng, d_head);
+  std::vector<float> before = random_values(rng, n_blocks * block_size * n_k * d_head);
+  const Shape cache{n_blocks, block_size, n_k, d_head};
+  struct Run {
+    Tensor q, k, v, k_cache, v_cache;
+  };
+  Run runs[2];
+  for (Run& r : runs) {
+    r = {make_tensor(DType::kF32, {n_tokens, n_q, d_head}, q), make_tensor(DType::kF32, {n_tokens, n_k, d_head}, k),
+         make_tensor(DType::kF32, {n_tokens, n_k, d_head}, v), make_tensor(DType::kF32, cache, before),
+         make_tensor(DType::kF32, cache, before)};
+  }
+  for (int i = 0; i < 2; ++i) {
+    Run& r = runs[i];
+    const ops::KvStoreArgs store{.k = r.k, .v = r.v, .k_cache = r.k_cache, .v_cache = r.v_cache, .batch = &batch};
+    be->qk_norm_rope({.q = r.q, .k = r.k, .q_norm = make_tensor(DType::kF32, {d_head}, w), .k_norm = {},
+                      .eps = 1e-6f, .batch = &batch, .table = &tab, .store = i == 0 ? &store : nullptr});
+    if (i == 1) be->kv_store(store);
+  }
+  for (auto member : {&Run::q, &Run::k, &Run::k_cache, &Run::v_cache}) {
+    const Tensor &a = runs[0].*member, &b = runs[1].*member;
+    EXPECT_EQ(0, std::memcmp(a.data, b.data, size_t(a.nbytes())));
+  }
+  // Slot 2 holds token 1's keys as rotated (position 3: not its inputs) and its values;
+  // slots the step did not name are as before.
+  const int64_t row = n_k * d_head;
+  EXPECT_NE(0, std::memcmp(runs[0].k.as<float>() + row, k.data() + row, size_t(row) * 4));
+  EXPECT_EQ(0, std::memcmp(runs[0].k_cache.as<float>() + 2 * row, runs[0].k.as<float>() + row, size_t(row) * 4));
+  EXPECT_EQ(0, std::memcmp(runs[0].v_cache.as<float>() + 2 * row, v.data() + row, size_t(row) * 4));
+  EXPECT_EQ(0, std::memcmp(runs[0].k_cache.as<float>() + 5 * row, runs[0].k.as<float>(), size_t(row) * 4));
+  for (int64_t slot : {0, 1, 3, 4, 6, 7})
+    EXPECT_EQ(0, std::memcmp(runs[0].k_cache.as<float>() + slot * row, before.data() + slot * row, size_t(row) * 4))
+        << "slot " << slot;
+}
+
 // ---- glu, add -----------------------------------------------------------------
 
 TEST(CpuGlu, SiluAndGptOssClampMatchNaive) {
