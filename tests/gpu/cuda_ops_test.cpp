@@ -448,14 +448,21 @@ TEST_F(CudaOps, MoeMatchesCpuForEveryRouterAndLayout) {
         if (path == cuda::MoePath::kStreamGemv && c.transposed) continue;  // row-major experts only
         SCOPED_TRACE(cuda::moe_path_name(path));
         cuda->force_moe_path(path);
-        Tensor out = poisoned(ref.shape);
-        gpu_->moe({.x = to_gpu(x), .router = &rg, .correction_bias = corr.defined() ? gpu_->upload(corr) : Tensor{},
-                   .experts = &eg, .routing = rp, .glu = {.kind = c.glu}, .out = out});
-        // Routing compares bf16-rounded router logits computed in a different
-        // order; a near-tie can legitimately pick another expert. Inputs are
-        // random, so a mismatch beyond tolerance here would be a real bug unless
-        // a tie occurs; the check stays strict and reports the error.
-        expect_close(from_gpu(out), ref, 2 * kBf16Tol, "moe");
+        // The streaming GEMV also with three units a warp in its down product
+        // (kMoeDownUnits, which the rule takes only for large layers of short d_ff).
+        for (int upw : path == cuda::MoePath::kStreamGemv ? std::vector<int>{0, 3} : std::vector<int>{0}) {
+          SCOPED_TRACE(::testing::Message() << "units a warp " << upw);
+          cuda::set_quant_gemv_units_per_warp(upw);
+          Tensor out = poisoned(ref.shape);
+          gpu_->moe({.x = to_gpu(x), .router = &rg, .correction_bias = corr.defined() ? gpu_->upload(corr) : Tensor{},
+                     .experts = &eg, .routing = rp, .glu = {.kind = c.glu}, .out = out});
+          cuda::set_quant_gemv_units_per_warp(0);
+          // Routing compares bf16-rounded router logits computed in a different
+          // order; a near-tie can legitimately pick another expert. Inputs are
+          // random, so a mismatch beyond tolerance here would be a real bug unless
+          // a tie occurs; the check stays strict and reports the error.
+          expect_close(from_gpu(out), ref, 2 * kBf16Tol, "moe");
+        }
       }
       cuda->force_moe_path(cuda::MoePath::kAuto);
     }

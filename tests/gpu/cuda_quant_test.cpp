@@ -81,6 +81,63 @@ class CudaQuant : public gpu_testing::GpuTest {
     EXPECT_EQ(bad, 0) << "worst error / bound " << worst;
   }
 
+  static bool fp8(const QuantCase& c) {
+    return c.kind == formats::QuantKind::kFp8Block || c.kind == formats::QuantKind::kFp8Channel ||
+           c.kind == formats::QuantKind::kFp8Tensor;
+  }
+
+  // A MoE layer over experts of format c (gpt-oss's layout for MXFP4: interleaved gate /
+  // up with biases, 8 experts top-4; else 16 experts top-4) at each token count, against
+  // the CPU's.
+  void moe_matches_cpu(const QuantCase& c, int64_t d_model, int64_t d_ff, const std::vector<int>& token_counts) {
+    const bool gpt_oss = c.kind == formats::QuantKind::kMxfp4;
+    const int n_experts = gpt_oss ? 8 : 16, top_k = 4;
+    SCOPED_TRACE(::testing::Message() << c.name() << ", d_model " << d_model << ", d_ff " << d_ff);
+    ops::MoeExperts ec, eg;
+    ec.d_ff = eg.d_ff = d_ff;
+    ec.gate_up_interleaved = eg.gate_up_interleaved = gpt_oss;
+    for (int e = 0; e < n_experts; ++e) {
+      ops::Weight a, b;
+      if (gpt_oss) {
+        make_weight(c, 2 * d_ff, d_model, true, a, b);
+        ec.gate_up.push_back(a), eg.gate_up.push_back(b);
+      } else {
+        make_weight(c, d_ff, d_model, false, a, b);
+        ec.gate.push_back(a), eg.gate.push_back(b);
+        make_weight(c, d_ff, d_model, false, a, b);
+        ec.up.push_back(a), eg.up.push_back(b);
+      }
+      make_weight(c, d_model, d_ff, gpt_oss, a, b);
+      ec.down.push_back(a), eg.down.push_back(b);
+    }
+    Tensor router = random({n_experts, d_model}, 0.05f);
+    ops::Weight rc{.data = as_bf16(router)}, rg{.data = gpu_->upload(rc.data)};
+    const ops::RouterParams rp{.kind = gpt_oss ? ops::RouterKind::kTopKSoftmax : ops::RouterKind::kSoftmaxTopK,
+                               .n_experts = n_experts, .top_k = top_k, .norm_topk_prob = true};
+    const ops::GluParams glu{.kind = gpt_oss ? ops::GluKind::kGptOssClamp : ops::GluKind::kSilu};
+    for (int tokens : token_counts) {
+      SCOPED_TRACE(::testing::Message() << tokens << " tokens");
+      Tensor x = random({tokens, d_model});
+      Tensor ref = host_tensor(DType::kF32, {tokens, d_model});
+      const bool fp8_act = tokens >= 160 && w8a8(eg.down[0], tokens * top_k / n_experts);
+      (fp8_act ? cpu_fp8_ : cpu_)->moe({.x = x, .router = &rc, .experts = &ec, .routing = rp, .glu = glu, .out = ref});
+      Tensor out = poisoned(ref.shape);
+      gpu_->moe({.x = to_gpu(x), .router = &rg, .experts = &eg, .routing = rp, .glu = glu, .out = out});
+      // The act between the GEMMs is bf16 on the GPU (as on the bf16 path), plus the
+      // weights' bf16 rounding for INT4 / FP8: three bf16 roundings of the scale.
+      std::vector<float> got = from_gpu(out);
+      double max_ref = 0.0, max_err = 0.0;
+      for (int64_t i = 0; i < ref.numel(); ++i) {
+        ASSERT_FALSE(std::isnan(got[size_t(i)])) << "element " << i << " not written (or NaN)";
+        max_ref = std::max(max_ref, double(std::abs(ref.as<float>()[i])));
+        max_err = std::max(max_err, std::abs(double(got[size_t(i)]) - ref.as<float>()[i]));
+      }
+      EXPECT_LE(max_err, 3 * kBf16Tol * max_ref) << "max error " << max_err << " vs max |ref| " << max_ref;
+      std::printf("%s moe d_ff %lld, %d tokens%s: max error / max|ref| %.3g\n", c.name().c_str(), (long long)d_ff,
+                  tokens, fp8_act ? " (W8A8)" : "", max_err / max_ref);
+    }
+  }
+
   std::unique_ptr<ops::Backend> cpu_fp8_;  // the reference of the W8A8 GEMMs
 };
 
@@ -196,61 +253,34 @@ TEST_F(CudaQuant, LinearsOfOneInputMatchCpuForEveryFormat) {
 TEST_F(CudaQuant, MoeMatchesCpuForEveryFormat) {
   for (const QuantCase& c : cuda::quant_cases()) {
     const bool gpt_oss = c.kind == formats::QuantKind::kMxfp4;
-    const int n_experts = gpt_oss ? 8 : 16, top_k = gpt_oss ? 4 : 4;
     // FP8 (block scales over ceil(K / 128) blocks): 1088 = 8.5 x 128, so the W8A8 down GEMM's
     // last 128-column tile is half empty, as at gpt-oss's 2880 (4-bit groups need whole k tiles).
-    const bool fp8 = c.kind == formats::QuantKind::kFp8Block || c.kind == formats::QuantKind::kFp8Channel ||
-                     c.kind == formats::QuantKind::kFp8Tensor;
-    const int64_t d_model = gpt_oss ? 2880 : fp8 ? 1088 : 1024, d_ff = gpt_oss ? 2880 : 768;
-    SCOPED_TRACE(c.name());
-    ops::MoeExperts ec, eg;
-    ec.d_ff = eg.d_ff = d_ff;
-    ec.gate_up_interleaved = eg.gate_up_interleaved = gpt_oss;
-    for (int e = 0; e < n_experts; ++e) {
-      ops::Weight a, b;
-      if (gpt_oss) {
-        make_weight(c, 2 * d_ff, d_model, true, a, b);
-        ec.gate_up.push_back(a), eg.gate_up.push_back(b);
-      } else {
-        make_weight(c, d_ff, d_model, false, a, b);
-        ec.gate.push_back(a), eg.gate.push_back(b);
-        make_weight(c, d_ff, d_model, false, a, b);
-        ec.up.push_back(a), eg.up.push_back(b);
-      }
-      make_weight(c, d_model, d_ff, gpt_oss, a, b);
-      ec.down.push_back(a), eg.down.push_back(b);
-    }
-    Tensor router = random({n_experts, d_model}, 0.05f);
-    ops::Weight rc{.data = as_bf16(router)}, rg{.data = gpu_->upload(rc.data)};
-    const ops::RouterParams rp{.kind = gpt_oss ? ops::RouterKind::kTopKSoftmax : ops::RouterKind::kSoftmaxTopK,
-                               .n_experts = n_experts, .top_k = top_k, .norm_topk_prob = true};
-    const ops::GluParams glu{.kind = gpt_oss ? ops::GluKind::kGptOssClamp : ops::GluKind::kSilu};
+    const int64_t d_model = gpt_oss ? 2880 : fp8(c) ? 1088 : 1024, d_ff = gpt_oss ? 2880 : 768;
     // 1 and 8 tokens: the GEMV (kGemvRows-row tiles); 24: decode tiles; 160 tokens x 4 / 16
     // experts = 40 rows per expert: prefill tiles; 520: 130 rows per expert, the wide tiles
     // (two of the formats that have them: the CPU reference dequantizes every row it uses).
     const bool wide = c.kind == formats::QuantKind::kNvfp4 ||
                       (c.kind == formats::QuantKind::kInt4Group && c.scale_dtype == DType::kBF16);
-    for (int tokens : {1, 8, 24, 160, 520}) {
-      if (tokens == 520 && !wide) continue;
-      SCOPED_TRACE(::testing::Message() << tokens << " tokens");
-      Tensor x = random({tokens, d_model});
-      Tensor ref = host_tensor(DType::kF32, {tokens, d_model});
-      const bool fp8_act = tokens >= 160 && w8a8(eg.down[0], tokens * top_k / n_experts);
-      (fp8_act ? cpu_fp8_ : cpu_)->moe({.x = x, .router = &rc, .experts = &ec, .routing = rp, .glu = glu, .out = ref});
-      Tensor out = poisoned(ref.shape);
-      gpu_->moe({.x = to_gpu(x), .router = &rg, .experts = &eg, .routing = rp, .glu = glu, .out = out});
-      // The act between the GEMMs is bf16 on the GPU (as on the bf16 path), plus the
-      // weights' bf16 rounding for INT4 / FP8: three bf16 roundings of the scale.
-      std::vector<float> got = from_gpu(out);
-      double max_ref = 0.0, max_err = 0.0;
-      for (int64_t i = 0; i < ref.numel(); ++i) {
-        ASSERT_FALSE(std::isnan(got[size_t(i)])) << "element " << i << " not written (or NaN)";
-        max_ref = std::max(max_ref, double(std::abs(ref.as<float>()[i])));
-        max_err = std::max(max_err, std::abs(double(got[size_t(i)]) - ref.as<float>()[i]));
-      }
-      EXPECT_LE(max_err, 3 * kBf16Tol * max_ref) << "max error " << max_err << " vs max |ref| " << max_ref;
-      std::printf("%s moe %d tokens%s: max error / max|ref| %.3g\n", c.name().c_str(), tokens,
-                  fp8_act ? " (W8A8)" : "", max_err / max_ref);
+    moe_matches_cpu(c, d_model, d_ff, wide ? std::vector<int>{1, 8, 24, 160, 520} : std::vector<int>{1, 8, 24, 160});
+  }
+}
+
+// The down GEMV with several units a warp (kMoeDownUnits), forced at sizes where the rule
+// would not take it: a TP rank's short d_ff (2 and 3 blocks of 128 inputs, the 4-bit
+// formats' 256 and 384; 200 and 328 for FP8: partial blocks), 2, 3, 4 and 8 units a warp
+// over 64 or 65 units a matrix (warps whose last units are past the matrix), d_model 1032
+// for FP8 (its last unit half outside the output).
+TEST_F(CudaQuant, MoeDownGemvOverSeveralUnitsAWarpMatchesCpu) {
+  struct Restore {
+    ~Restore() { cuda::set_quant_gemv_units_per_warp(0); }
+  } restore;
+  for (const QuantCase& c : cuda::quant_cases()) {
+    const int64_t d_model = fp8(c) ? 1032 : 1024;
+    for (int upw : {2, 3, 4, 8}) {
+      cuda::set_quant_gemv_units_per_warp(upw);
+      SCOPED_TRACE(::testing::Message() << upw << " units a warp");
+      for (int64_t d_ff : fp8(c) ? std::vector<int64_t>{200, 328} : std::vector<int64_t>{256, 384})
+        moe_matches_cpu(c, d_model, d_ff, {1, 8});
     }
   }
 }

@@ -451,6 +451,10 @@ void launch_quant_gemv_linears(const bf16* x, const GemvPart* parts, int n_parts
 void launch_moe_gemv_quant(const bf16* x, const QuantExpert* table, const QuantFormat& f, const MoeShape& s,
                            int top_k, int rows_cap, int64_t n_pairs, const int32_t* perm, const int4* tiles,
                            int n_slots, bf16* act, float* y, cudaStream_t stream);
+// The units (16 weight rows) each warp of a MoE down GEMV streams in turn: n > 0 sets it
+// for every later launch of the process (1: one, the plain kernel), 0 restores the rule
+// (quant_gemv.cu, down_units_per_warp); KILN_GEMV_UNITS_PER_WARP=n sets it at start.
+void set_quant_gemv_units_per_warp(int n);
 // out [n_out, n_in] = bf16(W) (MLA's kv_b, whose attention kernels read bf16).
 void launch_dequantize(const QuantMat& w, const QuantFormat& f, int64_t n_out, int64_t n_in, bf16* out,
                        cudaStream_t stream);

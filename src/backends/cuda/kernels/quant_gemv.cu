@@ -40,6 +40,9 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -77,6 +80,7 @@ struct GemvParams {
   const bf16* a;               // activations [.., K]
   int top_k, K, Kp, units, d_ff, n_out, n_blocks;  // units: all parts'; n_out: a MoE down's
   int split;                   // warps per unit, each over n_blocks / split blocks
+  int upw;                     // kMoeDownUnits: units per warp
   int64_t code_row, scale_row;
   QuantFormat f;
   MoeShape s;
@@ -204,8 +208,13 @@ __device__ __forceinline__ auto part_field(const GemvParams& p, int i, Get get) 
 }
 
 // What a launch computes: a MoE layer's up (gate and up, then the GLU) or down product
-// over the tile table, or dense linears (up to kGemvParts of one input).
-enum Kind { kMoeDown, kMoeUp, kDense };
+// over the tile table, or dense linears (up to kGemvParts of one input). kMoeDownUnits is
+// the down product with several units a warp (p.upw, split 1), for a short K: a TP rank's
+// part of d_ff can be two or three blocks, too few to pay for a warp's start (the tile,
+// the staged rows, the ring's first requests), so a warp streams units unit .. unit + upw
+// - 1 as one run of blocks, the next unit's first blocks requested while the last ones of
+// the unit before are summed. (A kind of its own: the other instances keep their registers.)
+enum Kind { kMoeDown, kMoeUp, kDense, kMoeDownUnits };
 
 // (8-warp CTAs are held to 128 registers, so that two fit an SM: the reason for them.)
 template <int kKind, int kWarps, int kValue, int kScale, int kSpc>
@@ -224,7 +233,8 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == kWideCtaWarps ? 2 : 0) 
   // tile table align wrote two kernels back and weights no kernel writes. The others wait
   // first: the up GEMV reads the tiles align just wrote, and a dense GEMV cannot know that
   // the kernel before it did not write its weights (a dummy load's fill, a test's).
-  constexpr bool prefetch = kKind == kMoeDown;
+  constexpr bool kMulti = kKind == kMoeDownUnits;
+  constexpr bool prefetch = kKind == kMoeDown || kMulti;
   if (!prefetch) pdl_wait();
   int row0, rows;
   const QuantExpert* ew = nullptr;
@@ -237,7 +247,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == kWideCtaWarps ? 2 : 0) 
     row0 = 0, rows = p.dense_rows;
   }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int unit = blockIdx.x * (kWarps / p.split) + warp / p.split, slice = warp % p.split;
+  const int unit = (blockIdx.x * (kWarps / p.split) + warp / p.split) * (kMulti ? p.upw : 1), slice = warp % p.split;
   // A dense launch's unit lies in one of its parts: part pi, whose units begin at pb
   // (MoE: 0, 0). Its fields are read where used.
   int pi = 0, pb = 0;
@@ -305,9 +315,29 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == kWideCtaWarps ? 2 : 0) 
   // A ring of R blocks of codes in registers: block b + R - 1 is requested before block
   // b is decoded (slot indices are compile-time: the main loop is unrolled by R).
   S ring[R];
+  // kMoeDownUnits: the warp's blocks in order, block lb of unit lu next (the next unit's
+  // rows are 16 rows of bytes on in either layout, quant_layout.h).
+  const int n_flat = kMulti ? p.upw * b_end : 0;
+  int lb = 0, lu = unit;
+  const auto request = [&](S& st) {
+    load(lb, st);
+    if (++lb < b_end) return;
+    lb = 0, ++lu;
 #pragma unroll
-  for (int j = 0; j < R - 1; ++j)
-    if (b_begin + j < b_end) load(b_begin + j, ring[j]);
+    for (int h = 0; h < 2; ++h) {
+      codes[h] += int64_t(kQuantUnitRows) * p.code_row;
+      scales[h] += int64_t(kQuantUnitRows) * p.scale_row;
+      live[h] = lu < p.units && 16 * lu + g + 8 * h < p.n_out;
+    }
+  };
+#pragma unroll
+  for (int j = 0; j < R - 1; ++j) {
+    if constexpr (kMulti) {
+      if (j < n_flat) request(ring[j]);
+    } else if (b_begin + j < b_end) {
+      load(b_begin + j, ring[j]);
+    }
+  }
 
   if (prefetch) pdl_wait();
   // The activation rows, staged while the first blocks of codes are on their way.
@@ -376,6 +406,84 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == kWideCtaWarps ? 2 : 0) 
       for (int j = 0; j < 4; ++j) acc2[0][j] += (part[0][j] + part[1][j]) * (j < 2 ? s0 : s1);
     }
   };
+  // The outputs of unit u (its slices' partial sums added up first where split > 1): the
+  // GLU (up) or the bias added.
+  const auto finish = [&](int u) {
+    float acc[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[j] = acc2[0][j] + acc2[1][j];
+    // The unit's slices add up in the first one's registers.
+    if (p.split > 1) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) partial[warp][j][lane] = acc[j];
+      __syncthreads();
+      if (slice != 0) return;
+      for (int w = 1; w < p.split; ++w)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[j] += partial[warp + w][j][lane];
+    }
+    if (u >= p.units) return;
+
+    // acc: rows g (0, 1) and g + 8 (2, 3) for token rows 2t and 2t + 1.
+    const float unbias = block_scaled ? 1.0f : F::kUnbias;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int n = 2 * t + j;
+      if (n >= rows) continue;
+      float v0 = acc[j] * unbias * scale2[0], v1 = acc[2 + j] * unbias * scale2[1];
+      if constexpr (kUp) {
+        const int i = 8 * u + g;
+        if (!live[0]) continue;
+        p.act[int64_t(row0 + n) * p.d_ff + i] = __float2bfloat16(
+            glu_output(v0, v1, ew->gate_up_bias, p.s.interleaved, i, p.d_ff, p.s.glu_kind, p.s.alpha, p.s.limit));
+      } else {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int o = 16 * (u - pb) + g + 8 * h;
+          if (kMulti ? o >= p.n_out : !live[h]) continue;
+          const float v = h == 0 ? v0 : v1;
+          if (ew == nullptr) {
+            const float* bias = part_field(p, pi, [](const GemvPart& q) { return q.bias; });
+            part_field(p, pi, [](const GemvPart& q) { return q.out; })[int64_t(n) * n_out() + o] =
+                __float2bfloat16(v + (bias ? bias[o] : 0.0f));
+          } else {
+            p.y[int64_t(p.perm[row0 + n]) * p.n_out + o] = v + (ew->down_bias ? ew->down_bias[o] : 0.0f);
+          }
+        }
+      }
+    }
+  };
+  if constexpr (kMulti) {
+    // The same loop over the warp's run of blocks (requested by `request`); a unit's last
+    // block finishes it.
+    int cb = 0, cu = unit;
+    const auto step = [&](const S& st) {
+      compute(st, cb);
+      if (++cb < b_end) return;
+      finish(cu);
+      cb = 0, ++cu;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc2[0][j] = acc2[1][j] = 0.0f;
+    };
+    int n0 = 0;
+    for (; n0 + 2 * R - 1 <= n_flat; n0 += R) {
+#pragma unroll
+      for (int j = 0; j < R; ++j) {
+        request(ring[(j + R - 1) % R]);
+        step(ring[j]);
+      }
+    }
+    for (; n0 < n_flat; n0 += R) {
+#pragma unroll
+      for (int j = 0; j < R; ++j) {
+        if (n0 + j < n_flat) {
+          if (n0 + j + R - 1 < n_flat) request(ring[(j + R - 1) % R]);
+          step(ring[j]);
+        }
+      }
+    }
+    return;
+  }
   // The steady state, while a group's R blocks and the R blocks requested ahead of them
   // all lie in the range: no guards, so the compiler schedules the group's loads and
   // decoding freely (the guarded loop alone streamed 12-17% slower: bench/gemv_dissect.cu).
@@ -399,49 +507,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == kWideCtaWarps ? 2 : 0) 
     }
   }
 
-  float acc[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) acc[j] = acc2[0][j] + acc2[1][j];
-  // The unit's slices add up in the first one's registers.
-  if (p.split > 1) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) partial[warp][j][lane] = acc[j];
-    __syncthreads();
-    if (slice != 0) return;
-    for (int w = 1; w < p.split; ++w)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) acc[j] += partial[warp + w][j][lane];
-  }
-  if (unit >= p.units) return;
-
-  // acc: rows g (0, 1) and g + 8 (2, 3) for token rows 2t and 2t + 1.
-  const float unbias = block_scaled ? 1.0f : F::kUnbias;
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int n = 2 * t + j;
-    if (n >= rows) continue;
-    float v0 = acc[j] * unbias * scale2[0], v1 = acc[2 + j] * unbias * scale2[1];
-    if constexpr (kUp) {
-      const int i = 8 * unit + g;
-      if (!live[0]) continue;
-      p.act[int64_t(row0 + n) * p.d_ff + i] = __float2bfloat16(
-          glu_output(v0, v1, ew->gate_up_bias, p.s.interleaved, i, p.d_ff, p.s.glu_kind, p.s.alpha, p.s.limit));
-    } else {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int o = 16 * pu + g + 8 * h;
-        if (!live[h]) continue;
-        const float v = h == 0 ? v0 : v1;
-        if (ew == nullptr) {
-          const float* bias = part_field(p, pi, [](const GemvPart& q) { return q.bias; });
-          part_field(p, pi, [](const GemvPart& q) { return q.out; })[int64_t(n) * n_out() + o] =
-              __float2bfloat16(v + (bias ? bias[o] : 0.0f));
-        } else {
-          p.y[int64_t(p.perm[row0 + n]) * p.n_out + o] = v + (ew->down_bias ? ew->down_bias[o] : 0.0f);
-        }
-      }
-    }
-  }
+  finish(unit);
 }
 
 int kp_of(int64_t k) { return int((k + kKTile - 1) / kKTile * kKTile); }
@@ -489,10 +555,10 @@ void launch_gemv_warps(GemvParams p, int n_slots, int64_t tiles, cudaStream_t st
   const int64_t wave = int64_t(sms) * 16;  // resident warps at up to 128 registers per thread
   p.split = 1;
   const int min_slice = 2 * ring_blocks(p.f.value) - 1;
-  while (p.split < kCtaWarps && int64_t(p.units) * tiles * p.split * 2 <= wave &&
+  while (kKind != kMoeDownUnits && p.split < kCtaWarps && int64_t(p.units) * tiles * p.split * 2 <= wave &&
          p.n_blocks >= 2 * min_slice * p.split)
     p.split *= 2;
-  const int units_per_cta = kWarps / p.split;
+  const int units_per_cta = kWarps / p.split * (kKind == kMoeDownUnits ? p.upw : 1);
   // The tile is the grid's slow index: align puts the live tiles first, so the live CTAs
   // are dispatched first. A dependent launch's CTAs all wait at pdl_wait; where the grid
   // is more than one wave (one token: 8 slots, 4 live, 5 CTAs per SM), the CTAs left for
@@ -549,6 +615,36 @@ int resident_warps(const QuantFormat& f, int smem) {
   return warps;
 }
 
+// set_quant_gemv_units_per_warp's value (0: the rule).
+std::atomic<int> forced_units_per_warp{[] {
+  const char* v = std::getenv("KILN_GEMV_UNITS_PER_WARP");
+  return v && *v ? std::max(0, std::atoi(v)) : 0;
+}()};
+
+// Units a warp of a MoE down GEMV takes (kMoeDownUnits where more than 1): doubled, up to
+// 8, while the doubled run of blocks stays within 28 KB of codes and scales and the warps
+// still make two waves. H200, kiln bench op (graph-replayed MoE layers; the bf16 ones by
+// wall clock), us at 64 / 256 rows with one unit a warp -> the rule's: NVFP4 Qwen3-30B-A3B
+// (a unit of 6.8 KB; 4 units) 192.6 / 434.6 -> 176.8 / 393.6, its TP2 rank part (3.4 KB;
+// 4 / 8) 120.5 / 264.8 -> 107.8 / 228.6, its TP4 rank part (2.3 KB; 4 / 8) 88.5 / 181.0
+// -> 78.1 / 149.0; MXFP4 (6.5 KB; 4) 156.5 / 360.3 -> 153.8 / 348.0; FP8 (12.7 KB; 2)
+// 194.7 / 411.2 -> 192.1 / 395.7; bf16 at TP4 (6 KB; 4) 64 rows 134.8 -> 129.2. Units of
+// 18 KB (a DeepSeek-like d_ff of 2048 in INT4 / NVFP4) ran 0.5-6.5% slower two a warp; at 8
+// rows (64 tiles: 2 or 4 units a warp leave one or two waves) every format but NVFP4 ran
+// 2-7% slower, hence the two waves (docs/perf/multi-gpu.md, nineteenth section; the
+// configurations the rule picks were measured by forcing them, KILN_GEMV_UNITS_PER_WARP).
+int down_units_per_warp(const GemvParams& p, int64_t tiles) {
+  if (const int forced = forced_units_per_warp.load(std::memory_order_relaxed); forced > 0) return forced;
+  int device = 0, sms = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&device));
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t wave = int64_t(sms) * 16, warps = int64_t(p.units) * tiles;
+  const int64_t unit_bytes = int64_t(kQuantUnitRows) * (p.code_row + p.scale_row);
+  int upw = 1;
+  while (upw < 8 && 2 * upw * unit_bytes <= 28 * 1024 && warps >= 2 * (2 * upw) * wave) upw *= 2;
+  return upw;
+}
+
 // A MoE launch takes 8-warp CTAs where the staged rows leave an SM too few CTAs of 4
 // (moe_gemv_warps), and also where registers do: an instance above 128 registers a thread
 // (the bf16 down GEMV: 134, ncu on the H200) fits 3 CTAs of 4 warps, 12 warps an SM,
@@ -566,6 +662,12 @@ void launch_gemv(const GemvParams& p, int n_slots, int64_t tiles, cudaStream_t s
     launch_gemv_warps<kKind, kCtaWarps>(p, n_slots, tiles, stream);
   } else {
     const int by_smem = moe_gemv_warps(p.rows_cap, p.Kp), smem = x_bytes(p.rows_cap, p.Kp);
+    if (const int upw = kKind == kMoeDown ? down_units_per_warp(p, tiles) : 1; upw > 1 && by_smem == kCtaWarps) {
+      GemvParams q = p;
+      q.upw = upw;
+      launch_gemv_warps<kMoeDownUnits, kCtaWarps>(q, n_slots, tiles, stream);
+      return;
+    }
     const bool wide = by_smem == kWideCtaWarps ||
                       (by_smem == kCtaWarps &&
                        resident_warps<kKind, kWideCtaWarps>(p.f, smem) > resident_warps<kKind, kCtaWarps>(p.f, smem));
@@ -593,6 +695,8 @@ int quant_gemv_max_rows(int64_t n_in) {
 }
 
 int quant_gemv_moe_warps(int rows, int64_t n_in) { return moe_gemv_warps(rows, kp_of(n_in)); }
+
+void set_quant_gemv_units_per_warp(int n) { forced_units_per_warp.store(std::max(0, n), std::memory_order_relaxed); }
 
 void launch_quant_gemv_linears(const bf16* x, const GemvPart* parts, int n_parts, const QuantFormat& f, int64_t rows,
                                int64_t n_in, cudaStream_t stream) {
