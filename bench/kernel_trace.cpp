@@ -15,12 +15,19 @@
 // writes nothing, so it may be preloaded into a wrapper script (scripts/gpu-serve-sweep:
 // the server's table, not its client's); two processes that run kernels would write over
 // each other's file.
+// KILN_KERNEL_TRACE_START_FILE=FILE records nothing until FILE exists (polled every 50 ms):
+// a server's start-up and warm-up (thousands of launches, graph recordings) run untraced,
+// and a script creates the file before the requests it wants measured.
 #include <cupti.h>
 
 #include <cxxabi.h>
 #include <pthread.h>
 
+#include <unistd.h>
+
+#include <chrono>
 #include <csignal>
+#include <thread>
 
 #include <algorithm>
 #include <cstdint>
@@ -119,10 +126,18 @@ struct Start {
       sigset_t* mask;
       ~Restore() { pthread_sigmask(SIG_SETMASK, mask, nullptr); }
     } restore{&before};
+    const char* start_file = std::getenv("KILN_KERNEL_TRACE_START_FILE");
     if (cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed) != CUPTI_SUCCESS ||
-        cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS) {
+        (!start_file && cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS)) {
       std::fprintf(stderr, "kernel_trace: CUPTI refused the kernel activity records; nothing will be traced\n");
       return;
+    }
+    if (start_file) {  // (the thread inherits the blocked signals above)
+      std::thread([path = std::string(start_file)] {
+        while (access(path.c_str(), F_OK) != 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        if (cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS)
+          std::fprintf(stderr, "kernel_trace: CUPTI refused the kernel activity records; nothing will be traced\n");
+      }).detach();
     }
     cuptiActivityFlushPeriod(250);  // ms: records reach us while the process runs, not only at exit
     std::atexit(report);

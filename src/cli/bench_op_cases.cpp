@@ -755,9 +755,10 @@ void run_all_cases(Bench& b) {
     bench_sample(b, *be);
   }
   for (const MoeModel& m : kMoeModels) bench_moe_model(b, m);
+  // (A rank's part only when asked by name: --only "TP2 rank", say.)
   for (const MoeModel& m : kMoeModels)
     for (const QuantFormatCase& f : kQuantFormats)
-      if (!m.rank_part) bench_quant_moe(b, m, f);
+      if (!m.rank_part || b.filtered()) bench_quant_moe(b, m, f);
   bench_fp8_linear(b);
   bench_quant_linear_decode(b);
   bench_mla(b, "DeepSeek-V3", 128);

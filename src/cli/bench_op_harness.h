@@ -85,6 +85,7 @@ class Bench {
   std::unique_ptr<ops::Backend> backend() const;
 
   int iters() const { return o_.iters; }
+  bool filtered() const { return !o_.only.empty(); }  // --only given
   bool wanted(const Case& c) const { return o_.only.empty() || c.label().find(o_.only) != std::string::npos; }
 
   // Median wall time of op() + synchronize(), L2 flushed before each call.
