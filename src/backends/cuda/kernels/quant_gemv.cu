@@ -440,6 +440,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == kWideCtaWarps ? 2 : 0) 
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int o = 16 * (u - pb) + g + 8 * h;
+          // (kMoeDownUnits: live is already the next unit's, requested ahead.)
           if (kMulti ? o >= p.n_out : !live[h]) continue;
           const float v = h == 0 ? v0 : v1;
           if (ew == nullptr) {
@@ -547,12 +548,17 @@ void with_instance(const QuantFormat& f, Fn&& fn) {
 // 1.7 waves at split 2 under the old one: 104.9-107.5 us with it, 107.7 without, across
 // runs). Slices of at least 6 blocks for every format (not 2 ring - 1) cost gpt-oss-20b
 // decode 3-5%: the bf16 attention projections lost their 4-way split.
-template <int kKind, int kWarps>
-void launch_gemv_warps(GemvParams p, int n_slots, int64_t tiles, cudaStream_t stream) {
+// Warps the current device holds at once at up to 128 registers a thread: a launch's wave.
+int64_t gemv_wave() {
   int device = 0, sms = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&device));
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int64_t wave = int64_t(sms) * 16;  // resident warps at up to 128 registers per thread
+  return int64_t(sms) * 16;
+}
+
+template <int kKind, int kWarps>
+void launch_gemv_warps(GemvParams p, int n_slots, int64_t tiles, cudaStream_t stream) {
+  const int64_t wave = gemv_wave();
   p.split = 1;
   const int min_slice = 2 * ring_blocks(p.f.value) - 1;
   while (kKind != kMoeDownUnits && p.split < kCtaWarps && int64_t(p.units) * tiles * p.split * 2 <= wave &&
@@ -635,13 +641,11 @@ std::atomic<int> forced_units_per_warp{[] {
 // configurations the rule picks were measured by forcing them, KILN_GEMV_UNITS_PER_WARP).
 int down_units_per_warp(const GemvParams& p, int64_t tiles) {
   if (const int forced = forced_units_per_warp.load(std::memory_order_relaxed); forced > 0) return forced;
-  int device = 0, sms = 0;
-  KILN_CUDA_CHECK(cudaGetDevice(&device));
-  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int64_t wave = int64_t(sms) * 16, warps = int64_t(p.units) * tiles;
+  const int64_t wave = gemv_wave(), warps = int64_t(p.units) * tiles;
   const int64_t unit_bytes = int64_t(kQuantUnitRows) * (p.code_row + p.scale_row);
   int upw = 1;
-  while (upw < 8 && 2 * upw * unit_bytes <= 28 * 1024 && warps >= 2 * (2 * upw) * wave) upw *= 2;
+  // (Doubled: runs of 2 upw units, warps / (2 upw) >= 2 waves.)
+  while (upw < 8 && 2 * upw * unit_bytes <= 28 * 1024 && warps >= 4 * upw * wave) upw *= 2;
   return upw;
 }
 
