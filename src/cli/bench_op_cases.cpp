@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <random>
 #include <set>
 #include <string>
@@ -43,6 +44,8 @@ constexpr LinearShape kLinearShapes[] = {
     {"gpt-oss-120b", "lm_head", 2880, 201088, false},
     {"Qwen3-30B-A3B", "qkv", 2048, 5120, false},  // 32 q + 2 x 4 kv heads of 128
     {"Qwen3-30B-A3B", "o", 4096, 2048, false},
+    {"Qwen3-30B-A3B TP2 rank", "qkv", 2048, 2560, false},
+    {"Qwen3-30B-A3B TP2 rank", "o", 2048, 2048, false},
     {"Qwen3-30B-A3B", "lm_head", 2048, 151936, false},
     {"GLM-4.7", "qkv", 5120, 14336, true},  // 96 q + 2 x 8 kv heads of 128
     {"GLM-4.7", "o", 12288, 5120, false},
@@ -60,11 +63,11 @@ void bench_linear(Bench& b) {
   for (const LinearShape& s : kLinearShapes) {
     const std::string shape =
         std::string(s.model) + " " + s.name + " " + str(s.n_in) + "->" + str(s.n_out) + (s.bias ? " +bias" : "");
-    if (!any_wanted(b, "linear", shape, {1, 8, kPrefillRows})) continue;
+    if (!any_wanted(b, "linear", shape, {1, 8, 64, kPrefillRows})) continue;
     ops::Weight w{.data = b.fill.weight(*be, {s.n_out, s.n_in})};  // [n_out, n_in]
     if (s.bias) w.bias = b.fill.vector(*be, s.n_out, -0.1f, 0.1f);
     const double weight_bytes = 2.0 * double(s.n_in) * double(s.n_out) + (s.bias ? 4.0 * double(s.n_out) : 0.0);
-    for (int64_t rows : {1, 8, kPrefillRows}) {
+    for (int64_t rows : {1, 8, 64, kPrefillRows}) {  // 64: a decode step of 64 streams
       Case c{.op = "linear", .shape = shape, .rows = rows, .gemm = true};
       if (rows < kPrefillRows) c.bytes = weight_bytes + 2.0 * double(rows) * double(s.n_in + s.n_out);
       else c.flops = 2.0 * double(rows) * double(s.n_in) * double(s.n_out);
@@ -73,6 +76,56 @@ void bench_linear(Bench& b) {
       Tensor x = b.fill.activation(*be, {rows, s.n_in});
       Tensor out = be->alloc(DType::kBF16, {rows, s.n_out});
       b.run(*be, b.rows_batch(rows), c, [&] { be->linear({.x = x, .w = &w, .out = out}); });
+    }
+  }
+}
+
+// Time per call of a decode step of `calls` calls recorded as one CUDA graph by
+// Backend::run_step (as a decode step is) and replayed many times, by the host's clock:
+// no flush, no host launch cost; the gaps between the graph's kernels are counted.
+Timing replayed(Bench& b, ops::Backend& be, const ops::BatchMeta& batch, int calls,
+                const std::function<Tensor()>& step) {
+  for (int i = 0; i < 3; ++i) be.run_step(batch, 1, step);  // eager, record, replay
+  be.synchronize();
+  const int replays = std::max(10, b.iters() * 5);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < replays; ++i) be.run_step(batch, 1, step);
+  be.synchronize();
+  const double us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / double(replays * calls);
+  return Timing{.us = us, .iters = b.iters()};
+}
+
+// A decode step's projections at 1-64 rows: `layers` weights of the shape (together over
+// 4 x a 50 MB L2, so each comes from DRAM) one after the other in a replayed step, as the
+// layers of a model run (the bf16 GEMV to 8 rows, cuBLASLt beyond; KILN_BF16_GEMV=0:
+// cuBLASLt at every row count).
+void bench_linear_graph(Bench& b) {
+  for (const LinearShape& s : kLinearShapes) {
+    if (s.n_in * s.n_out > (int64_t(64) << 20)) continue;  // an lm_head: one a step
+    const std::string shape =
+        std::string(s.model) + " " + s.name + " " + str(s.n_in) + "->" + str(s.n_out) + (s.bias ? " +bias" : "");
+    if (!any_wanted(b, "linear (graph)", shape, {1, 2, 4, 8, 16, 32, 64})) continue;
+    auto be = b.backend();
+    const double weight_bytes = 2.0 * double(s.n_in) * double(s.n_out);
+    const int layers = int(std::clamp(std::ceil(200e6 / weight_bytes), 2.0, 64.0));
+    std::vector<ops::Weight> ws(static_cast<size_t>(layers));
+    for (ops::Weight& w : ws) {
+      w.data = b.fill.weight(*be, {s.n_out, s.n_in});
+      if (s.bias) w.bias = b.fill.vector(*be, s.n_out, -0.1f, 0.1f);
+    }
+    for (int64_t rows : {1, 2, 4, 8, 16, 32, 64}) {
+      Case c{.op = "linear (graph)", .shape = shape, .rows = rows,
+             .bytes = weight_bytes + 2.0 * double(rows) * double(s.n_in + s.n_out)};
+      c.note = str(layers) + " weights per graph";
+      if (!b.wanted(c)) continue;
+      Tensor x = b.fill.activation(*be, {rows, s.n_in});
+      Tensor out = be->alloc(DType::kBF16, {rows, s.n_out});
+      const auto step = [&] {
+        for (const ops::Weight& w : ws) be->linear({.x = x, .w = &w, .out = out});
+        return out;
+      };
+      b.report(c, replayed(b, *be, paged_batch(int(rows), 16, 1, 16, b.fill.rng()), layers, step));
     }
   }
 }
@@ -533,15 +586,7 @@ void bench_quant_moe(Bench& b, const MoeModel& m, const QuantFormatCase& f) {
                  .routing = m.routing, .glu = m.glu, .out = outs[size_t(l)]});
       return outs.back();
     };
-    for (int i = 0; i < 3; ++i) be->run_step(batch, 1, step);  // eager, record, replay
-    be->synchronize();
-    const int replays = std::max(10, b.iters() * 5);
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < replays; ++i) be->run_step(batch, 1, step);
-    be->synchronize();
-    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
-                      double(replays * layers);
-    b.report(c, Timing{.us = us, .iters = b.iters()});
+    b.report(c, replayed(b, *be, batch, layers, step));
   }
   // FP8 block experts at prefill run W8A8 where the device has e4m3 mma.sync, else W8A16.
   const auto* cuda_be = dynamic_cast<const cuda::CudaBackend*>(be.get());
@@ -744,6 +789,7 @@ void bench_gdn(Bench& b) {
 
 void run_all_cases(Bench& b) {
   bench_linear(b);
+  bench_linear_graph(b);
   {
     auto be = b.backend();
     bench_rms_norm(b, *be);
