@@ -42,6 +42,9 @@ Result<std::unique_ptr<ops::Backend>> make_cuda_backend(const CudaOptions& optio
   if (const char* g = std::getenv("KILN_BF16_GEMV"); g && std::string(g) == "0") {
     backend->set_bf16_gemv(false);
     KILN_LOG(kWarn, "cuda: bf16 linears take cuBLASLt at every batch size (KILN_BF16_GEMV=0)");
+  } else if (g && std::string(g) == "experts") {
+    backend->set_bf16_gemv_dense(false);
+    KILN_LOG(kWarn, "cuda: dense bf16 linears take cuBLASLt at every batch size (KILN_BF16_GEMV=experts)");
   }
   if (const char* g = std::getenv("KILN_GDN_CHUNKED"); g && std::string(g) == "0") {
     backend->set_gdn_chunk_min_tokens(INT32_MAX);

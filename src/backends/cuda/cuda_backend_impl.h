@@ -116,6 +116,10 @@ class CudaBackend final : public ops::Backend {
   // turned off (KILN_BF16_GEMV=0: cuBLASLt at every shape).
   void set_bf16_gemv(bool on) { bf16_gemv_ = on; }
   bool bf16_gemv() const { return bf16_gemv_; }
+  // Off: the dense linears take cuBLASLt at every shape, bf16 experts keep the GEMV
+  // (KILN_BF16_GEMV=experts; for measuring the two apart).
+  void set_bf16_gemv_dense(bool on) { bf16_gemv_dense_ = on; }
+  bool bf16_gemv_dense() const { return bf16_gemv_ && bf16_gemv_dense_; }
   // The most tokens a quantized MoE layer takes the GEMV for (tiles beyond), in place
   // of the rule of moe_stream_gemv.
   void set_quant_gemv_moe_tokens(int64_t n) { quant_gemv_moe_tokens_ = n; }
@@ -295,6 +299,7 @@ class CudaBackend final : public ops::Backend {
   bool native_quant_moe_[2] = {false, false};  // by quant_native_act_format
   bool w8a8_ = true;
   bool bf16_gemv_ = true;
+  bool bf16_gemv_dense_ = true;
   int32_t gdn_chunk_min_tokens_ = kGdnChunkMinTokens;
 };
 

@@ -676,7 +676,7 @@ void CudaBackend::moe(const ops::MoeArgs& a) {
 }
 
 bool CudaBackend::bf16_gemv_weight(const ops::Weight& w) const {
-  return bf16_gemv_ && !w.quantized() && !w.transposed && w.n_out() * w.n_in() <= kBf16GemvMaxWeights &&
+  return bf16_gemv_dense() && !w.quantized() && !w.transposed && w.n_out() * w.n_in() <= kBf16GemvMaxWeights &&
          quant_gemv_max_rows(w.n_in()) > 0;
 }
 

@@ -112,7 +112,7 @@ PathResult test_linear(Harness& h, int rows) {
   h.cpu().linear({.x = x, .w = &wc, .out = ref});
   h.gpu_backend().linear({.x = h.gpu(x), .w = &wg, .out = out});
   const auto* cuda = dynamic_cast<const CudaBackend*>(&h.gpu_backend());
-  const bool gemv = rows <= 8 && cuda != nullptr && cuda->bf16_gemv();
+  const bool gemv = rows <= 8 && cuda != nullptr && cuda->bf16_gemv_dense();
   return h.compare(gemv ? "linear (bf16 GEMV, bias)" : "linear (cuBLASLt bf16, bias)", out, ref);
 }
 
