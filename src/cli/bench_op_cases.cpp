@@ -58,18 +58,25 @@ constexpr LinearShape kLinearShapes[] = {
     {"Llama-3-8B", "down", 14336, 4096, false},
 };
 
+std::string label(const LinearShape& s) {
+  return std::string(s.model) + " " + s.name + " " + str(s.n_in) + "->" + str(s.n_out) + (s.bias ? " +bias" : "");
+}
+
+// A weight's bytes, with its fp32 bias.
+double weight_bytes(const LinearShape& s) {
+  return 2.0 * double(s.n_in) * double(s.n_out) + (s.bias ? 4.0 * double(s.n_out) : 0.0);
+}
+
 void bench_linear(Bench& b) {
   auto be = b.backend();
   for (const LinearShape& s : kLinearShapes) {
-    const std::string shape =
-        std::string(s.model) + " " + s.name + " " + str(s.n_in) + "->" + str(s.n_out) + (s.bias ? " +bias" : "");
+    const std::string shape = label(s);
     if (!any_wanted(b, "linear", shape, {1, 8, 64, kPrefillRows})) continue;
     ops::Weight w{.data = b.fill.weight(*be, {s.n_out, s.n_in})};  // [n_out, n_in]
     if (s.bias) w.bias = b.fill.vector(*be, s.n_out, -0.1f, 0.1f);
-    const double weight_bytes = 2.0 * double(s.n_in) * double(s.n_out) + (s.bias ? 4.0 * double(s.n_out) : 0.0);
     for (int64_t rows : {1, 8, 64, kPrefillRows}) {  // 64: a decode step of 64 streams
       Case c{.op = "linear", .shape = shape, .rows = rows, .gemm = true};
-      if (rows < kPrefillRows) c.bytes = weight_bytes + 2.0 * double(rows) * double(s.n_in + s.n_out);
+      if (rows < kPrefillRows) c.bytes = weight_bytes(s) + 2.0 * double(rows) * double(s.n_in + s.n_out);
       else c.flops = 2.0 * double(rows) * double(s.n_in) * double(s.n_out);
       if (s.bias) c.note = "fp32 GEMM output, then a bias + round kernel";
       if (!b.wanted(c)) continue;
@@ -98,17 +105,15 @@ Timing replayed(Bench& b, ops::Backend& be, const ops::BatchMeta& batch, int cal
 
 // A decode step's projections at 1-64 rows: `layers` weights of the shape (together over
 // 4 x a 50 MB L2, so each comes from DRAM) one after the other in a replayed step, as the
-// layers of a model run (the bf16 GEMV to 8 rows, cuBLASLt beyond; KILN_BF16_GEMV=0:
-// cuBLASLt at every row count).
+// layers of a model run (the bf16 GEMV to 8 rows, cuBLASLt beyond; KILN_BF16_GEMV=0 or
+// =experts: cuBLASLt at every row count).
 void bench_linear_graph(Bench& b) {
   for (const LinearShape& s : kLinearShapes) {
     if (s.n_in * s.n_out > (int64_t(64) << 20)) continue;  // an lm_head: one a step
-    const std::string shape =
-        std::string(s.model) + " " + s.name + " " + str(s.n_in) + "->" + str(s.n_out) + (s.bias ? " +bias" : "");
+    const std::string shape = label(s);
     if (!any_wanted(b, "linear (graph)", shape, {1, 2, 4, 8, 16, 32, 64})) continue;
     auto be = b.backend();
-    const double weight_bytes = 2.0 * double(s.n_in) * double(s.n_out);
-    const int layers = int(std::clamp(std::ceil(200e6 / weight_bytes), 2.0, 64.0));
+    const int layers = int(std::clamp(std::ceil(200e6 / weight_bytes(s)), 2.0, 64.0));
     std::vector<ops::Weight> ws(static_cast<size_t>(layers));
     for (ops::Weight& w : ws) {
       w.data = b.fill.weight(*be, {s.n_out, s.n_in});
@@ -116,7 +121,7 @@ void bench_linear_graph(Bench& b) {
     }
     for (int64_t rows : {1, 2, 4, 8, 16, 32, 64}) {
       Case c{.op = "linear (graph)", .shape = shape, .rows = rows,
-             .bytes = weight_bytes + 2.0 * double(rows) * double(s.n_in + s.n_out)};
+             .bytes = weight_bytes(s) + 2.0 * double(rows) * double(s.n_in + s.n_out)};
       c.note = str(layers) + " weights per graph";
       if (!b.wanted(c)) continue;
       Tensor x = b.fill.activation(*be, {rows, s.n_in});
@@ -462,7 +467,7 @@ void bench_fp8_linear(Bench& b) {
   KILN_CHECK(cuda_be != nullptr) << "kiln bench op: the FP8 cases need the CUDA backend";
   const cuda::QuantFormat qf{.value = 2, .scale_kind = 4, .scale_bytes = 4, .group = 128};
   for (const LinearShape& s : kShapes) {
-    const std::string shape = std::string(s.model) + " " + s.name + " " + str(s.n_in) + "->" + str(s.n_out);
+    const std::string shape = label(s);
     for (const bool w8a8 : {true, false}) {
       const std::string op = w8a8 ? "linear fp8 block W8A8" : "linear fp8 block W8A16";
       if (w8a8 && !cuda::quant_w8a8_supported(qf, cuda_be->info().cc())) continue;
