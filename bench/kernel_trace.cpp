@@ -18,6 +18,12 @@
 // KILN_KERNEL_TRACE_START_FILE=FILE records nothing until FILE exists (polled every 50 ms):
 // a server's start-up and warm-up (thousands of launches, graph recordings) run untraced,
 // and a script creates the file before the requests it wants measured.
+// KILN_KERNEL_TRACE_TIMELINE=FILE also writes every kernel (up to 4 M) as a line "device
+// stream start_ns end_ns name", in the order CUPTI delivered them: where a step's time goes
+// between kernels, which the table cannot say (with dependent launches, a kernel's cost in
+// the step is its end minus the end of the kernel before it on its stream);
+// scripts/kernel-timeline reads it. CUPTI lengthens host work (a replayed graph's launch
+// took ~0.3 ms traced against ~0.03 ms untraced): time the host's gaps without it.
 #include <cupti.h>
 
 #include <cxxabi.h>
@@ -47,6 +53,13 @@ struct Stat {
 
 std::mutex mu;
 std::map<std::string, Stat>* stats = nullptr;  // leaked on purpose: read at exit
+struct Event {
+  uint32_t device, stream;
+  uint64_t start, end;
+  const std::string* name;  // a key of *stats
+};
+std::vector<Event>* timeline = nullptr;  // KILN_KERNEL_TRACE_TIMELINE only
+constexpr size_t kMaxEvents = size_t(4) << 20;
 uint64_t first_start = UINT64_MAX, last_end = 0;
 
 constexpr size_t kBufferBytes = size_t(8) << 20;
@@ -76,7 +89,10 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
     if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && record->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
     const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-    Stat& s = (*stats)[readable(k->name)];
+    const auto it = stats->try_emplace(readable(k->name)).first;
+    Stat& s = it->second;
+    if (timeline && timeline->size() < kMaxEvents)
+      timeline->push_back({k->deviceId, k->streamId, k->start, k->end, &it->first});
     ++s.count;
     s.ns += k->end - k->start;
     first_start = std::min<uint64_t>(first_start, k->start);
@@ -108,12 +124,22 @@ void report() {
                  double(s.ns) / 1e3 / double(std::max<uint64_t>(s.count, 1)),
                  total ? 100.0 * double(s.ns) / double(total) : 0.0, name.c_str());
   if (f) std::fclose(f);
+  const char* tpath = std::getenv("KILN_KERNEL_TRACE_TIMELINE");
+  if (timeline && tpath && *tpath) {
+    if (FILE* t = std::fopen(tpath, "w")) {
+      for (const Event& e : *timeline)
+        std::fprintf(t, "%u %u %llu %llu %s\n", e.device, e.stream, (unsigned long long)e.start,
+                     (unsigned long long)e.end, e.name->c_str());
+      std::fclose(t);
+    }
+  }
 }
 
 // Runs when the library is loaded (LD_PRELOAD), before main.
 struct Start {
   Start() {
     stats = new std::map<std::string, Stat>();
+    if (const char* t = std::getenv("KILN_KERNEL_TRACE_TIMELINE"); t && *t) timeline = new std::vector<Event>();
     // CUPTI's threads, started here before main, must not take the signals the program
     // waits for on a thread of its own (kiln serve's SIGINT / SIGTERM): they inherit a
     // mask that blocks them.
