@@ -34,10 +34,14 @@ Result<Attention> load_attention(WeightLoader& w, const formats::ModelConfig& c,
   const int64_t q_rows = a.n_heads * a.d_head, kv_rows = a.n_kv_heads * a.d_head;
   const int64_t qf = opt.output_gate ? 2 : 1;  // rows per query row: [q | gate] per head
   const Part q_part = Part::rows(r * q_rows * qf, q_rows * qf), kv_part = Part::rows(kv_first * a.d_head, kv_rows);
-  KILN_ASSIGN_OR_RETURN(a.q, w.linear(prefix + ".q_proj", d_q * qf, c.d_model, opt.qkv_bias, q_part));
+  // (One allocation where the backend computes adjacent linears as one product.)
+  KILN_ASSIGN_OR_RETURN(std::vector<ops::Weight> qkv,
+                        w.adjacent_linears({{.prefix = prefix + ".q_proj", .n_out = d_q * qf, .part = q_part},
+                                            {.prefix = prefix + ".k_proj", .n_out = d_kv, .part = kv_part},
+                                            {.prefix = prefix + ".v_proj", .n_out = d_kv, .part = kv_part}},
+                                           c.d_model, opt.qkv_bias));
+  a.q = std::move(qkv[0]), a.k = std::move(qkv[1]), a.v = std::move(qkv[2]);
   a.output_gate = opt.output_gate;
-  KILN_ASSIGN_OR_RETURN(a.k, w.linear(prefix + ".k_proj", d_kv, c.d_model, opt.qkv_bias, kv_part));
-  KILN_ASSIGN_OR_RETURN(a.v, w.linear(prefix + ".v_proj", d_kv, c.d_model, opt.qkv_bias, kv_part));
   KILN_ASSIGN_OR_RETURN(a.o, w.linear(prefix + ".o_proj", c.d_model, d_q, opt.o_bias, Part::cols(r * q_rows, q_rows),
                                       /*bias_here=*/r == 0));
   if (opt.qk_norm) {

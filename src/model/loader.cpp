@@ -1,5 +1,6 @@
 #include "model/loader.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -231,8 +232,15 @@ Tensor WeightLoader::generated(const std::string& name, const Shape& full, const
     return unbacked_tensor(dtype, shape);
   }
   Tensor t = backend_.alloc_weight(dtype, shape);
+  fill_generated(name, full, part, t);
+  return t;
+}
+
+void WeightLoader::fill_generated(const std::string& name, const Shape& full, const Part& part, Tensor& t) {
+  auto ranges = part_ranges(full, part);
+  KILN_CHECK(ranges.ok()) << name << ": " << ranges.status().to_string();
   const bool norm = name.find("norm") != std::string::npos && !name.ends_with(".bias");  // LayerNorm biases near 0
-  const bool vector = shape.rank < 2;
+  const bool vector = t.rank() < 2;
   float mean = 0.0f, stddev = 0.02f;
   if (norm && vector) {
     mean = 1.0f;  // RMSNorm gains
@@ -244,7 +252,6 @@ Tensor WeightLoader::generated(const std::string& name, const Shape& full, const
   backend_.fill_random({.out = t, .seed = dummy_seed(name, 0, *ranges), .mean = mean, .stddev = stddev});
   device_bytes_ += uint64_t(t.nbytes());
   used_.insert(name);
-  return t;
 }
 
 Result<formats::QuantizedTensor> WeightLoader::generated_quantized(const std::string& name, formats::QuantKind kind,
@@ -319,6 +326,11 @@ Result<formats::QuantizedTensor> WeightLoader::uploaded(const formats::Quantized
 
 Result<Tensor> WeightLoader::tensor(const std::string& name, const Shape& shape, const Part& part) {
   if (ckpt_ == nullptr) return generated(name, shape, part);
+  KILN_ASSIGN_OR_RETURN(Tensor t, host_part(name, shape, part));
+  return uploaded(t);
+}
+
+Result<Tensor> WeightLoader::host_part(const std::string& name, const Shape& shape, const Part& part) {
   KILN_ASSIGN_OR_RETURN(Tensor full, ckpt_->get(name, shape));
   auto sliced = slice_part(full, part);
   if (!sliced.ok()) return sliced.status().with_context(name);
@@ -329,7 +341,7 @@ Result<Tensor> WeightLoader::tensor(const std::string& name, const Shape& shape,
                        (quant_.quantized() ? "" : " (the config has no quantization_config)"));
   }
   used_.insert(name);
-  return uploaded(t);
+  return t;
 }
 
 Result<Tensor> WeightLoader::tensor_rows(const std::string& name, const Shape& shape,
@@ -369,17 +381,89 @@ Result<Tensor> WeightLoader::optional_tensor(const std::string& name, const Shap
   return tensor(name, shape);
 }
 
-Result<ops::Weight> WeightLoader::dense_linear(const std::string& prefix, int64_t n_out, int64_t n_in,
-                                               bool bias, const Part& part, bool bias_here) {
-  ops::Weight w;
+Status WeightLoader::not_packed(const std::string& prefix) const {
   for (const char* packed : {".weight_packed", ".weight_scale", ".weight_scale_inv"}) {
     if (!has(prefix + packed)) continue;
     return corrupt(prefix + packed + " says " + prefix + " is stored quantized, but " +
                    (quant_.quantized() ? "quantization_config excludes it" : "config.json has no quantization_config"));
   }
+  return Status::Ok();
+}
+
+Result<ops::Weight> WeightLoader::dense_linear(const std::string& prefix, int64_t n_out, int64_t n_in,
+                                               bool bias, const Part& part, bool bias_here) {
+  ops::Weight w;
+  KILN_RETURN_IF_ERROR(not_packed(prefix));
   KILN_ASSIGN_OR_RETURN(w.data, tensor(prefix + ".weight", {n_out, n_in}, part));
   KILN_RETURN_IF_ERROR(linear_bias(prefix, n_out, bias, part, bias_here, w));
   return w;
+}
+
+Result<std::vector<ops::Weight>> WeightLoader::adjacent_linears(const std::vector<RowLinear>& linears, int64_t n_in,
+                                                                bool bias) {
+  const auto dense = [&](const RowLinear& l) {
+    return !quant_.is_quantized(l.prefix) || quant_.kind == formats::QuantKind::kMxfp4;
+  };
+  std::vector<ops::Weight> out;
+  if (sizing_ || linears.size() < 2 || !backend_.fuses_adjacent_linears() ||
+      !std::all_of(linears.begin(), linears.end(), dense)) {
+    for (const RowLinear& l : linears) {
+      KILN_ASSIGN_OR_RETURN(ops::Weight w, linear(l.prefix, l.n_out, n_in, bias, l.part));
+      out.push_back(std::move(w));
+    }
+    return out;
+  }
+  // Each linear's rows of the one matrix: [first, first + rows).
+  std::vector<int64_t> first;
+  int64_t rows = 0;
+  for (const RowLinear& l : linears) {
+    KILN_RETURN_IF_ERROR(not_packed(l.prefix));
+    auto ranges = part_ranges({l.n_out, n_in}, l.part);
+    if (!ranges.ok()) return ranges.status().with_context(l.prefix + ".weight");
+    const Shape shape = part_shape(*ranges);
+    if (shape.dims[1] != n_in) return invalid_argument(l.prefix + ": adjacent linears cut by rows only");
+    first.push_back(rows);
+    rows += shape.dims[0];
+  }
+  Tensor all;
+  if (ckpt_ == nullptr) {
+    all = backend_.alloc_weight(DType::kBF16, {rows, n_in});
+    for (size_t i = 0; i < linears.size(); ++i) {
+      Tensor rows_i = all.slice0(first[i], i + 1 < first.size() ? first[i + 1] : rows);
+      fill_generated(linears[i].prefix + ".weight", {linears[i].n_out, n_in}, linears[i].part, rows_i);
+    }
+  } else {
+    // The cuts, one after the other on the host, uploaded once (each alone where their
+    // dtypes differ).
+    std::vector<Tensor> parts;
+    for (const RowLinear& l : linears) {
+      KILN_ASSIGN_OR_RETURN(Tensor t, host_part(l.prefix + ".weight", {l.n_out, n_in}, l.part));
+      parts.push_back(std::move(t));
+    }
+    if (!std::all_of(parts.begin(), parts.end(), [&](const Tensor& t) { return t.dtype == parts[0].dtype; })) {
+      for (size_t i = 0; i < linears.size(); ++i) {
+        ops::Weight w;
+        w.data = uploaded(parts[i]);
+        KILN_RETURN_IF_ERROR(linear_bias(linears[i].prefix, linears[i].n_out, bias, linears[i].part, true, w));
+        out.push_back(std::move(w));
+      }
+      return out;
+    }
+    Tensor host = host_tensor(parts[0].dtype, {rows, n_in});
+    size_t at = 0;
+    for (const Tensor& t : parts) {
+      std::memcpy(static_cast<char*>(host.data) + at, t.data, t.nbytes());
+      at += t.nbytes();
+    }
+    all = uploaded(host);
+  }
+  for (size_t i = 0; i < linears.size(); ++i) {
+    ops::Weight w;
+    w.data = all.slice0(first[i], i + 1 < first.size() ? first[i + 1] : rows);
+    KILN_RETURN_IF_ERROR(linear_bias(linears[i].prefix, linears[i].n_out, bias, linears[i].part, true, w));
+    out.push_back(std::move(w));
+  }
+  return out;
 }
 
 Status WeightLoader::linear_bias(const std::string& prefix, int64_t n_out, bool bias, const Part& part,

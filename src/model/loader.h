@@ -136,6 +136,16 @@ class WeightLoader {
   // layer adds its bias on one rank).
   Result<ops::Weight> linear(const std::string& prefix, int64_t n_out, int64_t n_in, bool bias,
                              const Part& part = {}, bool bias_here = true);
+  // Linears of one input (an attention's q, k and v), each as linear() loads it; where
+  // the backend fuses adjacent linears (ops::Backend::fuses_adjacent_linears) and all of
+  // them are dense, their matrices are row views of one allocation in this order (the
+  // same bytes, so the same memory), else separate.
+  struct RowLinear {
+    std::string prefix;
+    int64_t n_out = 0;
+    Part part;
+  };
+  Result<std::vector<ops::Weight>> adjacent_linears(const std::vector<RowLinear>& linears, int64_t n_in, bool bias);
   // A matrix that is never quantized (MoE routers, lm_head): prefix.weight (+ bias).
   Result<ops::Weight> dense_linear(const std::string& prefix, int64_t n_out, int64_t n_in, bool bias,
                                    const Part& part = {}, bool bias_here = true);
@@ -172,11 +182,17 @@ class WeightLoader {
   Result<formats::QuantizedTensor> quantized(const std::string& prefix, int64_t n_out, int64_t n_in, const Part& part);
   Status linear_bias(const std::string& prefix, int64_t n_out, bool bias, const Part& part, bool bias_here,
                      ops::Weight& w);
+  // An error where the checkpoint stores `prefix` quantized but the config says it is not.
+  Status not_packed(const std::string& prefix) const;
 
   WeightLoader(ops::Backend& backend, uint64_t seed, formats::QuantConfig quant)
       : ckpt_(nullptr), backend_(backend), dummy_seed_(seed), quant_(std::move(quant)) {}
   // A dummy tensor (see dummy()) of the full `shape` cut to `part`.
   Tensor generated(const std::string& name, const Shape& shape, const Part& part = {});
+  // Fills `t` (allocated at the cut's shape) with generated()'s values.
+  void fill_generated(const std::string& name, const Shape& full, const Part& part, Tensor& t);
+  // The checkpoint's float tensor `name` cut to `part` (host memory, not uploaded).
+  Result<Tensor> host_part(const std::string& name, const Shape& shape, const Part& part);
   // A dummy quantized [n_out, n_in] matrix of `kind` (host tensors) cut to `part` with the
   // scale grid a checkpoint's cut would have; `salt` tells apart experts of one name.
   Result<formats::QuantizedTensor> generated_quantized(const std::string& name, formats::QuantKind kind,

@@ -630,6 +630,10 @@ class Backend {
   virtual void rms_norm(const RmsNormArgs& a) = 0;
   virtual void linear(const LinearArgs& a) = 0;
   virtual void linears(const LinearsArgs& a);  // default: one linear each (ops.cpp)
+  // Whether linears() computes dense weights that lie one after the other in memory (row
+  // views of one matrix) as one product, so that a loader should place the linears of one
+  // input that way (model::WeightLoader::adjacent_linears: an attention's q, k and v).
+  virtual bool fuses_adjacent_linears() const { return false; }
   virtual void rope(const RopeArgs& a) = 0;
   virtual void qk_norm_rope(const QkNormRopeArgs& a);  // default: rms_norm, rope, kv_store (ops.cpp)
   virtual void kv_store(const KvStoreArgs& a) = 0;

@@ -92,6 +92,54 @@ TEST_F(CudaOps, LinearsOfOneInputMatchCpu) {
   }
 }
 
+// The same linears loaded as row views of one matrix (WeightLoader::adjacent_linears): beyond
+// the GEMV's rows one GEMM over them all and one kernel handing out the columns (biases
+// added in fp32); at 1-8 rows the GEMV as before. With biases (gpt-oss) and without (Qwen3:
+// a bf16 product), and a layout that is not adjacent (views in another order) left apart.
+TEST_F(CudaOps, AdjacentLinearsMatchCpu) {
+  for (const bool bias : {false, true})
+    for (const auto& [t, n_outs, k] : {std::tuple{64, std::vector<int64_t>{2048, 256, 256}, 2048},
+                                       {17, std::vector<int64_t>{4096, 512, 512}, 2880},
+                                       {9, std::vector<int64_t>{640, 128}, 1032},
+                                       {200, std::vector<int64_t>{96, 32, 32}, 64},
+                                       {33, std::vector<int64_t>{100, 20}, 64},  // not multiples of 8: apart
+                                       {4, std::vector<int64_t>{640, 128, 128}, 1032}}) {
+      for (const bool reversed : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << t << " tokens, " << n_outs.size() << " linears of " << k
+                                          << (bias ? " with biases" : "") << (reversed ? ", not adjacent" : ""));
+        const Tensor x = random({t, k});
+        int64_t n_all = 0;
+        for (int64_t n : n_outs) n_all += n;
+        const Tensor all = as_bf16(random({n_all, k}, 0.05f));
+        const Tensor all_gpu = gpu_->upload(all);
+        std::vector<ops::Weight> wc(n_outs.size()), wg(n_outs.size());
+        ops::LinearsArgs a{.x = to_gpu(x)};
+        int64_t row = 0;
+        for (size_t i = 0; i < n_outs.size(); ++i) {
+          wc[i] = ops::Weight{.data = all.slice0(row, row + n_outs[i])};
+          wg[i] = ops::Weight{.data = all_gpu.slice0(row, row + n_outs[i])};
+          if (bias) {
+            wc[i].bias = as_bf16(random({n_outs[i]}, 0.1f));
+            wg[i].bias = gpu_->upload(wc[i].bias);
+          }
+          row += n_outs[i];
+        }
+        for (size_t j = 0; j < n_outs.size(); ++j) {
+          const size_t i = reversed ? n_outs.size() - 1 - j : j;
+          a.w[j] = &wg[i];
+          a.out[j] = poisoned({t, n_outs[i]});
+        }
+        gpu_->linears(a);
+        for (size_t j = 0; j < n_outs.size(); ++j) {
+          const size_t i = reversed ? n_outs.size() - 1 - j : j;
+          Tensor ref = host_tensor(DType::kF32, {t, n_outs[i]});
+          cpu_->linear({.x = x, .w = &wc[i], .out = ref});
+          expect_close(from_gpu(a.out[j]), ref, kBf16Tol, "adjacent linears");
+        }
+      }
+    }
+}
+
 TEST_F(CudaOps, RmsNormMatchesCpu) {
   // 2880: 16-byte loads, a block per row; 1030: one element per load; 64 / 128 / 512 /
   // 1024: 8, 8, 16 and 32 threads per row (a lane group), rows not a multiple of the

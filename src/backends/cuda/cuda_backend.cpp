@@ -46,6 +46,10 @@ Result<std::unique_ptr<ops::Backend>> make_cuda_backend(const CudaOptions& optio
     backend->set_bf16_gemv_dense(false);
     KILN_LOG(kWarn, "cuda: dense bf16 linears take cuBLASLt at every batch size (KILN_BF16_GEMV=experts)");
   }
+  if (const char* f = std::getenv("KILN_FUSE_LINEARS"); f && std::string(f) == "0") {
+    backend->set_fuse_linears(false);
+    KILN_LOG(kWarn, "cuda: q, k and v are loaded apart and multiplied in a GEMM each (KILN_FUSE_LINEARS=0)");
+  }
   if (const char* g = std::getenv("KILN_GDN_CHUNKED"); g && std::string(g) == "0") {
     backend->set_gdn_chunk_min_tokens(INT32_MAX);
     KILN_LOG(kWarn, "cuda: Gated DeltaNet prompts take the token-serial recurrence (KILN_GDN_CHUNKED=0)");

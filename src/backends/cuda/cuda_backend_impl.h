@@ -63,6 +63,10 @@ class CudaBackend final : public ops::Backend {
   void rms_norm(const ops::RmsNormArgs& a) override;
   void linear(const ops::LinearArgs& a) override;
   void linears(const ops::LinearsArgs& a) override;
+  // Adjacent dense linears (q, k and v loaded as row views of one matrix) take one GEMM
+  // where the GEMV does not (KILN_FUSE_LINEARS=0: loaded apart, a GEMM each).
+  bool fuses_adjacent_linears() const override { return fuse_linears_; }
+  void set_fuse_linears(bool on) { fuse_linears_ = on; }
   void rope(const ops::RopeArgs& a) override;
   void qk_norm_rope(const ops::QkNormRopeArgs& a) override;
   void kv_store(const ops::KvStoreArgs& a) override;
@@ -210,6 +214,10 @@ class CudaBackend final : public ops::Backend {
   const bf16* dequantized(const ops::Weight& w);
   // y [rows, n_out] = x [rows, n_in] W^T through cuBLASLt (bf16 in, fp32 accumulate).
   void gemm(const Tensor& x, const ops::Weight& w, Tensor& y);
+  // linears() of bf16 weights that lie one after the other in memory: one GEMM over them
+  // all into scratch, its columns handed out (biases added) by one kernel; false (nothing
+  // done) where they do not.
+  bool adjacent_gemm(const ops::LinearsArgs& a);
   // The same into fp32 y, unrounded, W row-major [n_out, n_in] (the MoE router at prefill).
   void gemm_f32(const bf16* x, const bf16* w, int64_t rows, int64_t n_out, int64_t n_in, float* y);
 
@@ -300,6 +308,7 @@ class CudaBackend final : public ops::Backend {
   bool w8a8_ = true;
   bool bf16_gemv_ = true;
   bool bf16_gemv_dense_ = true;
+  bool fuse_linears_ = true;
   int32_t gdn_chunk_min_tokens_ = kGdnChunkMinTokens;
 };
 

@@ -239,12 +239,57 @@ void CudaBackend::linears(const ops::LinearsArgs& a) {
     if (fused) format = g->format, parts[n] = g->part;
   }
   if (!fused || n < 2) {
-    ops::Backend::linears(a);
+    if (!adjacent_gemm(a)) ops::Backend::linears(a);
     return;
   }
   check_act(a.x, "linears x");
   for (size_t i = 0; i < n; ++i) check_act(a.out[i], "linears out");
   launch_quant_gemv_linears(a.x.as<bf16>(), parts.data(), int(n), *format, a.x.dim(0), a.x.dim(1), stream_);
+}
+
+bool CudaBackend::adjacent_gemm(const ops::LinearsArgs& a) {
+  if (!fuse_linears_) return false;
+  std::array<ColumnPart, kMaxColumnParts> parts{};
+  size_t n = 0;
+  int64_t n_all = 0;
+  bool bias = false;
+  static_assert(kMaxColumnParts >= std::tuple_size_v<decltype(a.w)>);
+  for (; n < a.w.size() && a.w[n] != nullptr; ++n) {
+    const ops::Weight& w = *a.w[n];
+    if (w.quantized() || w.transposed || w.data.dtype != DType::kBF16 || w.data.device != Device::kCuda ||
+        w.n_in() != a.x.dim(1) || a.out[n].dim(0) != a.x.dim(0) || a.out[n].dim(1) != w.n_out() || w.n_out() % 8 != 0)
+      return false;
+    if (n > 0 && w.data.data != static_cast<const char*>(a.w[n - 1]->data.data) + a.w[n - 1]->data.nbytes())
+      return false;
+    parts[n] = {.out = nullptr, .bias = vec_or_null(w.bias, "linears bias"), .n = w.n_out()};
+    n_all += w.n_out();
+    bias = bias || w.bias.defined();
+  }
+  if (n < 2) return false;
+  const ScratchScope scratch_scope(op_scratch_);
+  check_act(a.x, "linears x");
+  for (size_t i = 0; i < n; ++i) {
+    check_act(a.out[i], "linears out");
+    parts[i].out = a.out[i].as<bf16>();
+  }
+  const int64_t rows = a.x.dim(0), n_in = a.x.dim(1);
+  if (rows == 0) return true;
+  const auto* w = static_cast<const bf16*>(a.w[0]->data.data);
+  void* y = nullptr;
+  if (bias) {  // fp32 products: each bias added before the one rounding
+    y = scratch<float>(rows * n_all, op_scratch_);
+    gemm_f32(a.x.as<bf16>(), w, rows, n_all, n_in, static_cast<float*>(y));
+  } else {
+    ops::Weight all;
+    all.data = a.w[0]->data;
+    all.data.shape = Shape{n_all, n_in};
+    Tensor out = a.out[0];
+    out.data = y = scratch<bf16>(rows * n_all, op_scratch_);
+    out.shape = Shape{rows, n_all};
+    gemm(a.x, all, out);
+  }
+  launch_split_columns(y, bias, n_all, parts.data(), int(n), rows, stream_);
+  return true;
 }
 
 void CudaBackend::rope(const ops::RopeArgs& a) {

@@ -51,6 +51,18 @@ void launch_bias_round(const float* y, const float* bias, bf16* out, int64_t row
 // dst[r, dst_col_begin + j] = src[r, col_begin + j] for j < n_cols (rows of n_src / n_dst).
 void launch_slice_columns(const bf16* src, int64_t n_src, int64_t col_begin, bf16* dst, int64_t n_dst,
                           int64_t dst_col_begin, int64_t n_cols, int64_t rows, cudaStream_t stream);
+// One product of adjacent linears [rows, n_all] (bf16, or fp32 where a part has a bias)
+// handed out by columns: part i takes the next parts[i].n columns (a multiple of 8) into
+// its own [rows, n] output, its bias added in fp32 and rounded once (as
+// launch_bias_round). A dependent launch (pdl.cuh).
+struct ColumnPart {
+  bf16* out = nullptr;
+  const float* bias = nullptr;
+  int64_t n = 0;
+};
+constexpr int kMaxColumnParts = 3;
+void launch_split_columns(const void* y, bool f32, int64_t n_all, const ColumnPart* parts, int n_parts, int64_t rows,
+                          cudaStream_t stream);
 // kind 0: silu(gate) * up; kind 1: gpt-oss clamped SwiGLU.
 void launch_glu(const bf16* gate, const bf16* up, bf16* out, int64_t n, int kind, float alpha, float limit,
                 cudaStream_t stream);
