@@ -45,6 +45,9 @@ class DelegatingBackend : public ops::Backend {
   void layer_norm(const ops::LayerNormArgs& a) override { inner_->layer_norm(a); }
   void dsa_index_store(const ops::DsaIndexStoreArgs& a) override { inner_->dsa_index_store(a); }
   void dsa_select(const ops::DsaSelectArgs& a) override { inner_->dsa_select(a); }
+  void sigmoid_mul(const ops::SigmoidMulArgs& a) override { inner_->sigmoid_mul(a); }
+  void gated_delta_net(const ops::GatedDeltaNetArgs& a) override { inner_->gated_delta_net(a); }
+  void copy_rows(const ops::CopyRowsArgs& a) override { inner_->copy_rows(a); }
 
  protected:
   std::unique_ptr<ops::Backend> inner_;

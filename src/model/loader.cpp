@@ -405,26 +405,32 @@ Result<std::vector<ops::Weight>> WeightLoader::adjacent_linears(const std::vecto
     return !quant_.is_quantized(l.prefix) || quant_.kind == formats::QuantKind::kMxfp4;
   };
   std::vector<ops::Weight> out;
-  if (sizing_ || linears.size() < 2 || !backend_.fuses_adjacent_linears() ||
-      !std::all_of(linears.begin(), linears.end(), dense)) {
+  const auto apart = [&]() -> Result<std::vector<ops::Weight>> {
     for (const RowLinear& l : linears) {
       KILN_ASSIGN_OR_RETURN(ops::Weight w, linear(l.prefix, l.n_out, n_in, bias, l.part));
       out.push_back(std::move(w));
     }
     return out;
-  }
-  // Each linear's rows of the one matrix: [first, first + rows).
+  };
+  if (sizing_ || linears.size() < 2 || !backend_.fuses_adjacent_linears() ||
+      !std::all_of(linears.begin(), linears.end(), dense))
+    return apart();
+  // Each linear's rows of the one matrix: [first, first + rows). Each view must start on
+  // 256 bytes, what cuBLASLt assumes of a matrix (the bf16 GEMV: 16): else apart.
   std::vector<int64_t> first;
   int64_t rows = 0;
+  bool aligned = true;
   for (const RowLinear& l : linears) {
     KILN_RETURN_IF_ERROR(not_packed(l.prefix));
     auto ranges = part_ranges({l.n_out, n_in}, l.part);
     if (!ranges.ok()) return ranges.status().with_context(l.prefix + ".weight");
     const Shape shape = part_shape(*ranges);
-    if (shape.dims[1] != n_in) return invalid_argument(l.prefix + ": adjacent linears cut by rows only");
+    KILN_CHECK_EQ(shape.dims[1], n_in) << l.prefix << ": adjacent linears are cut by rows only";
     first.push_back(rows);
+    aligned = aligned && rows * n_in * 2 % 256 == 0;
     rows += shape.dims[0];
   }
+  if (!aligned) return apart();
   Tensor all;
   if (ckpt_ == nullptr) {
     all = backend_.alloc_weight(DType::kBF16, {rows, n_in});

@@ -137,9 +137,10 @@ class WeightLoader {
   Result<ops::Weight> linear(const std::string& prefix, int64_t n_out, int64_t n_in, bool bias,
                              const Part& part = {}, bool bias_here = true);
   // Linears of one input (an attention's q, k and v), each as linear() loads it; where
-  // the backend fuses adjacent linears (ops::Backend::fuses_adjacent_linears) and all of
-  // them are dense, their matrices are row views of one allocation in this order (the
-  // same bytes, so the same memory), else separate.
+  // the backend fuses adjacent linears (ops::Backend::fuses_adjacent_linears), all of
+  // them are dense and each view would start on 256 bytes, their matrices are row views
+  // of one allocation in this order (the same bytes, so the same memory), else separate.
+  // Parts cut rows only.
   struct RowLinear {
     std::string prefix;
     int64_t n_out = 0;

@@ -93,17 +93,19 @@ TEST_F(CudaOps, LinearsOfOneInputMatchCpu) {
 }
 
 // The same linears loaded as row views of one matrix (WeightLoader::adjacent_linears): beyond
-// the GEMV's rows one GEMM over them all and one kernel handing out the columns (biases
-// added in fp32); at 1-8 rows the GEMV as before. With biases (gpt-oss) and without (Qwen3:
-// a bf16 product), and a layout that is not adjacent (views in another order) left apart.
+// the GEMV's rows and up to 512 one GEMM over them all and one kernel handing out the
+// columns (biases added in fp32); at 1-8 rows the GEMV as before, past 512 a GEMM each.
+// With biases (gpt-oss) and without (Qwen3: a bf16 product), and views in another order
+// (not adjacent) left apart.
 TEST_F(CudaOps, AdjacentLinearsMatchCpu) {
   for (const bool bias : {false, true})
     for (const auto& [t, n_outs, k] : {std::tuple{64, std::vector<int64_t>{2048, 256, 256}, 2048},
                                        {17, std::vector<int64_t>{4096, 512, 512}, 2880},
                                        {9, std::vector<int64_t>{640, 128}, 1032},
                                        {200, std::vector<int64_t>{96, 32, 32}, 64},
-                                       {33, std::vector<int64_t>{100, 20}, 64},  // not multiples of 8: apart
-                                       {4, std::vector<int64_t>{640, 128, 128}, 1032}}) {
+                                       {33, std::vector<int64_t>{100, 20}, 64},      // not 8s: apart
+                                       {4, std::vector<int64_t>{640, 128, 128}, 1032},   // the GEMV
+                                       {600, std::vector<int64_t>{96, 32, 32}, 64}}) {  // past 512: apart
       for (const bool reversed : {false, true}) {
         SCOPED_TRACE(::testing::Message() << t << " tokens, " << n_outs.size() << " linears of " << k
                                           << (bias ? " with biases" : "") << (reversed ? ", not adjacent" : ""));

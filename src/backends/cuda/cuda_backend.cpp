@@ -264,10 +264,9 @@ void CudaBackend::release_graphs() {
 // block the recorded kernels touch is held by the graph, so no later allocation
 // can alias it.
 Tensor CudaBackend::run_step(const ops::BatchMeta& b, uint64_t key, const std::function<Tensor()>& ops) {
-  // 512: a verify step of 128 sequences and 3 drafts (4 rows each) and its MTP passes
-  // replay too (at 256 they ran eagerly: 0.48-0.65 ms of launches a step on the MTP demo
-  // model, docs/perf/speculative.md); past the recording budget a shape runs eagerly.
-  constexpr int32_t kMaxGraphTokens = 512;
+  // kMaxGraphTokens 512: a verify step of 128 sequences and 3 drafts (4 rows each) and its
+  // MTP passes replay too (at 256 they ran eagerly: 0.48-0.65 ms of launches a step on the
+  // MTP demo model, docs/perf/speculative.md); past the recording budget a shape runs eagerly.
   begin_step(b);
   const int32_t n = b.n_tokens(), n_seqs = b.n_seqs();
   bool shaped = n == n_seqs;

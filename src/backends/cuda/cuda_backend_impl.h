@@ -21,6 +21,10 @@ namespace kiln::cuda {
 QuantMat quant_mat(const formats::QuantizedTensor& q);
 QuantFormat quant_format(const formats::QuantizedTensor& q);
 
+// The most rows a recorded (replayed) step has: decode and speculative verify steps (512: a
+// verify step of 128 sequences and 3 drafts, and its MTP passes; run_step).
+constexpr int32_t kMaxGraphTokens = 512;
+
 class CudaBackend final : public ops::Backend {
  public:
   CudaBackend(const DeviceInfo& info, int smem_cap, bool graphs = true);
@@ -64,7 +68,8 @@ class CudaBackend final : public ops::Backend {
   void linear(const ops::LinearArgs& a) override;
   void linears(const ops::LinearsArgs& a) override;
   // Adjacent dense linears (q, k and v loaded as row views of one matrix) take one GEMM
-  // where the GEMV does not (KILN_FUSE_LINEARS=0: loaded apart, a GEMM each).
+  // where the GEMV does not, up to kMaxGraphTokens rows (KILN_FUSE_LINEARS=0: loaded
+  // apart, a GEMM each).
   bool fuses_adjacent_linears() const override { return fuse_linears_; }
   void set_fuse_linears(bool on) { fuse_linears_ = on; }
   void rope(const ops::RopeArgs& a) override;
@@ -214,9 +219,9 @@ class CudaBackend final : public ops::Backend {
   const bf16* dequantized(const ops::Weight& w);
   // y [rows, n_out] = x [rows, n_in] W^T through cuBLASLt (bf16 in, fp32 accumulate).
   void gemm(const Tensor& x, const ops::Weight& w, Tensor& y);
-  // linears() of bf16 weights that lie one after the other in memory: one GEMM over them
-  // all into scratch, its columns handed out (biases added) by one kernel; false (nothing
-  // done) where they do not.
+  // linears() of bf16 weights that are row views of one matrix, one after the other: one
+  // GEMM over them all into scratch, its columns handed out (biases added) by one kernel;
+  // false (nothing done) where they are not.
   bool adjacent_gemm(const ops::LinearsArgs& a);
   // The same into fp32 y, unrounded, W row-major [n_out, n_in] (the MoE router at prefill).
   void gemm_f32(const bf16* x, const bf16* w, int64_t rows, int64_t n_out, int64_t n_in, float* y);

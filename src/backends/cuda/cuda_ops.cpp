@@ -247,19 +247,29 @@ void CudaBackend::linears(const ops::LinearsArgs& a) {
   launch_quant_gemv_linears(a.x.as<bf16>(), parts.data(), int(n), *format, a.x.dim(0), a.x.dim(1), stream_);
 }
 
+// Adjacent linears take one GEMM up to kMaxGraphTokens rows (decode and verify steps): the
+// split's copy grows with the rows while the launches it saves do not. Qwen3-30B-A3B at 64
+// rows, TP2: one GEMM of 6.7 us and the split against 17-18 us for three GEMMs (traced), but
+// steps carrying a 2,048-token prefill chunk ran ~2.5% slower with it at TP1 (42.9 against
+// 41.9 ms served; docs/perf/multi-gpu.md, twenty-first section).
 bool CudaBackend::adjacent_gemm(const ops::LinearsArgs& a) {
-  if (!fuse_linears_) return false;
+  if (!fuse_linears_ || a.x.dim(0) > kMaxGraphTokens) return false;
   std::array<ColumnPart, kMaxColumnParts> parts{};
   size_t n = 0;
   int64_t n_all = 0;
   bool bias = false;
   static_assert(kMaxColumnParts >= std::tuple_size_v<decltype(a.w)>);
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   for (; n < a.w.size() && a.w[n] != nullptr; ++n) {
     const ops::Weight& w = *a.w[n];
     if (w.quantized() || w.transposed || w.data.dtype != DType::kBF16 || w.data.device != Device::kCuda ||
-        w.n_in() != a.x.dim(1) || a.out[n].dim(0) != a.x.dim(0) || a.out[n].dim(1) != w.n_out() || w.n_out() % 8 != 0)
+        w.n_in() != a.x.dim(1) || a.out[n].dim(0) != a.x.dim(0) || a.out[n].dim(1) != w.n_out() ||
+        w.n_out() % 8 != 0 || !aligned(a.out[n].data))
       return false;
-    if (n > 0 && w.data.data != static_cast<const char*>(a.w[n - 1]->data.data) + a.w[n - 1]->data.nbytes())
+    // Views of one allocation (WeightLoader::adjacent_linears), each after the one before: not
+    // weights that merely landed next to each other (the weight slab packs them so).
+    if (n > 0 && (w.data.owner.get() != a.w[0]->data.owner.get() ||
+                  w.data.data != static_cast<const char*>(a.w[n - 1]->data.data) + a.w[n - 1]->data.nbytes()))
       return false;
     parts[n] = {.out = nullptr, .bias = vec_or_null(w.bias, "linears bias"), .n = w.n_out()};
     n_all += w.n_out();

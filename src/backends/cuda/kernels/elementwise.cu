@@ -98,10 +98,9 @@ __global__ void split_columns_kernel(const void* y, int64_t n_all, const ColumnP
     if (part.bias != nullptr)
 #pragma unroll
       for (int j = 0; j < 8; ++j) f[j] += part.bias[c + j];
-    __nv_bfloat162 h[4];
+    auto* h = reinterpret_cast<__nv_bfloat162*>(&v);
 #pragma unroll
     for (int j = 0; j < 4; ++j) h[j] = __floats2bfloat162_rn(f[2 * j], f[2 * j + 1]);
-    v = *reinterpret_cast<const uint4*>(h);
   } else {
     v = static_cast<const uint4*>(y)[i];
   }
@@ -184,6 +183,9 @@ void launch_split_columns(const void* y, bool f32, int64_t n_all, const ColumnPa
   KILN_CHECK(f32 || std::all_of(parts, parts + n_parts, [](const ColumnPart& p) { return p.bias == nullptr; }))
       << "split_columns: a bias on a bf16 product";
   if (rows * n_all == 0) return;
+  KILN_CHECK(reinterpret_cast<uintptr_t>(y) % 16 == 0 &&
+             std::all_of(parts, parts + n_parts, [](const ColumnPart& p) { return uintptr_t(p.out) % 16 == 0; }))
+      << "split_columns: 16-byte aligned product and outputs";
   const auto kernel = f32 ? split_columns_kernel<true> : split_columns_kernel<false>;
   launch_dependent(kernel, unsigned(ceil_div(rows * n_all / 8, kThreads)), kThreads, 0, stream, y, n_all, ps, rows);
   KILN_CUDA_LAUNCH_CHECK();
