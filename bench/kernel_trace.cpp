@@ -22,8 +22,9 @@
 // stream start_ns end_ns name", in the order CUPTI delivered them: where a step's time goes
 // between kernels, which the table cannot say (with dependent launches, a kernel's cost in
 // the step is its end minus the end of the kernel before it on its stream);
-// scripts/kernel-timeline reads it. CUPTI lengthens host work (a replayed graph's launch
-// took ~0.3 ms traced against ~0.03 ms untraced): time the host's gaps without it.
+// scripts/kernel-timeline reads it. CUPTI lengthens host work (the gap between one-stream
+// steps was ~0.3 ms traced, where the engine's untraced launch phase is ~0.03 ms): time the
+// host's gaps without it.
 #include <cupti.h>
 
 #include <cxxabi.h>

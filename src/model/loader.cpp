@@ -344,6 +344,24 @@ Result<Tensor> WeightLoader::host_part(const std::string& name, const Shape& sha
   return t;
 }
 
+namespace {
+
+// Host tensors of one dtype and row width, one after the other: [sum of rows, ...].
+Tensor concat_rows(const std::vector<Tensor>& parts) {
+  Shape shape = parts[0].shape;
+  shape.dims[0] = 0;
+  for (const Tensor& t : parts) shape.dims[0] += t.dim(0);
+  Tensor out = host_tensor(parts[0].dtype, shape);
+  size_t at = 0;
+  for (const Tensor& t : parts) {
+    std::memcpy(static_cast<char*>(out.data) + at, t.data, t.nbytes());
+    at += t.nbytes();
+  }
+  return out;
+}
+
+}  // namespace
+
 Result<Tensor> WeightLoader::tensor_rows(const std::string& name, const Shape& shape,
                                          const std::vector<std::pair<int64_t, int64_t>>& ranges) {
   int64_t total = 0;
@@ -354,17 +372,9 @@ Result<Tensor> WeightLoader::tensor_rows(const std::string& name, const Shape& s
   if (ranges.size() == 1) return tensor(name, shape, Part::rows(ranges[0].first, ranges[0].second));
   if (ckpt_ == nullptr) return generated(name, shape, Part::rows(0, total));  // random values: any rows will do
   KILN_ASSIGN_OR_RETURN(Tensor full, host_typed(name, {DType::kF32, DType::kBF16, DType::kF16}, shape));
-  Shape out_shape = shape;
-  out_shape.dims[0] = total;
-  Tensor out = host_tensor(full.dtype, out_shape);
-  const size_t row_bytes = full.nbytes() / size_t(shape.dims[0]);
-  size_t at = 0;
-  for (const auto& [begin, count] : ranges) {
-    std::memcpy(static_cast<char*>(out.data) + at, static_cast<const char*>(full.data) + size_t(begin) * row_bytes,
-                size_t(count) * row_bytes);
-    at += size_t(count) * row_bytes;
-  }
-  return uploaded(out);
+  std::vector<Tensor> parts;
+  for (const auto& [begin, count] : ranges) parts.push_back(full.slice0(begin, begin + count));
+  return uploaded(concat_rows(parts));
 }
 
 Result<Tensor> WeightLoader::norm(const std::string& name, const Shape& shape, double offset) {
@@ -439,29 +449,15 @@ Result<std::vector<ops::Weight>> WeightLoader::adjacent_linears(const std::vecto
       fill_generated(linears[i].prefix + ".weight", {linears[i].n_out, n_in}, linears[i].part, rows_i);
     }
   } else {
-    // The cuts, one after the other on the host, uploaded once (each alone where their
-    // dtypes differ).
+    // The cuts, one after the other on the host, uploaded once (apart where their dtypes differ).
     std::vector<Tensor> parts;
     for (const RowLinear& l : linears) {
       KILN_ASSIGN_OR_RETURN(Tensor t, host_part(l.prefix + ".weight", {l.n_out, n_in}, l.part));
       parts.push_back(std::move(t));
     }
-    if (!std::all_of(parts.begin(), parts.end(), [&](const Tensor& t) { return t.dtype == parts[0].dtype; })) {
-      for (size_t i = 0; i < linears.size(); ++i) {
-        ops::Weight w;
-        w.data = uploaded(parts[i]);
-        KILN_RETURN_IF_ERROR(linear_bias(linears[i].prefix, linears[i].n_out, bias, linears[i].part, true, w));
-        out.push_back(std::move(w));
-      }
-      return out;
-    }
-    Tensor host = host_tensor(parts[0].dtype, {rows, n_in});
-    size_t at = 0;
-    for (const Tensor& t : parts) {
-      std::memcpy(static_cast<char*>(host.data) + at, t.data, t.nbytes());
-      at += t.nbytes();
-    }
-    all = uploaded(host);
+    if (!std::all_of(parts.begin(), parts.end(), [&](const Tensor& t) { return t.dtype == parts[0].dtype; }))
+      return apart();
+    all = uploaded(concat_rows(parts));
   }
   for (size_t i = 0; i < linears.size(); ++i) {
     ops::Weight w;

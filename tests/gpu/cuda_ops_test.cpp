@@ -131,7 +131,14 @@ TEST_F(CudaOps, AdjacentLinearsMatchCpu) {
           a.w[j] = &wg[i];
           a.out[j] = poisoned({t, n_outs[i]});
         }
+        auto* cuda = dynamic_cast<cuda::CudaBackend*>(gpu_.get());
+        ASSERT_NE(cuda, nullptr);
+        const int64_t before = cuda->adjacent_gemms();
         gpu_->linears(a);
+        // One GEMM exactly where the views are in order, past the GEMV (8 rows), up to 512
+        // rows, every part a multiple of 8 columns.
+        const bool eights = std::all_of(n_outs.begin(), n_outs.end(), [](int64_t n) { return n % 8 == 0; });
+        EXPECT_EQ(cuda->adjacent_gemms() - before, !reversed && t > 8 && t <= 512 && eights ? 1 : 0);
         for (size_t j = 0; j < n_outs.size(); ++j) {
           const size_t i = reversed ? n_outs.size() - 1 - j : j;
           Tensor ref = host_tensor(DType::kF32, {t, n_outs[i]});

@@ -146,6 +146,8 @@ class CudaBackend final : public ops::Backend {
   }
   // Decode steps replayed from a recorded CUDA graph so far (tests, doctor).
   int64_t graph_replays() const { return graph_replays_; }
+  // linears() calls that took one GEMM over adjacent weights (adjacent_gemm).
+  int64_t adjacent_gemms() const { return adjacent_gemms_; }
   int64_t one_time_steps() const override { return one_time_steps_; }
   // MLA attend path control, likewise (the warp kernel remains).
   void force_mla_path(MlaPath p) { forced_mla_path_ = p; }
@@ -257,7 +259,7 @@ class CudaBackend final : public ops::Backend {
   std::map<GraphKey, StepGraph> graphs_;
   bool graphs_enabled_ = true;
   bool verify_graphs_ = true;  // uniform speculative verify steps recorded too (KILN_CUDA_VERIFY_GRAPHS=0: not)
-  int64_t graph_replays_ = 0, one_time_steps_ = 0;
+  int64_t graph_replays_ = 0, one_time_steps_ = 0, adjacent_gemms_ = 0;
   // Bytes the recorded steps hold, and the most they may (ops::graph_memory_budget): a
   // shape whose recording would pass it runs eagerly.
   size_t graph_bytes_ = 0, graph_budget_ = 0;

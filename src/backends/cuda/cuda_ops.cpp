@@ -299,6 +299,7 @@ bool CudaBackend::adjacent_gemm(const ops::LinearsArgs& a) {
     gemm(a.x, all, out);
   }
   launch_split_columns(y, bias, n_all, parts.data(), int(n), rows, stream_);
+  ++adjacent_gemms_;
   return true;
 }
 
