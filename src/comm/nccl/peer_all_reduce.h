@@ -68,15 +68,19 @@ class PeerAllReduce {
  public:
   static constexpr int kMaxRanks = 8;
   // The largest message the receive buffers take (each rank holds two halves of a slot
-  // per rank, each slot the group's max_bytes).
-  static constexpr size_t kCapacity = size_t(4) << 20;
+  // per rank, each slot the group's max_bytes): a 2,048-token prefill chunk at d_model
+  // 2,048 (8 MiB; 32 MiB of buffers a rank at 2 ranks).
+  static constexpr size_t kCapacity = size_t(8) << 20;
   // The widest row the fused form takes (bf16 values).
   static constexpr int64_t kMaxNormDim = 8192;
   // The largest message sent this way by default, from the crossover against NCCL
-  // measured by bench/comm_bench on 4 H200 SXM over NVLink (docs/PERF.md): at 2 ranks
-  // the one-shot sum is faster up to the whole capacity (0.6-0.97x NCCL's time), at 4
-  // up to 512 KiB (0.64-0.92x) and slower from 1 MiB (1.0-1.3x), where each rank reads
-  // three peers' whole messages while NCCL's ring moves 1.5x the message per link.
+  // measured by bench/comm_bench on H200 SXM over NVLink (docs/perf/multi-gpu.md): at 2
+  // ranks the one-shot sum is faster up to the whole capacity (0.37-0.57x NCCL's time up
+  // to 3.5 MiB, 0.85-0.91x at 7-8 MiB, where the fused form also saves the separate add
+  // and norm: Qwen3-30B-A3B's steps with a 2,048-token prefill chunk 6% faster at TP2
+  // than with a 4 MiB capacity), at 4 up to 512 KiB (0.64-0.92x) and slower from 1 MiB
+  // (1.0-1.3x), where each rank reads three peers' whole messages while NCCL's ring
+  // moves 1.5x the message per link.
   // KILN_ONESHOT_MAX_BYTES overrides it (0 turns the path off).
   static size_t default_max_bytes(int ranks) { return ranks <= 2 ? kCapacity : size_t(512) << 10; }
   // Staged through host memory (below): the largest message by default (2 x H200 with
