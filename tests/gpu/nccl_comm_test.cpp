@@ -637,6 +637,9 @@ TEST(NcclComm, AllReduceAddRmsNormMatchesAllReduceThenRmsNorm) {
     // More rows than blocks: a block sends, then sums, several rows (600 KiB: within what
     // both the peer-memory and the host-staged path take).
     cases.push_back({300, 1024});
+    // The largest message it takes at 2 ranks: a 2,048-token prefill chunk at d_model 2,048
+    // (8 MiB, PeerAllReduce::kCapacity), where the message fits the path's limit.
+    if (g.comms[0]->one_shot_max_bytes() >= size_t(2048) * 2048 * 2) cases.push_back({2048, 2048});
     for (const NormCase& nc : cases) {
       const std::string what = std::to_string(nc.rows) + " x " + std::to_string(nc.dim) + " rank " + std::to_string(r);
       NormTensors fused = norm_inputs(b, r, nc);
