@@ -458,6 +458,62 @@ __global__ void __launch_bounds__(kCombineThreads)
   }
 }
 
+// The same sums for prefill-shaped calls: a block per token, which ranks its slots once
+// (a lane per slot, the ranks by shuffles: one barrier) and streams the whole row, each
+// thread's loads of up to 8 slots in flight together, where combine_kernel's blocks of a
+// token each redo the ranking (three barriers, a loop of reads) for 2 KB of the row.
+// H200, kiln bench op, a MoE layer alternated against combine_kernel in one run: at
+// 2,048 / 8,192 rows Qwen3-30B-A3B 722 -> 718-724 / 2,346-2,381 -> 2,328-2,412 us (level),
+// a TP2 rank's part 460.3-461.0 -> 451.8-454.7 / 1,441.6-1,446.5 -> 1,409.6-1,415.0, a TP4
+// rank's 316-319 -> 311-317 / 977-980 -> 955-963, an EP2 rank's 404-405 -> 396-400 /
+// 1,266 -> 1,234-1,241 (docs/perf/multi-gpu.md, twenty-third section).
+constexpr int kCombineRowThreads = 256;
+constexpr int kCombineRowTokens = 16;  // from this many tokens (below: combine_kernel)
+__global__ void __launch_bounds__(kCombineRowThreads, 3)
+    combine_rows_kernel(const float* scratch, const int32_t* experts, const float* weights, int top_k,
+                        int64_t d_model, bf16* out) {
+  __shared__ int order[kMaxTopK];
+  __shared__ float weight[kMaxTopK];
+  __shared__ int n_live;
+  pdl_wait();  // a dependent launch after the down projection (pdl.cuh)
+  const int64_t t = blockIdx.x;
+  const int tid = int(threadIdx.x);
+  if (tid < 32) {
+    const int e = tid < top_k ? experts[t * top_k + tid] : -1;
+    const float w = tid < top_k ? weights[t * top_k + tid] : 0.0f;
+    int rank = 0, live = 0;  // slots of a lower expert id (top-k picks distinct experts)
+    for (int k = 0; k < top_k; ++k) {
+      const int o = __shfl_sync(0xffffffffu, e, k);
+      rank += o >= 0 && o < e;
+      live += o >= 0;
+    }
+    if (e >= 0) order[rank] = tid, weight[rank] = w;
+    if (tid == 0) n_live = live;
+  }
+  __syncthreads();
+  const int n = n_live;
+  const float* y = scratch + t * top_k * d_model;
+  constexpr int kSlots = 8;  // slots whose loads are in flight together (74 registers: 3 CTAs an SM)
+  for (int64_t i = int64_t(tid) * 4; i < d_model; i += kCombineRowThreads * 4) {
+    float acc[4] = {};
+    for (int k0 = 0; k0 < n; k0 += kSlots) {
+      float4 v[kSlots];
+#pragma unroll
+      for (int k = 0; k < kSlots; ++k)
+        if (k0 + k < n) v[k] = *reinterpret_cast<const float4*>(y + order[k0 + k] * d_model + i);
+#pragma unroll
+      for (int k = 0; k < kSlots; ++k) {
+        if (k0 + k >= n) break;
+        const float w = weight[k0 + k];
+        acc[0] += w * v[k].x, acc[1] += w * v[k].y, acc[2] += w * v[k].z, acc[3] += w * v[k].w;
+      }
+    }
+    __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(out + t * d_model + i);
+    o[0] = __floats2bfloat162_rn(acc[0], acc[1]);
+    o[1] = __floats2bfloat162_rn(acc[2], acc[3]);
+  }
+}
+
 void check_routing(const MoeRouting& r) {
   KILN_CHECK(r.n_experts <= kMaxExperts && r.top_k <= kMaxTopK && r.n_group <= 32 && r.n_group >= 1 &&
              r.n_experts % r.n_group == 0)
@@ -556,6 +612,12 @@ void launch_moe_combine(const float* y, const int32_t* experts, const float* wei
                         int64_t d_model, bf16* out, cudaStream_t stream) {
   if (n_tokens == 0) return;
   KILN_CHECK(top_k <= kMaxTopK) << "moe combine: top " << top_k << " (at most " << kMaxTopK << ")";
+  if (n_tokens >= kCombineRowTokens && d_model % 4 == 0) {
+    launch_dependent(combine_rows_kernel, unsigned(n_tokens), kCombineRowThreads, 0, stream, y, experts, weights, top_k,
+                     d_model, out);
+    KILN_CUDA_LAUNCH_CHECK();
+    return;
+  }
   const int vec = d_model % 4 == 0 ? 4 : 1;
   const dim3 grid(unsigned(ceil_div(d_model, int64_t(kCombineThreads) * vec)),
                   unsigned(std::min<int64_t>(n_tokens, 65535)));
