@@ -157,7 +157,7 @@ TEST(SizingRefusal, ALayoutThatCannotFitIsRefusedBeforeLoading) {
 }
 
 // The activation estimate against the peaks kiln serve measured on an H200 (2026-11-29,
-// docs/perf/multi-gpu.md: the start-up line "activation peak X MiB for a step of 2048
+// docs/perf/multi-gpu-early.md: the start-up line "activation peak X MiB for a step of 2048
 // tokens in 64 sequences", with --num-layers 6 to 16: the peak is the same at every
 // depth, one op's buffers over the residual stream), at the full-size configs: within 5%.
 // (Before the CUDA backend gave an op's scratch back when the op returns, every MoE

@@ -658,7 +658,7 @@ int down_units_per_warp(const GemvParams& p, int64_t tiles) {
 // 338, one TP2 rank 215 -> 203, one TP4 rank 148 -> 140; NVFP4 (graph-replayed) at 64
 // rows Qwen3-30B-A3B 197 -> 188, Qwen3.5-35B-A3B 220 -> 208, DeepSeek-like 2,340 ->
 // 2,273; gpt-oss-120b MXFP4 at 1 / 8 rows 48.6 / 171.9 -> 45.7 / 164.9; the other
-// formats within 1% (docs/perf/multi-gpu.md, twelfth session). Dense launches always
+// formats within 1% (docs/perf/multi-gpu-early.md, twelfth session). Dense launches always
 // take 4-warp CTAs.
 template <int kKind>
 void launch_gemv(const GemvParams& p, int n_slots, int64_t tiles, cudaStream_t stream) {
