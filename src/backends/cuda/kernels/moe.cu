@@ -6,6 +6,7 @@
 // quant_gemm.cu, quant_gemv.cu), and the weighted combine.
 #include <cfloat>
 #include <climits>
+#include <cstdint>
 #include <type_traits>
 
 #include "backends/cuda/cuda_check.h"
@@ -612,7 +613,9 @@ void launch_moe_combine(const float* y, const int32_t* experts, const float* wei
                         int64_t d_model, bf16* out, cudaStream_t stream) {
   if (n_tokens == 0) return;
   KILN_CHECK(top_k <= kMaxTopK) << "moe combine: top " << top_k << " (at most " << kMaxTopK << ")";
-  if (n_tokens >= kCombineRowTokens && d_model % 4 == 0) {
+  // (Pairs of bf16 stored at once: an out view 8-byte aligned, as every row of an
+  // allocated one is when d_model % 4 == 0.)
+  if (n_tokens >= kCombineRowTokens && d_model % 4 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0) {
     launch_dependent(combine_rows_kernel, unsigned(n_tokens), kCombineRowThreads, 0, stream, y, experts, weights, top_k,
                      d_model, out);
     KILN_CUDA_LAUNCH_CHECK();
