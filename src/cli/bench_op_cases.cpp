@@ -174,6 +174,34 @@ void bench_rope(Bench& b, ops::Backend& be) {
   }
 }
 
+// A decode layer's attention prologue as one launch: Qwen3's per-head q / k norms, RoPE,
+// and k and v into a bf16 cache (q and k read and written, k and v also stored).
+void bench_qk_norm_rope(Bench& b, ops::Backend& be) {
+  constexpr int64_t kHeads = 32, kKvHeads = 4, kDHead = 128;
+  ops::RopeTable table{.d_rot = int(kDHead)};
+  for (int i = 0; i < table.d_rot / 2; ++i)
+    table.inv_freq.push_back(float(std::pow(1000000.0, -2.0 * i / double(table.d_rot))));
+  const std::string shape = "Qwen3-30B 32 + 4 heads x 128, norms, bf16 cache store";
+  if (!any_wanted(b, "qk_norm_rope", shape, {1, 64, kPrefillRows})) return;
+  Tensor q_norm = b.fill.vector(be, kDHead, 0.5f, 1.5f), k_norm = b.fill.vector(be, kDHead, 0.5f, 1.5f);
+  for (int64_t rows : {1, 64, kPrefillRows}) {
+    const double q_bytes = 2.0 * double(rows * kHeads * kDHead), kv_bytes = 2.0 * double(rows * kKvHeads * kDHead);
+    const Case c{.op = "qk_norm_rope", .shape = shape, .rows = rows, .bytes = 2.0 * q_bytes + 5.0 * kv_bytes};
+    if (!b.wanted(c)) continue;
+    const ops::BatchMeta batch = b.rows_batch(rows, 4096);  // one sequence: its blocks are the cache
+    Tensor q = b.fill.activation(be, {rows, kHeads, kDHead});
+    Tensor k = b.fill.activation(be, {rows, kKvHeads, kDHead});
+    Tensor v = b.fill.activation(be, {rows, kKvHeads, kDHead});
+    const Shape cache{batch.max_blocks_per_seq, batch.block_size, kKvHeads, kDHead};
+    Tensor k_cache = be.alloc(DType::kBF16, cache), v_cache = be.alloc(DType::kBF16, cache);
+    const ops::KvStoreArgs store{.k = k, .v = v, .k_cache = k_cache, .v_cache = v_cache, .batch = &batch};
+    b.run(be, batch, c, [&] {
+      be.qk_norm_rope({.q = q, .k = k, .q_norm = q_norm, .k_norm = k_norm, .eps = 1e-6f, .batch = &batch,
+                       .table = &table, .store = &store});
+    });
+  }
+}
+
 void bench_glu(Bench& b, ops::Backend& be) {
   struct Glu { const char* name; int64_t d_ff; ops::GluParams params; };
   const Glu glus[] = {{"gpt-oss clamped, d_ff 2880", 2880, {.kind = ops::GluKind::kGptOssClamp}},
@@ -799,6 +827,7 @@ void run_all_cases(Bench& b) {
     auto be = b.backend();
     bench_rms_norm(b, *be);
     bench_rope(b, *be);
+    bench_qk_norm_rope(b, *be);
     bench_glu(b, *be);
     bench_add(b, *be);
     bench_embedding(b, *be);
