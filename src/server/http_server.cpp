@@ -331,6 +331,19 @@ void HttpServer::routes() {
   using HR = httplib::Server::HandlerResponse;
 
   http_->set_pre_routing_handler([this](const Request& req, Response& res) {
+    // Content-Length headers that disagree leave the body's end ambiguous (the ground of
+    // request smuggling; RFC 9112 section 6.3 makes it an error): cpp-httplib reads the
+    // body by the first, and the request is refused. (cpp-httplib 0.11 keeps or closes
+    // the connection by the request's own Connection header, and reads no pipelined
+    // bytes after a body as a request.)
+    if (const size_t n = req.get_header_value_count("Content-Length"); n > 1) {
+      for (size_t i = 1; i < n; ++i) {
+        if (req.get_header_value("Content-Length", i) != req.get_header_value("Content-Length", 0)) {
+          send_error(req, res, 400, "the request has Content-Length headers that disagree");
+          return HR::Handled;
+        }
+      }
+    }
     const char* methods = route_methods(req.path);
     // A CORS preflight carries no credentials: answered before the API key is checked.
     if (req.method == "OPTIONS" && methods != nullptr) {

@@ -1,9 +1,16 @@
 // HttpServer's states, driven over HTTP on 127.0.0.1: 503 in each API's format while the
 // model loads, 200 once ready; 429 when the engine's queue is full; a drain lets the
-// request in flight finish while new ones get 503.
+// request in flight finish while new ones get 503; Content-Length headers that disagree
+// get 400.
 #include <gtest/gtest.h>
 
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
 
 #include <filesystem>
 #include <thread>
@@ -171,6 +178,50 @@ TEST(HttpServer, DrainFinishesTheRequestInFlightAndRefusesNewOnes) {
   EXPECT_EQ(http.in_flight(), 0);
   EXPECT_EQ(status, 200);
   EXPECT_NE(streamed.find("data: [DONE]"), std::string::npos) << "the request in flight finished";
+  http.stop();
+}
+
+// `request` sent over a plain socket to 127.0.0.1:port; what comes back until the server
+// closes (the request says Connection: close), or 10 s.
+std::string raw_exchange(int port, const std::string& request) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  EXPECT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval limit{.tv_sec = 10, .tv_usec = 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  std::string got;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::send(fd, request.data(), request.size(), 0) == ssize_t(request.size())) {
+    char buf[4096];
+    for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) got.append(buf, size_t(n));
+  }
+  ::close(fd);
+  return got;
+}
+
+// Two Content-Length headers that disagree: a 400 in the endpoint's error format (the
+// body's end is ambiguous), before anything else is looked at (here: while the model
+// loads); two that agree are one length, and the request goes on (the loading 503).
+TEST(HttpServer, ContentLengthsThatDisagreeAre400) {
+  HttpServer http({.port = 0});
+  auto port = http.start();
+  ASSERT_TRUE(port.ok()) << port.status().to_string();
+  const auto request = [&](size_t second) {
+    return "POST /v1/messages/count_tokens HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+           "Content-Type: application/json\r\nContent-Length: " +
+           std::to_string(kMessages.size()) + "\r\nContent-Length: " + std::to_string(second) + "\r\n\r\n" + kMessages;
+  };
+  const std::string refused = raw_exchange(*port, request(kMessages.size() + 5));
+  ASSERT_EQ(refused.rfind("HTTP/1.1 400", 0), 0u) << refused;
+  const json error = json::parse(refused.substr(refused.find("\r\n\r\n") + 4));
+  EXPECT_EQ(error["type"], "error");
+  EXPECT_EQ(error["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(error["error"]["message"], "the request has Content-Length headers that disagree");
+  const std::string agreed = raw_exchange(*port, request(kMessages.size()));
+  EXPECT_EQ(agreed.rfind("HTTP/1.1 503", 0), 0u) << agreed;
   http.stop();
 }
 
