@@ -94,6 +94,14 @@ BackendChoice choose_backend(const std::string& requested, bool has_cuda_build, 
           .why = "auto: " + std::to_string(cuda_devices) + " CUDA device" + (cuda_devices > 1 ? "s" : "")};
 }
 
+int cuda_device_count() {
+#ifdef KILN_HAVE_CUDA
+  return cuda::device_count();
+#else
+  return 0;
+#endif
+}
+
 BackendChoice choose_backend(const std::string& requested) {
   if (requested != "auto") return choose_backend(requested, cuda_built(), 0);
 #ifdef KILN_HAVE_CUDA

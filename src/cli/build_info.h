@@ -17,6 +17,8 @@ std::string version_string();
 // ("90 120a", CMake's KILN_CUDA_ARCHS).
 bool cuda_built();
 std::string cuda_archs_built();
+// CUDA devices this machine has (0 without the CUDA backend in this build, or a driver).
+int cuda_device_count();
 
 // What the system shows of an NVIDIA driver, without calling CUDA: the CUDA runtime's own
 // error when there is none ("CUDA driver version is insufficient for CUDA runtime version")

@@ -45,6 +45,7 @@ struct ServeOptions {
   std::string api_key;
   int max_num_seqs = 256;
   int max_num_batched_tokens = 0;
+  int data_parallel = 1;
   bool prefix_caching = true;
   std::string kv_cache_memory;
   float gpu_memory_utilization = 0.9f;
@@ -242,58 +243,99 @@ Status serve(ServeOptions o, const ServeHooks& hooks) {
                            .test_output_header = hooks.test_output_header});
   KILN_ASSIGN_OR_RETURN(const int port, http.start());
   std::fprintf(stderr, "kiln: listening on %s:%d (/health says 503 until the model is loaded)\n", o.host.c_str(), port);
-  const int world = o.common.tensor_parallel * o.common.pipeline_parallel;
+  const int world = o.common.tensor_parallel * o.common.pipeline_parallel, dp = o.data_parallel;
   const BackendChoice backend = choose_backend(o.common.backend);
   o.common.backend = backend.backend;
-  std::fprintf(stderr, "kiln: loading %s on %s%s%s\n", dir.c_str(), backend.backend.c_str(),
+  std::fprintf(stderr, "kiln: loading %s on %s%s%s%s\n", dir.c_str(), backend.backend.c_str(),
                backend.why.empty() ? "" : (" (" + backend.why + ")").c_str(),
                world > 1 ? (" x " + std::to_string(world) + " ranks (tensor-parallel " +
                             std::to_string(o.common.tensor_parallel) + ", pipeline " +
                             std::to_string(o.common.pipeline_parallel) +
                             (o.common.expert_parallel ? ", expert-parallel)" : ")")).c_str()
-                         : "");
-  LoadProgress progress;
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine,
-                        load_engine(dir, o.common, [&] {
-                          runtime::EngineOptions e = engine_options(o.common);
-                          e.max_num_seqs = o.max_num_seqs;
-                          e.max_num_batched_tokens = o.max_num_batched_tokens;
-                          e.enable_prefix_caching = o.prefix_caching;
-                          e.kv_cache_bytes = kv_bytes;
-                          e.gpu_memory_utilization = o.gpu_memory_utilization;
-                          e.on_load_progress = std::ref(progress);
-                          return e;
-                        }()));
-  if (model->tokenizer().vocab_size() > engine->config().vocab_size) {
-    KILN_LOG(kWarn, "the tokenizer has " << model->tokenizer().vocab_size() << " ids, the model "
-                                         << engine->config().vocab_size << ": prompts with the extra ids are refused");
+                         : "",
+               dp > 1 ? (", " + std::to_string(dp) + " data-parallel replicas").c_str() : "");
+  // Data parallelism: replica r is a whole engine of its own on devices --device + r *
+  // world onwards (the CPU backend's threads shared out), loaded one after the other; so
+  // the devices are counted first, before minutes of loading the first.
+  if (const int devices = cuda_device_count(); backend.backend == "cuda" && dp > 1 &&
+                                               o.common.device + dp * world > devices) {
+    return invalid_argument("--data-parallel-size " + std::to_string(dp) + " x " + std::to_string(world) +
+                            " rank(s) from --device " + std::to_string(o.common.device) + " needs " +
+                            std::to_string(o.common.device + dp * world) + " CUDA devices; this machine has " +
+                            std::to_string(devices));
   }
-  const runtime::Engine& e = *engine;
-  std::fprintf(stderr,
-               "kiln: KV cache %lld tokens (%s, %.1f MiB, %lld-token blocks), max model len %lld, up to %d sequences, "
-               "%d tokens per step, prefix caching %s\n",
-               (long long)e.kv_capacity_tokens(), std::string(dtype_name(e.kv_cache_storage())).c_str(),
-               double(e.kv_cache_bytes()) / (1 << 20), (long long)o.common.block_size,
-               (long long)e.max_model_len(), e.scheduler_config().max_num_seqs, e.scheduler_config().max_num_batched_tokens,
-               e.prefix_caching() ? "on" : "off");
-  runtime::AsyncEngine async(std::move(engine),
-                            {.max_queued_requests = o.max_queued_requests,
-                             .stats_log_interval = std::chrono::milliseconds(int64_t(o.log_stats_interval * 1000))});
-  http.set_ready(&async, model.get());
+  std::vector<std::unique_ptr<runtime::AsyncEngine>> replicas;
+  for (int r = 0; r < dp; ++r) {
+    CommonOptions common = o.common;
+    common.device = o.common.device + r * world;
+    if (common.backend == "cpu" && dp > 1) {
+      const int cores = o.common.threads > 0 ? o.common.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+      common.threads = std::max(1, cores / dp);
+    }
+    const std::string name = dp > 1 ? "replica " + std::to_string(r) : "";
+    LoadProgress progress;
+    auto loaded = load_engine(dir, common, [&] {
+      runtime::EngineOptions e = engine_options(common);
+      e.max_num_seqs = o.max_num_seqs;
+      e.max_num_batched_tokens = o.max_num_batched_tokens;
+      e.enable_prefix_caching = o.prefix_caching;
+      e.kv_cache_bytes = kv_bytes;
+      e.gpu_memory_utilization = o.gpu_memory_utilization;
+      e.on_load_progress = std::ref(progress);
+      return e;
+    }());
+    if (!loaded.ok()) return dp > 1 ? loaded.status().with_context("data-parallel " + name) : loaded.status();
+    std::unique_ptr<runtime::Engine> engine = std::move(loaded).value();
+    if (r == 0 && model->tokenizer().vocab_size() > engine->config().vocab_size) {
+      KILN_LOG(kWarn, "the tokenizer has " << model->tokenizer().vocab_size() << " ids, the model "
+                                           << engine->config().vocab_size << ": prompts with the extra ids are refused");
+    }
+    const runtime::Engine& e = *engine;
+    std::fprintf(stderr,
+                 "kiln: %s%sKV cache %lld tokens (%s, %.1f MiB, %lld-token blocks), max model len %lld, up to %d "
+                 "sequences, %d tokens per step, prefix caching %s\n",
+                 name.c_str(), name.empty() ? "" : ": ", (long long)e.kv_capacity_tokens(),
+                 std::string(dtype_name(e.kv_cache_storage())).c_str(), double(e.kv_cache_bytes()) / (1 << 20),
+                 (long long)o.common.block_size, (long long)e.max_model_len(), e.scheduler_config().max_num_seqs,
+                 e.scheduler_config().max_num_batched_tokens, e.prefix_caching() ? "on" : "off");
+    if (r > 0 && e.max_model_len() != replicas[0]->engine().max_model_len()) {
+      return invalid_argument("data-parallel replicas " + std::to_string(r) + " and 0 hold different maximum lengths (" +
+                              std::to_string(e.max_model_len()) + " and " +
+                              std::to_string(replicas[0]->engine().max_model_len()) +
+                              " tokens: their KV caches differ); set --max-model-len");
+    }
+    replicas.push_back(std::make_unique<runtime::AsyncEngine>(
+        std::move(engine), runtime::AsyncEngineOptions{
+                               .max_queued_requests = o.max_queued_requests,
+                               .stats_log_interval = std::chrono::milliseconds(int64_t(o.log_stats_interval * 1000)),
+                               .log_name = dp > 1 ? "engine " + std::to_string(r) : "engine"}));
+  }
+  std::vector<runtime::AsyncEngine*> engines;
+  for (const auto& a : replicas) engines.push_back(a.get());
+  http.set_ready(engines, model.get());
   g_ready = true;
   std::printf("kiln: serving %s at http://%s:%d/v1 (OpenAI /v1/chat/completions, Anthropic /v1/messages)\n",
               model->name().c_str(), o.host.c_str(), port);
   std::fflush(stdout);
 
-  while (g_signals.load() == 0 && async.failure().empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  if (const std::string failure = async.failure(); !failure.empty()) {
+  // The first replica's failure, or empty while every one runs.
+  const auto failure = [&]() -> std::string {
+    for (size_t r = 0; r < replicas.size(); ++r)
+      if (std::string f = replicas[r]->failure(); !f.empty()) return dp > 1 ? "replica " + std::to_string(r) + ": " + f : f;
+    return {};
+  };
+  const auto stop_all = [&] {
+    for (auto& a : replicas) a->stop();
+  };
+  while (g_signals.load() == 0 && failure().empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (const std::string f = failure(); !f.empty()) {
     http.stop();
-    async.stop();
-    return internal_error("the engine failed, the server stops: " + failure);
+    stop_all();
+    return internal_error("the engine failed, the server stops: " + f);
   }
   http.drain(std::chrono::milliseconds(int64_t(o.shutdown_timeout * 1000)));
   http.stop();
-  async.stop();
+  stop_all();
   std::fprintf(stderr, "kiln: stopped\n");
   return Status::Ok();
 }
@@ -315,6 +357,10 @@ void add_serve_command(CLI::App& app, Subcommands& commands, const ServeHooks& h
   cmd->add_option("--max-num-seqs", o->max_num_seqs, "sequences in the running batch at most")->check(CLI::PositiveNumber);
   cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens,
                   "tokens per engine step at most (0: max(2048, max-num-seqs))");
+  cmd->add_option("--data-parallel-size", o->data_parallel,
+                  "whole copies of the model, each on its own GPUs (tensor x pipeline parallel of them, from "
+                  "--device on), each request served by the one with the fewest open")
+      ->check(CLI::Range(1, 64));
   cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->prefix_caching,
                 "share the KV blocks of equal prompt prefixes (default on)");
   cmd->add_option("--kv-cache-memory", o->kv_cache_memory, "KV cache size, e.g. 8GiB (default: from free memory)");

@@ -68,6 +68,7 @@ Result<std::shared_ptr<RequestStream>> AsyncEngine::submit(Request request) {
     }
     stream.reset(new RequestStream(link_, next_id_++, request.n, options_.stream_capacity));
     inbox_.emplace_back(stream, std::make_shared<const Request>(std::move(request)));
+    ++open_requests_;
   }
   wake_.notify_one();
   return stream;
@@ -162,6 +163,7 @@ void AsyncEngine::drop_ended_streams(Clock::time_point now) {
     if (ended) {
       metrics_.e2e_latency.observe(std::chrono::duration<double>(now - s.arrival_).count());
       it = streams_.erase(it);
+      --open_requests_;
     } else {
       ++it;
     }
@@ -201,9 +203,9 @@ void AsyncEngine::log_stats(Clock::time_point now, bool restart) {
     const double kv_pct = e.kv_blocks_total > 0 ? 100.0 * e.kv_blocks_used / e.kv_blocks_total : 0.0;
     char line[256];
     std::snprintf(line, sizeof(line),
-                  "engine: running %d seqs, waiting %d seqs, KV cache %.1f%% used, prompt %.1f tok/s, "
+                  "%s: running %d seqs, waiting %d seqs, KV cache %.1f%% used, prompt %.1f tok/s, "
                   "generation %.1f tok/s (last %.1f s)",
-                  e.running, e.waiting + inbox, kv_pct, double(e.prompt_tokens - log_prompt_tokens_) / seconds,
+                  options_.log_name.c_str(), e.running, e.waiting + inbox, kv_pct, double(e.prompt_tokens - log_prompt_tokens_) / seconds,
                   double(e.generated_tokens - log_generated_tokens_) / seconds, seconds);
     KILN_LOG(kInfo, line);
     restart = true;
@@ -213,6 +215,23 @@ void AsyncEngine::log_stats(Clock::time_point now, bool restart) {
     log_prompt_tokens_ = e.prompt_tokens;
     log_generated_tokens_ = e.generated_tokens;
   }
+}
+
+AsyncEngineStats combined_stats(std::span<const AsyncEngineStats> replicas) {
+  AsyncEngineStats out;
+  if (replicas.empty()) return out;
+  if (replicas.size() == 1) return replicas[0];
+  EngineStats& e = out.engine;
+  int drafting = 0;
+  for (const AsyncEngineStats& r : replicas) {
+    e.add(r.engine);
+    if (r.engine.spec_depth_steps > 0) e.spec_depth_recent += r.engine.spec_depth_recent, ++drafting;
+    out.queued += r.queued;
+    out.in_flight += r.in_flight;
+    for (int i = 0; i < kFinishReasons; ++i) out.finished_by_reason[i] += r.finished_by_reason[i];
+  }
+  e.spec_depth_recent = drafting > 0 ? e.spec_depth_recent / drafting : 0.0;
+  return out;
 }
 
 AsyncEngineStats AsyncEngine::stats() const {
@@ -259,6 +278,7 @@ void AsyncEngine::loop() {
         end_stream(*stream, FinishReason::kCancelled);
       }
       streams_.clear();
+      open_requests_ = 0;
       publish_stats();
       return;
     }
@@ -273,6 +293,7 @@ void AsyncEngine::loop() {
       }
       for (auto& [id, stream] : streams_) end_stream(*stream, FinishReason::kCancelled);
       streams_.clear();
+      open_requests_ = 0;
       publish_stats();
       return;
     }

@@ -19,6 +19,8 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <span>
+#include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -91,6 +93,8 @@ struct AsyncEngineOptions {
   // While there is work, an info line this often: running, waiting, KV cache use, prompt
   // and generation tok/s over the interval (vLLM's). Zero: never.
   std::chrono::milliseconds stats_log_interval{10000};
+  // The stats line's prefix ("engine"; "engine 1" for a data-parallel replica).
+  std::string log_name = "engine";
 };
 
 // Counters and gauges, copied out under a lock after every step.
@@ -100,6 +104,11 @@ struct AsyncEngineStats {
   int32_t in_flight = 0;    // streams not yet ended
   int64_t finished_by_reason[kFinishReasons] = {};  // indexed by FinishReason
 };
+
+// Data-parallel replicas' stats as one server's: counters and gauges summed (the KV
+// cache's use is then the used blocks of all over the blocks of all), the recent mean
+// draft depth averaged over the replicas that drafted.
+AsyncEngineStats combined_stats(std::span<const AsyncEngineStats> replicas);
 
 class AsyncEngine {
  public:
@@ -120,6 +129,10 @@ class AsyncEngine {
   const Engine& engine() const { return *engine_; }
   AsyncEngineStats stats() const;
   ServingMetrics& metrics() { return metrics_; }
+  // Requests submitted and not yet ended, now (not as of the last step): what a server
+  // with several replicas balances (a burst between two steps would all see the same
+  // stats).
+  int32_t open_requests() const { return open_requests_.load(std::memory_order_relaxed); }
 
  private:
   friend class RequestStream;
@@ -149,6 +162,7 @@ class AsyncEngine {
   std::string failure_;  // guarded by mu_
   uint64_t next_id_ = 1;
   std::atomic<int32_t> engine_waiting_{0};
+  std::atomic<int32_t> open_requests_{0};  // submitted, not yet dropped from streams_
 
   // Engine thread only: the streams of requests in the engine, and finished samples by reason.
   std::unordered_map<uint64_t, std::shared_ptr<RequestStream>> streams_;

@@ -22,6 +22,27 @@
 #include "runtime/sizing.h"
 
 namespace kiln::runtime {
+
+void EngineStats::add(const EngineStats& o) {
+  steps += o.steps, prompt_tokens += o.prompt_tokens, computed_tokens += o.computed_tokens;
+  generated_tokens += o.generated_tokens, preemptions += o.preemptions;
+  prefix_queried_tokens += o.prefix_queried_tokens, prefix_hit_tokens += o.prefix_hit_tokens;
+  running += o.running, waiting += o.waiting, waiting_requests += o.waiting_requests;
+  kv_blocks_used += o.kv_blocks_used, kv_blocks_total += o.kv_blocks_total;
+  const auto add_kind = [](StepKind& k, const StepKind& ok) {
+    k.steps += ok.steps, k.tokens += ok.tokens, k.seconds += ok.seconds;
+    for (int i = 0; i < kPhases; ++i) k.phase_seconds[i] += ok.phase_seconds[i];
+  };
+  add_kind(decode_steps, o.decode_steps);
+  add_kind(verify_steps, o.verify_steps);
+  add_kind(mixed_steps, o.mixed_steps);
+  one_time_steps += o.one_time_steps;
+  spec_draft_tokens += o.spec_draft_tokens, spec_accepted_tokens += o.spec_accepted_tokens;
+  spec_verified_seqs += o.spec_verified_seqs;
+  spec_depth_steps += o.spec_depth_steps, spec_depth_total += o.spec_depth_total;
+  mtp_deferred_rows += o.mtp_deferred_rows, mtp_flushes += o.mtp_flushes;
+  mtp_draft_steps += o.mtp_draft_steps, mtp_chained_passes += o.mtp_chained_passes;
+}
 namespace {
 
 std::string mib(int64_t bytes) { return std::to_string((bytes + (1 << 19)) >> 20) + " MiB"; }

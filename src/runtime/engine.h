@@ -160,6 +160,11 @@ struct EngineStats {
   // Steps that drafted with MTP, and their chained passes (drafts 2..k; each drafting step
   // also runs a first pass over its rows).
   int64_t mtp_draft_steps = 0, mtp_chained_passes = 0;
+
+  // Adds another engine's counters and gauges to these (data-parallel replicas as one
+  // server; every field but spec_depth_recent, a mean: runtime::combined_stats). A field
+  // added above is added here too.
+  void add(const EngineStats& o);
 };
 
 // A step that failed on some rank (a dead GPU, a failed collective): the engine cannot

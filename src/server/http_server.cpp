@@ -180,8 +180,28 @@ Result<int> HttpServer::start() {
 }
 
 void HttpServer::set_ready(runtime::AsyncEngine* engine, const ServedModel* model) {
+  set_ready(std::vector<runtime::AsyncEngine*>{engine}, model);
+}
+
+void HttpServer::set_ready(std::vector<runtime::AsyncEngine*> engines, const ServedModel* model) {
+  KILN_CHECK(!engines.empty() && engine_.load() == nullptr) << "set_ready: once, with at least one engine";
+  engines_ = std::move(engines);
   model_ = model;
-  engine_ = engine;
+  engine_ = engines_[0];
+}
+
+runtime::AsyncEngine& HttpServer::pick_engine() {
+  const size_t n = engines_.size();
+  if (n == 1) return *engines_[0];
+  // Least open requests; among equals the first from a start that moves on with every
+  // pick, so that a burst (or one client's requests in turn) alternates.
+  const size_t start = next_engine_.fetch_add(1, std::memory_order_relaxed) % n;
+  size_t best = start;
+  for (size_t k = 1; k < n; ++k) {
+    const size_t i = (start + k) % n;
+    if (engines_[i]->open_requests() < engines_[best]->open_requests()) best = i;
+  }
+  return *engines_[best];
 }
 
 void HttpServer::drain(std::chrono::milliseconds timeout) {
@@ -269,7 +289,7 @@ void HttpServer::generate(const httplib::Request& req, httplib::Response& res, P
     ctx.forced_output = percent_decode(req.get_header_value("X-Kiln-Test-Output"));
   auto planned = plan(body, ctx);
   if (auto* e = std::get_if<ApiError>(&planned)) return send_error(req, res, e->status, e->message, e->param);
-  auto started = JobRun::start(*engine, std::move(std::get<Job>(planned)), model->tokenizer());
+  auto started = JobRun::start(pick_engine(), std::move(std::get<Job>(planned)), model->tokenizer());
   if (auto* e = std::get_if<ApiError>(&started)) return send_error(req, res, e->status, e->message, e->param);
   std::shared_ptr<JobRun> run = std::move(std::get<std::unique_ptr<JobRun>>(started));
   ++in_flight_;
@@ -411,8 +431,9 @@ void HttpServer::routes() {
       std::lock_guard<std::mutex> lock(status_mu_);
       statuses = status_counts_;
     }
-    res.set_content(metrics_text(model->name(), engine->stats(), engine->metrics(), statuses),
-                    "text/plain; version=0.0.4");
+    std::vector<EngineNumbers> numbers;
+    for (runtime::AsyncEngine* e : engines_) numbers.push_back({.stats = e->stats(), .metrics = &e->metrics()});
+    res.set_content(metrics_text(model->name(), numbers, statuses), "text/plain; version=0.0.4");
   });
   http_->Get("/v1/models", [this](const Request& req, Response& res) {
     runtime::AsyncEngine* engine = engine_.load();

@@ -65,8 +65,13 @@ class HttpServer {
   // Binds and serves on a thread of its own; /health answers 503 until set_ready. Returns
   // the bound port.
   Result<int> start();
-  // The model is loaded: generation endpoints open.
+  // The model is loaded: generation endpoints open. With several engines (data-parallel
+  // replicas of the model, `kiln serve --data-parallel-size`) each request goes to the one
+  // with the fewest requests open (equals in turn); they
+  // must be loaded from the same model with the same options (read-only questions, such
+  // as the maximum length, go to the first).
   void set_ready(runtime::AsyncEngine* engine, const ServedModel* model);
+  void set_ready(std::vector<runtime::AsyncEngine*> engines, const ServedModel* model);
   // Graceful stop: new generation requests get 503; waits until the requests in flight
   // have finished (at most `timeout`).
   void drain(std::chrono::milliseconds timeout);
@@ -87,13 +92,17 @@ class HttpServer {
   // Parses the body and runs `plan` (chat, completion or messages), then answers.
   template <typename Plan>
   void generate(const httplib::Request& req, httplib::Response& res, Plan plan);
+  // The engine a new request goes to (set_ready).
+  runtime::AsyncEngine& pick_engine();
 
   ServerOptions options_;
   std::unique_ptr<httplib::Server> http_;
   std::thread thread_;
   std::atomic<bool> listener_exited_{false};
   int listen_fd_ = -1;
-  std::atomic<runtime::AsyncEngine*> engine_{nullptr};
+  std::atomic<runtime::AsyncEngine*> engine_{nullptr};  // engines_[0], stored last: ready
+  std::vector<runtime::AsyncEngine*> engines_;          // written once, before engine_
+  std::atomic<uint32_t> next_engine_{0};
   std::atomic<const ServedModel*> model_{nullptr};
   std::atomic<bool> draining_{false};
   std::atomic<int> in_flight_{0};

@@ -1,6 +1,9 @@
 #include "server/metrics_text.h"
 
 #include <sstream>
+#include <vector>
+
+#include "core/check.h"
 
 namespace kiln::server {
 namespace {
@@ -54,10 +57,27 @@ class Writer {
   std::ostringstream out_;
 };
 
+// The replicas' histograms as one (the same bounds: ServingMetrics').
+runtime::Histogram::Snapshot merged(std::span<const EngineNumbers> engines,
+                                    const runtime::Histogram runtime::ServingMetrics::*which) {
+  runtime::Histogram::Snapshot out = (engines[0].metrics->*which).snapshot();
+  for (size_t i = 1; i < engines.size(); ++i) {
+    const runtime::Histogram::Snapshot h = (engines[i].metrics->*which).snapshot();
+    for (size_t b = 0; b < out.cumulative.size() && b < h.cumulative.size(); ++b) out.cumulative[b] += h.cumulative[b];
+    out.count += h.count;
+    out.sum += h.sum;
+  }
+  return out;
+}
+
 }  // namespace
 
-std::string metrics_text(const std::string& model_name, const runtime::AsyncEngineStats& s,
-                         runtime::ServingMetrics& metrics, const StatusCounts& statuses) {
+std::string metrics_text(const std::string& model_name, std::span<const EngineNumbers> engines,
+                         const StatusCounts& statuses) {
+  KILN_CHECK(!engines.empty()) << "metrics_text: no engine";
+  std::vector<runtime::AsyncEngineStats> each;
+  for (const EngineNumbers& e : engines) each.push_back(e.stats);
+  const runtime::AsyncEngineStats s = runtime::combined_stats(each);
   Writer w(model_name);
   w.metric("kiln_http_requests_total", "counter", "HTTP responses sent, by status code.");
   for (const auto& [code, n] : statuses) w.value("kiln_http_requests_total", double(n), "status=\"" + std::to_string(code) + "\"");
@@ -131,10 +151,29 @@ std::string metrics_text(const std::string& model_name, const runtime::AsyncEngi
   w.counter("kiln_prefix_cache_hits_total", "Prompt tokens found in the prefix cache.",
             double(s.engine.prefix_hit_tokens));
   w.histogram("kiln_time_to_first_token_seconds", "From arrival to the first generated token.",
-              metrics.time_to_first_token.snapshot());
+              merged(engines, &runtime::ServingMetrics::time_to_first_token));
   w.histogram("kiln_inter_token_latency_seconds", "Between consecutive tokens of a sequence.",
-              metrics.inter_token_latency.snapshot());
-  w.histogram("kiln_e2e_request_latency_seconds", "From arrival to the last token.", metrics.e2e_latency.snapshot());
+              merged(engines, &runtime::ServingMetrics::inter_token_latency));
+  w.histogram("kiln_e2e_request_latency_seconds", "From arrival to the last token.",
+              merged(engines, &runtime::ServingMetrics::e2e_latency));
+  if (engines.size() > 1) {  // data-parallel replicas: how the load is shared
+    const auto per_engine = [&](const char* name, const char* type, const char* help, auto value) {
+      w.metric(name, type, help);
+      for (size_t i = 0; i < engines.size(); ++i)
+        w.value(name, value(engines[i].stats), "engine=\"" + std::to_string(i) + "\"");
+    };
+    using Stats = runtime::AsyncEngineStats;
+    per_engine("kiln_engine_requests_in_flight", "gauge", "Requests admitted and not yet finished, by replica.",
+               [](const Stats& e) { return double(e.in_flight); });
+    per_engine("kiln_engine_requests_running", "gauge", "Sequences in the running batch, by replica.",
+               [](const Stats& e) { return double(e.engine.running); });
+    per_engine("kiln_engine_generation_tokens_total", "counter", "Tokens generated, by replica.",
+               [](const Stats& e) { return double(e.engine.generated_tokens); });
+    per_engine("kiln_engine_kv_cache_usage_perc", "gauge", "Fraction of KV cache blocks held by sequences, by replica.",
+               [](const Stats& e) {
+                 return e.engine.kv_blocks_total > 0 ? double(e.engine.kv_blocks_used) / e.engine.kv_blocks_total : 0.0;
+               });
+  }
   return w.str();
 }
 

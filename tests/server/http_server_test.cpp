@@ -1,7 +1,7 @@
 // HttpServer's states, driven over HTTP on 127.0.0.1: 503 in each API's format while the
 // model loads, 200 once ready; 429 when the engine's queue is full; a drain lets the
 // request in flight finish while new ones get 503; Content-Length headers that disagree
-// get 400.
+// get 400; data-parallel replicas share the requests.
 #include <gtest/gtest.h>
 
 #include <httplib.h>
@@ -178,6 +178,57 @@ TEST(HttpServer, DrainFinishesTheRequestInFlightAndRefusesNewOnes) {
   EXPECT_EQ(http.in_flight(), 0);
   EXPECT_EQ(status, 200);
   EXPECT_NE(streamed.find("data: [DONE]"), std::string::npos) << "the request in flight finished";
+  http.stop();
+}
+
+// Data-parallel replicas: a request goes to the engine with the fewest requests open (equal
+// ones in turn), and /metrics adds the engines up and shows each one's share.
+TEST(HttpServer, RequestsGoToTheReplicaWithTheFewestOpen) {
+  Served a = load(4, 16), b = load(4, 16);
+  HttpServer http({.port = 0});
+  auto port = http.start();
+  ASSERT_TRUE(port.ok());
+  http.set_ready({a.engine.get(), b.engine.get()}, a.model.get());
+  const auto generated = [](const Served& s) { return s.engine->stats().engine.generated_tokens; };
+  // Replica 0 is busy with a long request of its own: the next one goes to replica 1.
+  auto busy = a.engine->submit({.prompt = {1, 2, 3}, .max_tokens = 2000, .ignore_eos = true});
+  ASSERT_TRUE(busy.ok());
+  ASSERT_EQ(a.engine->open_requests(), 1);
+  httplib::Client c("127.0.0.1", *port);
+  auto r = c.Post("/v1/chat/completions", kChat, "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(generated(b), 4);
+  (*busy)->cancel();
+  for (int i = 0; i < 500 && a.engine->open_requests() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(a.engine->open_requests(), 0);
+  // Both idle: requests one after another alternate.
+  const int64_t a0 = generated(a), b0 = generated(b);
+  for (int i = 0; i < 4; ++i) {
+    auto ok = c.Post("/v1/chat/completions", kChat, "application/json");
+    ASSERT_TRUE(ok);
+    ASSERT_EQ(ok->status, 200) << ok->body;
+  }
+  EXPECT_EQ(generated(a) - a0, 8);
+  EXPECT_EQ(generated(b) - b0, 8);
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  ASSERT_EQ(m->status, 200);
+  const auto sample = [&](const std::string& prefix) {
+    const size_t at = m->body.find("\n" + prefix);
+    EXPECT_NE(at, std::string::npos) << prefix;
+    if (at == std::string::npos) return -1.0;
+    const size_t end = m->body.find('\n', at + 1);
+    return std::stod(m->body.substr(m->body.rfind(' ', end) + 1, end - m->body.rfind(' ', end) - 1));
+  };
+  EXPECT_EQ(sample("kiln_generation_tokens_total{"), double(generated(a) + generated(b)));
+  EXPECT_EQ(sample("kiln_engine_generation_tokens_total{model_name=\"kiln-demo\",engine=\"0\"}"), double(generated(a)));
+  EXPECT_EQ(sample("kiln_engine_generation_tokens_total{model_name=\"kiln-demo\",engine=\"1\"}"), double(generated(b)));
+  const auto ttft = [](const Served& s) { return s.engine->metrics().time_to_first_token.snapshot().count; };
+  EXPECT_GE(ttft(b), 3);
+  EXPECT_EQ(sample("kiln_time_to_first_token_seconds_count{"), double(ttft(a) + ttft(b))) << "the histograms added up";
+  EXPECT_EQ(sample("kiln_kv_cache_blocks_total{"),
+            double(a.engine->stats().engine.kv_blocks_total + b.engine->stats().engine.kv_blocks_total));
   http.stop();
 }
 

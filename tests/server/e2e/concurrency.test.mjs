@@ -1,6 +1,7 @@
 // Batching must not change results: 64 simultaneous streaming requests on the demo model
 // (CPU reference) each equal the same request run alone, with the prefix cache on and
-// off; afterwards every KV block is back in the pool.
+// off; afterwards every KV block is back in the pool. (CMake runs it again over two
+// tensor-parallel ranks, and over two data-parallel replicas.)
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { startServer, metric, eventually, readSse } from "./harness.mjs";
@@ -105,6 +106,13 @@ test("64 concurrent streams equal each request alone; the prefix cache changes n
   const off = await concurrent(uncached);
   assert.equal(await metric(uncached.url, "kiln_prefix_cache_hits_total"), 0);
   for (let i = 0; i < N; ++i) assert.deepEqual(off.results[i], together.results[i], `request ${i}, prefix cache off vs on`);
+
+  // Data-parallel replicas (KILN_TEST_SERVER_ARGS="--data-parallel-size 2"): the 64 went to both.
+  const dp = (process.env.KILN_TEST_SERVER_ARGS ?? "").match(/--data-parallel-size\s+(\d+)/);
+  for (let r = 0; dp && r < Number(dp[1]); ++r) {
+    const share = await metric(cached.url, "kiln_engine_generation_tokens_total", `engine="${r}"`);
+    assert.ok(share > tokens / 8, `replica ${r} generated ${share} of the ${tokens}+ tokens`);
+  }
 
   for (const s of [cached, uncached]) {
     await eventually(async () => (await metric(s.url, "kiln_kv_cache_blocks_used")) === 0, { what: "an empty KV pool" });
