@@ -16,6 +16,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -255,8 +257,9 @@ Status serve(ServeOptions o, const ServeHooks& hooks) {
                          : "",
                dp > 1 ? (", " + std::to_string(dp) + " data-parallel replicas").c_str() : "");
   // Data parallelism: replica r is a whole engine of its own on devices --device + r *
-  // world onwards (the CPU backend's threads shared out), loaded one after the other; so
-  // the devices are counted first, before minutes of loading the first.
+  // world onwards (the CPU backend's threads shared out). Replicas load side by side, one
+  // thread each (as the ranks of one replica do), with one progress bar over all; the
+  // devices are counted first, before minutes of loading.
   if (const int devices = cuda_device_count(); backend.backend == "cuda" && dp > 1 &&
                                                o.common.device + dp * world > devices) {
     return invalid_argument("--data-parallel-size " + std::to_string(dp) + " x " + std::to_string(world) +
@@ -264,26 +267,43 @@ Status serve(ServeOptions o, const ServeHooks& hooks) {
                             std::to_string(o.common.device + dp * world) + " CUDA devices; this machine has " +
                             std::to_string(devices));
   }
-  std::vector<std::unique_ptr<runtime::AsyncEngine>> replicas;
-  for (int r = 0; r < dp; ++r) {
+  LoadProgress progress;
+  std::mutex progress_mu;
+  std::vector<std::pair<uint64_t, uint64_t>> progress_of(size_t(dp), {0, 0});  // (done, total) a replica
+  const auto load_replica = [&](int r) {
     CommonOptions common = o.common;
     common.device = o.common.device + r * world;
     if (common.backend == "cpu" && dp > 1) {
       const int cores = o.common.threads > 0 ? o.common.threads : int(std::max(1u, std::thread::hardware_concurrency()));
       common.threads = std::max(1, cores / dp);
     }
+    runtime::EngineOptions e = engine_options(common);
+    e.max_num_seqs = o.max_num_seqs;
+    e.max_num_batched_tokens = o.max_num_batched_tokens;
+    e.enable_prefix_caching = o.prefix_caching;
+    e.kv_cache_bytes = kv_bytes;
+    e.gpu_memory_utilization = o.gpu_memory_utilization;
+    e.on_load_progress = [&, r](uint64_t done, uint64_t total) {
+      std::lock_guard<std::mutex> lock(progress_mu);
+      progress_of[size_t(r)] = {done, total};
+      uint64_t d = 0, t = 0;
+      for (const auto& [rd, rt] : progress_of) d += rd, t += rt;
+      progress(d, t);
+    };
+    return load_engine(dir, common, e);
+  };
+  std::vector<std::optional<Result<std::unique_ptr<runtime::Engine>>>> loads(static_cast<size_t>(dp));
+  if (dp == 1) {
+    loads[0].emplace(load_replica(0));
+  } else {
+    std::vector<std::thread> loaders;
+    for (int r = 0; r < dp; ++r) loaders.emplace_back([&, r] { loads[size_t(r)].emplace(load_replica(r)); });
+    for (std::thread& t : loaders) t.join();
+  }
+  std::vector<std::unique_ptr<runtime::AsyncEngine>> replicas;
+  for (int r = 0; r < dp; ++r) {
     const std::string name = dp > 1 ? "replica " + std::to_string(r) : "";
-    LoadProgress progress;
-    auto loaded = load_engine(dir, common, [&] {
-      runtime::EngineOptions e = engine_options(common);
-      e.max_num_seqs = o.max_num_seqs;
-      e.max_num_batched_tokens = o.max_num_batched_tokens;
-      e.enable_prefix_caching = o.prefix_caching;
-      e.kv_cache_bytes = kv_bytes;
-      e.gpu_memory_utilization = o.gpu_memory_utilization;
-      e.on_load_progress = std::ref(progress);
-      return e;
-    }());
+    Result<std::unique_ptr<runtime::Engine>>& loaded = *loads[size_t(r)];
     if (!loaded.ok()) return dp > 1 ? loaded.status().with_context("data-parallel " + name) : loaded.status();
     std::unique_ptr<runtime::Engine> engine = std::move(loaded).value();
     if (r == 0 && model->tokenizer().vocab_size() > engine->config().vocab_size) {
