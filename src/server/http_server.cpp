@@ -186,22 +186,22 @@ void HttpServer::set_ready(runtime::AsyncEngine* engine, const ServedModel* mode
 void HttpServer::set_ready(std::vector<runtime::AsyncEngine*> engines, const ServedModel* model) {
   KILN_CHECK(!engines.empty() && engine_.load() == nullptr) << "set_ready: once, with at least one engine";
   engines_ = std::move(engines);
+  if (engines_.size() > 1) {
+    // A replica holding a prompt's prefix may have an eighth of a batch (at least 2) more
+    // requests open than the least busy one and still take it.
+    const int slack = std::max(2, engines_[0]->engine().scheduler_config().max_num_seqs / 8);
+    router_ = std::make_unique<ReplicaRouter>(int(engines_.size()), slack);
+  }
   model_ = model;
   engine_ = engines_[0];
 }
 
-runtime::AsyncEngine& HttpServer::pick_engine() {
-  const size_t n = engines_.size();
-  if (n == 1) return *engines_[0];
-  // Least open requests; among equals the first from a start that moves on with every
-  // pick, so that a burst (or one client's requests in turn) alternates.
-  const size_t start = next_engine_.fetch_add(1, std::memory_order_relaxed) % n;
-  size_t best = start;
-  for (size_t k = 1; k < n; ++k) {
-    const size_t i = (start + k) % n;
-    if (engines_[i]->open_requests() < engines_[best]->open_requests()) best = i;
-  }
-  return *engines_[best];
+runtime::AsyncEngine& HttpServer::pick_engine(const Job& job) {
+  if (engines_.size() == 1) return *engines_[0];
+  std::vector<int32_t> open;
+  for (runtime::AsyncEngine* e : engines_) open.push_back(e->open_requests());
+  const std::vector<int32_t> none;
+  return *engines_[size_t(router_->pick(job.requests.empty() ? none : job.requests[0].prompt, open))];
 }
 
 void HttpServer::drain(std::chrono::milliseconds timeout) {
@@ -289,7 +289,9 @@ void HttpServer::generate(const httplib::Request& req, httplib::Response& res, P
     ctx.forced_output = percent_decode(req.get_header_value("X-Kiln-Test-Output"));
   auto planned = plan(body, ctx);
   if (auto* e = std::get_if<ApiError>(&planned)) return send_error(req, res, e->status, e->message, e->param);
-  auto started = JobRun::start(pick_engine(), std::move(std::get<Job>(planned)), model->tokenizer());
+  Job& job = std::get<Job>(planned);
+  runtime::AsyncEngine& target = pick_engine(job);  // before the job moves into its run
+  auto started = JobRun::start(target, std::move(job), model->tokenizer());
   if (auto* e = std::get_if<ApiError>(&started)) return send_error(req, res, e->status, e->message, e->param);
   std::shared_ptr<JobRun> run = std::move(std::get<std::unique_ptr<JobRun>>(started));
   ++in_flight_;

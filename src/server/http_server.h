@@ -31,6 +31,7 @@
 
 #include "runtime/async_engine.h"
 #include "server/metrics_text.h"
+#include "server/replica_router.h"
 #include "server/served_model.h"
 
 namespace httplib {
@@ -57,6 +58,8 @@ struct ServerOptions {
   bool test_output_header = false;
 };
 
+struct Job;
+
 class HttpServer {
  public:
   explicit HttpServer(ServerOptions options);
@@ -66,10 +69,11 @@ class HttpServer {
   // the bound port.
   Result<int> start();
   // The model is loaded: generation endpoints open. With several engines (data-parallel
-  // replicas of the model, `kiln serve --data-parallel-size`) each request goes to the one
-  // with the fewest requests open (equals in turn); they
-  // must be loaded from the same model with the same options (read-only questions, such
-  // as the maximum length, go to the first).
+  // replicas of the model, `kiln serve --data-parallel-size`) a ReplicaRouter picks each
+  // request's: the one that served most of its prompt before (its prefix cache), within a
+  // load gap, else the one with the fewest requests open. They must be loaded from the
+  // same model with the same options (read-only questions, such as the maximum length, go
+  // to the first).
   void set_ready(runtime::AsyncEngine* engine, const ServedModel* model);
   void set_ready(std::vector<runtime::AsyncEngine*> engines, const ServedModel* model);
   // Graceful stop: new generation requests get 503; waits until the requests in flight
@@ -93,7 +97,7 @@ class HttpServer {
   template <typename Plan>
   void generate(const httplib::Request& req, httplib::Response& res, Plan plan);
   // The engine a new request goes to (set_ready).
-  runtime::AsyncEngine& pick_engine();
+  runtime::AsyncEngine& pick_engine(const Job& job);
 
   ServerOptions options_;
   std::unique_ptr<httplib::Server> http_;
@@ -102,7 +106,7 @@ class HttpServer {
   int listen_fd_ = -1;
   std::atomic<runtime::AsyncEngine*> engine_{nullptr};  // engines_[0], stored last: ready
   std::vector<runtime::AsyncEngine*> engines_;          // written once, before engine_
-  std::atomic<uint32_t> next_engine_{0};
+  std::unique_ptr<ReplicaRouter> router_;               // with several engines; likewise
   std::atomic<const ServedModel*> model_{nullptr};
   std::atomic<bool> draining_{false};
   std::atomic<int> in_flight_{0};

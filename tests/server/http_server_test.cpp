@@ -1,7 +1,8 @@
 // HttpServer's states, driven over HTTP on 127.0.0.1: 503 in each API's format while the
 // model loads, 200 once ready; 429 when the engine's queue is full; a drain lets the
 // request in flight finish while new ones get 503; Content-Length headers that disagree
-// get 400; data-parallel replicas share the requests.
+// get 400; data-parallel replicas share the requests, a conversation staying on the one
+// that holds its prefix.
 #include <gtest/gtest.h>
 
 #include <httplib.h>
@@ -229,6 +230,41 @@ TEST(HttpServer, RequestsGoToTheReplicaWithTheFewestOpen) {
   EXPECT_EQ(sample("kiln_time_to_first_token_seconds_count{"), double(ttft(a) + ttft(b))) << "the histograms added up";
   EXPECT_EQ(sample("kiln_kv_cache_blocks_total{"),
             double(a.engine->stats().engine.kv_blocks_total + b.engine->stats().engine.kv_blocks_total));
+  http.stop();
+}
+
+// A conversation's next turn goes to the replica whose prefix cache holds its start.
+TEST(HttpServer, AConversationsNextTurnGoesToTheReplicaThatHasItsPrefix) {
+  Served a = load(4, 16), b = load(4, 16);
+  HttpServer http({.port = 0});
+  auto port = http.start();
+  ASSERT_TRUE(port.ok());
+  http.set_ready({a.engine.get(), b.engine.get()}, a.model.get());
+  httplib::Client c("127.0.0.1", *port);
+  const json system = {{"role", "system"},
+                       {"content", "You are a careful assistant for a small bakery. You answer questions about opening "
+                                   "hours, bread, cakes and orders in two short sentences, and you never invent prices."}};
+  json turn1 = {{"model", "kiln-demo"}, {"max_tokens", 4}, {"temperature", 0},
+                {"messages", {system, {{"role", "user"}, {"content", "When do you open on Sundays?"}}}}};
+  const auto stats = [](const Served& s) { return s.engine->stats().engine; };
+  auto r1 = c.Post("/v1/chat/completions", turn1.dump(), "application/json");
+  ASSERT_TRUE(r1);
+  ASSERT_EQ(r1->status, 200) << r1->body;
+  const bool on_a = stats(a).generated_tokens > 0;
+  const Served& first = on_a ? a : b;
+  const Served& other = on_a ? b : a;
+  ASSERT_EQ(stats(first).generated_tokens, 4);
+  for (int turn = 0; turn < 3; ++turn) {  // the least busy would alternate; the prefix keeps it there
+    json next = turn1;
+    next["messages"].push_back({{"role", "assistant"}, {"content", json::parse(r1->body)["choices"][0]["message"]["content"]}});
+    next["messages"].push_back({{"role", "user"}, {"content", "And on Mondays, number " + std::to_string(turn) + "?"}});
+    auto r = c.Post("/v1/chat/completions", next.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+  }
+  EXPECT_EQ(stats(first).generated_tokens, 16);
+  EXPECT_EQ(stats(other).generated_tokens, 0);
+  EXPECT_GT(stats(first).prefix_hit_tokens, 0);
   http.stop();
 }
 
