@@ -182,20 +182,29 @@ TEST(HttpServer, DrainFinishesTheRequestInFlightAndRefusesNewOnes) {
   http.stop();
 }
 
+// Two data-parallel replicas of the demo model behind one server.
+class HttpServerReplicas : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto p = http.start();
+    ASSERT_TRUE(p.ok()) << p.status().to_string();
+    port = *p;
+    http.set_ready({a.engine.get(), b.engine.get()}, a.model.get());
+  }
+  Served a = load(4, 16), b = load(4, 16);
+  HttpServer http{{.port = 0}};
+  int port = 0;
+};
+
 // Data-parallel replicas: a request goes to the engine with the fewest requests open (equal
 // ones in turn), and /metrics adds the engines up and shows each one's share.
-TEST(HttpServer, RequestsGoToTheReplicaWithTheFewestOpen) {
-  Served a = load(4, 16), b = load(4, 16);
-  HttpServer http({.port = 0});
-  auto port = http.start();
-  ASSERT_TRUE(port.ok());
-  http.set_ready({a.engine.get(), b.engine.get()}, a.model.get());
+TEST_F(HttpServerReplicas, RequestsGoToTheReplicaWithTheFewestOpen) {
   const auto generated = [](const Served& s) { return s.engine->stats().engine.generated_tokens; };
   // Replica 0 is busy with a long request of its own: the next one goes to replica 1.
   auto busy = a.engine->submit({.prompt = {1, 2, 3}, .max_tokens = 2000, .ignore_eos = true});
   ASSERT_TRUE(busy.ok());
   ASSERT_EQ(a.engine->open_requests(), 1);
-  httplib::Client c("127.0.0.1", *port);
+  httplib::Client c("127.0.0.1", port);
   auto r = c.Post("/v1/chat/completions", kChat, "application/json");
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
@@ -234,13 +243,8 @@ TEST(HttpServer, RequestsGoToTheReplicaWithTheFewestOpen) {
 }
 
 // A conversation's next turn goes to the replica whose prefix cache holds its start.
-TEST(HttpServer, AConversationsNextTurnGoesToTheReplicaThatHasItsPrefix) {
-  Served a = load(4, 16), b = load(4, 16);
-  HttpServer http({.port = 0});
-  auto port = http.start();
-  ASSERT_TRUE(port.ok());
-  http.set_ready({a.engine.get(), b.engine.get()}, a.model.get());
-  httplib::Client c("127.0.0.1", *port);
+TEST_F(HttpServerReplicas, AConversationsNextTurnGoesToTheReplicaThatHasItsPrefix) {
+  httplib::Client c("127.0.0.1", port);
   const json system = {{"role", "system"},
                        {"content", "You are a careful assistant for a small bakery. You answer questions about opening "
                                    "hours, bread, cakes and orders in two short sentences, and you never invent prices."}};
