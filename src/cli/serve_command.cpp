@@ -379,7 +379,7 @@ void add_serve_command(CLI::App& app, Subcommands& commands, const ServeHooks& h
                   "tokens per engine step at most (0: max(2048, max-num-seqs))");
   cmd->add_option("--data-parallel-size", o->data_parallel,
                   "whole copies of the model, each on its own GPUs (tensor x pipeline parallel of them, from "
-                  "--device on), each request served by the one with the fewest open")
+                  "--device on); a request goes to the one that served most of its prompt before, else the least busy")
       ->check(CLI::Range(1, 64));
   cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->prefix_caching,
                 "share the KV blocks of equal prompt prefixes (default on)");

@@ -188,8 +188,10 @@ void HttpServer::set_ready(std::vector<runtime::AsyncEngine*> engines, const Ser
   engines_ = std::move(engines);
   if (engines_.size() > 1) {
     // A replica holding a prompt's prefix may have an eighth of a batch (at least 2) more
-    // requests open than the least busy one and still take it.
-    const int slack = std::max(2, engines_[0]->engine().scheduler_config().max_num_seqs / 8);
+    // requests open than the least busy one and still take it; without prefix caching
+    // there is nothing to follow.
+    const runtime::Engine& e = engines_[0]->engine();
+    const int slack = e.prefix_caching() ? std::max(2, e.scheduler_config().max_num_seqs / 8) : -1;
     router_ = std::make_unique<ReplicaRouter>(int(engines_.size()), slack);
   }
   model_ = model;

@@ -27,7 +27,8 @@ class ReplicaRouter {
  public:
   static constexpr int kBlockTokens = 16;
   // n replicas; slack: open requests the replica holding a prompt's prefix may have beyond
-  // the least busy one and still take it; max_blocks: block hashes remembered at most.
+  // the least busy one and still take it (negative: prefixes are not followed, as where the
+  // engines cache none); max_blocks: block hashes remembered at most.
   ReplicaRouter(int n, int slack, size_t max_blocks = size_t(1) << 18);
 
   // The replica for `prompt` given each one's open requests (open.size() == n); the prompt's

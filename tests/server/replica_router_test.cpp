@@ -53,6 +53,14 @@ TEST(ReplicaRouter, APromptWithLittleRememberedGoesToTheLeastBusyInTurn) {
   EXPECT_EQ(router.pick(tokens(10, 1), std::vector<int32_t>{3, 2, 1}), 2);
 }
 
+TEST(ReplicaRouter, WithoutPrefixesToFollowGoesByLoadAlone) {
+  ReplicaRouter router(2, /*slack=*/-1);
+  const std::vector<int32_t> turn1 = tokens(64, 1000);
+  const int r = router.pick(turn1, std::vector<int32_t>{0, 0});
+  EXPECT_EQ(router.pick(extended(turn1, 16, 5000), std::vector<int32_t>{0, 0}), 1 - r) << "in turn, not back";
+  EXPECT_EQ(router.remembered_blocks(), 0u);
+}
+
 TEST(ReplicaRouter, RemembersAtMostItsBoundLeastRecentlyUsedFirst) {
   ReplicaRouter router(2, /*slack=*/100, /*max_blocks=*/8);
   const std::vector<int32_t> a = tokens(64, 1), b = tokens(64, 1000), c = tokens(64, 2000);  // 4 blocks each
