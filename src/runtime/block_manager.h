@@ -42,6 +42,10 @@ class BlockManager {
   BlockManager(int32_t n_blocks, int32_t block_size, bool prefix_caching);
 
   int32_t block_size() const { return block_size_; }
+  // The hash of a full block whose tokens follow a prefix of hash `prev` (0 for the first
+  // block): a block's cache key. (Data-parallel routing names prompts' prefixes by it too:
+  // server/replica_router.h.)
+  static uint64_t chain_hash(uint64_t prev, std::span<const int32_t> tokens);
   int32_t n_blocks() const { return int32_t(blocks_.size()); }
   // Blocks nobody holds (cached or empty): what allocate can hand out.
   int32_t n_free() const { return n_free_; }
@@ -88,7 +92,6 @@ class BlockManager {
     std::vector<int32_t> tokens;  // the block's tokens when hashed (compared on lookup)
     int32_t prev = -1, next = -1; // free list links while ref_count == 0
   };
-  static uint64_t chain_hash(uint64_t prev, std::span<const int32_t> tokens);
   int32_t lookup(uint64_t hash, std::span<const int32_t> tokens) const;
   void push_free_back(int32_t b);
   void push_free_front(int32_t b);

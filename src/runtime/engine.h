@@ -228,6 +228,7 @@ class Engine {
   DType kv_cache_storage() const { return kv_[0].storage; }  // bf16 / f32 (CPU) / f8e4m3
   const SchedulerConfig& scheduler_config() const { return scheduler_->config(); }
   bool prefix_caching() const { return blocks_->prefix_caching(); }
+  int32_t block_size() const { return blocks_->block_size(); }  // tokens per KV block
   ops::Backend& backend() { return *backend_; }  // rank 0's (sampling)
   const ParallelConfig& parallel() const { return runner_->parallel(); }
   // End-of-sequence ids: config.json's, generation_config.json's and the tokenizer's.

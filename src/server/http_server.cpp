@@ -192,7 +192,7 @@ void HttpServer::set_ready(std::vector<runtime::AsyncEngine*> engines, const Ser
     // there is nothing to follow.
     const runtime::Engine& e = engines_[0]->engine();
     const int slack = e.prefix_caching() ? std::max(2, e.scheduler_config().max_num_seqs / 8) : -1;
-    router_ = std::make_unique<ReplicaRouter>(int(engines_.size()), slack);
+    router_ = std::make_unique<ReplicaRouter>(int(engines_.size()), slack, e.block_size());
   }
   model_ = model;
   engine_ = engines_[0];

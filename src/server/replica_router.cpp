@@ -3,35 +3,30 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "runtime/block_manager.h"
 
 namespace kiln::server {
 namespace {
 
-// splitmix64's finalizer: every input bit reaches every output bit.
-uint64_t mix(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// The chained hash at the end of each full block of `prompt`: block i's covers tokens
-// [0, 16 (i + 1)), so equal hashes mean (up to a 64-bit collision) equal prefixes.
-std::vector<uint64_t> block_hashes(std::span<const int32_t> prompt) {
+// The chained hash of each full block of `prompt`, as the engines' prefix caches key them
+// (runtime::BlockManager::chain_hash): equal hashes mean equal prefixes (up to a 64-bit
+// collision, which here costs only a worse choice).
+std::vector<uint64_t> block_hashes(std::span<const int32_t> prompt, int block_tokens) {
   std::vector<uint64_t> out;
-  uint64_t h = 0x6b696c6e;  // "kiln"
-  for (size_t i = 0; i < prompt.size(); ++i) {
-    h = mix(h ^ (uint64_t(uint32_t(prompt[i])) + 0x9e3779b97f4a7c15ull));
-    if ((i + 1) % ReplicaRouter::kBlockTokens == 0) out.push_back(h);
+  uint64_t h = 0;
+  for (size_t end = size_t(block_tokens); end <= prompt.size(); end += size_t(block_tokens)) {
+    h = runtime::BlockManager::chain_hash(h, prompt.subspan(end - size_t(block_tokens), size_t(block_tokens)));
+    out.push_back(h);
   }
   return out;
 }
 
 }  // namespace
 
-ReplicaRouter::ReplicaRouter(int n, int slack, size_t max_blocks) : n_(n), slack_(slack), max_blocks_(max_blocks) {
-  KILN_CHECK(n >= 1 && max_blocks >= 1) << "ReplicaRouter(" << n << ", " << slack << ", " << max_blocks << ")";
+ReplicaRouter::ReplicaRouter(int n, int slack, int block_tokens, size_t max_blocks)
+    : n_(n), slack_(slack), block_tokens_(block_tokens), max_blocks_(max_blocks) {
+  KILN_CHECK(n >= 1 && block_tokens >= 1 && max_blocks >= 1)
+      << "ReplicaRouter(" << n << ", " << slack << ", " << block_tokens << ", " << max_blocks << ")";
 }
 
 int ReplicaRouter::least_busy(std::span<const int32_t> open) {
@@ -50,11 +45,11 @@ int ReplicaRouter::pick(std::span<const int32_t> prompt, std::span<const int32_t
     std::lock_guard<std::mutex> lock(mu_);
     return least_busy(open);
   }
-  const std::vector<uint64_t> hashes = block_hashes(prompt);
+  const std::vector<uint64_t> hashes = block_hashes(prompt, block_tokens_);
   std::lock_guard<std::mutex> lock(mu_);
   int chosen = -1;
   // The longest remembered prefix, if it is at least half the prompt.
-  for (size_t b = hashes.size(); b > 0 && 2 * b * kBlockTokens >= prompt.size(); --b) {
+  for (size_t b = hashes.size(); b > 0 && 2 * b * size_t(block_tokens_) >= prompt.size(); --b) {
     const auto it = blocks_.find(hashes[b - 1]);
     if (it == blocks_.end()) continue;
     const int r = it->second.replica;

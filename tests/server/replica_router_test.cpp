@@ -23,7 +23,7 @@ std::vector<int32_t> extended(std::vector<int32_t> t, int more, int32_t first) {
 }
 
 TEST(ReplicaRouter, AConversationsNextTurnGoesWhereItsPrefixIsWithinTheLoadGap) {
-  ReplicaRouter router(2, /*slack=*/4);
+  ReplicaRouter router(2, /*slack=*/4, /*block_tokens=*/16);
   const std::vector<int32_t> turn1 = tokens(64, 1000);  // 4 blocks
   const std::vector<int32_t> idle = {0, 0};
   const int r = router.pick(turn1, idle);
@@ -41,7 +41,7 @@ TEST(ReplicaRouter, AConversationsNextTurnGoesWhereItsPrefixIsWithinTheLoadGap) 
 }
 
 TEST(ReplicaRouter, APromptWithLittleRememberedGoesToTheLeastBusyInTurn) {
-  ReplicaRouter router(3, /*slack=*/100);
+  ReplicaRouter router(3, /*slack=*/100, /*block_tokens=*/16);
   const std::vector<int32_t> system = tokens(32, 1);  // 2 blocks every prompt below shares
   router.pick(system, std::vector<int32_t>{0, 0, 0});
   // 2 shared blocks of 6: under half, so no preference: in turn while equal...
@@ -54,7 +54,7 @@ TEST(ReplicaRouter, APromptWithLittleRememberedGoesToTheLeastBusyInTurn) {
 }
 
 TEST(ReplicaRouter, WithoutPrefixesToFollowGoesByLoadAlone) {
-  ReplicaRouter router(2, /*slack=*/-1);
+  ReplicaRouter router(2, /*slack=*/-1, /*block_tokens=*/16);
   const std::vector<int32_t> turn1 = tokens(64, 1000);
   const int r = router.pick(turn1, std::vector<int32_t>{0, 0});
   EXPECT_EQ(router.pick(extended(turn1, 16, 5000), std::vector<int32_t>{0, 0}), 1 - r) << "in turn, not back";
@@ -62,7 +62,7 @@ TEST(ReplicaRouter, WithoutPrefixesToFollowGoesByLoadAlone) {
 }
 
 TEST(ReplicaRouter, RemembersAtMostItsBoundLeastRecentlyUsedFirst) {
-  ReplicaRouter router(2, /*slack=*/100, /*max_blocks=*/8);
+  ReplicaRouter router(2, /*slack=*/100, /*block_tokens=*/16, /*max_blocks=*/8);
   const std::vector<int32_t> a = tokens(64, 1), b = tokens(64, 1000), c = tokens(64, 2000);  // 4 blocks each
   const int ra = router.pick(a, std::vector<int32_t>{0, 0});
   router.pick(b, std::vector<int32_t>{0, 0});
