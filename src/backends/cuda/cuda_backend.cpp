@@ -3,6 +3,7 @@
 #include "backends/cuda/cuda_backend_impl.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
@@ -289,14 +290,19 @@ Tensor CudaBackend::run_step(const ops::BatchMeta& b, uint64_t key, const std::f
   if (g.failed || g.eager_runs++ == 0) return ops();
   std::vector<std::shared_ptr<void>> keep;
   allocator_->record_into(&keep);
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t0 = Clock::now();
   KILN_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
   Tensor out = ops();
   cudaGraph_t graph = nullptr;
   const cudaError_t e = cudaStreamEndCapture(stream_, &graph);
   allocator_->record_into(nullptr);
+  const Clock::time_point t1 = Clock::now();
   cudaGraphExec_t exec = nullptr;
   const cudaError_t ie = e == cudaSuccess ? cudaGraphInstantiate(&exec, graph, 0) : e;
   if (graph) cudaGraphDestroy(graph);
+  const Clock::time_point t2 = Clock::now();
+  const auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
   if (ie != cudaSuccess) {  // some op is not capturable: run this shape eagerly from now on
     cudaGetLastError();
     g.failed = true;
@@ -324,8 +330,11 @@ Tensor CudaBackend::run_step(const ops::BatchMeta& b, uint64_t key, const std::f
     return ops();
   }
   graph_bytes_ += bytes;
-  KILN_LOG(kDebug, "cuda: recorded a step of " << n << " rows over " << n_seqs << " sequences holding "
-                                                << (bytes >> 10) << " KiB of the " << (allocator_->recorded_handouts() >> 10)
+  KILN_LOG(kDebug, "cuda: recorded a step of " << n << " rows over " << n_seqs << " sequences (width "
+                                                << b.max_blocks_per_seq << ") in " << ms(t1 - t0)
+                                                << " ms of capture and " << ms(t2 - t1)
+                                                << " ms of instantiation, holding " << (bytes >> 10) << " KiB of the "
+                                                << (allocator_->recorded_handouts() >> 10)
                                                 << " KiB its work allocated (" << (graph_bytes_ >> 20)
                                                 << " MiB in all recordings)");
   g.exec = exec;

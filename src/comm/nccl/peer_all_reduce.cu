@@ -9,6 +9,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxBlocks = 256;  // a grid-stride loop beyond: every block stays resident
+constexpr uint32_t kBusyPolls = 64;  // a waiting thread's polls before it sleeps between them
 constexpr int kMaxRanks = PeerAllReduce::kMaxRanks;
 constexpr uint32_t kEmpty = PeerAllReduce::kEmptyWord;  // two bf16 -0, or one f32 subnormal: "not arrived"
 // 16-byte vectors of one row per thread in the fused form.
@@ -151,9 +152,16 @@ struct Call {
         continue;
       }
       uint4* src = reinterpret_cast<uint4*>(mine + size_t(r) * l.slot_bytes) + v;
+      // Polled back to back at first (in step, a peer's vector lands within a few
+      // polls), then about once a microsecond. Busy polling throughout made the first
+      // replay of a new recording at 129-256 rows take 80-90 ms instead of ~13 whenever
+      // the ranks started it 0.5-2.6 ms apart (they record at their own pace); likely
+      // (inferred, not profiled) up to 64K threads' loads crowding out the peer's stores
+      // into the same memory (docs/perf/multi-gpu.md, twenty-sixth section).
       uint4 x = load_volatile(src);
       for (uint32_t spins = 1; !arrived<kF32>(x); ++spins) {
         if ((spins & 1023u) == 0 && *l.abort != 0) break;
+        if (spins >= kBusyPolls) __nanosleep(1024);
         x = load_volatile(src);
       }
       accumulate<kF32>(acc, x);

@@ -16,7 +16,9 @@
 //   2. it then reads its vectors of every peer's slot of its own receive buffer,
 //      waiting on each until no element holds the "empty" pattern (remote stores
 //      arrive in any order, so every element is checked: a 16-byte store may land in
-//      parts), and puts the pattern back once read;
+//      parts; after 64 polls a waiting thread sleeps ~1 us between polls, so that a
+//      rank far ahead of its peer does not flood its memory with loads), and puts the
+//      pattern back once read;
 //   3. it sums the slots in fp32 in rank order 0..size-1 and writes the sum over the
 //      tensor (bf16: rounded once, to nearest even). Every rank gets the same bits, the
 //      Communicator contract's sum (what the CPU's LocalGroup computes), unlike NCCL's
