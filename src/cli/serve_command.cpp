@@ -330,6 +330,14 @@ Status serve(ServeOptions o, const ServeHooks& hooks) {
                                .stats_log_interval = std::chrono::milliseconds(int64_t(o.log_stats_interval * 1000)),
                                .log_name = dp > 1 ? "engine " + std::to_string(r) : "engine"}));
   }
+  if (backend.backend == "cuda") {  // a layout's sums through host memory where replicas would serve more
+    const runtime::Engine& e = replicas[0]->engine();
+    const std::string hint =
+        data_parallel_hint(o.common.tensor_parallel, o.common.pipeline_parallel, dp,
+                           world > 1 && dp == 1 ? no_peer_access(o.common.device, world) : std::string(),
+                           e.weight_bytes(), e.device_memory_bytes());
+    if (!hint.empty()) std::fprintf(stderr, "%s\n", hint.c_str());
+  }
   std::vector<runtime::AsyncEngine*> engines;
   for (const auto& a : replicas) engines.push_back(a.get());
   http.set_ready(engines, model.get());

@@ -146,6 +146,7 @@ Status Engine::load_weights(const std::string& model_dir, const EngineOptions& o
   // Progress over every rank's loader (each reads its part): their bytes summed.
   std::mutex progress_mu;
   std::vector<uint64_t> rank_done(size_t(runner_->world()), 0);
+  std::vector<int64_t> rank_weights(size_t(runner_->world()), 0);
   const auto report = [&](int rank, uint64_t done, uint64_t total) {
     std::lock_guard<std::mutex> lock(progress_mu);
     rank_done[size_t(rank)] = done;
@@ -171,12 +172,15 @@ Status Engine::load_weights(const std::string& model_dir, const EngineOptions& o
     if (rank == 0) unused = loader.unused();
     if (before) {  // what the allocator took for the weights, against their bytes
       const int64_t took = be.memory_info()->in_use - before->in_use, bytes = int64_t(loader.device_bytes());
+      rank_weights[size_t(rank)] = bytes;
       KILN_LOG(kInfo, "rank " << rank << " weights: " << mib(bytes) << " of tensors, " << mib(took)
                               << " of device memory (" << (bytes > 0 ? 100.0 * double(took - bytes) / double(bytes) : 0.0)
                               << "% over)");
     }
     return lm;
   }));
+  weight_bytes_ = 0;
+  for (int64_t b : rank_weights) weight_bytes_ += b;
   for (const model::PathRecord& r : model::path_records(runner_->model(0), runner_->backend(0))) {
     KILN_LOG(kInfo, "path: layers " << (r.layers.empty() ? "-" : r.layers) << " " << r.group << " (" << r.format
                                     << "): " << r.path);
@@ -187,6 +191,11 @@ Status Engine::load_weights(const std::string& model_dir, const EngineOptions& o
     }
   }
   return Status::Ok();
+}
+
+int64_t Engine::device_memory_bytes() const {
+  const std::optional<ops::MemoryInfo> mem = backend_->memory_info();
+  return mem ? mem->device_total : 0;
 }
 
 Status Engine::check_layout_fits(const formats::QuantConfig& quant, const EngineOptions& o) {

@@ -224,6 +224,11 @@ class Engine {
   int64_t max_model_len() const { return max_model_len_; }
   int64_t kv_capacity_tokens() const { return kv_[0].capacity_tokens(); }
   int64_t kv_cache_bytes() const { return kv_bytes_; }  // per rank at most
+  // The weights' bytes on the devices, every rank's summed (about the model's size under
+  // tensor or pipeline parallelism), and rank 0's device memory; 0 where the backend does
+  // not say (the CPU's).
+  int64_t weight_bytes() const { return weight_bytes_; }
+  int64_t device_memory_bytes() const;
   KvCacheDtype kv_cache_dtype() const { return kv_[0].dtype; }
   DType kv_cache_storage() const { return kv_[0].storage; }  // bf16 / f32 (CPU) / f8e4m3
   const SchedulerConfig& scheduler_config() const { return scheduler_->config(); }
@@ -301,6 +306,7 @@ class Engine {
   ops::Backend* backend_ = nullptr;      // rank 0's
   std::vector<KvCache> kv_;              // per rank
   int64_t kv_bytes_ = 0;
+  int64_t weight_bytes_ = 0;
   std::unique_ptr<BlockManager> blocks_;
   StateCache states_;  // recurrent models: the per-sequence state rows and prefix checkpoints
   std::unique_ptr<Scheduler> scheduler_;
