@@ -154,7 +154,7 @@ struct Call {
       uint4* src = reinterpret_cast<uint4*>(mine + size_t(r) * l.slot_bytes) + v;
       // Polled back to back at first (in step, a peer's vector lands within a few
       // polls), then about once a microsecond. Busy polling throughout made the first
-      // replay of a new recording at 129-256 rows take 80-90 ms instead of ~13 whenever
+      // replay of a new recording at 96-256 rows take 56-88 ms instead of ~13 whenever
       // the ranks started it 0.5-2.6 ms apart (they record at their own pace); likely
       // (inferred, not profiled) up to 64K threads' loads crowding out the peer's stores
       // into the same memory (docs/perf/multi-gpu.md, twenty-sixth section).
