@@ -142,7 +142,9 @@ Result<runtime::CommWorld> cuda_comm_world(const std::vector<ops::Backend*>& bac
     std::vector<std::unique_ptr<comm::NcclCommunicator>> world, tp;
   };
   auto g = std::make_shared<Groups>();
-  KILN_ASSIGN_OR_RETURN(g->world, comm::NcclCommunicator::create_group(ranks));
+  // Where the model's micro-batches overlap the sums (without peer access, by default).
+  const bool overlapped = parallel.tensor_parallel > 1 && runtime::resolve_micro_batch_rows(parallel, true) > 0;
+  KILN_ASSIGN_OR_RETURN(g->world, comm::NcclCommunicator::create_group(ranks, overlapped));
   std::vector<comm::NcclCommunicator*> world;
   std::vector<int> stage;
   for (size_t r = 0; r < g->world.size(); ++r) {

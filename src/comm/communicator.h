@@ -46,6 +46,24 @@ class Communicator {
   virtual bool all_reduce_add_rms_norm(Tensor& t, Tensor& residual, const Tensor& weight, Tensor& out, float eps) {
     return false;
   }
+  // A sum that runs beside the caller's next work (micro-batches: model::CausalLM::
+  // micro_batch_rows): start_all_reduce(t) begins t = sum over ranks of t, after the work
+  // queued so far, and returns a ticket; finish_all_reduce(ticket) orders the work queued
+  // after it behind that sum (and every sum started before it). In between the caller
+  // neither reads nor writes t, and at most kMaxStartedSums are unfinished. Every rank
+  // starts and finishes the same sums in the same order, and runs no other collective of
+  // this group while one is unfinished. The default sums at once; a GPU group runs the sum
+  // on a stream of its own.
+  static constexpr int kMaxStartedSums = 4;
+  virtual int start_all_reduce(Tensor& t) {
+    all_reduce(t);
+    return 0;
+  }
+  virtual void finish_all_reduce(int ticket) {}
+  // Whether running large sums beside other work pays here: a GPU group whose sums
+  // cross the host's bus (no peer access). The default (and a group whose sums run
+  // in the caller's own time, as LocalGroup's do): false.
+  virtual bool overlap_pays() const { return false; }
   // out [size * n] (flat) = every rank's `in` [n], in rank order.
   virtual void all_gather(const Tensor& in, Tensor& out) = 0;
   // out [n] = sum over ranks r of r's in[rank * n, (rank + 1) * n) (in: [size * n], flat).

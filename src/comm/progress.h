@@ -67,6 +67,15 @@ class WatchedCommunicator final : public Communicator {
     watched("all_reduce", [&] { fused = inner_->all_reduce_add_rms_norm(t, residual, weight, out, eps); });
     return fused;
   }
+  int start_all_reduce(Tensor& t) override {
+    int ticket = 0;
+    watched("all_reduce", [&] { ticket = inner_->start_all_reduce(t); });
+    return ticket;
+  }
+  void finish_all_reduce(int ticket) override {
+    watched("all_reduce", [&] { inner_->finish_all_reduce(ticket); });
+  }
+  bool overlap_pays() const override { return inner_->overlap_pays(); }
   void all_gather(const Tensor& in, Tensor& out) override {
     watched("all_gather", [&] { inner_->all_gather(in, out); });
   }

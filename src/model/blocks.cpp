@@ -248,6 +248,71 @@ void CausalLM::layer_step(ops::Backend& be, const DecoderLayer& l, const ops::Ba
   else reduce(be, block_out);
 }
 
+bool CausalLM::splits_into_micro_batches() const {
+  for (const DecoderLayer& l : layers) {
+    if (const auto* a = std::get_if<Attention>(&l.attn)) {
+      if (a->q_norm_full || a->k_norm_full) return false;  // gathers over the group inside
+    } else if (const auto* m = std::get_if<Mla>(&l.attn)) {
+      if (m->sparse()) return false;  // one selection a step
+    } else {
+      return false;  // recurrent state a sequence
+    }
+  }
+  return true;
+}
+
+// Two micro-batches, a and b, each with its rows of the residual stream. Per layer:
+// attention a, its sum started; attention b, its sum started; a's sum finished into its
+// norm, ffn a, its sum started; the same for b; and the next layer starts by finishing
+// a's. So each sum runs while the other micro-batch computes, and each micro-batch's
+// ops keep the order of step_ops' loop (a's keys of a layer are stored before b's rows,
+// a later chunk of the same sequence, attend to them).
+void CausalLM::micro_batch_layers(ops::Backend& be, const ops::BatchMeta& batch, std::vector<LayerKv>& kv,
+                                  Tensor& residual, Tensor& normed, Tensor& block_out) const {
+  const int32_t n = batch.n_tokens(), cut = n / 2;
+  const auto [first, second] = ops::split_rows(batch, cut);
+  be.add_step_batch(first);
+  be.add_step_batch(second);
+  struct Part {
+    const ops::BatchMeta* batch;
+    Tensor residual, normed, out;
+    int ticket = -1;  // its unfinished sum
+  };
+  Part parts[2] = {{&first, residual.slice0(0, cut), normed.slice0(0, cut), block_out.slice0(0, cut)},
+                   {&second, residual.slice0(cut, n), normed.slice0(cut, n), block_out.slice0(cut, n)}};
+  const auto finish = [&](Part& p) {
+    tp->finish_all_reduce(p.ticket);
+    p.ticket = -1;
+    be.after_collective(p.out);
+  };
+  // p's sum finished, added into its residual and normed by `weight` (the next block's norm).
+  const auto finish_norm = [&](Part& p, const Tensor& weight) {
+    finish(p);
+    be.rms_norm({.x = p.out, .weight = weight, .residual = p.residual, .out = p.normed, .eps = norm_eps});
+  };
+  be.rms_norm({.x = residual, .weight = layers[0].input_norm, .out = normed, .eps = norm_eps});
+  Tensor no_selection;  // (no sparse attention here)
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const DecoderLayer& l = layers[i];
+    for (Part& p : parts) {
+      if (i > 0) finish_norm(p, l.input_norm);
+      if (const auto* a = std::get_if<Attention>(&l.attn)) a->forward(be, p.normed, *p.batch, kv[i], p.out, tp);
+      else std::get<Mla>(l.attn).forward(be, p.normed, *p.batch, kv[i], p.out, no_selection);
+      p.ticket = tp->start_all_reduce(p.out);
+    }
+    for (Part& p : parts) {
+      finish_norm(p, l.post_attn_norm);
+      std::visit([&](const auto& f) { f.forward(be, p.normed, p.out); }, l.ffn);
+      p.ticket = tp->start_all_reduce(p.out);
+    }
+  }
+  // The last layer's end: the final norm, or (a stage that hands on) the sums alone.
+  for (Part& p : parts) {
+    if (last_stage) finish_norm(p, final_norm);
+    else finish(p);
+  }
+}
+
 Tensor CausalLM::step_ops(ops::Backend& be, const ops::BatchMeta& batch, std::vector<LayerKv>& kv,
                           const Tensor& hidden) const {
   const int64_t n_tokens = batch.n_tokens();
@@ -265,11 +330,16 @@ Tensor CausalLM::step_ops(ops::Backend& be, const ops::BatchMeta& batch, std::ve
   Tensor normed = act(be, {n_tokens, d_model});
   Tensor block_out = act(be, {n_tokens, d_model});
   Tensor dsa_selection;  // the latest DeepSeek sparse attention selection of this step
-  // Each layer ends in the next one's input norm (the last: the final norm; a stage that
-  // hands on: none, its last ffn output added below).
-  for (size_t i = 0; i < layers.size(); ++i) {
-    const Tensor* next_norm = i + 1 < layers.size() ? &layers[i + 1].input_norm : last_stage ? &final_norm : nullptr;
-    layer_step(be, layers[i], batch, kv[i], residual, normed, block_out, i == 0, dsa_selection, next_norm);
+  if (tp != nullptr && micro_batch_rows > 0 && n_tokens >= std::max<int64_t>(2, micro_batch_rows) &&
+      !layers.empty() && !be.may_record(batch) && splits_into_micro_batches()) {
+    micro_batch_layers(be, batch, kv, residual, normed, block_out);
+  } else {
+    // Each layer ends in the next one's input norm (the last: the final norm; a stage
+    // that hands on: none, its last ffn output added below).
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const Tensor* next_norm = i + 1 < layers.size() ? &layers[i + 1].input_norm : last_stage ? &final_norm : nullptr;
+      layer_step(be, layers[i], batch, kv[i], residual, normed, block_out, i == 0, dsa_selection, next_norm);
+    }
   }
   if (!last_stage) {  // hand the residual stream on
     if (!layers.empty()) be.add({.a = residual, .b = block_out, .out = residual});

@@ -223,6 +223,15 @@ struct CausalLM {
   comm::Communicator* pp = nullptr;  // null: one stage
   int prev_stage = -1, next_stage = -1;
   std::optional<MtpLayer> mtp;  // loaded for --speculative-method mtp (model::Shard::mtp)
+  // A tensor-parallel step of at least this many rows (0: none) runs as two micro-batches
+  // of half its rows each, their layers interleaved so that each one's sums
+  // (Communicator::start_all_reduce) move while the other computes: where sums are slow
+  // (no peer access), a prompt chunk's sums hide behind work instead of adding to it, for
+  // a second read of the weights. Layers with collectives of their own inside (a full-width
+  // QK-norm), recurrent state or sparse attention keep the step whole, as does a step the
+  // backend may record (Backend::may_record). The same on every rank of the group
+  // (runtime::ModelRunner sets it).
+  int64_t micro_batch_rows = 0;
 
   // One per layer, then the MTP layer's when there is one (its cache is the last entry).
   std::vector<KvLayout> kv_layouts() const;
@@ -258,6 +267,12 @@ struct CausalLM {
                   Tensor& normed, Tensor& block_out, bool first, Tensor& dsa_selection,
                   const Tensor* next_norm) const;
   void reduce(ops::Backend& be, Tensor& partial) const;
+  // Whether every layer can run as micro-batches (micro_batch_rows).
+  bool splits_into_micro_batches() const;
+  // The layers over two micro-batches of `batch` (rows [0, cut) and [cut, n)): as
+  // step_ops' loop, from the embedding in `residual` to the last layer's end.
+  void micro_batch_layers(ops::Backend& be, const ops::BatchMeta& batch, std::vector<LayerKv>& kv, Tensor& residual,
+                          Tensor& normed, Tensor& block_out) const;
   // The sum of a block's partial output over the tensor-parallel ranks, its residual add
   // and the norm that follows: one fused call where the communicator takes it
   // (Communicator::all_reduce_add_rms_norm), else reduce and the backend's rms_norm.

@@ -577,6 +577,11 @@ class Backend {
   // uploads the metadata here). `batch` must stay alive and unchanged until the
   // step's last op.
   virtual void begin_step(const BatchMeta& batch) {}
+  // Called inside a step, before any op that reads `part`: a sub-batch of the step's
+  // batch (split_rows: model::CausalLM's micro-batches) whose ops run in this step too.
+  // `part` must stay alive and unchanged until the step's last op. Not in a step that
+  // may be recorded (may_record).
+  virtual void add_step_batch(const BatchMeta& part) {}
   // Runs one forward step: begin_step(batch), then `ops` (which issues the
   // step's ops and returns its output). A GPU backend may record the ops of a
   // decode-shaped step once and replay the recording on later steps with the
@@ -587,6 +592,9 @@ class Backend {
     begin_step(batch);
     return ops();
   }
+  // Whether run_step may record a step of `batch`'s shape (such a step's ops must be
+  // the same every time: no micro-batches, add_step_batch).
+  virtual bool may_record(const BatchMeta& batch) const { return false; }
   // Steps run_step ran with a one-time cost so far: a shape's first, eager run and its
   // recording (milliseconds where a replay takes microseconds). Timing that measures the
   // steady state (the speculation depth policy) leaves such steps out.

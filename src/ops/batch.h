@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -54,5 +55,14 @@ struct BatchMeta {
     return int64_t(block) * block_size + pos % block_size;
   }
 };
+
+// The batch's rows [0, cut) and [cut, n_tokens) as two batches (a tensor-parallel step's
+// micro-batches: model::CausalLM::micro_batch_rows). A sequence with rows on both sides
+// is in both: its first part as a chunk whose context ends at its last row before `cut`,
+// its second as the next chunk (whose earlier keys the first part's layer stored). Rows
+// past the last sequence (padding) go with their side. Only what a layer reads is kept:
+// positions, slots, sequences, block tables (no token ids, logit rows or speculative
+// state: the step embeds and picks its logits over the whole batch). 0 < cut < n_tokens.
+std::pair<BatchMeta, BatchMeta> split_rows(const BatchMeta& b, int32_t cut);
 
 }  // namespace kiln::ops

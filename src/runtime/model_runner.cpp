@@ -287,6 +287,14 @@ Status ModelRunner::run(const std::function<void(int rank)>& fn, bool watched_st
   return Status::Ok();
 }
 
+int64_t resolve_micro_batch_rows(const ParallelConfig& p, bool overlap_pays) {
+  if (p.micro_batch_rows >= 0) return p.micro_batch_rows;
+  if (const char* v = std::getenv("KILN_MICRO_BATCH_ROWS"); v != nullptr && *v != '\0') {
+    return std::max(0LL, std::atoll(v));
+  }
+  return overlap_pays ? 1024 : 0;
+}
+
 Status ModelRunner::build(int64_t n_layers,
                           const std::function<Result<model::CausalLM>(int rank, const model::Shard&)>& build) {
   const int tp = parallel_.tensor_parallel, pp = parallel_.pipeline_parallel;
@@ -302,7 +310,10 @@ Status ModelRunner::build(int64_t n_layers,
       return;
     }
     model::CausalLM& lm = ranks_[size_t(r)].model = std::move(m).value();
-    if (tp > 1) lm.tp = comms_.tp[size_t(r)];
+    if (tp > 1) {
+      lm.tp = comms_.tp[size_t(r)];
+      lm.micro_batch_rows = resolve_micro_batch_rows(parallel_, lm.tp->overlap_pays());
+    }
     if (pp > 1) {
       lm.pp = comms_.world[size_t(r)];
       lm.prev_stage = r - tp;
@@ -310,6 +321,11 @@ Status ModelRunner::build(int64_t n_layers,
     }
   }));
   for (const Status& s : status) KILN_RETURN_IF_ERROR(s);
+  if (tp > 1 && ranks_[0].model.micro_batch_rows > 0) {
+    KILN_LOG(kInfo, "tensor parallel: steps of " << ranks_[0].model.micro_batch_rows
+                                                 << " rows or more run as two micro-batches, each one's sums "
+                                                    "moving while the other computes (KILN_MICRO_BATCH_ROWS=0: off)");
+  }
   return Status::Ok();
 }
 

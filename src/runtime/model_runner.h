@@ -42,12 +42,23 @@ struct ParallelConfig {
   // pipeline's fill and drain), so decode steps run whole, one stage after the other.
   // 0: every step of several sequences is split (tests).
   int32_t pipeline_micro_min_tokens = 512;
+  // A tensor-parallel step of at least this many rows runs as two micro-batches whose sums
+  // overlap the other's work (model::CausalLM::micro_batch_rows); 0: never. -1 (the
+  // default): KILN_MICRO_BATCH_ROWS where set (0 turns it off), else 1024 where the group's
+  // communicator says it pays (Communicator::overlap_pays: sums through host memory),
+  // else never. A step the backend may record (CUDA graphs) stays whole.
+  int64_t micro_batch_rows = -1;
   int world() const { return tensor_parallel * pipeline_parallel; }
 };
 
 // The communicators of a world of ranks: rank r's world communicator (pipeline hand-offs,
 // logits to rank 0) and its tensor-parallel group's (ranks of its stage), and a way to
 // fail all of them (a rank that dies).
+// ParallelConfig::micro_batch_rows resolved (KILN_MICRO_BATCH_ROWS where the config
+// leaves it to the default) for a tensor-parallel group whose communicator does or does
+// not say overlap pays (Communicator::overlap_pays).
+int64_t resolve_micro_batch_rows(const ParallelConfig& p, bool overlap_pays);
+
 struct CommWorld {
   std::vector<comm::Communicator*> world, tp;
   std::shared_ptr<void> owner;

@@ -56,6 +56,10 @@ const Layout kLayouts[] = {
     {"tp2_fp8kv", {.tensor_parallel = 2}, true},
     {"pp2_fp8kv", {.pipeline_parallel = 2}, true},
     {"tp2_pp2", {.tensor_parallel = 2, .pipeline_parallel = 2}},
+    // Steps as two micro-batches whose sums overlap (CausalLM::micro_batch_rows; by default
+    // only without peer access and from 1,024 rows): here every step not recorded.
+    {"tp2_micro", {.tensor_parallel = 2, .micro_batch_rows = 2}},
+    {"tp2_ep_micro", {.tensor_parallel = 2, .expert_parallel = true, .micro_batch_rows = 2}},
     {"tp4", {.tensor_parallel = 4}},
     {"tp4_ep", {.tensor_parallel = 4, .expert_parallel = true}},
 };

@@ -211,6 +211,61 @@ TEST(NcclComm, EveryCollectiveMatchesTheHostOnFourGpus) {
 
 // The collectives enqueue on the stream only: recorded once into a CUDA graph per rank,
 // each replay recomputes from the inputs' new contents.
+// Sums started beside other work (start_all_reduce / finish_all_reduce: the micro-batches
+// of model::CausalLM) on 2 GPUs: a decode-sized and a prompt-sized bf16 sum and an f32
+// one, started one after the other while the compute stream keeps adding other tensors;
+// an add queued after a finish reads the finished sum; every result is the host's sum.
+// Run with and without NCCL_P2P_DISABLE=1 (the one-shot path, NCCL over NVLink / PCIe,
+// NCCL through host memory).
+TEST(NcclComm, StartedSumsFinishLikePlainSums) {
+  if (visible_gpus() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  Group g;
+  make_group(2, &g);
+  if (::testing::Test::HasFatalFailure()) return;
+  on_ranks(2, [&](int r) {
+    ops::Backend& b = *g.backends[size_t(r)];
+    NcclCommunicator& c = *g.comms[size_t(r)];
+    const std::pair<DType, int64_t> sizes[] = {{DType::kBF16, 4096}, {DType::kBF16, int64_t(1) << 21},
+                                               {DType::kF32, (int64_t(1) << 20) + 3}};
+    for (int round = 0; round < 3; ++round) {
+      std::vector<Tensor> t, after;
+      std::vector<int> tickets;
+      Tensor busy = device_tensor(b, DType::kBF16, rank_input(r, int64_t(1) << 22));
+      for (auto [dtype, count] : sizes) {
+        t.push_back(device_tensor(b, dtype, rank_input(r, count, round)));
+        tickets.push_back(c.start_all_reduce(t.back()));
+        for (int k = 0; k < 4; ++k) b.add({.a = busy, .b = busy, .out = busy});  // work beside the sum
+      }
+      for (size_t k = 0; k < t.size(); ++k) {
+        c.finish_all_reduce(tickets[k]);
+        if (t[k].dtype == DType::kBF16) {  // an op after the finish reads the sum
+          after.push_back(b.alloc(DType::kBF16, t[k].shape));
+          b.add({.a = t[k], .b = t[k], .out = after.back()});
+        }
+      }
+      for (size_t k = 0; k < t.size(); ++k) {
+        const int64_t count = t[k].numel();
+        std::vector<float> want(static_cast<size_t>(count), 0.0f);
+        for (int q = 0; q < 2; ++q)
+          for (int64_t i = 0; i < count; ++i) want[size_t(i)] += value(q, i + round);
+        std::vector<float> twice = want;
+        for (float& x : twice) x *= 2;
+        const std::string what = "started sum " + std::to_string(k) + " round " + std::to_string(round) + " rank " +
+                                 std::to_string(r);
+        expect_same(host_values(b, t[k]), want, what);
+        if (k < after.size()) expect_same(host_values(b, after[k]), twice, what + ", read after its finish");
+      }
+    }
+    // A plain sum after the started ones.
+    Tensor plain = device_tensor(b, DType::kBF16, rank_input(r, 4099));
+    c.all_reduce(plain);
+    std::vector<float> want(4099, 0.0f);
+    for (int q = 0; q < 2; ++q)
+      for (int64_t i = 0; i < 4099; ++i) want[size_t(i)] += value(q, i);
+    expect_same(host_values(b, plain), want, "a plain sum after started ones, rank " + std::to_string(r));
+  });
+}
+
 TEST(NcclComm, CollectivesRecordedInACudaGraphReplay) {
   const int n = visible_gpus();
   if (n == 0) GTEST_SKIP() << "no GPU visible";

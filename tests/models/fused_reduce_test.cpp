@@ -15,9 +15,7 @@
 #include <atomic>
 #include <memory>
 
-#include "backends/cpu/cpu_backend.h"
-#include "fixture.h"
-#include "runtime/engine.h"
+#include "wrapped_comms.h"
 
 namespace kiln {
 namespace {
@@ -58,48 +56,22 @@ struct FusedCalls {
 
 // local_comm_world with every tensor-parallel communicator wrapped in a FusingComm.
 runtime::CommFactory fusing_world(std::shared_ptr<FusedCalls> calls) {
-  return [calls](const std::vector<ops::Backend*>& backends,
-                 const runtime::ParallelConfig& p) -> Result<runtime::CommWorld> {
-    KILN_ASSIGN_OR_RETURN(runtime::CommWorld w, runtime::local_comm_world(backends, p));
-    auto wrappers = std::make_shared<std::vector<std::unique_ptr<FusingComm>>>();
-    for (size_t r = 0; r < w.tp.size(); ++r) {
-      if (w.tp[r] == nullptr) continue;
-      wrappers->push_back(std::make_unique<FusingComm>(w.tp[r], backends[r], &calls->per_rank[r]));
-      w.tp[r] = wrappers->back().get();
-    }
-    auto inner = w.owner;
-    w.owner = std::make_shared<std::pair<std::shared_ptr<void>, decltype(wrappers)>>(inner, wrappers);
-    return w;
-  };
+  return testing::wrapped_tp_world([calls](comm::Communicator* inner, ops::Backend* backend, int r) {
+    return std::make_unique<FusingComm>(inner, backend, &calls->per_rank[r]);
+  });
 }
-
-Result<std::unique_ptr<runtime::Engine>> load(const std::string& fixture, const runtime::ParallelConfig& p,
-                                              runtime::CommFactory comms) {
-  std::vector<std::unique_ptr<ops::Backend>> backends;
-  for (int r = 0; r < p.world(); ++r) backends.push_back(cpu::make_cpu_backend({.n_threads = 1}));
-  return runtime::Engine::load(testing::fixture_dir(fixture), std::move(backends),
-                               {.block_size = 4, .max_model_len = 256, .parallel = p, .comms = std::move(comms)});
-}
-
-struct Layout {
-  const char* name;
-  runtime::ParallelConfig parallel;
-};
-const Layout kLayouts[] = {{"tp2", {.tensor_parallel = 2}},
-                           {"tp2_ep", {.tensor_parallel = 2, .expert_parallel = true}},
-                           {"tp2_pp2", {.tensor_parallel = 2, .pipeline_parallel = 2}}};
 
 class FusedReduce : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(FusedReduce, GivesWhatTheSeparateSumAndNormGive) {
   const std::string fixture = std::get<0>(GetParam());
-  const runtime::ParallelConfig layout = kLayouts[std::get<1>(GetParam())].parallel;
+  const runtime::ParallelConfig layout = testing::kTpLayouts[std::get<1>(GetParam())].parallel;
   const bool pipeline = layout.pipeline_parallel > 1;
   const nlohmann::json config = testing::read_json(testing::fixture_dir(fixture) + "/config.json");
   const int64_t layers = config["num_hidden_layers"].get<int64_t>();
   auto calls = std::make_shared<FusedCalls>();
-  auto fused = load(fixture, layout, fusing_world(calls));
-  auto plain = load(fixture, layout, {});
+  auto fused = testing::load_cpu_ranks(fixture, layout, fusing_world(calls));
+  auto plain = testing::load_cpu_ranks(fixture, layout, {});
   ASSERT_TRUE(fused.ok()) << fused.status().to_string();
   ASSERT_TRUE(plain.ok()) << plain.status().to_string();
   for (auto& n : calls->per_rank) n = 0;  // what loading ran (its measured step) aside
@@ -128,9 +100,9 @@ TEST_P(FusedReduce, GivesWhatTheSeparateSumAndNormGive) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FusedReduce,
                          ::testing::Combine(::testing::Values("llama", "qwen3_moe", "deepseek_v3_mla"),
-                                            ::testing::Range(0, int(std::size(kLayouts)))),
+                                            ::testing::Range(0, testing::kTpLayoutCount)),
                          [](const auto& info) {
-                           return std::get<0>(info.param) + "_" + kLayouts[std::get<1>(info.param)].name;
+                           return std::get<0>(info.param) + "_" + testing::kTpLayouts[std::get<1>(info.param)].name;
                          });
 
 }  // namespace

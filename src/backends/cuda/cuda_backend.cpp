@@ -89,6 +89,7 @@ CudaBackend::CudaBackend(const DeviceInfo& info, int smem_cap, bool graphs)
   KILN_CUDA_CHECK(cudaSetDevice(info.index));
   KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   KILN_CUDA_CHECK(cudaEventCreateWithFlags(&batch_copied_, cudaEventDisableTiming));
+  KILN_CUDA_CHECK(cudaEventCreateWithFlags(&parts_copied_, cudaEventDisableTiming));
   KILN_CUBLAS_CHECK(cublasLtCreate(&lt_));
   allocator_ = CachingAllocator::create(info.index);
   size_t free_bytes = 0, total_bytes = 0;
@@ -104,6 +105,8 @@ CudaBackend::~CudaBackend() {
   batch_buffer_.reset();
   if (batch_staging_) cudaFreeHost(batch_staging_);
   if (batch_copied_) cudaEventDestroy(batch_copied_);
+  if (parts_staging_) cudaFreeHost(parts_staging_);
+  if (parts_copied_) cudaEventDestroy(parts_copied_);
   rope_tables_.clear();
   expert_tables_.clear();
   dequantized_.clear();
@@ -190,33 +193,23 @@ void CudaBackend::from_host_f32(const float* src, Tensor& t) {
   synchronize();
 }
 
-void CudaBackend::begin_step(const ops::BatchMeta& b) {
-  op_scratch_.clear();  // the previous step's scratch: reusable in stream order
+namespace {
+
+// The words pack_batch writes for b: positions | slot_mapping | seq_of_token | token_ids
+// | block_table | logit_rows | q_start | state_slots | state_snapshots | input_rows |
+// device_token_rows.
+size_t batch_words(const ops::BatchMeta& b) {
+  const size_t n = b.positions.size();
+  return 4 * n + b.block_table.size() + b.logit_rows.size() + b.q_start.size() + b.state_slots.size() +
+         b.state_snapshots.size() + b.input_rows.size() + b.device_token_rows.size();
+}
+
+// b's metadata into h (batch_words(b) words), and the DeviceBatch that reads it once it
+// is copied to d.
+DeviceBatch pack_batch(const ops::BatchMeta& b, int32_t* h, int32_t* d) {
   const size_t n = b.positions.size(), n_table = b.block_table.size(), n_rows = b.logit_rows.size();
-  KILN_CHECK(b.slot_mapping.size() == n && b.q_start.size() == b.context_len.size() + 1)
-      << "begin_step: inconsistent batch (" << n << " positions, " << b.slot_mapping.size() << " slots)";
-  KILN_CHECK(b.token_ids.empty() || b.token_ids.size() == n) << "begin_step: token_ids vs positions";
   const size_t n_seqs = b.context_len.size(), n_slots = b.state_slots.size();
-  KILN_CHECK(n_slots == 0 || n_slots == n_seqs) << "begin_step: " << n_slots << " state slots for " << n_seqs
-                                                << " sequences";
-  const size_t n_snaps = b.state_snapshots.size(), n_inputs = b.input_rows.size(), n_patch = b.device_token_rows.size();
-  KILN_CHECK(n_patch == 0 || (n_patch == n && b.device_tokens.device == Device::kCuda && b.device_tokens.dtype == DType::kI32))
-      << "begin_step: " << n_patch << " device token rows for " << n << " rows";
-  KILN_CHECK(n_snaps == 0 || n_snaps == n) << "begin_step: " << n_snaps << " state snapshots for " << n << " rows";
-  KILN_CHECK(n_inputs == 0 || n_inputs == n) << "begin_step: " << n_inputs << " input rows for " << n << " rows";
-  // One buffer: positions | slot_mapping | seq_of_token | token_ids | block_table | logit_rows
-  // | q_start | state_slots | state_snapshots | input_rows | device_token_rows.
-  const size_t total = 4 * n + n_table + n_rows + (n_seqs + 1) + n_slots + n_snaps + n_inputs + n_patch;
-  KILN_CUDA_CHECK(cudaEventSynchronize(batch_copied_));  // the previous step's copy left the staging
-  if (total > batch_capacity_) {
-    release_graphs();  // they read the old buffer
-    synchronize();
-    if (batch_staging_) KILN_CUDA_CHECK(cudaFreeHost(batch_staging_));
-    batch_capacity_ = std::max<size_t>(total, 2 * batch_capacity_);
-    KILN_CUDA_CHECK(cudaMallocHost(&batch_staging_, batch_capacity_ * sizeof(int32_t)));
-    batch_buffer_ = allocator_->allocate(batch_capacity_ * sizeof(int32_t));
-  }
-  int32_t* h = batch_staging_;
+  const size_t n_snaps = b.state_snapshots.size(), n_inputs = b.input_rows.size();
   std::copy(b.positions.begin(), b.positions.end(), h);
   std::copy(b.slot_mapping.begin(), b.slot_mapping.end(), h + n);
   for (int32_t s = 0; s < b.n_seqs(); ++s)
@@ -230,20 +223,77 @@ void CudaBackend::begin_step(const ops::BatchMeta& b) {
   std::copy(b.state_slots.begin(), b.state_slots.end(), h + at_slots);
   std::copy(b.state_snapshots.begin(), b.state_snapshots.end(), h + at_slots + n_slots);
   std::copy(b.input_rows.begin(), b.input_rows.end(), h + at_slots + n_slots + n_snaps);
-  const size_t at_patch = at_slots + n_slots + n_snaps + n_inputs;
-  std::copy(b.device_token_rows.begin(), b.device_token_rows.end(), h + at_patch);
+  std::copy(b.device_token_rows.begin(), b.device_token_rows.end(), h + at_slots + n_slots + n_snaps + n_inputs);
+  return {.positions = d, .slot_mapping = d + n, .seq_of_token = d + 2 * n, .block_table = d + 4 * n,
+          .token_ids = d + 3 * n, .logit_rows = d + 4 * n + n_table, .n_tokens = b.n_tokens(),
+          .n_seqs = b.n_seqs(), .max_blocks = b.max_blocks_per_seq, .block_size = b.block_size,
+          .n_logit_rows = int32_t(n_rows), .q_start = d + at_q, .state_slots = n_slots ? d + at_slots : nullptr,
+          .state_snapshots = n_snaps ? d + at_slots + n_slots : nullptr,
+          .input_rows = n_inputs ? d + at_slots + n_slots + n_snaps : nullptr};
+}
+
+}  // namespace
+
+void CudaBackend::begin_step(const ops::BatchMeta& b) {
+  op_scratch_.clear();  // the previous step's scratch: reusable in stream order
+  step_parts_.clear();
+  parts_used_ = 0;
+  const size_t n = b.positions.size();
+  KILN_CHECK(b.slot_mapping.size() == n && b.q_start.size() == b.context_len.size() + 1)
+      << "begin_step: inconsistent batch (" << n << " positions, " << b.slot_mapping.size() << " slots)";
+  KILN_CHECK(b.token_ids.empty() || b.token_ids.size() == n) << "begin_step: token_ids vs positions";
+  const size_t n_seqs = b.context_len.size(), n_slots = b.state_slots.size();
+  KILN_CHECK(n_slots == 0 || n_slots == n_seqs) << "begin_step: " << n_slots << " state slots for " << n_seqs
+                                                << " sequences";
+  const size_t n_snaps = b.state_snapshots.size(), n_inputs = b.input_rows.size(), n_patch = b.device_token_rows.size();
+  KILN_CHECK(n_patch == 0 || (n_patch == n && b.device_tokens.device == Device::kCuda && b.device_tokens.dtype == DType::kI32))
+      << "begin_step: " << n_patch << " device token rows for " << n << " rows";
+  KILN_CHECK(n_snaps == 0 || n_snaps == n) << "begin_step: " << n_snaps << " state snapshots for " << n << " rows";
+  KILN_CHECK(n_inputs == 0 || n_inputs == n) << "begin_step: " << n_inputs << " input rows for " << n << " rows";
+  const size_t total = batch_words(b);
+  KILN_CUDA_CHECK(cudaEventSynchronize(batch_copied_));  // the previous step's copy left the staging
+  if (total > batch_capacity_) {
+    release_graphs();  // they read the old buffer
+    synchronize();
+    if (batch_staging_) KILN_CUDA_CHECK(cudaFreeHost(batch_staging_));
+    batch_capacity_ = std::max<size_t>(total, 2 * batch_capacity_);
+    KILN_CUDA_CHECK(cudaMallocHost(&batch_staging_, batch_capacity_ * sizeof(int32_t)));
+    batch_buffer_ = allocator_->allocate(batch_capacity_ * sizeof(int32_t));
+  }
   auto* d = static_cast<int32_t*>(batch_buffer_.get());
-  KILN_CUDA_CHECK(cudaMemcpyAsync(d, h, total * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  batch_ = pack_batch(b, batch_staging_, d);
+  KILN_CUDA_CHECK(cudaMemcpyAsync(d, batch_staging_, total * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
   KILN_CUDA_CHECK(cudaEventRecord(batch_copied_, stream_));
   // Token ids still on the device (speculative drafts) into place, before any op reads them.
-  if (n_patch > 0) launch_patch_ids(d + 3 * n, d + at_patch, b.device_tokens.as<int32_t>(), int64_t(n), stream_);
-  batch_ = {.positions = d, .slot_mapping = d + n, .seq_of_token = d + 2 * n, .block_table = d + 4 * n,
-            .token_ids = d + 3 * n, .logit_rows = d + 4 * n + n_table, .n_tokens = b.n_tokens(),
-            .n_seqs = b.n_seqs(), .max_blocks = b.max_blocks_per_seq, .block_size = b.block_size,
-            .n_logit_rows = int32_t(n_rows), .q_start = d + at_q, .state_slots = n_slots ? d + at_slots : nullptr,
-            .state_snapshots = n_snaps ? d + at_slots + n_slots : nullptr,
-            .input_rows = n_inputs ? d + at_slots + n_slots + n_snaps : nullptr};
+  if (n_patch > 0) {
+    launch_patch_ids(d + 3 * n, d + (total - n_patch), b.device_tokens.as<int32_t>(), int64_t(n), stream_);
+  }
   host_batch_ = &b;
+}
+
+// A micro-batch's metadata: packed after the step's others in their own pinned staging
+// and copied to a block of its own, held until the next step.
+void CudaBackend::add_step_batch(const ops::BatchMeta& part) {
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  KILN_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capturing));
+  KILN_CHECK(capturing == cudaStreamCaptureStatusNone) << "cuda: a micro-batch inside a recorded step";
+  KILN_CHECK(part.device_token_rows.empty()) << "cuda: a micro-batch with device token ids";
+  if (parts_used_ == 0) KILN_CUDA_CHECK(cudaEventSynchronize(parts_copied_));  // the last step's copies left
+  const size_t words = batch_words(part);
+  if (parts_used_ + words > parts_capacity_) {
+    synchronize();  // this step's earlier parts were copied from the old staging
+    if (parts_staging_) KILN_CUDA_CHECK(cudaFreeHost(parts_staging_));
+    parts_capacity_ = std::max(parts_used_ + words, 2 * parts_capacity_);
+    KILN_CUDA_CHECK(cudaMallocHost(&parts_staging_, parts_capacity_ * sizeof(int32_t)));
+  }
+  int32_t* h = parts_staging_ + parts_used_;
+  parts_used_ += words;
+  std::shared_ptr<void> mem = allocator_->allocate(std::max<size_t>(words, 1) * sizeof(int32_t));
+  auto* d = static_cast<int32_t*>(mem.get());
+  const DeviceBatch db = pack_batch(part, h, d);
+  KILN_CUDA_CHECK(cudaMemcpyAsync(d, h, words * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  KILN_CUDA_CHECK(cudaEventRecord(parts_copied_, stream_));
+  step_parts_.push_back({.host = &part, .device = db, .memory = std::move(mem)});
 }
 
 void CudaBackend::release_graphs() {
@@ -264,19 +314,25 @@ void CudaBackend::release_graphs() {
 // between steps lives in the batch buffer begin_step refills in place; every
 // block the recorded kernels touch is held by the graph, so no later allocation
 // can alias it.
-Tensor CudaBackend::run_step(const ops::BatchMeta& b, uint64_t key, const std::function<Tensor()>& ops) {
-  // kMaxGraphTokens 512: a verify step of 128 sequences and 3 drafts (4 rows each) and its
-  // MTP passes replay too (at 256 they ran eagerly: 0.48-0.65 ms of launches a step on the
-  // MTP demo model, docs/perf/speculative.md); past the recording budget a shape runs eagerly.
-  begin_step(b);
+bool CudaBackend::may_record(const ops::BatchMeta& b) const {
   const int32_t n = b.n_tokens(), n_seqs = b.n_seqs();
+  if (!graphs_enabled_ || n > kMaxGraphTokens) return false;
   bool shaped = n == n_seqs;
   if (!shaped && verify_graphs_ && n_seqs > 0 && n % n_seqs == 0 && n / n_seqs <= 8 &&
       (int32_t(b.logit_rows.size()) == n || !b.input_rows.empty())) {
     shaped = true;
     for (int32_t s = 0; shaped && s <= n_seqs; ++s) shaped = b.q_start[size_t(s)] == s * (n / n_seqs);
   }
-  if (!graphs_enabled_ || !shaped || n > kMaxGraphTokens) return ops();
+  return shaped;
+}
+
+Tensor CudaBackend::run_step(const ops::BatchMeta& b, uint64_t key, const std::function<Tensor()>& ops) {
+  // kMaxGraphTokens 512: a verify step of 128 sequences and 3 drafts (4 rows each) and its
+  // MTP passes replay too (at 256 they ran eagerly: 0.48-0.65 ms of launches a step on the
+  // MTP demo model, docs/perf/speculative.md); past the recording budget a shape runs eagerly.
+  begin_step(b);
+  const int32_t n = b.n_tokens(), n_seqs = b.n_seqs();
+  if (!may_record(b)) return ops();
   // (Whether the step takes state snapshots is part of its shape: a recording reads them
   // from the buffer or not at all.)
   StepGraph& g = graphs_[GraphKey{key, b.n_tokens(), b.n_seqs(), b.max_blocks_per_seq, b.block_size,
@@ -345,7 +401,11 @@ Tensor CudaBackend::run_step(const ops::BatchMeta& b, uint64_t key, const std::f
 }
 
 const DeviceBatch& CudaBackend::batch_for(const ops::BatchMeta* b) const {
-  KILN_CHECK(b != nullptr && b == host_batch_) << "cuda: an op's batch was not passed to begin_step";
+  KILN_CHECK(b != nullptr) << "cuda: an op without its batch";
+  if (b == host_batch_) return batch_;
+  for (const StepPart& p : step_parts_)
+    if (p.host == b) return p.device;
+  KILN_CHECK(false) << "cuda: an op's batch was not passed to begin_step or add_step_batch";
   return batch_;
 }
 

@@ -57,6 +57,8 @@ class CudaBackend final : public ops::Backend {
   std::optional<ops::MemoryInfo> memory_info() override;
   void reset_peak_memory() override { allocator_->reset_peak(); }
   void begin_step(const ops::BatchMeta& batch) override;
+  void add_step_batch(const ops::BatchMeta& part) override;
+  bool may_record(const ops::BatchMeta& batch) const override;
   Tensor run_step(const ops::BatchMeta& batch, uint64_t key, const std::function<Tensor()>& ops) override;
   Status supports(const ops::Weight& w) const override;
   // bf16, or e4m3 with per-row scales (ops/kv_quant.h); every attention path reads both.
@@ -246,6 +248,16 @@ class CudaBackend final : public ops::Backend {
   int32_t* batch_staging_ = nullptr;  // pinned, batch_capacity_ entries
   size_t batch_capacity_ = 0;
   cudaEvent_t batch_copied_ = nullptr;  // the staging may be rewritten once this passed
+  // The step's micro-batches (add_step_batch), each in a block of its own.
+  struct StepPart {
+    const ops::BatchMeta* host = nullptr;
+    DeviceBatch device;
+    std::shared_ptr<void> memory;
+  };
+  std::vector<StepPart> step_parts_;
+  int32_t* parts_staging_ = nullptr;  // pinned, parts_capacity_ entries, parts_used_ of them this step
+  size_t parts_capacity_ = 0, parts_used_ = 0;
+  cudaEvent_t parts_copied_ = nullptr;
 
   // CUDA graphs of decode-shaped steps (run_step), per key and batch shape.
   struct StepGraph {

@@ -84,18 +84,30 @@ std::vector<std::unique_ptr<PeerAllReduce>> make_peer_group(const std::vector<in
 
 // Without peer access between 2 GPUs (consumer cards over PCIe, or NCCL_P2P_DISABLE),
 // NCCL moves every sum through host memory (its SHM transport) on as many channels as it
-// picks; 16 move more at once: on 2 x H200 with NCCL_P2P_DISABLE=1 (bench/comm_bench,
+// picks. Alone, 16 move more at once: on 2 x H200 with NCCL_P2P_DISABLE=1 (bench/comm_bench,
 // docs/perf/multi-gpu.md) 256 KiB in 25 us instead of 37, 8 MiB (a 2,048-token prefill
 // chunk of Qwen3-30B-A3B) in 281 instead of 310, and Qwen3-30B-A3B at TP2 served 2%
-// more tokens a second at 64 streams. Not measured at more GPUs, so not set there; a
-// user's own NCCL_MIN_NCHANNELS stands. NCCL reads it once, at the process's first
-// communicator (the world's, made before any other).
-void more_channels_without_peer_access(const std::vector<int>& devices) {
-  if (devices.size() != 2 || std::getenv("NCCL_MIN_NCHANNELS") != nullptr) return;
+// more tokens a second at 64 streams. Beside other work (`overlapped`: a prompt chunk's
+// micro-batches, model::CausalLM::micro_batch_rows) each channel's CTA is an SM taken from
+// that work: the same benchmark served 3,449 output tok/s at 16 channels, 3,520 at 2, 3,556
+// at 4 and 3,551 at 8 (twenty-seventh section), so 4 there. Not measured at more GPUs, so
+// not set there; a user's own NCCL_MIN_NCHANNELS / NCCL_MAX_NCHANNELS stand. NCCL reads
+// them once, at the process's first communicator (the world's, made before any other).
+void channels_without_peer_access(const std::vector<int>& devices, bool overlapped) {
+  if (devices.size() != 2 || std::getenv("NCCL_MIN_NCHANNELS") != nullptr ||
+      std::getenv("NCCL_MAX_NCHANNELS") != nullptr)
+    return;
   if (PeerAllReduce::no_peer_access(devices).empty()) return;
-  setenv("NCCL_MIN_NCHANNELS", "16", 0);
-  KILN_LOG(kInfo, "nccl: no peer access between the 2 GPUs: NCCL runs 16 channels (NCCL_MIN_NCHANNELS=16; "
-                  "set it to choose otherwise)");
+  if (overlapped) {
+    setenv("NCCL_MIN_NCHANNELS", "4", 0);
+    setenv("NCCL_MAX_NCHANNELS", "4", 0);
+  } else {
+    setenv("NCCL_MIN_NCHANNELS", "16", 0);
+  }
+  KILN_LOG(kInfo, "nccl: no peer access between the 2 GPUs: NCCL runs "
+                      << (overlapped ? "4 channels, its sums beside other work (NCCL_MIN_NCHANNELS=NCCL_MAX_NCHANNELS=4"
+                                     : "16 channels (NCCL_MIN_NCHANNELS=16")
+                      << "; set them to choose otherwise)");
 }
 
 }  // namespace
@@ -125,6 +137,12 @@ NcclCommunicator::~NcclCommunicator() {
   // been recorded).
   cudaSetDevice(where_.device);
   cudaStreamSynchronize(where_.stream);
+  if (side_ != nullptr) {
+    cudaStreamSynchronize(side_);
+    cudaStreamDestroy(side_);
+    cudaEventDestroy(queued_);
+    for (cudaEvent_t e : done_) cudaEventDestroy(e);
+  }
   if (!abort_bounded(comm_, where_.device, rank_, kReleaseWait)) {
     KILN_LOG(kWarn, "nccl: rank " << rank_ << "'s communicator did not finish its release in "
                                   << kReleaseWait.count() / 1000 << " s (a CUDA graph that captured its "
@@ -134,7 +152,7 @@ NcclCommunicator::~NcclCommunicator() {
 }
 
 Result<std::vector<std::unique_ptr<NcclCommunicator>>> NcclCommunicator::create_group(
-    const std::vector<NcclRank>& ranks) {
+    const std::vector<NcclRank>& ranks, bool overlapped_sums) {
   const int n = int(ranks.size());
   if (n == 0) return invalid_argument("nccl: a group of no ranks");
   std::vector<int> devices;
@@ -147,7 +165,7 @@ Result<std::vector<std::unique_ptr<NcclCommunicator>>> NcclCommunicator::create_
   int previous = 0;
   if (cudaGetDevice(&previous) != cudaSuccess) previous = 0;
   std::vector<ncclComm_t> comms(size_t(n), nullptr);
-  more_channels_without_peer_access(devices);
+  channels_without_peer_access(devices, overlapped_sums);
   const ncclResult_t r = ncclCommInitAll(comms.data(), n, devices.data());
   cudaSetDevice(previous);  // ncclCommInitAll leaves the last rank's device current
   if (r != ncclSuccess) {
@@ -155,11 +173,13 @@ Result<std::vector<std::unique_ptr<NcclCommunicator>>> NcclCommunicator::create_
   }
   auto world = std::make_shared<NcclWorld>();
   std::vector<std::unique_ptr<PeerAllReduce>> peers = make_peer_group(devices);
+  const bool no_peers = !PeerAllReduce::no_peer_access(devices).empty();
   std::vector<std::unique_ptr<NcclCommunicator>> out;
   for (int i = 0; i < n; ++i) {
     out.push_back(std::unique_ptr<NcclCommunicator>(new NcclCommunicator(comms[size_t(i)], i, n, ranks[size_t(i)],
                                                                          world)));
     if (!peers.empty()) out.back()->peer_ = std::move(peers[size_t(i)]);
+    out.back()->no_peer_access_ = no_peers;
   }
   KILN_LOG(kInfo, "nccl: group of " << n << " GPUs (NCCL " << NCCL_MAJOR << "." << NCCL_MINOR << "." << NCCL_PATCH
                                      << ")");
@@ -230,6 +250,8 @@ Result<std::vector<std::unique_ptr<NcclCommunicator>>> NcclCommunicator::split_g
     for (NcclCommunicator* m : members) devices.push_back(m->device());
     std::vector<std::unique_ptr<PeerAllReduce>> peers = make_peer_group(devices);
     for (size_t k = 0; k < peers.size(); ++k) members[k]->peer_ = std::move(peers[k]);
+    const bool no_peers = !PeerAllReduce::no_peer_access(devices).empty();
+    for (NcclCommunicator* m : members) m->no_peer_access_ = no_peers;
   }
   return out;
 }
@@ -302,19 +324,59 @@ void NcclCommunicator::check(const Tensor& t, const char* what) const {
 size_t NcclCommunicator::one_shot_max_bytes() const { return peer_ == nullptr ? 0 : peer_->max_bytes(); }
 
 void NcclCommunicator::all_reduce(Tensor& t) {
+  if (world_->failed.load()) raise_aborted();  // (a step cut short by the abort left sums unfinished)
+  KILN_CHECK_EQ(started_, finished_) << "all_reduce on rank " << rank_ << " while a started sum is unfinished";
+  sum_on(t, where_.stream);
+}
+
+void NcclCommunicator::sum_on(Tensor& t, cudaStream_t stream) {
   check(t, "all_reduce");
   const ncclDataType_t type = sum_type(t, "all_reduce");
   const size_t n = size_t(t.numel());
   const bool f32 = t.dtype == DType::kF32;
   if (peer_ != nullptr && peer_->takes(t.data, int64_t(n), f32)) {
     if (world_->failed.load()) raise_aborted();
-    const cudaError_t e = peer_->all_reduce(t.data, int64_t(n), f32, where_.stream);
+    const cudaError_t e = peer_->all_reduce(t.data, int64_t(n), f32, stream);
     if (e == cudaSuccess) return;
     abort("one-shot all_reduce on rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": " +
           cudaGetErrorString(e));
     raise_aborted();
   }
-  run("all_reduce", [&](ncclComm_t c) { return ncclAllReduce(t.data, t.data, n, type, ncclSum, c, where_.stream); });
+  run("all_reduce", [&](ncclComm_t c) { return ncclAllReduce(t.data, t.data, n, type, ncclSum, c, stream); });
+}
+
+int NcclCommunicator::start_all_reduce(Tensor& t) {
+  KILN_CHECK_LT(started_ - finished_, kMaxStartedSums) << "start_all_reduce: too many unfinished sums";
+  const auto cuda = [&](cudaError_t e, const char* what) {
+    if (e == cudaSuccess) return;
+    abort(std::string("start_all_reduce on rank ") + std::to_string(rank_) + ": " + what + ": " +
+          cudaGetErrorString(e));
+    raise_aborted();
+  };
+  if (side_ == nullptr) {
+    int lowest = 0, highest = 0;
+    cuda(cudaDeviceGetStreamPriorityRange(&lowest, &highest), "stream priorities");
+    cuda(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, highest), "a sum stream");
+    cuda(cudaEventCreateWithFlags(&queued_, cudaEventDisableTiming), "an event");
+    for (cudaEvent_t& e : done_) cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "an event");
+  }
+  cuda(cudaEventRecord(queued_, where_.stream), "event record");
+  cuda(cudaStreamWaitEvent(side_, queued_, 0), "stream wait");
+  sum_on(t, side_);
+  const int ticket = started_++;
+  cuda(cudaEventRecord(done_[ticket % kMaxStartedSums], side_), "event record");
+  return ticket;
+}
+
+void NcclCommunicator::finish_all_reduce(int ticket) {
+  KILN_CHECK(ticket >= finished_ && ticket < started_) << "finish_all_reduce: ticket " << ticket << " of ["
+                                                      << finished_ << ", " << started_ << ")";
+  const cudaError_t e = cudaStreamWaitEvent(where_.stream, done_[ticket % kMaxStartedSums], 0);
+  if (e != cudaSuccess) {
+    abort("finish_all_reduce on rank " + std::to_string(rank_) + ": " + cudaGetErrorString(e));
+    raise_aborted();
+  }
+  finished_ = ticket + 1;
 }
 
 bool NcclCommunicator::all_reduce_add_rms_norm(Tensor& t, Tensor& residual, const Tensor& weight, Tensor& out,

@@ -20,8 +20,8 @@
 //   (size - 1 roundings per element on a ring), where LocalGroup rounds the fp32 sum
 //   once. All ranks still get the same bits either way. reduce_scatter is NCCL's.
 //   all_reduce_add_rms_norm is fused on the one-shot path only. Without peer access
-//   between 2 GPUs NCCL is given 16 channels (NCCL_MIN_NCHANNELS, unless set; the .cpp
-//   says why).
+//   between 2 GPUs NCCL is given 16 channels, or 4 where sums overlap other work
+//   (NCCL_MIN_NCHANNELS / NCCL_MAX_NCHANNELS, unless set; the .cpp says why).
 // - send is asynchronous on the host, as the contract allows, but NCCL's send kernel
 //   holds the sender's stream until the peer's recv has started: work queued after a
 //   send waits for the peer.
@@ -81,7 +81,11 @@ class NcclCommunicator final : public Communicator {
   // The communicators of a group of ranks.size() ranks of this process (rank r on
   // ranks[r].device; the devices distinct), made together (ncclCommInitAll) from one
   // thread, each then handed to its rank's thread.
-  static Result<std::vector<std::unique_ptr<NcclCommunicator>>> create_group(const std::vector<NcclRank>& ranks);
+  // overlapped_sums: the caller runs large sums beside other work (start_all_reduce: a
+  // model's micro-batches), which sets how many channels NCCL runs without peer access (the
+  // .cpp says why).
+  static Result<std::vector<std::unique_ptr<NcclCommunicator>>> create_group(const std::vector<NcclRank>& ranks,
+                                                                             bool overlapped_sums = false);
   // Sub-groups of a group (ncclCommSplit), e.g. the tensor-parallel groups of a world:
   // world[r] joins the sub-group of colors[r] (color < 0: none, its entry is null),
   // ranked by world rank, on world[r]'s device and stream. Called once from one thread
@@ -103,6 +107,12 @@ class NcclCommunicator final : public Communicator {
   size_t one_shot_max_bytes() const;
 
   void all_reduce(Tensor& t) override;
+  // On a second stream of the rank's device (highest priority, so that the sum's kernels
+  // get SMs as soon as the compute stream's free any), fenced by events.
+  int start_all_reduce(Tensor& t) override;
+  void finish_all_reduce(int ticket) override;
+  // Where some pair of the group's GPUs has no peer access (NCCL moves sums through host memory).
+  bool overlap_pays() const override { return no_peer_access_; }
   // Fused where the one-shot path takes the sum (PeerAllReduce::takes with its norm).
   bool all_reduce_add_rms_norm(Tensor& t, Tensor& residual, const Tensor& weight, Tensor& out, float eps) override;
   void all_gather(const Tensor& in, Tensor& out) override;
@@ -130,6 +140,15 @@ class NcclCommunicator final : public Communicator {
   NcclRank where_;
   std::shared_ptr<NcclWorld> world_;
   std::unique_ptr<PeerAllReduce> peer_;  // null: every sum goes to NCCL
+  bool no_peer_access_ = false;
+  // start_all_reduce's stream and events (made at its first call): `queued_` marks the
+  // compute stream's work before a started sum, done_[ticket % kMaxStartedSums] its end.
+  cudaStream_t side_ = nullptr;
+  cudaEvent_t queued_ = nullptr;
+  cudaEvent_t done_[kMaxStartedSums] = {};
+  int started_ = 0, finished_ = 0;  // tickets given out; every ticket below finished_ has been finished
+  // all_reduce's work on `stream` (this rank's or side_).
+  void sum_on(Tensor& t, cudaStream_t stream);
 };
 
 }  // namespace kiln::comm
