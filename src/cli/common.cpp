@@ -200,8 +200,8 @@ std::string data_parallel_hint(int tensor_parallel, int pipeline_parallel, int d
   return "kiln: note: " + no_peer_access + ", so every sum between the " + n +
          " ranks goes through host memory; the weights (" + sizes + ") fit one of these GPUs (" + device +
          "), and --data-parallel-size " + n + " without --tensor-parallel-size / --pipeline-parallel-size (a whole "
-         "copy on each GPU) usually serves more (Qwen3-30B-A3B on 2 x H200 without P2P at 64 streams: 1.35x one "
-         "GPU's output, against 1.20x at --tensor-parallel-size 2; docs/perf/multi-gpu.md)";
+         "copy on each GPU) usually serves more (Qwen3-30B-A3B on 2 x H200 without P2P at 64 streams: 1.34x one "
+         "GPU's output, against 1.30x at --tensor-parallel-size 2; docs/perf/multi-gpu.md)";
 }
 
 int fail(const Status& s) {

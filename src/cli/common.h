@@ -74,9 +74,9 @@ std::string no_peer_access(int first, int count);
 // A tensor / pipeline-parallel layout over GPUs without peer access sends every sum
 // through host memory; where one GPU holds the whole model's weights with room for a KV
 // cache (at most 60% of its memory), whole replicas on the same GPUs usually serve more
-// (Qwen3-30B-A3B on 2 x H200 without P2P, 64 streams: `--data-parallel-size 2` 1.35x one
-// GPU's output, `--tensor-parallel-size 2` 1.20x; docs/perf/multi-gpu.md, twenty-fifth
-// section). The note `kiln serve` prints then; "" when it does not apply (one rank, data
+// (Qwen3-30B-A3B on 2 x H200 without P2P, 64 streams: `--data-parallel-size 2` 1.34x one
+// GPU's output, `--tensor-parallel-size 2` 1.30x with its prompt chunks' sums overlapped;
+// docs/perf/multi-gpu.md, twenty-seventh section). The note `kiln serve` prints then; "" when it does not apply (one rank, data
 // parallelism already asked for, peer access, weights too large, sizes unknown).
 std::string data_parallel_hint(int tensor_parallel, int pipeline_parallel, int data_parallel,
                                const std::string& no_peer_access, int64_t weight_bytes, int64_t device_bytes);
