@@ -311,6 +311,7 @@ void CausalLM::micro_batch_layers(ops::Backend& be, const ops::BatchMeta& batch,
     if (last_stage) finish_norm(p, final_norm);
     else finish(p);
   }
+  be.end_step_batches();  // `first` and `second` end here
 }
 
 Tensor CausalLM::step_ops(ops::Backend& be, const ops::BatchMeta& batch, std::vector<LayerKv>& kv,
@@ -330,8 +331,12 @@ Tensor CausalLM::step_ops(ops::Backend& be, const ops::BatchMeta& batch, std::ve
   Tensor normed = act(be, {n_tokens, d_model});
   Tensor block_out = act(be, {n_tokens, d_model});
   Tensor dsa_selection;  // the latest DeepSeek sparse attention selection of this step
+  // (A batch with recurrent state rows, MTP inputs or device token ids stays whole too:
+  // another stage's layers may be recurrent.)
+  const bool plain_batch = batch.state_slots.empty() && batch.state_snapshots.empty() && batch.input_rows.empty() &&
+                           batch.device_token_rows.empty();
   if (tp != nullptr && micro_batch_rows > 0 && n_tokens >= std::max<int64_t>(2, micro_batch_rows) &&
-      !layers.empty() && !be.may_record(batch) && splits_into_micro_batches()) {
+      !layers.empty() && plain_batch && !be.may_record(batch) && splits_into_micro_batches()) {
     micro_batch_layers(be, batch, kv, residual, normed, block_out);
   } else {
     // Each layer ends in the next one's input norm (the last: the final norm; a stage

@@ -582,6 +582,8 @@ class Backend {
   // `part` must stay alive and unchanged until the step's last op. Not in a step that
   // may be recorded (may_record).
   virtual void add_step_batch(const BatchMeta& part) {}
+  // The parts added so far are read by no later op of this step (their host copies may go).
+  virtual void end_step_batches() {}
   // Runs one forward step: begin_step(batch), then `ops` (which issues the
   // step's ops and returns its output). A GPU backend may record the ops of a
   // decode-shaped step once and replay the recording on later steps with the

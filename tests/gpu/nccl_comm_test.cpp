@@ -209,8 +209,6 @@ TEST(NcclComm, EveryCollectiveMatchesTheHostOnFourGpus) {
   check_collectives(4);
 }
 
-// The collectives enqueue on the stream only: recorded once into a CUDA graph per rank,
-// each replay recomputes from the inputs' new contents.
 // Sums started beside other work (start_all_reduce / finish_all_reduce: the micro-batches
 // of model::CausalLM) on 2 GPUs: a decode-sized and a prompt-sized bf16 sum and an f32
 // one, started one after the other while the compute stream keeps adding other tensors;
@@ -266,6 +264,8 @@ TEST(NcclComm, StartedSumsFinishLikePlainSums) {
   });
 }
 
+// The collectives enqueue on the stream only: recorded once into a CUDA graph per rank,
+// each replay recomputes from the inputs' new contents.
 TEST(NcclComm, CollectivesRecordedInACudaGraphReplay) {
   const int n = visible_gpus();
   if (n == 0) GTEST_SKIP() << "no GPU visible";

@@ -400,6 +400,11 @@ Tensor CudaBackend::run_step(const ops::BatchMeta& b, uint64_t key, const std::f
   return g.out;
 }
 
+// Their device copies stay to the next step (ops queued on them may not have run yet).
+void CudaBackend::end_step_batches() {
+  for (StepPart& p : step_parts_) p.host = nullptr;
+}
+
 const DeviceBatch& CudaBackend::batch_for(const ops::BatchMeta* b) const {
   KILN_CHECK(b != nullptr) << "cuda: an op without its batch";
   if (b == host_batch_) return batch_;

@@ -58,6 +58,7 @@ class CudaBackend final : public ops::Backend {
   void reset_peak_memory() override { allocator_->reset_peak(); }
   void begin_step(const ops::BatchMeta& batch) override;
   void add_step_batch(const ops::BatchMeta& part) override;
+  void end_step_batches() override;
   bool may_record(const ops::BatchMeta& batch) const override;
   Tensor run_step(const ops::BatchMeta& batch, uint64_t key, const std::function<Tensor()>& ops) override;
   Status supports(const ops::Weight& w) const override;

@@ -90,7 +90,9 @@ std::vector<std::unique_ptr<PeerAllReduce>> make_peer_group(const std::vector<in
 // more tokens a second at 64 streams. Beside other work (`overlapped`: a prompt chunk's
 // micro-batches, model::CausalLM::micro_batch_rows) each channel's CTA is an SM taken from
 // that work: the same benchmark served 3,449 output tok/s at 16 channels, 3,520 at 2, 3,556
-// at 4 and 3,551 at 8 (twenty-seventh section), so 4 there. Not measured at more GPUs, so
+// at 4 and 3,551 at 8 (twenty-seventh section), so 4 there. (Decided before the model is
+// known: a model whose layers keep their steps whole, CausalLM::splits_into_micro_batches,
+// runs its sums alone on 4 channels too; not measured, at most the 2% above.) Not measured at more GPUs, so
 // not set there; a user's own NCCL_MIN_NCHANNELS / NCCL_MAX_NCHANNELS stand. NCCL reads
 // them once, at the process's first communicator (the world's, made before any other).
 void channels_without_peer_access(const std::vector<int>& devices, bool overlapped) {
@@ -125,6 +127,13 @@ NcclCommunicator::~NcclCommunicator() {
     m.erase(std::remove(m.begin(), m.end(), this), m.end());
   }
   std::lock_guard<std::timed_mutex> lock(call_mu_);
+  if (side_ != nullptr) {  // start_all_reduce's stream, drained (or its sums ended by an abort)
+    cudaSetDevice(where_.device);
+    if (comm_ != nullptr) cudaStreamSynchronize(side_);
+    cudaStreamDestroy(side_);
+    cudaEventDestroy(queued_);
+    for (cudaEvent_t e : done_) cudaEventDestroy(e);
+  }
   if (comm_ == nullptr) return;
   // Aborted, never destroyed: ncclCommDestroy of a rank that has communicated is
   // collective (it waits for its peers' destroy), so one thread destroying the ranks of
@@ -137,12 +146,6 @@ NcclCommunicator::~NcclCommunicator() {
   // been recorded).
   cudaSetDevice(where_.device);
   cudaStreamSynchronize(where_.stream);
-  if (side_ != nullptr) {
-    cudaStreamSynchronize(side_);
-    cudaStreamDestroy(side_);
-    cudaEventDestroy(queued_);
-    for (cudaEvent_t e : done_) cudaEventDestroy(e);
-  }
   if (!abort_bounded(comm_, where_.device, rank_, kReleaseWait)) {
     KILN_LOG(kWarn, "nccl: rank " << rank_ << "'s communicator did not finish its release in "
                                   << kReleaseWait.count() / 1000 << " s (a CUDA graph that captured its "
@@ -353,7 +356,7 @@ int NcclCommunicator::start_all_reduce(Tensor& t) {
           cudaGetErrorString(e));
     raise_aborted();
   };
-  if (side_ == nullptr) {
+  if (side_ == nullptr) {  // on the rank's device (its thread's current one)
     int lowest = 0, highest = 0;
     cuda(cudaDeviceGetStreamPriorityRange(&lowest, &highest), "stream priorities");
     cuda(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, highest), "a sum stream");
@@ -377,6 +380,7 @@ void NcclCommunicator::finish_all_reduce(int ticket) {
     raise_aborted();
   }
   finished_ = ticket + 1;
+  if (finished_ == started_) started_ = finished_ = 0;  // no ticket out: count afresh
 }
 
 bool NcclCommunicator::all_reduce_add_rms_norm(Tensor& t, Tensor& residual, const Tensor& weight, Tensor& out,
@@ -394,6 +398,8 @@ bool NcclCommunicator::all_reduce_add_rms_norm(Tensor& t, Tensor& residual, cons
   check(out, "all_reduce_add_rms_norm out");
   check(weight, "all_reduce_add_rms_norm weight");
   if (world_->failed.load()) raise_aborted();
+  KILN_CHECK_EQ(started_, finished_) << "all_reduce_add_rms_norm on rank " << rank_
+                                     << " while a started sum is unfinished";
   const cudaError_t e = peer_->all_reduce(t.data, t.numel(), false, where_.stream, &norm);
   if (e == cudaSuccess) return true;
   abort("one-shot all_reduce_add_rms_norm on rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": " +
