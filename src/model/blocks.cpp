@@ -231,17 +231,22 @@ void CausalLM::reduce_add_norm(ops::Backend& be, Tensor& partial, Tensor& residu
   be.rms_norm({.x = partial, .weight = weight, .residual = residual, .out = out, .eps = norm_eps});
 }
 
+void CausalLM::attend(ops::Backend& be, const DecoderLayer& l, const Tensor& x, const ops::BatchMeta& batch,
+                      LayerKv& kv, Tensor& out, Tensor& dsa_selection) const {
+  if (const auto* a = std::get_if<Attention>(&l.attn)) {
+    a->forward(be, x, batch, kv, out, tp);
+  } else if (const auto* m = std::get_if<Mla>(&l.attn)) {
+    m->forward(be, x, batch, kv, out, dsa_selection);
+  } else {
+    std::get<GatedDeltaNet>(l.attn).forward(be, x, batch, kv, out);
+  }
+}
+
 void CausalLM::layer_step(ops::Backend& be, const DecoderLayer& l, const ops::BatchMeta& batch, LayerKv& kv,
                           Tensor& residual, Tensor& normed, Tensor& block_out, bool first, Tensor& dsa_selection,
                           const Tensor* next_norm) const {
   if (first) be.rms_norm({.x = residual, .weight = l.input_norm, .out = normed, .eps = norm_eps});
-  if (const auto* a = std::get_if<Attention>(&l.attn)) {
-    a->forward(be, normed, batch, kv, block_out, tp);
-  } else if (const auto* m = std::get_if<Mla>(&l.attn)) {
-    m->forward(be, normed, batch, kv, block_out, dsa_selection);
-  } else {
-    std::get<GatedDeltaNet>(l.attn).forward(be, normed, batch, kv, block_out);
-  }
+  attend(be, l, normed, batch, kv, block_out, dsa_selection);
   reduce_add_norm(be, block_out, residual, l.post_attn_norm, normed);
   std::visit([&](const auto& f) { f.forward(be, normed, block_out); }, l.ffn);
   if (next_norm != nullptr) reduce_add_norm(be, block_out, residual, *next_norm, normed);
@@ -296,8 +301,7 @@ void CausalLM::micro_batch_layers(ops::Backend& be, const ops::BatchMeta& batch,
     const DecoderLayer& l = layers[i];
     for (Part& p : parts) {
       if (i > 0) finish_norm(p, l.input_norm);
-      if (const auto* a = std::get_if<Attention>(&l.attn)) a->forward(be, p.normed, *p.batch, kv[i], p.out, tp);
-      else std::get<Mla>(l.attn).forward(be, p.normed, *p.batch, kv[i], p.out, no_selection);
+      attend(be, l, p.normed, *p.batch, kv[i], p.out, no_selection);
       p.ticket = tp->start_all_reduce(p.out);
     }
     for (Part& p : parts) {

@@ -267,6 +267,9 @@ struct CausalLM {
                   Tensor& normed, Tensor& block_out, bool first, Tensor& dsa_selection,
                   const Tensor* next_norm) const;
   void reduce(ops::Backend& be, Tensor& partial) const;
+  // Layer l's attention block (whichever kind) of x into out (a partial sum under TP).
+  void attend(ops::Backend& be, const DecoderLayer& l, const Tensor& x, const ops::BatchMeta& batch, LayerKv& kv,
+              Tensor& out, Tensor& dsa_selection) const;
   // Whether every layer can run as micro-batches (micro_batch_rows).
   bool splits_into_micro_batches() const;
   // The layers over two micro-batches of `batch` (rows [0, cut) and [cut, n)): as
