@@ -99,11 +99,13 @@ TEST_P(FusedReduce, GivesWhatTheSeparateSumAndNormGive) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FusedReduce,
-                         ::testing::Combine(::testing::Values("llama", "qwen3_moe", "deepseek_v3_mla"),
+                         ::testing::Combine(::testing::Values("llama", "qwen3_moe"),
                                             ::testing::Range(0, testing::kTpLayoutCount)),
-                         [](const auto& info) {
-                           return std::get<0>(info.param) + "_" + testing::kTpLayouts[std::get<1>(info.param)].name;
-                         });
+                         testing::TpLayoutName());
+INSTANTIATE_TEST_SUITE_P(Mla, FusedReduce,
+                         ::testing::Combine(::testing::Values("deepseek_v3_mla"),
+                                            ::testing::Range(0, testing::kTp2LayoutCount)),
+                         testing::TpLayoutName());
 
 }  // namespace
 }  // namespace kiln

@@ -149,12 +149,13 @@ TEST_P(MicroBatches, GiveWhatWholeStepsGive) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, MicroBatches,
-                         ::testing::Combine(::testing::Values("llama", "qwen3_moe", "glm4_moe", "gpt_oss",
-                                                              "deepseek_v3_mla"),
+                         ::testing::Combine(::testing::Values("llama", "qwen3_moe", "glm4_moe", "gpt_oss"),
                                             ::testing::Range(0, testing::kTpLayoutCount)),
-                         [](const auto& info) {
-                           return std::get<0>(info.param) + "_" + testing::kTpLayouts[std::get<1>(info.param)].name;
-                         });
+                         testing::TpLayoutName());
+INSTANTIATE_TEST_SUITE_P(Mla, MicroBatches,
+                         ::testing::Combine(::testing::Values("deepseek_v3_mla"),
+                                            ::testing::Range(0, testing::kTp2LayoutCount)),
+                         testing::TpLayoutName());
 
 // Where micro-batches apply by default: the config's own value, else KILN_MICRO_BATCH_ROWS,
 // else 1,024 rows where the group's sums cross the host's bus, else none.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <iterator>
+#include <tuple>
 #include <memory>
 #include <string>
 #include <utility>
@@ -51,7 +52,18 @@ struct TpLayout {
 };
 inline const TpLayout kTpLayouts[] = {{"tp2", {.tensor_parallel = 2}},
                                       {"tp2_ep", {.tensor_parallel = 2, .expert_parallel = true}},
-                                      {"tp2_pp2", {.tensor_parallel = 2, .pipeline_parallel = 2}}};
+                                      {"tp2_pp2", {.tensor_parallel = 2, .pipeline_parallel = 2}},
+                                      {"tp4", {.tensor_parallel = 4}},
+                                      {"tp4_ep", {.tensor_parallel = 4, .expert_parallel = true}}};
 inline constexpr int kTpLayoutCount = int(std::size(kTpLayouts));
+// The first three split 2 ways; the TP4 ones need 4 query heads (the MLA fixture has 2).
+inline constexpr int kTp2LayoutCount = 3;
+// A (fixture, layout index) test's name: FIXTURE_LAYOUT.
+struct TpLayoutName {
+  template <class Info>
+  std::string operator()(const Info& info) const {
+    return std::get<0>(info.param) + "_" + kTpLayouts[std::get<1>(info.param)].name;
+  }
+};
 
 }  // namespace kiln::testing
