@@ -232,6 +232,8 @@ struct CausalLM {
   // backend may record (Backend::may_record). The same on every rank of the group
   // (runtime::ModelRunner sets it).
   int64_t micro_batch_rows = 0;
+  // Whether every layer can run as micro-batches (micro_batch_rows).
+  bool splits_into_micro_batches() const;
 
   // One per layer, then the MTP layer's when there is one (its cache is the last entry).
   std::vector<KvLayout> kv_layouts() const;
@@ -270,8 +272,6 @@ struct CausalLM {
   // Layer l's attention block (whichever kind) of x into out (a partial sum under TP).
   void attend(ops::Backend& be, const DecoderLayer& l, const Tensor& x, const ops::BatchMeta& batch, LayerKv& kv,
               Tensor& out, Tensor& dsa_selection) const;
-  // Whether every layer can run as micro-batches (micro_batch_rows).
-  bool splits_into_micro_batches() const;
   // The layers over two micro-batches of `batch` (rows [0, cut) and [cut, n)): as
   // step_ops' loop, from the embedding in `residual` to the last layer's end.
   void micro_batch_layers(ops::Backend& be, const ops::BatchMeta& batch, std::vector<LayerKv>& kv, Tensor& residual,

@@ -79,10 +79,26 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_dir,
                             std::to_string(options.num_speculative_tokens) + ")");
   }
   std::unique_ptr<Engine> e(new Engine());
-  e->options_ = options;
-  KILN_ASSIGN_OR_RETURN(e->runner_, ModelRunner::create(std::move(backends), options.parallel, options.comms));
+  EngineOptions o = options;
+  Result<formats::QuantConfig> quant = e->read_config(model_dir, o);
+  if (!quant.ok()) return quant.status().with_context("loading " + model_dir);
+  if (!backends.empty() && backends[0] != nullptr && backends[0]->memory_info()) {
+    std::vector<ops::Backend*> devices;
+    for (const auto& b : backends) devices.push_back(b.get());
+    Result<std::vector<RankSizing>> sizes = e->check_layout_fits(*quant, o, devices);
+    if (!sizes.ok()) return sizes.status().with_context("loading " + model_dir);
+    // The communicators are made before the weights load and choose their NCCL channels
+    // for micro-batches (cli::cuda_comm_world): a model whose layers never split must not
+    // be given them (runtime::resolve_micro_batch_rows, 0 here: as good as never).
+    const bool split = std::all_of(sizes->begin(), sizes->end(), [](const RankSizing& r) { return r.micro_batches; });
+    if (!sizes->empty() && !split && o.parallel.micro_batch_rows < 0) {
+      o.parallel.micro_batch_rows = 0;
+    }
+  }
+  e->options_ = o;
+  KILN_ASSIGN_OR_RETURN(e->runner_, ModelRunner::create(std::move(backends), o.parallel, o.comms));
   e->backend_ = &e->runner_->backend(0);
-  KILN_RETURN_IF_ERROR(e->load_weights(model_dir, options).with_context("loading " + model_dir));
+  KILN_RETURN_IF_ERROR(e->load_weights(model_dir, o, *quant).with_context("loading " + model_dir));
   for (const auto* ids : {&e->config_.eos_token_ids, &e->config_.generation_eos_token_ids})
     for (int64_t id : *ids)
       if (id >= 0 && id < e->config_.vocab_size && !contains(e->eos_ids_, int32_t(id))) e->eos_ids_.push_back(int32_t(id));
@@ -117,7 +133,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_dir,
   return e;
 }
 
-Status Engine::load_weights(const std::string& model_dir, const EngineOptions& options) {
+Result<formats::QuantConfig> Engine::read_config(const std::string& model_dir, const EngineOptions& options) {
   const bool dummy = options.load_format == LoadFormat::kDummy;
   if (dummy && std::filesystem::is_regular_file(model_dir)) {
     std::ifstream f(model_dir);
@@ -132,16 +148,19 @@ Status Engine::load_weights(const std::string& model_dir, const EngineOptions& o
     config_.n_layers = options.num_layers;
     if (config_.layer_types.size() > size_t(options.num_layers)) config_.layer_types.resize(size_t(options.num_layers));
   }
+  return std::filesystem::is_regular_file(model_dir)  // dummy: a config .json
+             ? formats::parse_quant_config(config_.raw.dump(), "", model_dir)
+             : formats::load_quant_config(model_dir);
+}
+
+Status Engine::load_weights(const std::string& model_dir, const EngineOptions& options,
+                            const formats::QuantConfig& quant) {
+  const bool dummy = options.load_format == LoadFormat::kDummy;
   std::optional<formats::Checkpoint> ckpt;
-  formats::QuantConfig quant;
   if (!dummy) {
     KILN_ASSIGN_OR_RETURN(ckpt, formats::Checkpoint::open(model_dir));
     if (!config_.language_model_prefix.empty()) ckpt->rename_prefix(config_.language_model_prefix, "model.");
   }
-  KILN_ASSIGN_OR_RETURN(quant, std::filesystem::is_regular_file(model_dir)  // dummy: a config .json
-                                   ? formats::parse_quant_config(config_.raw.dump(), "", model_dir)
-                                   : formats::load_quant_config(model_dir));
-  if (backend_->memory_info()) KILN_RETURN_IF_ERROR(check_layout_fits(quant, options));
   std::vector<std::string> unused;
   // Progress over every rank's loader (each reads its part): their bytes summed.
   std::mutex progress_mu;
@@ -198,21 +217,24 @@ int64_t Engine::device_memory_bytes() const {
   return mem ? mem->device_total : 0;
 }
 
-Status Engine::check_layout_fits(const formats::QuantConfig& quant, const EngineOptions& o) {
+Result<std::vector<RankSizing>> Engine::check_layout_fits(const formats::QuantConfig& quant, const EngineOptions& o,
+                                                          const std::vector<ops::Backend*>& devices) {
   SizingOptions so{.parallel = o.parallel,
                    .kv_dtype = o.kv_cache_dtype,
                    .max_num_batched_tokens = o.max_num_batched_tokens > 0 ? o.max_num_batched_tokens
                                                                           : std::max(2048, o.max_num_seqs),
                    .max_num_seqs = o.max_num_seqs,
                    .mtp = o.speculative_method == SpeculativeMethod::kMtp};
-  so.held_bytes = [this](const formats::QuantizedTensor& q) { return backend_->quantized_bytes(q); };
-  Result<std::vector<RankSizing>> sizes = size_layout(config_, quant, *backend_, so);
+  ops::Backend& host = *devices[0];
+  so.held_bytes = [&host](const formats::QuantizedTensor& q) { return host.quantized_bytes(q); };
+  Result<std::vector<RankSizing>> sizes = size_layout(config_, quant, host, so);
   if (!sizes.ok()) {  // the load itself names what is wrong, if anything is
     KILN_LOG(kWarn, "could not size the layout before loading: " << sizes.status().to_string());
-    return Status::Ok();
+    return std::vector<RankSizing>{};
   }
   for (const RankSizing& r : *sizes) {
-    const ops::MemoryInfo mem = *runner_->backend(r.rank).memory_info();
+    if (size_t(r.rank) >= devices.size()) break;  // (the backends' count is checked with the runner's)
+    const ops::MemoryInfo mem = *devices[size_t(r.rank)]->memory_info();
     const int64_t reserve = device_reserve_bytes(mem.device_total);
     const int64_t need = r.weight_bytes + r.activation_bytes + reserve;
     KILN_LOG(kInfo, "rank " << r.rank << " sized: " << mib(r.weight_bytes) << " of weights, about "
@@ -229,7 +251,7 @@ Status Engine::check_layout_fits(const formats::QuantConfig& quant, const Engine
                         "--tensor-parallel-size N` sizes a layout without a GPU)");
     }
   }
-  return Status::Ok();
+  return sizes;
 }
 
 Status Engine::size_kv_cache(const EngineOptions& o) {

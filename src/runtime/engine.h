@@ -29,6 +29,7 @@
 #include "runtime/scheduler.h"
 #include "runtime/state_cache.h"
 #include "runtime/sequence.h"
+#include "runtime/sizing.h"
 #include "runtime/speculative.h"
 
 namespace kiln::runtime {
@@ -252,11 +253,17 @@ class Engine {
   void checkpoint_state(const Sequence& seq);
   void copy_state_row(int32_t src, int32_t dst);
   Status size_kv_cache(const EngineOptions& options);
-  Status load_weights(const std::string& model_dir, const EngineOptions& options);
-  // On devices that report their memory: each rank's weights and an estimate of its
-  // activations sized from the shapes alone (runtime/sizing.h) against what the device has
-  // free, so a layout that cannot fit is refused before minutes of loading.
-  Status check_layout_fits(const formats::QuantConfig& quant, const EngineOptions& options);
+  // config_ from the checkpoint (or a config .json for dummy weights), cut to
+  // options.num_layers; returns its quantization config.
+  Result<formats::QuantConfig> read_config(const std::string& model_dir, const EngineOptions& options);
+  Status load_weights(const std::string& model_dir, const EngineOptions& options, const formats::QuantConfig& quant);
+  // On devices that report their memory (`devices`, one a rank): each rank's weights and an
+  // estimate of its activations sized from the shapes alone (runtime/sizing.h) against what
+  // the device has free, so a layout that cannot fit is refused before the communicators
+  // are made and minutes of loading (what they take comes out of the runtime's reserve,
+  // device_reserve_bytes). Returns the sizes (none where they could not be found).
+  Result<std::vector<RankSizing>> check_layout_fits(const formats::QuantConfig& quant, const EngineOptions& options,
+                                                    const std::vector<ops::Backend*>& devices);
   // The activation memory of the largest step the scheduler can make (GPU sizing).
   int64_t measure_activation_peak();
   Tensor forward(ops::BatchMeta&& batch);

@@ -64,7 +64,8 @@ Result<std::vector<RankSizing>> size_layout(const formats::ModelConfig& config, 
                    .weight_bytes = int64_t(loader.device_bytes()),
                    .kv_bytes_per_token = KvCache::bytes_per_token(lm->kv_layouts(), DType::kBF16, o.kv_dtype),
                    .state_bytes_per_sequence = KvCache::bytes_per_state_slot(lm->kv_layouts(), DType::kBF16),
-                   .activation_bytes = activation_estimate(config, shard, o, rank, moe_layers(*lm))});
+                   .activation_bytes = activation_estimate(config, shard, o, rank, moe_layers(*lm)),
+                   .micro_batches = lm->splits_into_micro_batches()});
   }
   return out;
 }

@@ -29,6 +29,10 @@ struct RankSizing {
   // An estimate of the largest step's buffers (max_num_batched_tokens tokens, max_num_seqs
   // logit rows); kiln serve measures the real peak once loaded.
   int64_t activation_bytes = 0;
+  // Whether the rank's layers can run a step as two micro-batches
+  // (model::CausalLM::splits_into_micro_batches): NCCL's channels are chosen for them
+  // before the weights load.
+  bool micro_batches = false;
 };
 
 struct SizingOptions {

@@ -63,6 +63,7 @@ TEST_P(Sizing, UnbackedBindingIsWhatADummyLoadHolds) {
     EXPECT_EQ(r.kv_bytes_per_token, runtime::KvCache::bytes_per_token(lm->kv_layouts(), DType::kBF16))
         << layout.name << " rank " << r.rank;
     EXPECT_GT(r.activation_bytes, 0);
+    EXPECT_EQ(r.micro_batches, lm->splits_into_micro_batches()) << layout.name << " rank " << r.rank;
 
     // The unbacked model's summary (kiln inspect's table) is the dummy model's.
     model::WeightLoader sizing = model::WeightLoader::sizing(*cpu, *quant);
@@ -154,6 +155,39 @@ TEST(SizingRefusal, ALayoutThatCannotFitIsRefusedBeforeLoading) {
   EXPECT_NE(msg.find("rank 0 needs"), std::string::npos) << msg;
   EXPECT_NE(msg.find("1 MiB free"), std::string::npos) << msg;
   EXPECT_EQ(uploads->load(), 0) << "weights were loaded before the refusal";
+}
+
+// The communicators (NCCL's channels: cli::cuda_comm_world) are made before the weights
+// load, from the ParallelConfig they are given: a model whose layers never run as
+// micro-batches (recurrent state here) is given micro_batch_rows 0, one whose layers do
+// keeps the default (-1, resolved by the group), and a user's own value stands.
+TEST(SizingMicroBatches, TheCommunicatorsKnowWhetherTheModelSplits) {
+  struct Case {
+    const char* fixture;
+    int64_t asked, given;
+  };
+  for (const Case& c : {Case{"llama", -1, -1}, Case{"qwen3_next", -1, 0}, Case{"qwen3_next", 512, 512},
+                        Case{"qwen3_moe", 0, 0}}) {
+    auto uploads = std::make_shared<std::atomic<int>>(0);
+    std::vector<std::unique_ptr<ops::Backend>> backends;
+    for (int r = 0; r < 2; ++r) backends.push_back(std::make_unique<SmallDevice>(int64_t(1) << 40, uploads));
+    int64_t seen = -2;
+    runtime::CommFactory record = [&seen](const std::vector<ops::Backend*>&,
+                                          const runtime::ParallelConfig& p) -> Result<runtime::CommWorld> {
+      seen = p.micro_batch_rows;
+      return internal_error("stop after the communicators' config");
+    };
+    auto e = runtime::Engine::load(testing::fixture_dir(c.fixture), std::move(backends),
+                                   {.block_size = 4,
+                                    .max_model_len = 256,
+                                    .parallel = {.tensor_parallel = 2, .micro_batch_rows = c.asked},
+                                    .comms = record});
+    ASSERT_FALSE(e.ok());
+    EXPECT_NE(e.status().to_string().find("stop after the communicators' config"), std::string::npos)
+        << e.status().to_string();
+    EXPECT_EQ(seen, c.given) << c.fixture << " asked " << c.asked;
+    EXPECT_EQ(uploads->load(), 0) << "weights were loaded before the communicators were made";
+  }
 }
 
 // The activation estimate against the peaks kiln serve measured on an H200 (2026-11-29,

@@ -90,9 +90,9 @@ std::vector<std::unique_ptr<PeerAllReduce>> make_peer_group(const std::vector<in
 // more tokens a second at 64 streams. Beside other work (`overlapped`: a prompt chunk's
 // micro-batches, model::CausalLM::micro_batch_rows) each channel's CTA is an SM taken from
 // that work: the same benchmark served 3,449 output tok/s at 16 channels, 3,520 at 2, 3,556
-// at 4 and 3,551 at 8 (twenty-seventh section), so 4 there. (Decided before the model is
-// known: a model whose layers keep their steps whole, CausalLM::splits_into_micro_batches,
-// runs its sums alone on 4 channels too: not measured.) Not measured at more GPUs, so not
+// at 4 and 3,551 at 8 (twenty-seventh section), so 4 there. (A model whose layers keep
+// their steps whole, CausalLM::splits_into_micro_batches, is known as such before the
+// communicators are made, from its sized layers: runtime::Engine::load.) Not measured at more GPUs, so not
 // set there; a user's own NCCL_MIN_NCHANNELS / NCCL_MAX_NCHANNELS stand. NCCL reads
 // them once, at the process's first communicator (the world's, made before any other).
 void channels_without_peer_access(const std::vector<int>& devices, bool overlapped) {
