@@ -271,7 +271,7 @@ void bench_sample(Bench& b, ops::Backend& be) {
   std::normal_distribution<float> logit(0.0f, 3.0f);
   std::uniform_real_distribution<float> draw(0.0f, 0.99f);
   for (const Mode& m : modes) {
-    for (int64_t rows : {1, 8}) {
+    for (int64_t rows : {1, 8, 64}) {
       const Case c{.op = "sample", .shape = "gpt-oss vocab " + str(kVocab) + ", " + m.name, .rows = rows,
                    .bytes = 2.0 * double(rows * kVocab), .note = "logits ~ N(0, 3^2); no logprobs"};
       if (!b.wanted(c)) continue;

@@ -58,6 +58,8 @@ struct BenchOptions {
   std::string endpoint = "completions";
   int input_len = 512;
   int output_len = 128;
+  double temperature = 0;  // 0: greedy (the default, as vLLM's benchmark)
+  double top_p = 1;        // 1: off
   double random_range_ratio = 0;
   int num_prompts = 0;  // 0: max(8, 4 * C) per level; max(8, 10 * R) with --request-rate
   std::vector<int> concurrency{1};
@@ -274,8 +276,9 @@ Request make_request(std::mt19937_64& rng, const BenchOptions& o, const std::str
   const int64_t n = draw_len(rng, o.input_len, o.random_range_ratio);
   const int64_t max_tokens = draw_len(rng, o.output_len, o.random_range_ratio);
   json body = {{"model", model},          {"max_tokens", max_tokens},
-               {"ignore_eos", true},      {"temperature", 0},
+               {"ignore_eos", true},      {"temperature", o.temperature},
                {"stream", true},          {"stream_options", {{"include_usage", true}}}};
+  if (o.top_p < 1) body["top_p"] = o.top_p;
   if (!o.json_schema.is_null())
     body["response_format"] = {{"type", "json_schema"}, {"json_schema", {{"name", "bench"}, {"schema", o.json_schema}}}};
   if (o.endpoint == "completions") {
@@ -581,9 +584,10 @@ std::vector<Level> make_levels(const BenchOptions& o) {
 // ---- reporting ----------------------------------------------------------------------
 
 void print_table(const BenchOptions& o, const std::string& model, const std::vector<LevelRun>& runs) {
-  std::printf("kiln bench serve: %s, model %s, %s, input %d, output %d\n", o.url.c_str(), model.c_str(),
+  std::printf("kiln bench serve: %s, model %s, %s, input %d, output %d", o.url.c_str(), model.c_str(),
               o.endpoint.c_str(), o.input_len, o.output_len);
-  std::printf("%-24s", "");
+  if (o.temperature > 0) std::printf(", temperature %g, top-p %g", o.temperature, o.top_p);
+  std::printf("\n%-24s", "");
   for (const LevelRun& r : runs) std::printf("%12s", r.level.label().c_str());
   std::printf("\n");
   auto row = [&](const char* name, const char* fmt, auto field) {
@@ -629,7 +633,8 @@ json dist_json(const Dist& d) { return {{"mean", d.mean}, {"p50", d.p50}, {"p90"
 json level_json(const BenchOptions& o, const std::string& model, const LevelRun& run) {
   const Level& l = run.level;
   json config = {{"url", o.url}, {"model", model}, {"endpoint", o.endpoint}, {"input_len", o.input_len},
-                 {"output_len", o.output_len}, {"random_range_ratio", o.random_range_ratio},
+                 {"output_len", o.output_len}, {"temperature", o.temperature}, {"top_p", o.top_p},
+                 {"random_range_ratio", o.random_range_ratio},
                  {"num_requests", l.num_requests}, {"concurrency", l.concurrency > 0 ? json(l.concurrency) : json()},
                  {"request_rate", l.request_rate > 0 ? json(l.request_rate) : json()}, {"warmup", o.warmup},
                  {"seed", o.seed}, {"date", run.date}};
@@ -730,6 +735,9 @@ void add_bench_command(CLI::App& app, Subcommands& commands) {
       ->check(CLI::IsMember({"completions", "chat"}));
   cmd->add_option("--input-len", o->input_len, "prompt tokens (chat: words)")->check(CLI::PositiveNumber);
   cmd->add_option("--output-len", o->output_len, "max_tokens of every request")->check(CLI::PositiveNumber);
+  cmd->add_option("--temperature", o->temperature, "sampling temperature of every request (0: greedy)")
+      ->check(CLI::Range(0.0, 2.0));
+  cmd->add_option("--top-p", o->top_p, "top_p of every request (1: off)")->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--random-range-ratio", o->random_range_ratio,
                   "prompt lengths and max_tokens uniform in [len * (1 - ratio), len]")->check(CLI::Range(0.0, 0.999));
   cmd->add_option("--num-prompts", o->num_prompts,

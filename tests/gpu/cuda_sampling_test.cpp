@@ -16,11 +16,14 @@
 #include <limits>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "backends/cuda/kernels/kernels.h"
 #include "gpu/gpu_test_util.h"
 
 namespace kiln {
@@ -219,6 +222,63 @@ TEST_F(CudaSampling, OddSmallAndLargeVocabularies) {
       if (HasFatalFailure()) return;
     }
   }
+}
+
+// A row over a cluster of 2, 4 or 8 blocks (launch_sample's choice while the batch leaves
+// SMs idle) gives the one-block result bit for bit: its sums are integer sums, merged
+// over the cluster. Every mix, with and without logprobs and alternatives, ties, odd and
+// small vocabularies (blocks of the cluster with no elements), several rows.
+TEST_F(CudaSampling, ClustersGiveTheOneBlockResultBitForBit) {
+  struct Env {  // KILN_SAMPLE_CLUSTER for the scope
+    explicit Env(const char* v) { setenv("KILN_SAMPLE_CLUSTER", v, 1); }
+    ~Env() { unsetenv("KILN_SAMPLE_CLUSTER"); }
+  };
+  int major = 0, device = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
+  if (major < 9) GTEST_SKIP() << "thread-block clusters need SM 9.0+";
+  {
+    Env e("8");  // what the comparison below runs: clusters of 8 do fit this device
+    ASSERT_EQ(cuda::sample_cluster_size(1, 201088), 8);
+  }
+  int compared = 0;
+  for (int64_t vocab : {int64_t(999), int64_t(151936), int64_t(201088), int64_t(300007)}) {
+    for (int64_t rows : {int64_t(1), int64_t(3)}) {
+      Tensor host = random({rows, vocab}, 8.0f);
+      if (vocab == 151936) {  // ties: every filter and draw inside a run of equal logits
+        for (int64_t i = 0; i < host.numel(); ++i) host.as<float>()[i] = std::round(host.as<float>()[i]);
+      }
+      for (int64_t r = 0; r < rows; r += 2)
+        for (int k = 0; k < 5; ++k) host.as<float>()[r * vocab + (k * 7919 + r) % vocab] = 12.0f + float(k);
+      const Tensor logits = to_gpu(host);
+      for (const Mix& m : kMixes) {
+        const std::vector<ops::SamplingParams> params(size_t(rows), m.params);
+        const std::vector<float> u = uniforms(rows);
+        for (int n_top : {0, 20}) {
+          Outputs one;
+          {
+            Env e("1");
+            one = run_sample(*gpu_, logits, params, u, n_top);
+          }
+          for (const char* c : {"2", "4", "8"}) {
+            Env e(c);
+            const Outputs got = run_sample(*gpu_, logits, params, u, n_top);
+            SCOPED_TRACE(::testing::Message() << m.name << ", vocab " << vocab << ", " << rows << " rows, n_top "
+                                              << n_top << ", cluster " << c);
+            EXPECT_EQ(got.tokens, one.tokens);
+            EXPECT_EQ(got.top_ids, one.top_ids);
+            for (size_t i = 0; i < one.logprobs.size(); ++i)  // (NaN where not asked: compared as bits)
+              EXPECT_EQ(std::memcmp(&got.logprobs[i], &one.logprobs[i], sizeof(float)), 0) << "logprob " << i;
+            for (size_t i = 0; i < one.top_logprobs.size(); ++i)
+              EXPECT_EQ(std::memcmp(&got.top_logprobs[i], &one.top_logprobs[i], sizeof(float)), 0) << "top " << i;
+            ++compared;
+            if (HasFailure()) return;
+          }
+        }
+      }
+    }
+  }
+  RecordProperty("cluster_runs_compared", std::to_string(compared));
 }
 
 TEST_F(CudaSampling, IsDeterministicAndRecordsItsTime) {

@@ -194,6 +194,31 @@ TEST(BenchServe, ReportsEveryLevelAgainstTheDemoServer) {
   }
 }
 
+// --temperature / --top-p go into every request (a sampled decode, not the default greedy
+// one) and into the report's config.
+TEST(BenchServe, SampledRequestsAtTheGivenTemperature) {
+  const TempDir tmp("kiln_bench_serve_t");
+  const fs::path& dir = tmp.path;
+  DemoServer server(dir);
+  const std::string url = server.wait_for_url(std::chrono::seconds(60));
+  ASSERT_FALSE(url.empty()) << "kiln serve printed no ready line within 60 s:\n" << server.log();
+  const fs::path json_path = dir / "bench.json";
+  const BenchRun r = bench("--url " + url + " --input-len 16 --output-len 8 --concurrency 2 --num-prompts 4 " +
+                           "--temperature 0.8 --top-p 0.9 --json " + json_path.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err << "\nkiln serve:\n" << server.log();
+  EXPECT_NE(r.out.find("temperature 0.8, top-p 0.9"), std::string::npos) << r.out;
+  std::ifstream f(json_path);
+  const nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << "unreadable " << json_path;
+  const nlohmann::json& level = j["levels"][0];
+  EXPECT_DOUBLE_EQ(level["config"]["temperature"].get<double>(), 0.8);
+  EXPECT_DOUBLE_EQ(level["config"]["top_p"].get<double>(), 0.9);
+  EXPECT_EQ(level["summary"]["successful"], 4);
+  EXPECT_EQ(level["summary"]["output_tokens"], 4 * 8);
+  const BenchRun bad = bench("--url " + url + " --temperature 3");
+  EXPECT_NE(bad.exit_code, 0) << "a temperature out of range was taken";
+}
+
 // Against a server with n-gram drafts (the demo model's chat replies repeat their prompts'
 // words): each level reports the drafts verified, how many stood and the mean accepted
 // length, the differences of the server's /metrics counters over the level.

@@ -543,12 +543,17 @@ struct SampleRow {
   float min_p = 0.0f;        // 0: off
   float uniform = 0.0f;      // in [0, 1)
 };
-// ops::SampleArgs on logits [n_rows, vocab] bf16, one block per row, no sort (a radix
-// select over the logit's 16-bit key; 29,704 bytes of static shared memory, no dynamic).
-// rows: [n_rows]; outputs tokens [n_rows], logprobs [n_rows] or nullptr, top_ids /
-// top_logprobs [n_rows, n_top]: all device memory. vocab <= 2^24, n_top <= kSampleMaxTop.
+// ops::SampleArgs on logits [n_rows, vocab] bf16, no sort (a radix select over the logit's
+// 16-bit key; 29,744 bytes of static shared memory a block, no dynamic), a row on
+// sample_cluster_size(n_rows, vocab) blocks. rows: [n_rows]; outputs tokens [n_rows],
+// logprobs [n_rows] or nullptr, top_ids / top_logprobs [n_rows, n_top]: all device
+// memory. vocab <= 2^24, n_top <= kSampleMaxTop.
 void launch_sample(const bf16* logits, int64_t n_rows, int64_t vocab, const SampleRow* rows, int n_top,
                    int32_t* tokens, float* logprobs, int32_t* top_ids, float* top_logprobs, cudaStream_t stream);
+// Blocks a row of launch_sample takes on the current device: a thread-block cluster of up
+// to 8 on SM 9.0+ while rows * blocks fit the SMs (1 before SM 9.0); KILN_SAMPLE_CLUSTER=N
+// asks N (a power of two, within what fits).
+int sample_cluster_size(int64_t n_rows, int64_t vocab);
 // ops::PenaltyParams applied in place to logits [n_rows, vocab] bf16: one entry per
 // (row, seen token), each token at most once per row (device memory).
 struct PenaltyRow {

@@ -28,9 +28,26 @@
 // Measured on an H100 (one row, vocab 201088, random logits): 28 us greedy, 64 us greedy
 // with its logprob, 160 us at a temperature, 195 us with top-k or top-p, 265 us with all
 // filters and 20 alternatives; rows run in parallel (17 rows at vocab 151936: 126-236 us).
-// Pass 2 (~90 us, an exp and 2-3 shared atomics per logit) dominates; splitting a row
-// over several blocks would cut the latency of small batches further.
+// Pass 2 (~90 us, an exp and 2-3 shared atomics per logit) dominates.
+//
+// A row over a cluster: on SM 9.0+ a row is a thread-block cluster of up to 8 CTAs when
+// the batch leaves SMs idle (sample_cluster_size), each CTA taking an equal share of the
+// row's segments. A pass's per-CTA histograms, sums and per-segment key counts are
+// combined through distributed shared memory (every CTA ends with the whole row's, so
+// the queries run unchanged in each); the top-n candidates and the drawn id are written
+// into the first CTA's, which writes the outputs. The sums are integer sums, so the
+// result is the one-CTA kernel's bit for bit. On an H200 (kiln bench op, vocab 201088, a
+// call with its parameters up and tokens down): one row at top-p 0.9, temperature 0.8,
+// 246 -> 107 us (8 CTAs), greedy 50 -> 26 us; 64 rows (2 CTAs each) 236 -> 187 us. In the
+// 8-CTA row the collect's scan of the draw's one tile is now the largest part (~21 us).
+// A cross-CTA merge must move each value once: one remote load of every bin from every
+// CTA by every CTA took 97k cycles at 8 CTAs, the share-then-copy merge below 8.5k.
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include <cooperative_groups.h>
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels/common.cuh"
@@ -50,8 +67,36 @@ constexpr int kCoarseBits = 11, kFineBits = 16 - kCoarseBits;
 constexpr int kCoarseBins = 1 << kCoarseBits, kFineBins = 1 << kFineBits;
 constexpr int kBinsPerThread = kCoarseBins / kThreads;
 constexpr float kFixedOne = 0x1p40f;         // fixed-point scale of the masses
+constexpr int kMaxCluster = 8;               // CTAs a row at most (the portable cluster size)
 static_assert(kFineBins == 32, "the keys of a coarse bin are one warp wide");
 static_assert(kCoarseBins % kThreads == 0);
+static_assert(kSegments % kMaxCluster == 0, "a CTA of a cluster takes whole segments");
+static_assert(2 * kSegments * kFineBins / 4 <= kThreads, "a thread copies a 16-byte word of key counts");
+static_assert(kCoarseBins / kMaxCluster % 4 == 0, "a CTA's share of the bins is whole 16-byte words");
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define KILN_SAMPLE_CLUSTERS
+#endif
+
+// The CTAs of one row: n of them (1 without clusters), this one the rank-th, taking
+// segments [rank * n_segments / n, (rank + 1) * n_segments / n) of the row.
+struct Cluster {
+  int n = 1, rank = 0;
+  __device__ __forceinline__ void sync() const {
+#ifdef KILN_SAMPLE_CLUSTERS
+    if (n > 1) cooperative_groups::this_cluster().sync();
+#endif
+  }
+  // `p` (this CTA's shared memory) in CTA `r`'s shared memory.
+  template <typename T>
+  __device__ __forceinline__ T* at(T* p, int r) const {
+#ifdef KILN_SAMPLE_CLUSTERS
+    if (n > 1) return cooperative_groups::this_cluster().map_shared_rank(p, unsigned(r));
+#endif
+    return p;
+  }
+  __device__ __forceinline__ int owner(int segment) const { return segment / (kSegments / n); }
+};
 
 // The candidate key: ascending key = logit descending. Negative bf16 patterns already
 // grow with magnitude; positive ones are reversed below them. -0 is +0 (they tie).
@@ -106,9 +151,10 @@ struct Level {
 
 // Query slots: 0 for top-k, then top-p, then the draw (one after the other); 1 for top-n.
 struct Shared {
-  uint32_t coarse_count[kCoarseBins];
-  uint32_t coarse_mass_lo[kCoarseBins], coarse_mass_hi[kCoarseBins];
-  uint32_t key_count[2][kSegments][kFineBins];  // per slot: each key of its coarse bin, per segment
+  alignas(16) uint32_t coarse_count[kCoarseBins];
+  alignas(16) uint32_t coarse_mass_lo[kCoarseBins];
+  alignas(16) uint32_t coarse_mass_hi[kCoarseBins];
+  alignas(16) uint32_t key_count[2][kSegments][kFineBins];  // per slot: each key of its coarse bin, per segment
   Pair scan[kWarps];
   uint64_t reduce[4][kWarps];
   Coarse coarse[2];
@@ -117,6 +163,7 @@ struct Shared {
   int32_t top_id[kSampleMaxTop];
   uint32_t n_above;  // top-n candidates gathered before the top-n key
   int32_t draw_id;
+  uint64_t xfer[4];  // a CTA's reduced values, read by the others of its cluster
 };
 
 // This thread's elements [tile + q * kSub + 8 * thread, + 8) for q < kLoads, packed bf16
@@ -163,15 +210,15 @@ __device__ __forceinline__ void for_each_tile(const uint16_t* row, int begin, in
   }
 }
 
-// f(id, bits) for every element of the row (in no particular order).
+// f(id, bits) for every element of the row in [begin, end) (in no particular order).
 template <typename F>
-__device__ __forceinline__ void for_each_element(const uint16_t* row, int vocab, bool aligned, F&& f) {
-  for_each_tile(row, 0, vocab, aligned, [&](int tile, const uint4(&raw)[kLoads]) {
+__device__ __forceinline__ void for_each_element(const uint16_t* row, int begin, int end, bool aligned, F&& f) {
+  for_each_tile(row, begin, end, aligned, [&](int tile, const uint4(&raw)[kLoads]) {
 #pragma unroll
     for (int q = 0; q < kLoads; ++q)
 #pragma unroll
       for (int i = 0; i < kVec; ++i)
-        if (element_id(tile, q, i) < vocab) f(element_id(tile, q, i), bits_at(raw, q, i));
+        if (element_id(tile, q, i) < end) f(element_id(tile, q, i), bits_at(raw, q, i));
   });
 }
 
@@ -204,6 +251,84 @@ __device__ void block_sum(uint64_t (&v)[N], Shared& s) {
     v[k] = 0;
     for (int w = 0; w < kWarps; ++w) v[k] += s.reduce[k][w];
   }
+  __syncthreads();
+}
+
+// v (the same in every thread of the CTA) combined over the cluster's CTAs: summed, or
+// the minimum with kMin; the result in every thread of every CTA.
+template <bool kMin, int N>
+__device__ void cluster_combine(uint64_t (&v)[N], Shared& s, const Cluster& cl) {
+  static_assert(N <= 4);
+  if (cl.n == 1) return;
+  if (threadIdx.x == 0)
+    for (int k = 0; k < N; ++k) s.xfer[k] = v[k];
+  cl.sync();
+  if (threadIdx.x < N) {  // a thread a value reads the cluster's, for the CTA
+    uint64_t acc = kMin ? ~0ull : 0;
+    for (int r = 0; r < cl.n; ++r) {
+      const uint64_t x = cl.at(s.xfer, r)[threadIdx.x];
+      acc = kMin ? min(acc, x) : acc + x;
+    }
+    s.reduce[0][threadIdx.x] = acc;
+  }
+  cl.sync();  // every read done before s.xfer is written again (and s.reduce's in this CTA)
+#pragma unroll
+  for (int k = 0; k < N; ++k) v[k] = s.reduce[0][k];
+  __syncthreads();  // s.reduce is reused by the next reduction
+}
+
+// The coarse histograms summed over the cluster's CTAs, into each CTA's own. Each CTA sums
+// its share of the bins over every CTA, then copies the others' sums in 16-byte words.
+__device__ void merge_histograms(Shared& s, const Cluster& cl) {
+  if (cl.n == 1) return;
+  const int share = kCoarseBins / cl.n, first = cl.rank * share;
+  constexpr int kPer = kCoarseBins / 2 / kThreads;  // bins of a share a thread sums (2 CTAs at least)
+  uint32_t c[kPer] = {}, lo[kPer] = {}, hi[kPer] = {};
+  cl.sync();  // every CTA's histograms complete
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int b = first + int(threadIdx.x) + j * kThreads;
+    if (b >= first + share) break;
+    uint32_t rc[kMaxCluster], rl[kMaxCluster], rh[kMaxCluster];
+#pragma unroll
+    for (int r = 0; r < kMaxCluster; ++r)
+      if (r < cl.n) rc[r] = cl.at(s.coarse_count, r)[b], rl[r] = cl.at(s.coarse_mass_lo, r)[b], rh[r] = cl.at(s.coarse_mass_hi, r)[b];
+    uint64_t m = 0;
+#pragma unroll
+    for (int r = 0; r < kMaxCluster; ++r)
+      if (r < cl.n) c[j] += rc[r], m += uint64_t(rh[r]) << 32 | rl[r];
+    lo[j] = uint32_t(m), hi[j] = uint32_t(m >> 32);
+  }
+  cl.sync();  // every read of the CTAs' own histograms done
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int b = first + int(threadIdx.x) + j * kThreads;
+    if (b < first + share) s.coarse_count[b] = c[j], s.coarse_mass_lo[b] = lo[j], s.coarse_mass_hi[b] = hi[j];
+  }
+  cl.sync();  // every CTA's share summed
+  // The others' shares, 4 bins a 16-byte word (a share is >= 256 bins).
+  constexpr int kWords = kCoarseBins / 4;
+  for (int w = int(threadIdx.x); w < 3 * kWords; w += kThreads) {
+    const int a = w / kWords, bin = (w % kWords) * 4, owner = bin / share;
+    if (owner == cl.rank) continue;
+    uint32_t* mine = a == 0 ? s.coarse_count : a == 1 ? s.coarse_mass_lo : s.coarse_mass_hi;
+    *reinterpret_cast<uint4*>(mine + bin) = *reinterpret_cast<const uint4*>(cl.at(mine, owner) + bin);
+  }
+  cl.sync();  // every copy done (no CTA's shares are read after this)
+}
+
+// Each segment's key counts from the CTA that counted it, into each CTA's own (and the
+// top-n candidates the others wrote into the first CTA visible there), 16 bytes at a time.
+__device__ void merge_key_counts(Shared& s, const Cluster& cl) {
+  if (cl.n == 1) return;
+  constexpr int kWords = 2 * kSegments * kFineBins / 4;  // a (slot, segment) is 8 words
+  cl.sync();
+  uint4 v{};
+  const int w = int(threadIdx.x), g = (w / (kFineBins / 4)) % kSegments, owner = cl.owner(g);
+  uint4* mine = reinterpret_cast<uint4*>(&s.key_count[0][0][0]) + w;
+  if (w < kWords && owner != cl.rank) v = *cl.at(mine, owner);
+  cl.sync();  // every read done before the writes
+  if (w < kWords && owner != cl.rank) *mine = v;
   __syncthreads();
 }
 
@@ -268,15 +393,20 @@ __device__ void coarse_find(Shared& s, int q, bool by_mass, uint64_t x) {
 // with gather_top, appends the candidates of the bins before slot 1's to the top-n list:
 // fewer than n_top). No masses: every candidate at a key weighs the same, so a key's mass
 // is its count times one candidate's (fine_find), and the pass costs what pass 1 costs.
-__device__ void key_pass(const uint16_t* row, int vocab, bool aligned, int seg_tiles, bool slot0, bool slot1,
-                         bool gather_top, Shared& s) {
+// This CTA counts its elements [begin, end) (its segments); the cluster's counts are then
+// merged, and the candidates go to the first CTA's list.
+__device__ void key_pass(const uint16_t* row, int begin, int end, bool aligned, int seg_tiles, bool slot0, bool slot1,
+                         bool gather_top, Shared& s, const Cluster& cl) {
   for (int i = threadIdx.x; i < 2 * kSegments * kFineBins; i += kThreads) {
     const int q = i / (kSegments * kFineBins);
     if (q == 0 ? slot0 : slot1) s.key_count[q][(i / kFineBins) % kSegments][i % kFineBins] = 0;
   }
   __syncthreads();
   const int bin0 = slot0 ? s.coarse[0].bin : -1, bin1 = slot1 ? s.coarse[1].bin : -1;
-  for_each_tile(row, 0, vocab, aligned, [&](int tile, const uint4(&raw)[kLoads]) {
+  uint32_t* n_above = cl.at(&s.n_above, 0);
+  uint32_t* top_key = cl.at(s.top_key, 0);
+  int32_t* top_id = cl.at(s.top_id, 0);
+  for_each_tile(row, begin, end, aligned, [&](int tile, const uint4(&raw)[kLoads]) {
     uint32_t* count0 = s.key_count[0][(tile / kTile) / seg_tiles];
     uint32_t* count1 = s.key_count[1][(tile / kTile) / seg_tiles];
 #pragma unroll
@@ -285,16 +415,17 @@ __device__ void key_pass(const uint16_t* row, int vocab, bool aligned, int seg_t
       for (int i = 0; i < kVec; ++i) {
         const uint32_t key = key_of(bits_at(raw, q, i));
         const int bin = int(key >> kFineBits), f = int(key % kFineBins);
-        if (element_id(tile, q, i) >= vocab) continue;
+        if (element_id(tile, q, i) >= end) continue;
         if (bin == bin0) atomicAdd(&count0[f], 1u);
         if (bin == bin1) atomicAdd(&count1[f], 1u);
         if (gather_top && bin < bin1) {
-          const uint32_t slot = atomicAdd(&s.n_above, 1u);
-          if (slot < kSampleMaxTop) s.top_key[slot] = key, s.top_id[slot] = element_id(tile, q, i);
+          const uint32_t slot = atomicAdd(n_above, 1u);
+          if (slot < kSampleMaxTop) top_key[slot] = key, top_id[slot] = element_id(tile, q, i);
         }
       }
   });
   __syncthreads();
+  merge_key_counts(s, cl);
 }
 
 // The key where query q's inclusive prefix first exceeds x (after coarse_find and
@@ -327,9 +458,15 @@ __device__ void fine_find(Shared& s, int q, bool by_mass, uint64_t x, bool with_
 // Ids at a key in id order, scanning only the segments that hold the ones wanted
 // (key_count): the draw_rank-th id at draw_key (slot 0) into s.draw_id; the first
 // n_top - top_above ids at top_key (slot 1) and the candidates of top_key's coarse bin
-// below top_key (key_pass gathered those of earlier bins) into the top-n list.
+// below top_key (key_pass gathered those of earlier bins) into the top-n list. Each CTA of
+// a cluster scans the segments it owns and writes into the first CTA's draw_id and list.
 __device__ void collect(const uint16_t* row, int vocab, bool aligned, int seg_tiles, bool draw, uint32_t draw_key,
-                        uint32_t draw_rank, int n_top, uint32_t top_key, uint32_t top_above, Shared& s) {
+                        uint32_t draw_rank, int n_top, uint32_t top_key, uint32_t top_above, Shared& s,
+                        const Cluster& cl) {
+  uint32_t* n_above = cl.at(&s.n_above, 0);
+  uint32_t* top_keys = cl.at(s.top_key, 0);
+  int32_t* top_ids = cl.at(s.top_id, 0);
+  int32_t* draw_id = cl.at(&s.draw_id, 0);
   const uint32_t top_need = n_top > 0 ? uint32_t(n_top) - top_above : 0;
   const int fd = int(draw_key % kFineBins), fn = int(top_key % kFineBins);
   const uint32_t top_bin = top_key >> kFineBits;
@@ -340,7 +477,7 @@ __device__ void collect(const uint16_t* row, int vocab, bool aligned, int seg_ti
     for (int f = 0; f < fn && n_top > 0; ++f) n_below += s.key_count[1][g][f];
     const bool want_draw = draw_rank - base_draw < n_draw;  // unsigned: base <= rank < base + n
     const bool want_top = (n_top_key > 0 && base_top < top_need) || n_below > 0;
-    if (want_draw || want_top) {
+    if ((want_draw || want_top) && cl.owner(g) == cl.rank) {
       uint64_t run_draw = base_draw, run_top = base_top;
       const int begin = g * seg_tiles * kTile, end = min(vocab, (g + 1) * seg_tiles * kTile);
       for_each_tile(row, begin, end, aligned, [&](int tile, const uint4(&raw)[kLoads]) {
@@ -355,8 +492,8 @@ __device__ void collect(const uint16_t* row, int vocab, bool aligned, int seg_ti
             if (want_draw && key == draw_key) local.count += 1ull << (16 * q);
             if (want_top && key == top_key) local.mass += 1ull << (16 * q);
             if (want_top && key < top_key && key >> kFineBits == top_bin) {
-              const uint32_t slot = atomicAdd(&s.n_above, 1u);
-              if (slot < top_above) s.top_key[slot] = key, s.top_id[slot] = element_id(tile, q, i);
+              const uint32_t slot = atomicAdd(n_above, 1u);
+              if (slot < top_above) top_keys[slot] = key, top_ids[slot] = element_id(tile, q, i);
             }
           }
         Pair total;
@@ -373,11 +510,11 @@ __device__ void collect(const uint16_t* row, int vocab, bool aligned, int seg_ti
               if (element_id(tile, q, i) >= end) continue;
               const uint32_t key = key_of(bits_at(raw, q, i));
               if (want_draw && key == draw_key) {
-                if (rd == draw_rank) s.draw_id = element_id(tile, q, i);
+                if (rd == draw_rank) *draw_id = element_id(tile, q, i);
                 ++rd;
               }
               if (want_top && key == top_key) {
-                if (rt < top_need) s.top_key[top_above + rt] = key, s.top_id[top_above + rt] = element_id(tile, q, i);
+                if (rt < top_need) top_keys[top_above + rt] = key, top_ids[top_above + rt] = element_id(tile, q, i);
                 ++rt;
               }
             }
@@ -395,31 +532,45 @@ __device__ void collect(const uint16_t* row, int vocab, bool aligned, int seg_ti
     base_draw += n_draw, base_top += n_top_key;
   }
   __syncthreads();
+  cl.sync();  // the first CTA's id and list complete
 }
 
+// One row per `cluster` consecutive CTAs (a thread-block cluster of that size when > 1).
 __global__ void __launch_bounds__(kThreads, 1) sample_radix_bf16_kernel(const uint16_t* logits, int vocab,
                                                                      const SampleRow* rows, int n_top,
                                                                      int32_t* tokens, float* logprobs,
-                                                                     int32_t* top_ids, float* top_logprobs) {
+                                                                     int32_t* top_ids, float* top_logprobs,
+                                                                     int cluster) {
   __shared__ Shared s;
-  const int r = blockIdx.x;
+#ifndef KILN_SAMPLE_CLUSTERS
+  if (cluster != 1) __trap();  // (sample_cluster_size never asks it of such a build)
+#endif
+  const Cluster cl{.n = cluster, .rank = int(blockIdx.x) % cluster};
+  const int r = int(blockIdx.x) / cluster;
   const uint16_t* row = logits + int64_t(r) * vocab;
   const bool aligned = reinterpret_cast<uintptr_t>(row) % 16 == 0;
   const int n_tiles = (vocab + kTile - 1) / kTile, seg_tiles = (n_tiles + kSegments - 1) / kSegments;
+  // This CTA's elements: its segments'.
+  const int seg_elems = seg_tiles * kTile, my_segments = kSegments / cl.n;
+  const int begin = min(vocab, cl.rank * my_segments * seg_elems);
+  const int end = min(vocab, (cl.rank + 1) * my_segments * seg_elems);
   const SampleRow p = rows[r];
   const bool greedy = !(p.temperature > 0.0f);
   const bool want_logprobs = logprobs != nullptr || n_top > 0;
 
   // Pass 1: the first candidate (smallest key, then lowest id): the greedy token.
+  if (threadIdx.x == 0) s.n_above = 0;  // (the first CTA's counts every CTA's candidates)
   uint64_t best = ~0ull;
-  for_each_element(row, vocab, aligned,
+  for_each_element(row, begin, end, aligned,
                    [&](int id, uint32_t bits) { best = min(best, uint64_t(key_of(bits)) << 32 | uint32_t(id)); });
-  best = block_min(best, s);
+  uint64_t best_all[1] = {block_min(best, s)};
+  cluster_combine<true>(best_all, s, cl);  // (its syncs also publish n_above's zero to the cluster)
+  best = best_all[0];
   const uint32_t best_key = uint32_t(best >> 32);
   const float max_logit = logit_of_key(best_key);
-  if (threadIdx.x == 0) s.draw_id = int32_t(best & 0xffffffffu), s.n_above = 0;
+  if (threadIdx.x == 0) s.draw_id = int32_t(best & 0xffffffffu);
   if (greedy && !want_logprobs) {
-    if (threadIdx.x == 0) tokens[r] = int32_t(best & 0xffffffffu);
+    if (threadIdx.x == 0 && cl.rank == 0) tokens[r] = int32_t(best & 0xffffffffu);
     return;
   }
 
@@ -431,7 +582,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_radix_bf16_kernel(const ui
   __syncthreads();
   const bool min_p_on = !greedy && p.min_p > 0.0f;
   uint64_t sums[4] = {0, 0, 0, 0};  // sum e^(logit - max), min-p count, min-p mass, total mass
-  for_each_element(row, vocab, aligned, [&](int, uint32_t bits) {
+  for_each_element(row, begin, end, aligned, [&](int, uint32_t bits) {
     const float logit = logit_of_bits(bits);
     const int bin = int(key_of(bits) >> kFineBits);
     if (histogram) atomicAdd(&s.coarse_count[bin], 1u);
@@ -445,12 +596,14 @@ __global__ void __launch_bounds__(kThreads, 1) sample_radix_bf16_kernel(const ui
     if (want_logprobs) sums[0] += !greedy && p.temperature == 1.0f ? w : mass_of(logit, max_logit, 1.0f);
   });
   block_sum(sums, s);
+  cluster_combine<false>(sums, s, cl);
+  if (histogram) merge_histograms(s, cl);
 
   // Round 1: the top-k cut (slot 0) and the top-n key (slot 1), both by count, one pass.
   const bool top_k_on = !greedy && p.top_k > 0 && p.top_k < vocab;
   if (top_k_on) coarse_find(s, 0, false, uint64_t(p.top_k - 1));
   if (n_top > 0) coarse_find(s, 1, false, uint64_t(n_top - 1));
-  if (top_k_on || n_top > 0) key_pass(row, vocab, aligned, seg_tiles, top_k_on, n_top > 0, n_top > 0, s);
+  if (top_k_on || n_top > 0) key_pass(row, begin, end, aligned, seg_tiles, top_k_on, n_top > 0, n_top > 0, s, cl);
   if (top_k_on) fine_find(s, 0, false, uint64_t(p.top_k - 1), true, max_logit, p.temperature);
   if (n_top > 0) fine_find(s, 1, false, uint64_t(n_top - 1), false, max_logit, p.temperature);
   const Level top_level = n_top > 0 ? s.level[1] : Level{};
@@ -472,7 +625,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_radix_bf16_kernel(const ui
     if (p.top_p < 1.0f && !(min_p_on && sums[2] < t)) {
       // The shortest prefix with mass >= top_p * kept: the first whose inclusive mass > t - 1.
       coarse_find(s, 0, true, t - 1);
-      key_pass(row, vocab, aligned, seg_tiles, true, false, false, s);
+      key_pass(row, begin, end, aligned, seg_tiles, true, false, false, s, cl);
       fine_find(s, 0, true, t - 1, true, max_logit, p.temperature);
       const Level l = s.level[0];
       const uint64_t need = l.mass ? (t - l.mass_above + l.mass - 1) / l.mass : l.count;
@@ -485,18 +638,19 @@ __global__ void __launch_bounds__(kThreads, 1) sample_radix_bf16_kernel(const ui
     const double target_real = floor(double(p.uniform) * double(kept));
     const uint64_t target = kept == 0 ? 0 : min(uint64_t(target_real), kept - 1);
     coarse_find(s, 0, true, target);
-    key_pass(row, vocab, aligned, seg_tiles, true, false, false, s);
+    key_pass(row, begin, end, aligned, seg_tiles, true, false, false, s, cl);
     fine_find(s, 0, true, target, true, max_logit, p.temperature);
     const Level l = s.level[0];
     const uint64_t rank = l.mass ? min((target - l.mass_above) / l.mass, uint64_t(l.count ? l.count - 1 : 0)) : 0;
-    collect(row, vocab, aligned, seg_tiles, true, l.key, uint32_t(rank), n_top, top_level.key, top_level.above, s);
+    collect(row, vocab, aligned, seg_tiles, true, l.key, uint32_t(rank), n_top, top_level.key, top_level.above, s,
+            cl);
     token = s.draw_id;
     token_logit = logit_of_key(l.key);
   } else if (n_top > 0) {
-    collect(row, vocab, aligned, seg_tiles, false, 0, 0, n_top, top_level.key, top_level.above, s);
+    collect(row, vocab, aligned, seg_tiles, false, 0, 0, n_top, top_level.key, top_level.above, s, cl);
   }
 
-  if (threadIdx.x != 0) return;
+  if (threadIdx.x != 0 || cl.rank != 0) return;  // (the first CTA's shared memory holds the id and list)
   tokens[r] = token;
   // log_softmax = logit - max - log(sum e^(logit - max)); the sum is in units of 2^-40.
   const double log_z = log(double(sums[0])) - 40.0 * 0.69314718055994530942;
@@ -555,10 +709,75 @@ void launch_sample(const bf16* logits, int64_t n_rows, int64_t vocab, const Samp
   KILN_CHECK(n_top >= 0 && n_top <= kSampleMaxTop && n_top <= vocab) << "sample: n_top " << n_top;
   KILN_CHECK(n_rows <= INT32_MAX) << "sample: rows " << n_rows;
   if (n_rows == 0) return;
-  sample_radix_bf16_kernel<<<unsigned(n_rows), kThreads, 0, stream>>>(reinterpret_cast<const uint16_t*>(logits),
-                                                                      int(vocab), rows, n_top, tokens, logprobs,
-                                                                      top_ids, top_logprobs);
-  KILN_CUDA_LAUNCH_CHECK();
+  const int cluster = sample_cluster_size(n_rows, vocab);
+  if (cluster == 1) {
+    sample_radix_bf16_kernel<<<unsigned(n_rows), kThreads, 0, stream>>>(reinterpret_cast<const uint16_t*>(logits),
+                                                                        int(vocab), rows, n_top, tokens, logprobs,
+                                                                        top_ids, top_logprobs, 1);
+    KILN_CUDA_LAUNCH_CHECK();
+    return;
+  }
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = unsigned(cluster), attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(n_rows * cluster));
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  KILN_CUDA_CHECK(cudaLaunchKernelEx(&config, sample_radix_bf16_kernel, reinterpret_cast<const uint16_t*>(logits),
+                                     int(vocab), rows, n_top, tokens, logprobs, top_ids, top_logprobs, cluster));
+}
+
+int sample_cluster_size(int64_t n_rows, int64_t vocab) {
+  // Per device: its SMs, and the largest cluster (<= kMaxCluster) of which one fits (0:
+  // not asked yet; 1: no clusters, before SM 9.0).
+  constexpr int kDevices = 64;
+  static std::atomic<int> sms_of[kDevices] = {}, largest_of[kDevices] = {};
+  int device = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&device));
+  int sms = 0, largest = 1;
+  if (device >= 0 && device < kDevices && largest_of[device].load() != 0) {
+    sms = sms_of[device].load(), largest = largest_of[device].load();
+  } else {
+    int major = 0;
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    // (Clusters need the kernel built for SM 9.0+: not a newer GPU running older PTX.)
+    cudaFuncAttributes fa{};
+    KILN_CUDA_CHECK(cudaFuncGetAttributes(&fa, sample_radix_bf16_kernel));
+    for (int c = 2; major >= 9 && fa.ptxVersion >= 90 && c <= kMaxCluster; c *= 2) {
+      cudaLaunchAttribute attr{};
+      attr.id = cudaLaunchAttributeClusterDimension;
+      attr.val.clusterDim.x = unsigned(c), attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+      cudaLaunchConfig_t config{};
+      config.gridDim = dim3(unsigned(c));
+      config.blockDim = dim3(kThreads);
+      config.attrs = &attr;
+      config.numAttrs = 1;
+      int clusters = 0;
+      if (cudaOccupancyMaxActiveClusters(&clusters, sample_radix_bf16_kernel, &config) != cudaSuccess) {
+        (void)cudaGetLastError();
+        break;
+      }
+      if (clusters < 1) break;
+      largest = c;
+    }
+    if (device >= 0 && device < kDevices) sms_of[device].store(sms), largest_of[device].store(largest);
+  }
+  // KILN_SAMPLE_CLUSTER=N: N CTAs a row (a power of two, within what fits; tests, benchmarks).
+  if (const char* v = std::getenv("KILN_SAMPLE_CLUSTER"); v != nullptr && *v != 0) {
+    const int want = std::atoi(v);
+    int c = 1;
+    while (c * 2 <= want && c * 2 <= largest) c *= 2;
+    return c;
+  }
+  // As many CTAs a row as leave no row waiting for an SM, and no CTA without a tile.
+  const int64_t tiles = (vocab + kTile - 1) / kTile;
+  int c = 1;
+  while (c * 2 <= largest && int64_t(c) * 2 * n_rows <= sms && c * 2 <= tiles) c *= 2;
+  return c;
 }
 
 }  // namespace kiln::cuda
