@@ -38,8 +38,9 @@
 // into the first CTA's, which writes the outputs. The sums are integer sums, so the
 // result is the one-CTA kernel's bit for bit. On an H200 (kiln bench op, vocab 201088, a
 // call with its parameters up and tokens down): one row at top-p 0.9, temperature 0.8,
-// 246 -> 107 us (8 CTAs), greedy 50 -> 26 us; 64 rows (2 CTAs each) 236 -> 187 us. In the
-// 8-CTA row the collect's scan of the draw's one tile is now the largest part (~21 us).
+// 247 -> 107-123 us (8 CTAs), greedy 50 -> 26-33 us; 64 rows (2 CTAs each) 236 -> 180-187
+// us (docs/PERF.md). In the 8-CTA row the collect's scan of the draw's one tile is now the
+// largest part (~21 us).
 // A cross-CTA merge must move each value once: one remote load of every bin from every
 // CTA by every CTA took 97k cycles at 8 CTAs, the share-then-copy merge below 8.5k.
 #include <atomic>
@@ -70,7 +71,6 @@ constexpr float kFixedOne = 0x1p40f;         // fixed-point scale of the masses
 constexpr int kMaxCluster = 8;               // CTAs a row at most (the portable cluster size)
 static_assert(kFineBins == 32, "the keys of a coarse bin are one warp wide");
 static_assert(kCoarseBins % kThreads == 0);
-static_assert(kSegments % kMaxCluster == 0, "a CTA of a cluster takes whole segments");
 static_assert(2 * kSegments * kFineBins / 4 <= kThreads, "a thread copies a 16-byte word of key counts");
 static_assert(kCoarseBins / kMaxCluster % 4 == 0, "a CTA's share of the bins is whole 16-byte words");
 
@@ -79,9 +79,9 @@ static_assert(kCoarseBins / kMaxCluster % 4 == 0, "a CTA's share of the bins is 
 #endif
 
 // The CTAs of one row: n of them (1 without clusters), this one the rank-th, taking
-// segments [rank * n_segments / n, (rank + 1) * n_segments / n) of the row.
+// segments [first(rank), first(rank + 1)) of the `used` segments that hold elements.
 struct Cluster {
-  int n = 1, rank = 0;
+  int n = 1, rank = 0, used = kSegments;
   __device__ __forceinline__ void sync() const {
 #ifdef KILN_SAMPLE_CLUSTERS
     if (n > 1) cooperative_groups::this_cluster().sync();
@@ -95,7 +95,14 @@ struct Cluster {
 #endif
     return p;
   }
-  __device__ __forceinline__ int owner(int segment) const { return segment / (kSegments / n); }
+  __device__ __forceinline__ int first(int r) const { return r * used / n; }
+  // The CTA whose segments hold `segment` (for a segment past `used`, which holds nothing:
+  // the last CTA).
+  __device__ __forceinline__ int owner(int segment) const {
+    int o = 0;
+    for (int r = 1; r < n; ++r) o = first(r) <= segment ? r : o;
+    return o;
+  }
 };
 
 // The candidate key: ascending key = logit descending. Negative bf16 patterns already
@@ -279,20 +286,24 @@ __device__ void cluster_combine(uint64_t (&v)[N], Shared& s, const Cluster& cl) 
 
 // The coarse histograms summed over the cluster's CTAs, into each CTA's own. Each CTA sums
 // its share of the bins over every CTA, then copies the others' sums in 16-byte words.
-__device__ void merge_histograms(Shared& s, const Cluster& cl) {
+// Called right after cluster_combine, whose last cluster sync ordered every CTA's histogram
+// atomics before these reads. Without masses (greedy rows), the counts alone.
+__device__ void merge_histograms(Shared& s, const Cluster& cl, bool with_mass) {
   if (cl.n == 1) return;
   const int share = kCoarseBins / cl.n, first = cl.rank * share;
   constexpr int kPer = kCoarseBins / 2 / kThreads;  // bins of a share a thread sums (2 CTAs at least)
   uint32_t c[kPer] = {}, lo[kPer] = {}, hi[kPer] = {};
-  cl.sync();  // every CTA's histograms complete
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int b = first + int(threadIdx.x) + j * kThreads;
     if (b >= first + share) break;
     uint32_t rc[kMaxCluster], rl[kMaxCluster], rh[kMaxCluster];
 #pragma unroll
-    for (int r = 0; r < kMaxCluster; ++r)
-      if (r < cl.n) rc[r] = cl.at(s.coarse_count, r)[b], rl[r] = cl.at(s.coarse_mass_lo, r)[b], rh[r] = cl.at(s.coarse_mass_hi, r)[b];
+    for (int r = 0; r < kMaxCluster; ++r) {
+      if (r >= cl.n) continue;
+      rc[r] = cl.at(s.coarse_count, r)[b];
+      rl[r] = with_mass ? cl.at(s.coarse_mass_lo, r)[b] : 0u, rh[r] = with_mass ? cl.at(s.coarse_mass_hi, r)[b] : 0u;
+    }
     uint64_t m = 0;
 #pragma unroll
     for (int r = 0; r < kMaxCluster; ++r)
@@ -308,7 +319,7 @@ __device__ void merge_histograms(Shared& s, const Cluster& cl) {
   cl.sync();  // every CTA's share summed
   // The others' shares, 4 bins a 16-byte word (a share is >= 256 bins).
   constexpr int kWords = kCoarseBins / 4;
-  for (int w = int(threadIdx.x); w < 3 * kWords; w += kThreads) {
+  for (int w = int(threadIdx.x); w < (with_mass ? 3 : 1) * kWords; w += kThreads) {
     const int a = w / kWords, bin = (w % kWords) * 4, owner = bin / share;
     if (owner == cl.rank) continue;
     uint32_t* mine = a == 0 ? s.coarse_count : a == 1 ? s.coarse_mass_lo : s.coarse_mass_hi;
@@ -545,15 +556,14 @@ __global__ void __launch_bounds__(kThreads, 1) sample_radix_bf16_kernel(const ui
 #ifndef KILN_SAMPLE_CLUSTERS
   if (cluster != 1) __trap();  // (sample_cluster_size never asks it of such a build)
 #endif
-  const Cluster cl{.n = cluster, .rank = int(blockIdx.x) % cluster};
   const int r = int(blockIdx.x) / cluster;
   const uint16_t* row = logits + int64_t(r) * vocab;
   const bool aligned = reinterpret_cast<uintptr_t>(row) % 16 == 0;
   const int n_tiles = (vocab + kTile - 1) / kTile, seg_tiles = (n_tiles + kSegments - 1) / kSegments;
-  // This CTA's elements: its segments'.
-  const int seg_elems = seg_tiles * kTile, my_segments = kSegments / cl.n;
-  const int begin = min(vocab, cl.rank * my_segments * seg_elems);
-  const int end = min(vocab, (cl.rank + 1) * my_segments * seg_elems);
+  // This CTA's elements: its share of the segments that hold any.
+  const Cluster cl{.n = cluster, .rank = int(blockIdx.x) % cluster, .used = (n_tiles + seg_tiles - 1) / seg_tiles};
+  const int seg_elems = seg_tiles * kTile;
+  const int begin = min(vocab, cl.first(cl.rank) * seg_elems), end = min(vocab, cl.first(cl.rank + 1) * seg_elems);
   const SampleRow p = rows[r];
   const bool greedy = !(p.temperature > 0.0f);
   const bool want_logprobs = logprobs != nullptr || n_top > 0;
@@ -597,7 +607,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_radix_bf16_kernel(const ui
   });
   block_sum(sums, s);
   cluster_combine<false>(sums, s, cl);
-  if (histogram) merge_histograms(s, cl);
+  if (histogram) merge_histograms(s, cl, !greedy);
 
   // Round 1: the top-k cut (slot 0) and the top-n key (slot 1), both by count, one pass.
   const bool top_k_on = !greedy && p.top_k > 0 && p.top_k < vocab;
@@ -717,6 +727,7 @@ void launch_sample(const bf16* logits, int64_t n_rows, int64_t vocab, const Samp
     KILN_CUDA_LAUNCH_CHECK();
     return;
   }
+  KILN_CHECK(n_rows * cluster <= INT32_MAX) << "sample: " << n_rows << " rows of " << cluster << " blocks";
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeClusterDimension;
   attr.val.clusterDim.x = unsigned(cluster), attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
@@ -773,8 +784,11 @@ int sample_cluster_size(int64_t n_rows, int64_t vocab) {
     while (c * 2 <= want && c * 2 <= largest) c *= 2;
     return c;
   }
-  // As many CTAs a row as leave no row waiting for an SM, and no CTA without a tile.
-  const int64_t tiles = (vocab + kTile - 1) / kTile;
+  // As many CTAs a row as leave no row waiting for an SM, and no CTA without a tile (the
+  // kernel shares out the segments that hold elements: tiles of them while they are 16 or
+  // fewer, 16 at most).
+  const int64_t n_tiles = (vocab + kTile - 1) / kTile, seg_tiles = (n_tiles + kSegments - 1) / kSegments;
+  const int64_t tiles = (n_tiles + seg_tiles - 1) / seg_tiles;
   int c = 1;
   while (c * 2 <= largest && int64_t(c) * 2 * n_rows <= sms && c * 2 <= tiles) c *= 2;
   return c;
