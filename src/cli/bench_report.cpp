@@ -49,6 +49,7 @@ struct Level {
 struct Setup {
   std::string url, model, endpoint, seed, kiln_version;
   double input_len = 0, output_len = 0, random_range_ratio = 0, warmup = 0;
+  double temperature = 0, top_p = 1;  // (absent from reports before they were options: greedy)
 };
 
 struct Report {
@@ -119,7 +120,9 @@ Result<Report> read_report(const json& j) {
                  .input_len = config.number("input_len"),
                  .output_len = config.number("output_len"),
                  .random_range_ratio = config.number("random_range_ratio", false),
-                 .warmup = config.number("warmup", false)};
+                 .warmup = config.number("warmup", false),
+                 .temperature = config.number("temperature", false),
+                 .top_p = config.find("top_p") ? config.number("top_p") : 1.0};
     }
     Level l{.concurrency = config.number("concurrency", false),
             .request_rate = config.number("request_rate", false),
@@ -451,6 +454,9 @@ std::string setup_html(const Report& r) {
       {"model", s.model},
       {"endpoint", s.endpoint == "completions" ? "/v1/completions (token-id prompts)" : "/v1/chat/completions"},
       {"lengths", lengths},
+      {"sampling", s.temperature > 0 ? strf("temperature %g", s.temperature) +
+                                           (s.top_p < 1 ? strf(", top-p %g", s.top_p) : std::string())
+                                     : std::string("greedy")},
       {"requests per level", requests + warmup},
       {"date (UTC)", date},
       {"seed", s.seed},

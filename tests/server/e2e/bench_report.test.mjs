@@ -101,6 +101,7 @@ test("bench serve --html: a self-contained report with both charts and the summa
   assert.match(setup, /input 32 tokens, output 16 tokens/);
   assert.match(setup, /\/v1\/completions/);
   assert.match(setup, /requests per level\s*8/);
+  assert.match(setup, /sampling\s*greedy/);
   assert.match(setup, /\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ/);
 
   for (const [id, names] of [["throughput-chart", THROUGHPUT_SERIES], ["latency-chart", LATENCY_SERIES]]) {
@@ -184,6 +185,7 @@ test("bench report: the page from a JSON file, with the server's strings escaped
   assert.equal(await page.evaluate(() => document.querySelectorAll("script, img, b").length), 0);
   assert.equal(await page.textContent("h1"), `kiln bench serve: ${hostile}`);
   assert.ok((await page.textContent("dl.setup")).includes(`http://127.0.0.1:1/?q=<b>"x"`));
+  assert.match(await page.textContent("dl.setup"), /sampling\s*greedy/);  // (a report from before the option)
   assert.equal(await page.textContent("title"), `kiln bench serve: ${hostile}`);
   const errors = await page.$$eval("#errors tbody tr", (trs) => trs.map((tr) =>
     [...tr.querySelectorAll("td")].map((td) => td.textContent)));
