@@ -91,9 +91,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& model_dir,
     // for micro-batches (cli::cuda_comm_world): a model whose layers never split must not
     // be given them (runtime::resolve_micro_batch_rows, 0 here: as good as never).
     const bool split = std::all_of(sizes->begin(), sizes->end(), [](const RankSizing& r) { return r.micro_batches; });
-    if (!sizes->empty() && !split && o.parallel.micro_batch_rows < 0) {
-      o.parallel.micro_batch_rows = 0;
-    }
+    if (!split && o.parallel.micro_batch_rows < 0) o.parallel.micro_batch_rows = 0;
   }
   e->options_ = o;
   KILN_ASSIGN_OR_RETURN(e->runner_, ModelRunner::create(std::move(backends), o.parallel, o.comms));

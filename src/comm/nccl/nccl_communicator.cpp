@@ -92,9 +92,10 @@ std::vector<std::unique_ptr<PeerAllReduce>> make_peer_group(const std::vector<in
 // that work: the same benchmark served 3,449 output tok/s at 16 channels, 3,520 at 2, 3,556
 // at 4 and 3,551 at 8 (twenty-seventh section), so 4 there. (A model whose layers keep
 // their steps whole, CausalLM::splits_into_micro_batches, is known as such before the
-// communicators are made, from its sized layers: runtime::Engine::load.) Not measured at more GPUs, so not
-// set there; a user's own NCCL_MIN_NCHANNELS / NCCL_MAX_NCHANNELS stand. NCCL reads
-// them once, at the process's first communicator (the world's, made before any other).
+// communicators are made, from its sized layers: runtime::Engine::load.) Not measured at
+// more GPUs, so not set there; a user's own NCCL_MIN_NCHANNELS / NCCL_MAX_NCHANNELS
+// stand. NCCL reads them once, at the process's first communicator (the world's, made
+// before any other).
 void channels_without_peer_access(const std::vector<int>& devices, bool overlapped) {
   if (devices.size() != 2 || std::getenv("NCCL_MIN_NCHANNELS") != nullptr ||
       std::getenv("NCCL_MAX_NCHANNELS") != nullptr)
