@@ -39,8 +39,10 @@
 // result is the one-CTA kernel's bit for bit. On an H200 (kiln bench op, vocab 201088, a
 // call with its parameters up and tokens down): one row at top-p 0.9, temperature 0.8,
 // 247 -> 107-123 us (8 CTAs), greedy 50 -> 26-33 us; 64 rows (2 CTAs each) 236 -> 180-187
-// us (docs/PERF.md). In the 8-CTA row the collect's scan of the draw's one tile is now the
-// largest part (~21 us).
+// us (docs/PERF.md). The ~21 us the collect's scan of the draw's one tile took in that row
+// was likely instruction fetch: at 8 CTAs a row the kernel's code runs nearly once a
+// launch, so its size is a cost (kUnrolledSubTiles); rolled up to 0.58x the size, one row
+// at top-p takes 83 us, 64 rows 149 us, greedy as before.
 // A cross-CTA merge must move each value once: one remote load of every bin from every
 // CTA by every CTA took 97k cycles at 8 CTAs, the share-then-copy merge below 8.5k.
 #include <atomic>
@@ -69,6 +71,12 @@ constexpr int kCoarseBins = 1 << kCoarseBits, kFineBins = 1 << kFineBits;
 constexpr int kBinsPerThread = kCoarseBins / kThreads;
 constexpr float kFixedOne = 0x1p40f;         // fixed-point scale of the masses
 constexpr int kMaxCluster = 8;               // CTAs a row at most (the portable cluster size)
+// Sub-tiles an element loop unrolls (each sub-tile's 8 elements always are): pass 1 (a min an
+// element, and a greedy row's only pass) all kLoads, the other passes one. The code is the
+// cost: with 8 CTAs a row each CTA runs every pass over 1-2 tiles, so nearly every
+// instruction runs once a launch and is fetched cold. Unrolled throughout, the kernel was
+// 362 KB of code and "no instruction" 24% of its stalls (ncu, one row at 8 CTAs).
+constexpr int kUnrolledSubTiles = 1;
 static_assert(kFineBins == 32, "the keys of a coarse bin are one warp wide");
 static_assert(kCoarseBins % kThreads == 0);
 static_assert(2 * kSegments * kFineBins / 4 <= kThreads, "a thread copies a 16-byte word of key counts");
@@ -173,26 +181,32 @@ struct Shared {
   uint64_t xfer[4];  // a CTA's reduced values, read by the others of its cluster
 };
 
+// Elements [e0, e0 + 8) below `end` as packed bf16 bits, zero from `end` on, one by one (a
+// row that is not 16-byte aligned, or the row's last elements). Out of line: it is rarely
+// taken, and inlined it was 14 copies in the kernel.
+__device__ __noinline__ uint4 load_partial(const uint16_t* row, int end, int e0) {
+  uint64_t w[2] = {0, 0};
+  for (int i = 0; i < kVec && e0 + i < end; ++i) w[i / 4] |= uint64_t(row[e0 + i]) << (16 * (i % 4));
+  return make_uint4(uint32_t(w[0]), uint32_t(w[0] >> 32), uint32_t(w[1]), uint32_t(w[1] >> 32));
+}
+
 // This thread's elements [tile + q * kSub + 8 * thread, + 8) for q < kLoads, packed bf16
 // bits (zero from `end` on). Aligned rows take 16-byte loads.
 __device__ __forceinline__ void load_tile(const uint16_t* row, int end, bool aligned, int tile, uint4 (&raw)[kLoads]) {
 #pragma unroll
   for (int q = 0; q < kLoads; ++q) {
     const int e0 = tile + q * kSub + threadIdx.x * kVec;
-    if (aligned && e0 + kVec <= end) {
-      raw[q] = __ldg(reinterpret_cast<const uint4*>(row + e0));
-    } else {
-      uint32_t w[4] = {0, 0, 0, 0};
-#pragma unroll
-      for (int i = 0; i < kVec; ++i)
-        if (e0 + i < end) w[i / 2] |= uint32_t(row[e0 + i]) << (16 * (i % 2));
-      raw[q] = make_uint4(w[0], w[1], w[2], w[3]);
-    }
+    raw[q] = aligned && e0 + kVec <= end ? __ldg(reinterpret_cast<const uint4*>(row + e0)) : load_partial(row, end, e0);
   }
 }
 
+// Element i of sub-tile q (q need not be a constant: no runtime index into the registers).
 __device__ __forceinline__ uint32_t bits_at(const uint4 (&raw)[kLoads], int q, int i) {
-  const uint32_t w = i / 2 == 0 ? raw[q].x : i / 2 == 1 ? raw[q].y : i / 2 == 2 ? raw[q].z : raw[q].w;
+  uint4 v = raw[0];
+#pragma unroll
+  for (int k = 1; k < kLoads; ++k)
+    if (q == k) v = raw[k];
+  const uint32_t w = i / 2 == 0 ? v.x : i / 2 == 1 ? v.y : i / 2 == 2 ? v.z : v.w;
   return (w >> (16 * (i % 2))) & 0xffffu;
 }
 
@@ -218,12 +232,12 @@ __device__ __forceinline__ void for_each_tile(const uint16_t* row, int begin, in
 }
 
 // f(id, bits) for every element of the row in [begin, end) (in no particular order).
-template <typename F>
+template <int kUnroll = kUnrolledSubTiles, typename F>
 __device__ __forceinline__ void for_each_element(const uint16_t* row, int begin, int end, bool aligned, F&& f) {
   for_each_tile(row, begin, end, aligned, [&](int tile, const uint4(&raw)[kLoads]) {
-#pragma unroll
+#pragma unroll kUnroll
     for (int q = 0; q < kLoads; ++q)
-#pragma unroll
+#pragma unroll kVec
       for (int i = 0; i < kVec; ++i)
         if (element_id(tile, q, i) < end) f(element_id(tile, q, i), bits_at(raw, q, i));
   });
@@ -420,9 +434,9 @@ __device__ void key_pass(const uint16_t* row, int begin, int end, bool aligned, 
   for_each_tile(row, begin, end, aligned, [&](int tile, const uint4(&raw)[kLoads]) {
     uint32_t* count0 = s.key_count[0][(tile / kTile) / seg_tiles];
     uint32_t* count1 = s.key_count[1][(tile / kTile) / seg_tiles];
-#pragma unroll
+#pragma unroll kUnrolledSubTiles
     for (int q = 0; q < kLoads; ++q)
-#pragma unroll
+#pragma unroll kVec
       for (int i = 0; i < kVec; ++i) {
         const uint32_t key = key_of(bits_at(raw, q, i));
         const int bin = int(key >> kFineBits), f = int(key % kFineBins);
@@ -494,9 +508,9 @@ __device__ void collect(const uint16_t* row, int vocab, bool aligned, int seg_ti
       for_each_tile(row, begin, end, aligned, [&](int tile, const uint4(&raw)[kLoads]) {
         // Matches per sub-tile, four 16-bit fields (a sub-tile has kSub = 4096 elements).
         Pair local{0, 0};
-#pragma unroll
+#pragma unroll kUnrolledSubTiles
         for (int q = 0; q < kLoads; ++q)
-#pragma unroll
+#pragma unroll kVec
           for (int i = 0; i < kVec; ++i) {
             if (element_id(tile, q, i) >= end) continue;
             const uint32_t key = key_of(bits_at(raw, q, i));
@@ -511,12 +525,12 @@ __device__ void collect(const uint16_t* row, int vocab, bool aligned, int seg_ti
         const Pair before = block_exclusive_scan(local, s, total);
         if (local.count != 0 || local.mass != 0) {  // this thread's matches, with their ranks
           uint64_t rank_draw = run_draw, rank_top = run_top;  // matches before sub-tile q
-#pragma unroll
+#pragma unroll kUnrolledSubTiles
           for (int q = 0; q < kLoads; ++q) {
             const int sh = 16 * q;
             uint64_t rd = rank_draw + ((before.count >> sh) & 0xffffu);
             uint64_t rt = rank_top + ((before.mass >> sh) & 0xffffu);
-#pragma unroll
+#pragma unroll kVec
             for (int i = 0; i < kVec; ++i) {
               if (element_id(tile, q, i) >= end) continue;
               const uint32_t key = key_of(bits_at(raw, q, i));
@@ -571,8 +585,8 @@ __global__ void __launch_bounds__(kThreads, 1) sample_radix_bf16_kernel(const ui
   // Pass 1: the first candidate (smallest key, then lowest id): the greedy token.
   if (threadIdx.x == 0) s.n_above = 0;  // (the first CTA's counts every CTA's candidates)
   uint64_t best = ~0ull;
-  for_each_element(row, begin, end, aligned,
-                   [&](int id, uint32_t bits) { best = min(best, uint64_t(key_of(bits)) << 32 | uint32_t(id)); });
+  for_each_element<kLoads>(row, begin, end, aligned,
+                           [&](int id, uint32_t bits) { best = min(best, uint64_t(key_of(bits)) << 32 | uint32_t(id)); });
   uint64_t best_all[1] = {block_min(best, s)};
   cluster_combine<true>(best_all, s, cl);  // (its syncs also publish n_above's zero to the cluster)
   best = best_all[0];
