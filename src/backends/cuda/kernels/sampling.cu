@@ -39,7 +39,7 @@
 // result is the one-CTA kernel's bit for bit. On an H200 (kiln bench op, vocab 201088, a
 // call with its parameters up and tokens down): one row at top-p 0.9, temperature 0.8,
 // 247 -> 107-123 us (8 CTAs), greedy 50 -> 26-33 us; 64 rows (2 CTAs each) 236 -> 180-187
-// us (docs/PERF.md). The ~21 us the collect's scan of the draw's one tile took in that row
+// us (docs/perf/sampling.md). The ~21 us the collect's scan of the draw's one tile took in that row
 // was likely instruction fetch: at 8 CTAs a row the kernel's code runs nearly once a
 // launch, so its size is a cost (kUnrolledSubTiles); rolled up to 0.58x the size, one row
 // at top-p takes 83 us, 64 rows 149 us, greedy as before.
