@@ -39,10 +39,10 @@
 // result is the one-CTA kernel's bit for bit. On an H200 (kiln bench op, vocab 201088, a
 // call with its parameters up and tokens down): one row at top-p 0.9, temperature 0.8,
 // 247 -> 107-123 us (8 CTAs), greedy 50 -> 26-33 us; 64 rows (2 CTAs each) 236 -> 180-187
-// us (docs/perf/sampling.md). The ~21 us the collect's scan of the draw's one tile took in that row
-// was likely instruction fetch: at 8 CTAs a row the kernel's code runs nearly once a
-// launch, so its size is a cost (kUnrolledSubTiles); rolled up to 0.58x the size, one row
-// at top-p takes 83 us, 64 rows 149 us, greedy as before.
+// us (docs/perf/sampling.md). The ~21 us the collect's scan of the draw's one tile took
+// in that row was likely instruction fetch: at 8 CTAs a row the kernel's code runs nearly
+// once a launch, so its size is a cost (kUnrolledSubTiles); rolled up to 0.58x the size,
+// one row at top-p takes 83 us, 64 rows 149 us, greedy as before.
 // A cross-CTA merge must move each value once: one remote load of every bin from every
 // CTA by every CTA took 97k cycles at 8 CTAs, the share-then-copy merge below 8.5k.
 #include <atomic>
@@ -585,8 +585,9 @@ __global__ void __launch_bounds__(kThreads, 1) sample_radix_bf16_kernel(const ui
   // Pass 1: the first candidate (smallest key, then lowest id): the greedy token.
   if (threadIdx.x == 0) s.n_above = 0;  // (the first CTA's counts every CTA's candidates)
   uint64_t best = ~0ull;
-  for_each_element<kLoads>(row, begin, end, aligned,
-                           [&](int id, uint32_t bits) { best = min(best, uint64_t(key_of(bits)) << 32 | uint32_t(id)); });
+  for_each_element<kLoads>(row, begin, end, aligned, [&](int id, uint32_t bits) {
+    best = min(best, uint64_t(key_of(bits)) << 32 | uint32_t(id));
+  });
   uint64_t best_all[1] = {block_min(best, s)};
   cluster_combine<true>(best_all, s, cl);  // (its syncs also publish n_above's zero to the cluster)
   best = best_all[0];
