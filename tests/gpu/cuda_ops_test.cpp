@@ -47,20 +47,28 @@ TEST_F(CudaOps, LinearMatchesCpuAtModelShapes) {
   // (tokens, n_out, n_in): odd token counts, gpt-oss / Qwen3 / GLM projection shapes; at
   // 1-8 tokens the bf16 GEMV, also over a last 128-input block of 8 inputs and a last
   // unit of 12 rows (8 x 300 x 1032); the Gated DeltaNet fixtures' small shapes (one
-  // partial block of 48 / 64 / 96 inputs; 1-8 rows out).
-  for (auto [t, n, k] :
-       {std::tuple{1, 2880, 2880}, {3, 512, 2880}, {8, 300, 1032}, {17, 4096, 2048}, {200, 640, 5120},
-        {7, 64, 96}, {3, 64, 96}, {7, 192, 64}, {7, 8, 64}, {7, 1, 64}, {7, 320, 64}, {5, 64, 48}, {2, 128, 64}}) {
-    SCOPED_TRACE(::testing::Message() << t << "x" << n << "x" << k);
-    Tensor x = random({t, k}), w = random({n, k}, 0.05f), b = random({n}, 0.1f);
-    ops::Weight wc{.data = as_bf16(w), .bias = as_bf16(b)};
-    Tensor ref = host_tensor(DType::kF32, {t, n});
-    cpu_->linear({.x = x, .w = &wc, .out = ref});
-    ops::Weight wg{.data = gpu_->upload(wc.data), .bias = gpu_->upload(wc.bias)};
-    Tensor out = poisoned({t, n});
-    gpu_->linear({.x = to_gpu(x), .w = &wg, .out = out});
-    expect_close(from_gpu(out), ref, kBf16Tol, "linear");
+  // partial block of 48 / 64 / 96 inputs; 1-8 rows out). At 1-4 tokens the row GEMV
+  // (row_gemv.cu) and, with it off, the bf16 GEMV: odd outputs (a CTA's second row past
+  // the end), K slices of unequal length and empty ones (48 inputs: 6 chunks over 4 warps).
+  const int rule = cuda::bf16_row_gemv_rows();
+  for (const int row_rows : {cuda::kRowGemvMaxRows, 0}) {
+    cuda::set_bf16_row_gemv_rows(row_rows);
+    for (auto [t, n, k] : {std::tuple{1, 2880, 2880}, {3, 512, 2880}, {8, 300, 1032}, {17, 4096, 2048},
+                           {200, 640, 5120}, {7, 64, 96}, {3, 64, 96}, {7, 192, 64}, {7, 8, 64}, {7, 1, 64},
+                           {7, 320, 64}, {5, 64, 48}, {2, 128, 64}, {1, 301, 1032}, {2, 7, 2056}, {4, 1, 48},
+                           {3, 513, 4096}, {1, 5120, 2048}, {4, 2048, 4096}}) {
+      SCOPED_TRACE(::testing::Message() << t << "x" << n << "x" << k << ", row GEMV to " << row_rows << " rows");
+      Tensor x = random({t, k}), w = random({n, k}, 0.05f), b = random({n}, 0.1f);
+      ops::Weight wc{.data = as_bf16(w), .bias = as_bf16(b)};
+      Tensor ref = host_tensor(DType::kF32, {t, n});
+      cpu_->linear({.x = x, .w = &wc, .out = ref});
+      ops::Weight wg{.data = gpu_->upload(wc.data), .bias = gpu_->upload(wc.bias)};
+      Tensor out = poisoned({t, n});
+      gpu_->linear({.x = to_gpu(x), .w = &wg, .out = out});
+      expect_close(from_gpu(out), ref, kBf16Tol, "linear");
+    }
   }
+  cuda::set_bf16_row_gemv_rows(rule);
 }
 
 // Linears of one input (a layer's q, k and v; an MLP's gate and up): at 1-8 tokens one
@@ -69,6 +77,7 @@ TEST_F(CudaOps, LinearMatchesCpuAtModelShapes) {
 TEST_F(CudaOps, LinearsOfOneInputMatchCpu) {
   for (const auto& [t, n_outs, k] : {std::tuple{1, std::vector<int64_t>{4096, 512, 512}, 2880},
                                      {5, std::vector<int64_t>{300, 20}, 1032},
+                                     {2, std::vector<int64_t>{301, 20, 7}, 1032},  // the row GEMV, odd parts
                                      {8, std::vector<int64_t>{4096, 512, 512}, 2880},
                                      {17, std::vector<int64_t>{640, 128}, 1032},
                                      {7, std::vector<int64_t>{192, 8}, 64},

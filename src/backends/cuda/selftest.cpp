@@ -103,7 +103,8 @@ ops::BatchMeta scattered_batch(const std::vector<std::pair<int, int>>& seqs, int
 
 namespace {
 
-// A bf16 linear at `rows` rows: 5 take the bf16 GEMV (unless it is off), 40 cuBLASLt.
+// A bf16 linear at `rows` rows: 1 takes the row GEMV (row_gemv.cu), 5 the bf16 GEMV (unless
+// either is off), 40 cuBLASLt.
 PathResult test_linear(Harness& h, int rows) {
   Tensor x = h.random({rows, 264}), w = h.random({392, 264}, 0.05f), b = h.random({392}, 0.1f);
   ops::Weight wc{.data = h.bf16(w), .bias = h.bf16(b)};
@@ -113,7 +114,11 @@ PathResult test_linear(Harness& h, int rows) {
   h.gpu_backend().linear({.x = h.gpu(x), .w = &wg, .out = out});
   const auto* cuda = dynamic_cast<const CudaBackend*>(&h.gpu_backend());
   const bool gemv = rows <= 8 && cuda != nullptr && cuda->bf16_gemv_dense();
-  return h.compare(gemv ? "linear (bf16 GEMV, bias)" : "linear (cuBLASLt bf16, bias)", out, ref);
+  const bool row_gemv = gemv && rows <= bf16_row_gemv_rows();
+  return h.compare(row_gemv ? "linear (bf16 row GEMV, bias)"
+                   : gemv   ? "linear (bf16 GEMV, bias)"
+                            : "linear (cuBLASLt bf16, bias)",
+                   out, ref);
 }
 
 PathResult test_rms_norm(Harness& h) {
@@ -668,6 +673,16 @@ std::vector<PathResult> run_self_test(ops::Backend& gpu) {
     cuda->set_bf16_gemv(false);
     KILN_LOG(kWarn, "CUDA self-test: bf16 linears stay on cuBLASLt: " << t.path << ": " << t.detail);
     r.push_back(test_linear(h, 5));
+  } else {
+    r.push_back(t);
+  }
+  if (PathResult t = test_linear(h, 1); !t.passed && cuda && bf16_row_gemv_rows() > 0) {
+    // The one-row kernel's fallback: the bf16 GEMV (or cuBLASLt) above.
+    t.required = false;
+    r.push_back(t);
+    set_bf16_row_gemv_rows(0);
+    KILN_LOG(kWarn, "CUDA self-test: one-row bf16 linears leave the row GEMV: " << t.path << ": " << t.detail);
+    r.push_back(test_linear(h, 1));
   } else {
     r.push_back(t);
   }

@@ -456,6 +456,16 @@ struct GemvPart {
 constexpr int kGemvParts = 3;
 void launch_quant_gemv_linears(const bf16* x, const GemvPart* parts, int n_parts, const QuantFormat& f, int64_t rows,
                                int64_t n_in, cudaStream_t stream);
+// The same linears over plain bf16 weights at 1 to kRowGemvMaxRows rows on the CUDA cores
+// (row_gemv.cu: a one-stream decode's projections, a pure stream of their weights), which
+// launch_quant_gemv_linears takes for bf16 weights up to bf16_row_gemv_rows() rows
+// (set_bf16_row_gemv_rows; KILN_ROW_GEMV_ROWS=n at start, 0: never).
+constexpr int kRowGemvMaxRows = 4;
+constexpr int kRowGemvDefaultRows = 4;
+int bf16_row_gemv_rows();
+void set_bf16_row_gemv_rows(int n);
+void launch_bf16_row_gemv(const bf16* x, const GemvPart* parts, int n_parts, int64_t rows, int64_t n_in,
+                          cudaStream_t stream);
 // Both MoE products over a tile table of rows_cap-row tiles (launch_moe_align with
 // bm = rows_cap <= quant_gemv_max_rows of d_model and d_ff): act (sorted rows) then y
 // (per pair), as launch_moe_grouped_quant. f may be kBf16GemvFormat (bf16 experts as

@@ -36,7 +36,9 @@
 // Plain bf16 weights (a dense linear at batch 1-8, where cuBLASLt's split-K GEMMs reach
 // 20-30% of copy bandwidth) take the same kernel as a format of their own (kBf16Value):
 // no decoding, no scales, the lane's 64 bytes of a row per block are the A fragments as
-// loaded, and rows are not padded (the last block's loads stop at K).
+// loaded, and rows are not padded (the last block's loads stop at K). At 1-4 rows those take
+// row_gemv.cu's kernel instead (launch_quant_gemv_linears hands them over), which streams
+// them faster.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -706,6 +708,10 @@ void launch_quant_gemv_linears(const bf16* x, const GemvPart* parts, int n_parts
                                int64_t n_in, cudaStream_t stream) {
   KILN_CHECK(rows >= 1 && rows <= quant_gemv_max_rows(n_in)) << "quant gemv: " << rows << " rows of " << n_in;
   KILN_CHECK(n_parts >= 1 && n_parts <= kGemvParts) << "quant gemv: " << n_parts << " linears";
+  if (f.value == kBf16Value && rows <= bf16_row_gemv_rows()) {
+    launch_bf16_row_gemv(x, parts, n_parts, rows, n_in, stream);
+    return;
+  }
   GemvParams p{};
   p.n_parts = n_parts;
   for (int i = 0; i < p.n_parts; ++i) {
