@@ -10,6 +10,8 @@
 #include <cmath>
 #include <cstring>
 #include <tuple>
+#include <utility>
+#include <vector>
 #include <cstdlib>
 #include <random>
 
@@ -444,6 +446,8 @@ TEST_F(CudaOps, MoeMatchesCpuForEveryRouterAndLayout) {
       {ops::RouterKind::kSigmoidGroupedTopK, 16, 4, 4, 2, 64, 8, false, false, false, false, ops::GluKind::kSilu},
       // the Gated DeltaNet fixtures' experts (Qwen3-Next / Qwen3.5: softmax top-2 of 8)
       {ops::RouterKind::kSoftmaxTopK, 8, 2, 1, 1, 64, 32, false, false, false, false, ops::GluKind::kSilu},
+      // row-major interleaved gate / up with biases and the clamped SwiGLU (every path)
+      {ops::RouterKind::kTopKSoftmax, 8, 4, 1, 1, 512, 264, true, true, false, true, ops::GluKind::kGptOssClamp},
       // input-major fused but not interleaved: only the GEMV path takes it
       {ops::RouterKind::kSoftmaxTopK, 8, 2, 1, 1, 256, 128, true, false, true, true, ops::GluKind::kSilu},
   };
@@ -514,15 +518,23 @@ TEST_F(CudaOps, MoeMatchesCpuForEveryRouterAndLayout) {
         if (path == cuda::MoePath::kStreamGemv && c.transposed) continue;  // row-major experts only
         SCOPED_TRACE(cuda::moe_path_name(path));
         cuda->force_moe_path(path);
-        // The streaming GEMV also with three units a warp in its down product
-        // (kMoeDownUnits, which the rule takes only for large layers of short d_ff).
-        for (int upw : path == cuda::MoePath::kStreamGemv ? std::vector<int>{0, 3} : std::vector<int>{0}) {
-          SCOPED_TRACE(::testing::Message() << "units a warp " << upw);
+        // The streaming GEMV with the row GEMV (row_gemv.cu: tiles of 1-4 rows), without
+        // it, and with three units a warp in its down product (kMoeDownUnits, which the
+        // rule takes only for large layers of short d_ff).
+        const int rule = cuda::bf16_row_gemv_rows();
+        const std::vector<std::pair<int, int>> variants =
+            path == cuda::MoePath::kStreamGemv
+                ? std::vector<std::pair<int, int>>{{0, cuda::kRowGemvMaxRows}, {0, 0}, {3, 0}}
+                : std::vector<std::pair<int, int>>{{0, rule}};
+        for (const auto& [upw, row_rows] : variants) {
+          SCOPED_TRACE(::testing::Message() << "units a warp " << upw << ", row GEMV to " << row_rows << " rows");
           cuda::set_quant_gemv_units_per_warp(upw);
+          cuda::set_bf16_row_gemv_rows(row_rows);
           Tensor out = poisoned(ref.shape);
           gpu_->moe({.x = to_gpu(x), .router = &rg, .correction_bias = corr.defined() ? gpu_->upload(corr) : Tensor{},
                      .experts = &eg, .routing = rp, .glu = {.kind = c.glu}, .out = out});
           cuda::set_quant_gemv_units_per_warp(0);
+          cuda::set_bf16_row_gemv_rows(rule);
           // Routing compares bf16-rounded router logits computed in a different
           // order; a near-tie can legitimately pick another expert. Inputs are
           // random, so a mismatch beyond tolerance here would be a real bug unless

@@ -466,6 +466,14 @@ int bf16_row_gemv_rows();
 void set_bf16_row_gemv_rows(int n);
 void launch_bf16_row_gemv(const bf16* x, const GemvPart* parts, int n_parts, int64_t rows, int64_t n_in,
                           cudaStream_t stream);
+// launch_moe_gemv_quant's two products for bf16 experts (kBf16GemvFormat) in tiles of
+// 1 to kRowGemvMaxRows rows, on the CUDA cores (row_gemv.cu), which launch_moe_gemv_quant
+// takes for tiles of one row (a one-stream decode step's; kiln bench op, Qwen3-30B-A3B at
+// eight tokens, in tiles of 2: 168 -> 236 us, hence one) while bf16_row_gemv_rows() > 0.
+constexpr int kRowGemvMoeRows = 1;
+void launch_moe_row_gemv(const bf16* x, const QuantExpert* table, const MoeShape& s, int top_k, int rows_cap,
+                         const int32_t* perm, const int4* tiles, int n_slots, bf16* act, float* y,
+                         cudaStream_t stream);
 // Both MoE products over a tile table of rows_cap-row tiles (launch_moe_align with
 // bm = rows_cap <= quant_gemv_max_rows of d_model and d_ff): act (sorted rows) then y
 // (per pair), as launch_moe_grouped_quant. f may be kBf16GemvFormat (bf16 experts as

@@ -731,6 +731,10 @@ void launch_moe_gemv_quant(const bf16* x, const QuantExpert* table, const QuantF
                            int n_slots, bf16* act, float* y, cudaStream_t stream) {
   KILN_CHECK(rows_cap >= 1 && rows_cap <= quant_gemv_max_rows(std::max(s.d_model, s.d_ff)))
       << "quant gemv: tiles of " << rows_cap << " rows";
+  if (f.value == kBf16Value && rows_cap <= std::min(bf16_row_gemv_rows(), kRowGemvMoeRows)) {
+    launch_moe_row_gemv(x, table, s, top_k, rows_cap, perm, tiles, n_slots, act, y, stream);
+    return;
+  }
   GemvParams p{};
   p.tiles = tiles;
   p.perm = perm;
