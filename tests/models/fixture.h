@@ -38,9 +38,11 @@ inline nlohmann::json read_json(const std::string& path) {
   return nlohmann::json::parse(ss.str());
 }
 
-// The golden logits [T][vocab] of `which` ("short", "long" or, in the 2026 fixtures, "xlong").
-inline std::vector<std::vector<float>> golden_logits(const std::string& name, const std::string& which) {
-  auto file = formats::SafetensorsFile::open(fixture_dir(name) + "/golden.safetensors");
+// The golden logits [T][vocab] of `which` ("short", "long" or, in the 2026 fixtures, "xlong");
+// file "golden_bf16.safetensors": transformers' own bf16 logits (the yardstick's baseline).
+inline std::vector<std::vector<float>> golden_logits(const std::string& name, const std::string& which,
+                                                     const std::string& file_name = "golden.safetensors") {
+  auto file = formats::SafetensorsFile::open(fixture_dir(name) + "/" + file_name);
   if (!file.ok()) return {};
   const formats::TensorInfo* info = (*file)->find("logits_" + which);
   if (info == nullptr) return {};
@@ -63,6 +65,29 @@ inline double relative_error(const std::vector<std::vector<float>>& got,
       max_ref = std::max(max_ref, std::abs(double(ref[r][i])));
     }
   return max_diff / max_ref;
+}
+
+// A position of a fixture's prompt where an expert choice is a tie at bf16 precision: in
+// fp32 the k-th and (k+1)-th experts' routing scores lie closer than one bf16 ulp of the
+// scores, so which one a bf16 pipeline picks is a coin toss, and the other pick moves that
+// token's logits by 5-35% of max|logit| (docs/GPU-TESTS.md, "The transformers-bf16
+// yardstick"). The GPU yardstick test leaves these positions out of its error ratio and
+// argmax counts; yardstick_near_tie_test.cpp shows on the CPU reference that each one is
+// such a tie (the margin below, to 5%) and that the rest of the fixture meets the yardstick.
+struct NearTie {
+  const char* fixture;
+  const char* prompt;  // "short" or "long"
+  int position;        // token of that prompt
+  int layer;           // the MoE layer (0-based, counting MoE layers) whose choice is tied
+  double margin;       // fp32: score of the k-th expert minus the (k+1)-th's
+};
+inline const std::vector<NearTie>& yardstick_near_ties() {
+  // minimax_m2 (sigmoid scores + correction bias, top-2 of 8): layer 1, token 14 of the long
+  // prompt, experts 7 and 0 at 0.66313 / 0.66235; kiln's bf16 pipeline (CUDA, and the CPU
+  // reference with bf16 activations) picks expert 0 and moves the position's logits by 0.37
+  // of max|logit| (transformers-bf16 happens to keep expert 7).
+  static const std::vector<NearTie> kTies = {{"minimax_m2", "long", 14, 1, 7.82e-4}};
+  return kTies;
 }
 
 inline const std::vector<std::string>& all_fixtures() {
