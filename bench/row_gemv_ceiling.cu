@@ -54,42 +54,52 @@ __device__ __forceinline__ uint4 ldw(const uint4* p) {
   else return __ldcs(p);
 }
 
-// A warp per kRpw rows; lanes stride K in 16-byte chunks, kU chunks of each row in flight.
+// A warp's sums of kRpw weight rows (row stride nc chunks; rows past `rows` read as zeros)
+// times x over chunks [0, n) of both, lanes striding the chunks with kU of each row in
+// flight; every lane gets the warp's sums.
 template <int kRpw, int kU, int kMode>
-__global__ void __launch_bounds__(128) row_gemv(const bf16* __restrict__ W, const bf16* __restrict__ x,
-                                                bf16* __restrict__ y, int N, int K) {
-  pdl();
+__device__ __forceinline__ void warp_sums(const uint4* wv, const uint4* xv, int64_t nc, int n, int rows,
+                                          float (&acc)[kRpw]) {
   const int lane = threadIdx.x % 32;
-  const int r0 = (blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * kRpw;
-  if (r0 >= N) return;
-  const int nc = K / 8;
-  const uint4* xv = reinterpret_cast<const uint4*>(x);
-  const uint4* wv = reinterpret_cast<const uint4*>(W) + int64_t(r0) * nc;
-  float acc[kRpw] = {};
-  for (int c0 = lane; c0 < nc; c0 += 32 * kU) {
+#pragma unroll
+  for (int r = 0; r < kRpw; ++r) acc[r] = 0.0f;
+  for (int c0 = lane; c0 < n; c0 += 32 * kU) {
     uint4 w[kRpw][kU], xx[kU];
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int c = c0 + 32 * u;
-      if (c < nc) {
+      if (c < n) {
 #pragma unroll
-        for (int r = 0; r < kRpw; ++r) w[r][u] = r0 + r < N ? ldw<kMode>(wv + int64_t(r) * nc + c) : make_uint4(0, 0, 0, 0);
+        for (int r = 0; r < kRpw; ++r) w[r][u] = r < rows ? ldw<kMode>(wv + int64_t(r) * nc + c) : make_uint4(0, 0, 0, 0);
         xx[u] = __ldg(xv + c);
       }
     }
 #pragma unroll
     for (int u = 0; u < kU; ++u)
-      if (c0 + 32 * u < nc)
+      if (c0 + 32 * u < n)
 #pragma unroll
         for (int r = 0; r < kRpw; ++r) acc[r] += dot8(w[r][u], xx[u]);
   }
 #pragma unroll
-  for (int r = 0; r < kRpw; ++r) {
-    float v = acc[r];
+  for (int r = 0; r < kRpw; ++r)
 #pragma unroll
-    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0 && r0 + r < N) y[r0 + r] = __float2bfloat16(v);
-  }
+    for (int o = 16; o > 0; o /= 2) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+}
+
+// A warp per kRpw rows; lanes stride K in 16-byte chunks, kU chunks of each row in flight.
+template <int kRpw, int kU, int kMode>
+__global__ void __launch_bounds__(128) row_gemv(const bf16* __restrict__ W, const bf16* __restrict__ x,
+                                                bf16* __restrict__ y, int N, int K) {
+  pdl();
+  const int r0 = (blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * kRpw;
+  if (r0 >= N) return;
+  const int nc = K / 8;
+  float acc[kRpw];
+  warp_sums<kRpw, kU, kMode>(reinterpret_cast<const uint4*>(W) + int64_t(r0) * nc, reinterpret_cast<const uint4*>(x),
+                             nc, nc, N - r0, acc);
+#pragma unroll
+  for (int r = 0; r < kRpw; ++r)
+    if (threadIdx.x % 32 == 0 && r0 + r < N) y[r0 + r] = __float2bfloat16(acc[r]);
 }
 
 // Split-K over the kS warps of a CTA: a CTA of 32 kS threads takes kRpw rows, each warp a
@@ -99,36 +109,15 @@ __global__ void __launch_bounds__(32 * kS) row_gemv_split(const bf16* __restrict
                                                           bf16* __restrict__ y, int N, int K) {
   pdl();
   __shared__ float part[kS][kRpw];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int warp = threadIdx.x / 32;
   const int r0 = blockIdx.x * kRpw;
   const int nc = K / 8, per = nc / kS, cb = warp * per;
-  const uint4* xv = reinterpret_cast<const uint4*>(x) + cb;
-  const uint4* wv = reinterpret_cast<const uint4*>(W) + int64_t(r0) * nc + cb;
-  float acc[kRpw] = {};
-  for (int c0 = lane; c0 < per; c0 += 32 * kU) {
-    uint4 w[kRpw][kU], xx[kU];
+  float acc[kRpw];
+  warp_sums<kRpw, kU, 1>(reinterpret_cast<const uint4*>(W) + int64_t(r0) * nc + cb,
+                         reinterpret_cast<const uint4*>(x) + cb, nc, per, kRpw, acc);
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int c = c0 + 32 * u;
-      if (c < per) {
-#pragma unroll
-        for (int r = 0; r < kRpw; ++r) w[r][u] = __ldcs(wv + int64_t(r) * nc + c);
-        xx[u] = __ldg(xv + c);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kU; ++u)
-      if (c0 + 32 * u < per)
-#pragma unroll
-        for (int r = 0; r < kRpw; ++r) acc[r] += dot8(w[r][u], xx[u]);
-  }
-#pragma unroll
-  for (int r = 0; r < kRpw; ++r) {
-    float v = acc[r];
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0) part[warp][r] = v;
-  }
+  for (int r = 0; r < kRpw; ++r)
+    if (threadIdx.x % 32 == 0) part[warp][r] = acc[r];
   __syncthreads();
   if (threadIdx.x < kRpw) {
     float v = 0.0f;
