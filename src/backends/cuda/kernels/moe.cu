@@ -119,10 +119,13 @@ __device__ __forceinline__ void warp_argmax(float& v, int& i) {
 
 // k rounds of warp argmax over the allowed entries of val (expert lane + 32 j in
 // slot j), each round removing its winner: top-k, largest first, ties to the
-// lower expert id (the CPU reference's order).
+// lower expert id (the CPU reference's order). Lane n gets the n-th expert (k <= 32):
+// no array indexed by the round, so the rounds stay a loop, not 16 unrolled copies.
 template <int kPer>
-__device__ void warp_top_k(const float (&val)[kPer], bool (&allowed)[kPer], int k, int* chosen) {
+__device__ int warp_top_k(const float (&val)[kPer], bool (&allowed)[kPer], int k) {
   const int lane = int(threadIdx.x) % 32;
+  int mine = -1;
+#pragma unroll 1
   for (int n = 0; n < k; ++n) {
     float bv = -INFINITY;
     int bi = INT_MAX;
@@ -130,13 +133,14 @@ __device__ void warp_top_k(const float (&val)[kPer], bool (&allowed)[kPer], int 
     for (int j = 0; j < kPer; ++j)
       if (allowed[j] && (bi == INT_MAX || val[j] > bv)) bv = val[j], bi = lane + 32 * j;
     warp_argmax(bv, bi);
-    chosen[n] = bi;
+    if (lane == n) mine = bi;
     if (bi % 32 == lane) {
 #pragma unroll
       for (int j = 0; j < kPer; ++j)
         if (lane + 32 * j == bi) allowed[j] = false;
     }
   }
+  return mine;
 }
 
 // One warp per token; expert e lives in lane e % 32, slot e / 32. The three
@@ -149,8 +153,7 @@ __device__ void route_token(const float* logits, const float* correction, const 
   const int E = r.n_experts, K = r.top_k;
   float val[kPer], score[kPer];
   bool allowed[kPer];
-  int chosen[kMaxTopK];
-  float w[kMaxTopK];
+  int chosen = -1;  // lane k: the k-th expert chosen (k < K)
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int e = lane + 32 * j;
@@ -168,9 +171,9 @@ __device__ void route_token(const float* logits, const float* correction, const 
     sum = warp_sum(sum);
 #pragma unroll
     for (int j = 0; j < kPer; ++j) score[j] /= sum;
-    warp_top_k(score, allowed, K, chosen);
+    chosen = warp_top_k(score, allowed, K);
   } else if (r.kind == 1) {  // top-k of the logits, softmax over the chosen
-    warp_top_k(val, allowed, K, chosen);
+    chosen = warp_top_k(val, allowed, K);
   } else {  // sigmoid, correction bias, grouped top-k (DeepSeek-V3)
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
@@ -212,38 +215,42 @@ __device__ void route_token(const float* logits, const float* correction, const 
       const int e = lane + 32 * j;
       allowed[j] = e < E && ((kept >> (e / per_group)) & 1u);
     }
-    warp_top_k(val, allowed, K, chosen);
+    chosen = warp_top_k(val, allowed, K);
   }
-  // The chosen experts' values, fetched from their lanes; the rest is the
-  // reference's sequential arithmetic over k, done by every lane alike.
+  // The chosen experts' values, fetched from their lanes into lane k's w; the rest is
+  // the reference's sequential arithmetic over k (sums in k order, a lane's terms
+  // broadcast in turn), each lane finishing its own k.
+  float w = 0.0f;
+#pragma unroll 1
   for (int k = 0; k < K; ++k) {
-    const int e = chosen[k];
+    const int e = __shfl_sync(0xffffffffu, chosen, k);
     float mine = 0.0f;
 #pragma unroll
     for (int j = 0; j < kPer; ++j)
       if (lane + 32 * j == e) mine = r.kind == 1 ? val[j] : score[j];
-    w[k] = __shfl_sync(0xffffffffu, mine, e % 32);
+    const float v = __shfl_sync(0xffffffffu, mine, e % 32);
+    if (lane == k) w = v;
   }
+  const auto sum_in_order = [&](float x) {
+    float s = 0.0f;
+#pragma unroll 1
+    for (int k = 0; k < K; ++k) s += __shfl_sync(0xffffffffu, x, k);
+    return s;
+  };
   if (r.kind == 1) {
-    const float mx = w[0];
-    float s = 0.0f;
-    for (int k = 0; k < K; ++k) s += (w[k] = __expf(w[k] - mx));
-    for (int k = 0; k < K; ++k) w[k] /= s;
+    w = __expf(w - __shfl_sync(0xffffffffu, w, 0));
+    w /= sum_in_order(w);
   } else if (r.norm_topk_prob) {
-    float s = 0.0f;
-    for (int k = 0; k < K; ++k) s += w[k];
-    for (int k = 0; k < K; ++k) w[k] /= r.kind == 2 ? s + 1e-20f : s;
+    const float s = sum_in_order(w);
+    w /= r.kind == 2 ? s + 1e-20f : s;
   }
-  if (r.kind == 2)
-    for (int k = 0; k < K; ++k) w[k] *= r.routed_scaling_factor;
-  if (lane == 0) {
+  if (r.kind == 2) w *= r.routed_scaling_factor;
+  if (lane < K) {
     // Local indices; experts another rank holds become -1 with weight 0 (launch_route).
     const int lo = r.first_local, hi = r.n_local > 0 ? lo + r.n_local : E;
-    for (int k = 0; k < K; ++k) {
-      const bool here = chosen[k] >= lo && chosen[k] < hi;
-      experts[t * K + k] = here ? chosen[k] - lo : -1;
-      weights[t * K + k] = here ? w[k] : 0.0f;
-    }
+    const bool here = chosen >= lo && chosen < hi;
+    experts[t * K + lane] = here ? chosen - lo : -1;
+    weights[t * K + lane] = here ? w : 0.0f;
   }
 }
 
@@ -304,8 +311,10 @@ __device__ void align_pairs(const int32_t* experts, int n_pairs, int n_experts, 
   static_assert(kPer * kThreads == kMoeAlignMaxExperts);
   __shared__ int count[kMoeAlignMaxExperts], cursor[kMoeAlignMaxExperts];
   const int tid = int(threadIdx.x);
+#pragma unroll 1
   for (int e = tid; e < n_experts; e += kThreads) count[e] = 0;
   __syncthreads();
+#pragma unroll 1
   for (int i = tid; i < n_pairs; i += kThreads)
     if (experts[i] >= 0) atomicAdd(&count[experts[i]], 1);  // -1: another rank's expert
   __syncthreads();
@@ -324,12 +333,15 @@ __device__ void align_pairs(const int32_t* experts, int n_pairs, int n_experts, 
     const int e = tid * kPer + j;
     if (e >= n_experts) break;
     cursor[e] = off.x;
+#pragma unroll 1
     for (int k = 0; k * bm < n[j]; ++k) tiles[off.y + k] = make_int4(e, off.x + k * bm, min(bm, n[j] - k * bm), 0);
     off.x += n[j], off.y += (n[j] + bm - 1) / bm;
   }
   __syncthreads();
+#pragma unroll 1
   for (int i = tid; i < n_pairs; i += kThreads)
     if (experts[i] >= 0) perm[atomicAdd(&cursor[experts[i]], 1)] = i;
+#pragma unroll 1
   for (int x = total.y + tid; x < n_slots; x += kThreads) tiles[x] = make_int4(-1, 0, 0, 0);
 }
 
@@ -348,6 +360,7 @@ __global__ void __launch_bounds__(kRouteAlignThreads)
     route_align_kernel(const float* logits, const float* correction, MoeRouting r, int n_tokens, int32_t* experts,
                        float* weights, int n_experts, int bm, int32_t* perm, int4* tiles, int n_slots) {
   pdl_wait();  // a dependent launch after the router (pdl.cuh)
+#pragma unroll 1
   for (int t = int(threadIdx.x) / 32; t < n_tokens; t += kRouteAlignThreads / 32)
     route_token<kPer>(logits, correction, r, t, experts, weights);
   __syncthreads();
