@@ -59,6 +59,7 @@ TEST_F(CudaOps, LinearMatchesCpuAtModelShapes) {
                            {200, 640, 5120}, {7, 64, 96}, {3, 64, 96}, {7, 192, 64}, {7, 8, 64}, {7, 1, 64},
                            {7, 320, 64}, {5, 64, 48}, {2, 128, 64}, {1, 301, 1032}, {2, 7, 2056}, {4, 1, 48},
                            {3, 513, 4096}, {1, 5120, 2048}, {4, 2048, 4096}}) {
+      if (row_rows == 0 && t > cuda::kRowGemvMaxRows) continue;  // (the same path either way)
       SCOPED_TRACE(::testing::Message() << t << "x" << n << "x" << k << ", row GEMV to " << row_rows << " rows");
       Tensor x = random({t, k}), w = random({n, k}, 0.05f), b = random({n}, 0.1f);
       ops::Weight wc{.data = as_bf16(w), .bias = as_bf16(b)};

@@ -469,7 +469,8 @@ void launch_bf16_row_gemv(const bf16* x, const GemvPart* parts, int n_parts, int
 // launch_moe_gemv_quant's two products for bf16 experts (kBf16GemvFormat) in tiles of
 // 1 to kRowGemvMaxRows rows, on the CUDA cores (row_gemv.cu), which launch_moe_gemv_quant
 // takes for tiles of one row (a one-stream decode step's; kiln bench op, Qwen3-30B-A3B at
-// eight tokens, in tiles of 2: 168 -> 236 us, hence one) while bf16_row_gemv_rows() > 0.
+// eight tokens, whose tiles moe_gemv_tile_rows makes 4 rows: 168 -> 236 us, hence one) while
+// bf16_row_gemv_rows() > 0.
 constexpr int kRowGemvMoeRows = 1;
 void launch_moe_row_gemv(const bf16* x, const QuantExpert* table, const MoeShape& s, int top_k, int rows_cap,
                          const int32_t* perm, const int4* tiles, int n_slots, bf16* act, float* y,
