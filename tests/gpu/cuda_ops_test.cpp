@@ -548,6 +548,94 @@ TEST_F(CudaOps, MoeMatchesCpuForEveryRouterAndLayout) {
   }
 }
 
+// A one-token step's routing (route_one_kernel: a thread per expert, ranks) against the
+// general route + align (a warp per token, k rounds of argmax; the count-and-scan align)
+// that every other token count takes: the same experts, weights, perm and tiles, bit
+// for bit, for each rule, expert count (1-16 experts a lane), group layout and
+// expert-parallel slice, and with tied scores (ties go to the lower expert id).
+TEST_F(CudaOps, OneTokenRoutingIsRouteAndAlignBitForBit) {
+  struct Case { int kind, n_experts, top_k, n_group, topk_group, first_local, n_local; bool ties; };
+  const Case cases[] = {
+      {0, 128, 8, 1, 1, 0, 0, false},    // Qwen3-30B-A3B
+      {0, 128, 8, 1, 1, 0, 0, true},
+      {1, 32, 4, 1, 1, 0, 0, false},     // gpt-oss-20b
+      {1, 128, 4, 1, 1, 64, 64, true},   // gpt-oss-120b, the second of 2 expert-parallel ranks
+      {2, 256, 8, 8, 4, 0, 0, false},    // DeepSeek-V3
+      {2, 256, 8, 8, 4, 96, 32, true},
+      {2, 160, 8, 1, 1, 0, 0, false},    // GLM-4.5 (one group)
+      {2, 384, 8, 1, 1, 128, 128, false},  // Kimi K2 (16 a lane)
+      {0, 60, 4, 1, 1, 0, 0, true},      // a count that is not a multiple of 32
+      {2, 16, 4, 4, 2, 0, 0, false},     // the deepseek_v3 fixture
+  };
+  std::mt19937 rng(7);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "rule " << c.kind << ", " << c.n_experts << " experts top " << c.top_k
+                                      << ", groups " << c.n_group << "/" << c.topk_group << ", local ["
+                                      << c.first_local << ", +" << c.n_local << ")" << (c.ties ? ", ties" : ""));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> logits(size_t(c.n_experts)), corr(size_t(c.n_experts));
+    for (float& v : logits) v = normal(rng);
+    for (float& v : corr) v = 0.05f * normal(rng);
+    if (c.ties)  // the largest value again on the last expert, and pairs of equal values
+      for (int e = 1; e < c.n_experts; e += 7) logits[size_t(e)] = logits[size_t(e - 1)];
+    if (c.ties) logits.back() = *std::max_element(logits.begin(), logits.end());
+    const cuda::MoeRouting r{.kind = c.kind, .n_experts = c.n_experts, .top_k = c.top_k, .n_group = c.n_group,
+                             .topk_group = c.topk_group, .norm_topk_prob = true, .routed_scaling_factor = 2.5f,
+                             .first_local = c.first_local, .n_local = c.n_local};
+    const int n_local = c.n_local > 0 ? c.n_local : c.n_experts, slots = cuda::moe_tile_slots(c.top_k, n_local, 1);
+    const auto device = [](size_t bytes) {
+      void* p = nullptr;
+      EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
+      EXPECT_EQ(cudaMemset(p, 0x5a, bytes), cudaSuccess);
+      return p;
+    };
+    auto* d_logits = static_cast<float*>(device(logits.size() * 4));
+    auto* d_corr = static_cast<float*>(device(corr.size() * 4));
+    ASSERT_EQ(cudaMemcpy(d_logits, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(d_corr, corr.data(), corr.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    const float* correction = c.kind == 2 ? d_corr : nullptr;
+    struct Out { std::vector<int32_t> experts, perm; std::vector<float> weights; std::vector<int4> tiles; };
+    Out got[2];
+    for (int way = 0; way < 2; ++way) {
+      auto* experts = static_cast<int32_t*>(device(size_t(c.top_k) * 4));
+      auto* weights = static_cast<float*>(device(size_t(c.top_k) * 4));
+      auto* perm = static_cast<int32_t*>(device(size_t(c.top_k) * 4));
+      auto* tiles = static_cast<int4*>(device(size_t(slots) * sizeof(int4)));
+      if (way == 0) {
+        cuda::launch_route_align(d_logits, correction, r, 1, experts, weights, n_local, 1, perm, tiles, slots, nullptr);
+      } else {
+        cuda::launch_route(d_logits, correction, r, 1, experts, weights, nullptr);
+        cuda::launch_moe_align(experts, c.top_k, n_local, 1, perm, tiles, slots, nullptr);
+      }
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      Out& o = got[way];
+      o.experts.resize(size_t(c.top_k)), o.perm.resize(size_t(c.top_k)), o.weights.resize(size_t(c.top_k));
+      o.tiles.resize(size_t(slots));
+      ASSERT_EQ(cudaMemcpy(o.experts.data(), experts, o.experts.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(o.weights.data(), weights, o.weights.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(o.perm.data(), perm, o.perm.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(o.tiles.data(), tiles, o.tiles.size() * sizeof(int4), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      for (void* p : {static_cast<void*>(experts), static_cast<void*>(weights), static_cast<void*>(perm),
+                      static_cast<void*>(tiles)})
+        cudaFree(p);
+    }
+    cudaFree(d_logits);
+    cudaFree(d_corr);
+    EXPECT_EQ(got[0].experts, got[1].experts);
+    EXPECT_EQ(0, std::memcmp(got[0].weights.data(), got[1].weights.data(), got[0].weights.size() * 4)) << "weights";
+    int n_tiles = 0;
+    for (int k = 0; k < c.top_k; ++k) n_tiles += got[1].experts[size_t(k)] >= 0;
+    for (int k = 0; k < n_tiles; ++k) EXPECT_EQ(got[0].perm[size_t(k)], got[1].perm[size_t(k)]) << "perm " << k;
+    for (int x = 0; x < slots; ++x) {
+      const int4 a = got[0].tiles[size_t(x)], b = got[1].tiles[size_t(x)];
+      EXPECT_TRUE(a.x == b.x && a.y == b.y && a.z == b.z && a.w == b.w)
+          << "tile " << x << ": (" << a.x << ", " << a.y << ", " << a.z << ", " << a.w << ") against (" << b.x
+          << ", " << b.y << ", " << b.z << ", " << b.w << ")";
+    }
+  }
+}
+
 // fill_random (--load-format dummy) gives the CPU's values: f32 to fp32 rounding (nvcc may
 // fuse the multiply-adds), bf16 within one bf16 ulp of them.
 TEST_F(CudaOps, FillRandomMatchesTheCpuFormula) {

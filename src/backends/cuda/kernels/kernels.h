@@ -323,7 +323,8 @@ void launch_moe_align(const int32_t* experts, int64_t n_pairs, int n_experts, in
                       int n_slots, cudaStream_t stream);
 // launch_route, then launch_moe_align over its experts (n_experts: the local table's),
 // as one launch of one block: a decode step of at most kRouteAlignMaxTokens tokens waits
-// for one kernel less before its first expert weights are read.
+// for one kernel less before its first expert weights are read. One token takes a kernel
+// of its own (a thread per expert, the top-k by ranks; the same bits as the two kernels).
 inline constexpr int kRouteAlignMaxTokens = 16;
 void launch_route_align(const float* logits, const float* correction_bias, const MoeRouting& r, int64_t n_tokens,
                         int32_t* experts, float* weights, int n_experts, int bm, int32_t* perm, int4* tiles,

@@ -143,6 +143,37 @@ __device__ int warp_top_k(const float (&val)[kPer], bool (&allowed)[kPer], int k
   return mine;
 }
 
+// A token's routing from lane k's k-th chosen expert (global id; lanes >= top_k: -1) and
+// its value w (the logit for rule 1, else its score; lanes >= top_k: 0): the reference's
+// sequential arithmetic over k (sums in k order, a lane's terms broadcast in turn), each
+// lane finishing its own k; experts / weights [t, k] written as launch_route says, lane
+// k's expert also returned (-1 past top_k).
+__device__ __forceinline__ int route_finish(float w, int chosen, const MoeRouting& r, int64_t t, int32_t* experts,
+                                            float* weights) {
+  const int lane = int(threadIdx.x) % 32, K = r.top_k;
+  const auto sum_in_order = [&](float x) {
+    float s = 0.0f;
+#pragma unroll 1
+    for (int k = 0; k < K; ++k) s += __shfl_sync(0xffffffffu, x, k);
+    return s;
+  };
+  if (r.kind == 1) {
+    w = __expf(w - __shfl_sync(0xffffffffu, w, 0));
+    w /= sum_in_order(w);
+  } else if (r.norm_topk_prob) {
+    const float s = sum_in_order(w);
+    w /= r.kind == 2 ? s + 1e-20f : s;
+  }
+  if (r.kind == 2) w *= r.routed_scaling_factor;
+  if (lane >= K) return -1;
+  // Local indices; experts another rank holds become -1 with weight 0 (launch_route).
+  const int lo = r.first_local, hi = r.n_local > 0 ? lo + r.n_local : r.n_experts;
+  const bool here = chosen >= lo && chosen < hi;
+  experts[t * K + lane] = here ? chosen - lo : -1;
+  weights[t * K + lane] = here ? w : 0.0f;
+  return here ? chosen - lo : -1;
+}
+
 // One warp per token; expert e lives in lane e % 32, slot e / 32. The three
 // rules mirror the CPU reference (cpu_moe.cpp) step by step.
 template <int kPer>
@@ -217,9 +248,7 @@ __device__ void route_token(const float* logits, const float* correction, const 
     }
     chosen = warp_top_k(val, allowed, K);
   }
-  // The chosen experts' values, fetched from their lanes into lane k's w; the rest is
-  // the reference's sequential arithmetic over k (sums in k order, a lane's terms
-  // broadcast in turn), each lane finishing its own k.
+  // The chosen experts' values, fetched from their lanes into lane k's w.
   float w = 0.0f;
 #pragma unroll 1
   for (int k = 0; k < K; ++k) {
@@ -231,27 +260,7 @@ __device__ void route_token(const float* logits, const float* correction, const 
     const float v = __shfl_sync(0xffffffffu, mine, e % 32);
     if (lane == k) w = v;
   }
-  const auto sum_in_order = [&](float x) {
-    float s = 0.0f;
-#pragma unroll 1
-    for (int k = 0; k < K; ++k) s += __shfl_sync(0xffffffffu, x, k);
-    return s;
-  };
-  if (r.kind == 1) {
-    w = __expf(w - __shfl_sync(0xffffffffu, w, 0));
-    w /= sum_in_order(w);
-  } else if (r.norm_topk_prob) {
-    const float s = sum_in_order(w);
-    w /= r.kind == 2 ? s + 1e-20f : s;
-  }
-  if (r.kind == 2) w *= r.routed_scaling_factor;
-  if (lane < K) {
-    // Local indices; experts another rank holds become -1 with weight 0 (launch_route).
-    const int lo = r.first_local, hi = r.n_local > 0 ? lo + r.n_local : E;
-    const bool here = chosen >= lo && chosen < hi;
-    experts[t * K + lane] = here ? chosen - lo : -1;
-    weights[t * K + lane] = here ? w : 0.0f;
-  }
+  route_finish(w, chosen, r, t, experts, weights);
 }
 
 template <int kPer>
@@ -365,6 +374,109 @@ __global__ void __launch_bounds__(kRouteAlignThreads)
     route_token<kPer>(logits, correction, r, t, experts, weights);
   __syncthreads();
   align_pairs<kRouteAlignThreads>(experts, n_tokens * r.top_k, n_experts, bm, perm, tiles, n_slots);
+}
+
+// One token (a one-stream decode step): route_token's rules with a thread per expert
+// (expert e in thread e: warp e / 32, lane e % 32, as route_token's lane and slot), the
+// top-k by ranks instead of k rounds of warp argmax, and the tiles laid out by one warp
+// without align's counts and scans. The same values as route_token (every sum in its
+// order, ties to the lower id) and, the top_k experts being distinct, each local one a
+// tile of one row whose place is its expert's rank among them: align_pairs' tiles and
+// perm, bit for bit.
+template <int kPer>
+__global__ void __launch_bounds__(32 * kPer)
+    route_one_kernel(const float* logits, const float* correction, MoeRouting r, int32_t* experts, float* weights,
+                     int32_t* perm, int4* tiles, int n_slots) {
+  constexpr int kE = 32 * kPer;
+  __shared__ float s_val[kE];
+  __shared__ float s_red[kPer];
+  __shared__ int s_chosen[kMaxTopK];
+  __shared__ float s_w[kMaxTopK];
+  __shared__ unsigned s_kept;
+  pdl_wait();  // a dependent launch after the router (pdl.cuh)
+  const int e = int(threadIdx.x), lane = e % 32, warp = e / 32, E = r.n_experts, K = r.top_k;
+  if (e < kMaxTopK) s_chosen[e] = -1, s_w[e] = 0.0f;  // (fewer allowed than k: those slots get no expert)
+  bool allowed = e < E;
+  const float v = allowed ? logits[e] : -INFINITY;
+  float score = 0.0f, choice = v;  // score: the weight's source (rules 0, 2); choice: what ranks
+  if (r.kind == 0) {  // softmax over all, top-k of the probabilities
+    const float m = warp_max(v);
+    if (lane == 0) s_red[warp] = m;
+    __syncthreads();
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) mx = fmaxf(mx, s_red[j]);
+    s_val[e] = score = allowed ? __expf(v - mx) : 0.0f;
+    __syncthreads();
+    if (warp == 0) {  // route_token's sum: lane l adds its slots in order, then the butterfly
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) sum += s_val[lane + 32 * j];
+      sum = warp_sum(sum);
+      if (lane == 0) s_red[0] = sum;
+    }
+    __syncthreads();
+    score /= s_red[0];
+    choice = score;
+  } else if (r.kind == 2) {  // sigmoid, correction bias, grouped top-k
+    score = 1.0f / (1.0f + __expf(-v));
+    choice = allowed ? score + (correction ? correction[e] : 0.0f) : -INFINITY;
+    if (r.n_group > 1) {
+      s_val[e] = choice;
+      __syncthreads();
+      // Group g's score (the sum of its two largest choices, route_token's top-2 merge),
+      // in lane g of warp 0; then the topk_group best, ties to the lower g.
+      if (warp == 0) {
+        const int per_group = E / r.n_group;
+        float a = -INFINITY, b = -INFINITY;
+        if (lane < r.n_group) {
+#pragma unroll 1
+          for (int f = lane * per_group; f < (lane + 1) * per_group; ++f) {
+            const float x = s_val[f];
+            if (x > a) b = a, a = x;
+            else if (x > b) b = x;
+          }
+        }
+        const float my_group = lane < r.n_group ? a + b : -INFINITY;
+        unsigned kept = 0;
+        for (int k = 0; k < r.topk_group; ++k) {
+          float gv = lane < r.n_group && !((kept >> lane) & 1u) ? my_group : -INFINITY;
+          int gi = lane < r.n_group && !((kept >> lane) & 1u) ? lane : INT_MAX;
+          warp_argmax(gv, gi);
+          kept |= 1u << gi;
+        }
+        if (lane == 0) s_kept = kept;
+      }
+      __syncthreads();
+      allowed = allowed && ((s_kept >> (e / (E / r.n_group))) & 1u);
+    }
+  }
+  // Rank among the allowed: larger first, ties to the lower id (k rounds of argmax's order).
+  s_val[e] = allowed ? choice : -INFINITY;
+  __syncthreads();
+  if (allowed) {
+    int rank = 0;
+#pragma unroll 4
+    for (int f = 0; f < kE; ++f) {
+      const float x = s_val[f];
+      rank += x > choice || (x == choice && f < e);
+    }
+    if (rank < K) s_chosen[rank] = e, s_w[rank] = r.kind == 1 ? v : score;
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  // The tiles: lane k's local expert (-1: another rank's).
+  const int le = route_finish(lane < K ? s_w[lane] : 0.0f, lane < K ? s_chosen[lane] : -1, r, 0, experts, weights);
+  int place = 0;
+#pragma unroll 1
+  for (int j = 0; j < K; ++j) {
+    const int o = __shfl_sync(0xffffffffu, le, j);
+    place += o >= 0 && o < le;
+  }
+  const int n_tiles = __popc(__ballot_sync(0xffffffffu, le >= 0));
+  if (le >= 0) perm[place] = lane, tiles[place] = make_int4(le, place, 1, 0);
+#pragma unroll 1
+  for (int x = n_tiles + lane; x < n_slots; x += 32) tiles[x] = make_int4(-1, 0, 0, 0);
 }
 
 // Row r of a logical [n_out, n_in] matrix dotted with v (fp32, in shared memory),
@@ -591,6 +703,15 @@ void launch_route_align(const float* logits, const float* correction_bias, const
   KILN_CHECK(n_experts <= kMoeAlignMaxExperts)
       << "moe align: " << n_experts << " experts (at most " << kMoeAlignMaxExperts << ")";
   if (n_tokens == 0) return;
+  if (n_tokens == 1) {
+    with_experts_per_lane(r.n_experts, [&](auto per) {
+      constexpr int kPer = decltype(per)::value;
+      launch_dependent(route_one_kernel<kPer>, 1, 32 * kPer, 0, stream, logits, correction_bias, r, experts, weights,
+                       perm, tiles, n_slots);
+    });
+    KILN_CUDA_LAUNCH_CHECK();
+    return;
+  }
   with_experts_per_lane(r.n_experts, [&](auto per) {
     launch_dependent(route_align_kernel<decltype(per)::value>, 1, kRouteAlignThreads, 0, stream, logits,
                      correction_bias, r, int(n_tokens), experts, weights, n_experts, bm, perm, tiles, n_slots);
