@@ -639,7 +639,7 @@ std::atomic<int> forced_units_per_warp{[] {
 // 194.7 / 411.2 -> 192.1 / 395.7; bf16 at TP4 (6 KB; 4) 64 rows 134.8 -> 129.2. Units of
 // 18 KB (a DeepSeek-like d_ff of 2048 in INT4 / NVFP4) ran 0.5-6.5% slower two a warp; at 8
 // rows (64 tiles: 2 or 4 units a warp leave one or two waves) every format but NVFP4 ran
-// 2-7% slower, hence the two waves (docs/perf/multi-gpu.md, nineteenth section; the
+// 2-7% slower, hence the two waves (docs/perf/multi-gpu-early.md, nineteenth section; the
 // configurations the rule picks were measured by forcing them, KILN_GEMV_UNITS_PER_WARP).
 int down_units_per_warp(const GemvParams& p, int64_t tiles) {
   if (const int forced = forced_units_per_warp.load(std::memory_order_relaxed); forced > 0) return forced;
