@@ -576,9 +576,12 @@ TEST_F(CudaOps, OneTokenRoutingIsRouteAndAlignBitForBit) {
     std::vector<float> logits(size_t(c.n_experts)), corr(size_t(c.n_experts));
     for (float& v : logits) v = normal(rng);
     for (float& v : corr) v = 0.05f * normal(rng);
-    if (c.ties)  // the largest value again on the last expert, and pairs of equal values
+    if (c.ties) {  // pairs of equal values (their corrections too), the largest again on the last expert
       for (int e = 1; e < c.n_experts; e += 7) logits[size_t(e)] = logits[size_t(e - 1)];
-    if (c.ties) logits.back() = *std::max_element(logits.begin(), logits.end());
+      for (int e = 1; e < c.n_experts; e += 7) corr[size_t(e)] = corr[size_t(e - 1)];
+      const int top = int(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      logits.back() = logits[size_t(top)], corr.back() = corr[size_t(top)];
+    }
     const cuda::MoeRouting r{.kind = c.kind, .n_experts = c.n_experts, .top_k = c.top_k, .n_group = c.n_group,
                              .topk_group = c.topk_group, .norm_topk_prob = true, .routed_scaling_factor = 2.5f,
                              .first_local = c.first_local, .n_local = c.n_local};

@@ -143,6 +143,20 @@ __device__ int warp_top_k(const float (&val)[kPer], bool (&allowed)[kPer], int k
   return mine;
 }
 
+// Grouped top-k's groups: lane g holds group g's score; bit g of the result is set for the
+// topk_group best groups (ties to the lower g).
+__device__ __forceinline__ unsigned warp_top_groups(float my_group, const MoeRouting& r) {
+  const int lane = int(threadIdx.x) % 32;
+  unsigned kept = 0;
+  for (int k = 0; k < r.topk_group; ++k) {
+    float v = lane < r.n_group && !((kept >> lane) & 1u) ? my_group : -INFINITY;
+    int i = lane < r.n_group && !((kept >> lane) & 1u) ? lane : INT_MAX;
+    warp_argmax(v, i);
+    kept |= 1u << i;
+  }
+  return kept;
+}
+
 // A token's routing from lane k's k-th chosen expert (global id; lanes >= top_k: -1) and
 // its value w (the logit for rule 1, else its score; lanes >= top_k: 0): the reference's
 // sequential arithmetic over k (sums in k order, a lane's terms broadcast in turn), each
@@ -234,13 +248,7 @@ __device__ void route_token(const float* logits, const float* correction, const 
       }
       if (lane == g) my_group = a + b;
     }
-    unsigned kept = 0;  // bit g: group g is among the topk_group best (ties: lower g)
-    for (int k = 0; k < r.topk_group; ++k) {
-      float v = lane < r.n_group && !((kept >> lane) & 1u) ? my_group : -INFINITY;
-      int i = lane < r.n_group && !((kept >> lane) & 1u) ? lane : INT_MAX;
-      warp_argmax(v, i);
-      kept |= 1u << i;
-    }
+    const unsigned kept = warp_top_groups(my_group, r);
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const int e = lane + 32 * j;
@@ -437,14 +445,7 @@ __global__ void __launch_bounds__(32 * kPer)
             else if (x > b) b = x;
           }
         }
-        const float my_group = lane < r.n_group ? a + b : -INFINITY;
-        unsigned kept = 0;
-        for (int k = 0; k < r.topk_group; ++k) {
-          float gv = lane < r.n_group && !((kept >> lane) & 1u) ? my_group : -INFINITY;
-          int gi = lane < r.n_group && !((kept >> lane) & 1u) ? lane : INT_MAX;
-          warp_argmax(gv, gi);
-          kept |= 1u << gi;
-        }
+        const unsigned kept = warp_top_groups(lane < r.n_group ? a + b : -INFINITY, r);
         if (lane == 0) s_kept = kept;
       }
       __syncthreads();
