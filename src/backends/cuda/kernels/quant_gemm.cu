@@ -479,11 +479,10 @@ __global__ void dequantize_kernel(QuantMat w, QuantFormat f, int64_t n_out, int6
 // of 2 x 2 warps of 32 x 64 (255 registers), and in an expert's last tile the warps past
 // its rows skip their mmas (MoE layers at 2048 tokens 3-9% faster on an H100; 2 x 4 warps
 // of 32 x 32, skipping by 32 rows, gained half as much). Dense shapes keep 2 x 2 warps
-// (4 x 2 ran them 2% faster to 7% slower; docs/PERF.md, "FP8 W8A8 prefill GEMMs"). Three
+// (4 x 2 ran them 2% faster to 7% slower; docs/perf/w8a8-prefill.md). Three
 // stages with the scales staged (76 KB: one CTA there) were 12-19 points of the e4m3 peak slower on an H100 held
 // to 100 KB per SM, and on its full 228 KB (two CTAs either way, by registers) 0-3 points
-// faster for the MoE layers, the same or slower for dense shapes (docs/PERF.md, "FP8 W8A8
-// prefill GEMMs").
+// faster for the MoE layers, the same or slower for dense shapes (docs/perf/w8a8-prefill.md).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 #define KILN_FP8_MMA 1
 #else
