@@ -12,7 +12,7 @@ PORT ?=
 ARGS ?=
 cuda_flag = $(if $(KILN_CUDA),-DKILN_CUDA=$(KILN_CUDA))
 
-.PHONY: all build test check run deps deps-serve asan clean
+.PHONY: all build test check run deps deps-serve asan tsan clean
 
 all: build
 
@@ -45,5 +45,13 @@ run: deps-serve
 asan:
 	$(MAKE) test BUILD=build-asan CMAKE_FLAGS="-DCMAKE_BUILD_TYPE=Debug -DKILN_ASAN=ON"
 
+# The multi-rank code (ranks as threads over the in-process communicator: TP / PP / EP,
+# micro-batches, the watchdog; kiln serve at TP2 drained by SIGTERM) under ThreadSanitizer,
+# CPU backend (docs/TESTING.md; build-tsan/, about an hour on 2 cores).
+tsan:
+	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_CUDA=OFF -DKILN_TSAN=ON -DKILN_TESTS=ON
+	cmake --build build-tsan -j $(JOBS) --target kiln comm_tests runtime_tests model_tests
+	scripts/tsan-check build-tsan
+
 clean:
-	rm -rf $(BUILD) build-asan
+	rm -rf $(BUILD) build-asan build-tsan
