@@ -46,11 +46,11 @@ asan:
 	$(MAKE) test BUILD=build-asan CMAKE_FLAGS="-DCMAKE_BUILD_TYPE=Debug -DKILN_ASAN=ON"
 
 # The multi-rank code (ranks as threads over the in-process communicator: TP / PP / EP,
-# micro-batches, the watchdog; kiln serve at TP2 drained by SIGTERM) under ThreadSanitizer,
+# micro-batches, the watchdog; kiln serve at TP2 and TP2 x PP2 through the e2e test) under ThreadSanitizer,
 # CPU backend (docs/TESTING.md; build-tsan/, about an hour on 2 cores).
 tsan:
 	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_CUDA=OFF -DKILN_TSAN=ON -DKILN_TESTS=ON
-	cmake --build build-tsan -j $(JOBS) --target kiln comm_tests runtime_tests model_tests
+	cmake --build build-tsan -j $(JOBS) --target kiln_test_server comm_tests runtime_tests model_tests
 	scripts/tsan-check build-tsan
 
 clean:
