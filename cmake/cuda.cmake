@@ -1,5 +1,6 @@
 # The one list of CUDA architectures kiln supports (shared/DESIGN.md section 2).
-# Nowhere else names an SM number except src/backends/cuda/dispatch.*.
+# Elsewhere an SM number appears only where the CUDA backend picks a kernel for the device
+# (kernels/*_sm120*, quant_gemm.cu, sampling.cu, mma_peak.cu, pdl.cuh, selftest.cpp).
 #   80, 86, 89: Ampere / Ada (portable mma.sync path, 99 KiB smem per block on 86/89)
 #   90:         Hopper, the test GPU (runs the portable path under --smem-cap 101376)
 #   120a, 121a: consumer Blackwell RTX 50 / PRO 6000, and DGX Spark (arch-specific

@@ -61,7 +61,8 @@ void add_common(CLI::App* cmd, CommonOptions& o, bool model_option) {
   cmd->add_option("--speculative-method", o.speculative_method,
                   "speculative decoding: off; ngram (drafts looked up in the sequence's own tokens); or mtp "
                   "(drafts from the checkpoint's multi-token prediction layer: DeepSeek-V3, GLM-4.5, Qwen3-Next and later); "
-                  "verified exactly by the model; Gated DeltaNet models: on the CPU backend only")
+                  "verified exactly by the model (Gated DeltaNet models too: their state restored from per-row "
+                  "snapshots)")
       ->check(CLI::IsMember({"off", "ngram", "mtp"}));
   cmd->add_option("--num-speculative-tokens", o.num_speculative_tokens,
                   "draft tokens per sequence and step with --speculative-method (at least 1)")

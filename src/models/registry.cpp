@@ -11,7 +11,7 @@ constexpr std::pair<const char*, Builder> kRegistry[] = {
     {"Qwen3MoeForCausalLM", build_qwen3_moe},
     {"Glm4MoeForCausalLM", build_glm4_moe},
     {"DeepseekV3ForCausalLM", build_deepseek_v3},  // also Kimi K2 / K2.5 text models
-    {"DeepseekV32ForCausalLM", build_deepseek_v32},  // DeepSeek sparse attention: CPU reference only
+    {"DeepseekV32ForCausalLM", build_deepseek_v32},  // DeepSeek sparse attention
     {"GlmMoeDsaForCausalLM", build_glm_moe_dsa},     // GLM-5; likewise
     {"GptOssForCausalLM", build_gpt_oss},
     {"Qwen3NextForCausalLM", build_qwen3_next},
