@@ -258,7 +258,7 @@ function generate(total, seed, ctx) {
     [5, () => {
       const name = r.pick(names);
       const b = clone(base[name]);
-      const depth = r.pick([50, 126, 127, 128, 129, 500, 5000, 50000]);
+      const depth = r.pick([50, 126, 127, 128, 129, 500, 5000, 50000, 500000]);
       const p = r.pick(sweepPaths[name]);
       setPath(b, p, deep(depth, "x"));
       add("nesting", `${name} ${p.join(".")} nested ${depth} deep`, name, post(name, toJson(b)));

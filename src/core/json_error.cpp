@@ -19,19 +19,42 @@ std::string text_position(std::string_view text, size_t byte) {
   return "line " + std::to_string(line) + ", column " + std::to_string(at - line_start + 1);
 }
 
-std::string json_error(std::string_view text) {
-  try {
-    [[maybe_unused]] const nlohmann::json parsed = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    // what(): "[json.exception.parse_error.101] parse error at line 1, column 2: syntax error ..."
-    std::string reason = e.what();
-    if (const size_t colon = reason.find(": "); colon != std::string::npos) reason = reason.substr(colon + 2);
-    if (reason.size() > 120) reason = reason.substr(0, 117) + "...";
-    return text_position(text, e.byte) + ": " + reason;
-  } catch (const nlohmann::json::exception& e) {
-    return e.what();
+namespace {
+
+// Reads and keeps nothing (no value is built, however deep the text nests): the first
+// error's position and nlohmann's message for it.
+struct FirstError final : nlohmann::json_sax<nlohmann::json> {
+  size_t byte = 0;
+  std::string what;
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return true; }
+  bool key(string_t&) override { return true; }
+  bool end_object() override { return true; }
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception& e) override {
+    byte = position;
+    what = e.what();
+    return false;
   }
-  return {};
+};
+
+}  // namespace
+
+std::string json_error(std::string_view text) {
+  FirstError sax;
+  if (nlohmann::json::sax_parse(text.begin(), text.end(), &sax)) return {};
+  // what(): "[json.exception.parse_error.101] parse error at line 1, column 2: syntax error ..."
+  std::string reason = sax.what;
+  if (const size_t colon = reason.find(": "); colon != std::string::npos) reason = reason.substr(colon + 2);
+  if (reason.size() > 120) reason = reason.substr(0, 117) + "...";
+  return text_position(text, sax.byte) + ": " + reason;
 }
 
 }  // namespace kiln

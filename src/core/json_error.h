@@ -13,8 +13,9 @@ namespace kiln {
 // the last byte read; one past the end at the end of the input). Columns count bytes.
 std::string text_position(std::string_view text, size_t byte);
 
-// `text` parsed again, with exceptions, to find the first error: "line L, column C: reason"
-// (the reason at most about 120 bytes). "" when `text` is valid JSON after all.
+// `text` read again to find the first error: "line L, column C: reason"
+// (the reason at most about 120 bytes). "" when `text` is valid JSON after all. Builds no
+// value (a SAX pass), so a text of any depth is safe to explain.
 std::string json_error(std::string_view text);
 
 }  // namespace kiln

@@ -1,5 +1,7 @@
 #include "server/anthropic_api.h"
 
+#include "core/json_bounded.h"
+
 namespace kiln::server::anthropic {
 namespace {
 
@@ -206,7 +208,7 @@ class MessagesWriter final : public ResponseWriter {
                                    {"input", ordered_json::object()}});
           break;
         case ParseEventKind::kToolCallArgs: {
-          ordered_json input = ordered_json::parse(e.text, nullptr, false);
+          ordered_json input = parse_json_bounded<ordered_json>(e.text);
           if (!input.is_discarded() && input.is_object()) blocks_.back()["input"] = std::move(input);
           out += delta_event({{"type", "input_json_delta"}, {"partial_json", e.text}});
           break;

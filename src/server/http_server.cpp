@@ -12,6 +12,7 @@
 #include <variant>
 
 #include "core/log.h"
+#include "core/json_bounded.h"
 #include "core/json_error.h"
 #include "server/anthropic_api.h"
 #include "server/chat_page.h"
@@ -50,19 +51,11 @@ std::string percent_decode(const std::string& s) {
   return out;
 }
 
-// Deeper JSON than any API needs is refused: rendering it (templates, errors) recurses.
-constexpr int kMaxJsonDepth = 128;
-
-// The body as JSON, or a message saying why not.
+// The body as JSON, or a message saying why not. Deeper JSON than any API needs is
+// refused, and never built (core/json_bounded.h: copying or rendering it recurses).
 std::variant<ordered_json, std::string> parse_body(const std::string& body) {
   int depth = 0;
-  ordered_json j = ordered_json::parse(
-      body,
-      [&](int d, ordered_json::parse_event_t, ordered_json&) {
-        depth = std::max(depth, d);
-        return true;
-      },
-      /*allow_exceptions=*/false);
+  ordered_json j = parse_json_bounded<ordered_json>(body, kMaxJsonDepth, &depth);
   if (j.is_discarded()) return "the request body is not valid JSON (UTF-8) at " + json_error(body);
   if (depth > kMaxJsonDepth)
     return "the request body nests JSON " + std::to_string(depth) + " levels deep (at most " +

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "core/json_bounded.h"
 #include "server/structured_output.h"
 
 namespace kiln::server::openai {
@@ -130,7 +131,7 @@ ApiResult<ordered_json> chat_messages(const ordered_json& messages) {
         ordered_json args = fn.contains("arguments") ? fn["arguments"] : ordered_json::object();
         // Templates expect the arguments as an object (as vLLM passes them).
         if (args.is_string()) {
-          ordered_json parsed = ordered_json::parse(args.get<std::string>(), nullptr, false);
+          ordered_json parsed = parse_json_bounded<ordered_json>(args.get<std::string>());
           if (!parsed.is_discarded() && parsed.is_object()) args = std::move(parsed);
         } else if (!args.is_object()) {
           return bad_request(cat + ".function.arguments must be a JSON string or an object", "messages");

@@ -8,6 +8,8 @@
 #include <optional>
 #include <string_view>
 
+#include "core/json_bounded.h"
+
 namespace kiln::tokenizer {
 namespace {
 
@@ -421,7 +423,7 @@ std::string render_arguments(const Json* args) {
   if (args == nullptr) return "null";
   if (args->is_string()) {
     const std::string& s = args->get_ref<const std::string&>();
-    Json parsed = Json::parse(s, nullptr, /*allow_exceptions=*/false);
+    Json parsed = parse_json_bounded<Json>(s);
     if (!parsed.is_discarded()) return python_json_dumps(parsed);
   }
   return python_json_dumps(*args);

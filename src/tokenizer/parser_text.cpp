@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "core/json_bounded.h"
+
 namespace kiln::tokenizer::detail {
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
@@ -82,8 +84,7 @@ size_t incomplete_utf8_length(std::string_view text) {
 }
 
 std::optional<nlohmann::ordered_json> parse_json_object(std::string_view text) {
-  auto value = nlohmann::ordered_json::parse(text.begin(), text.end(), nullptr,
-                                             /*allow_exceptions=*/false);
+  auto value = parse_json_bounded<nlohmann::ordered_json>(text);
   if (value.is_discarded() || !value.is_object()) return std::nullopt;
   return value;
 }

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "core/json_bounded.h"
+
 namespace kiln::tokenizer::detail {
 namespace {
 
@@ -69,7 +71,7 @@ bool is_string_type(const Json& type) {
 // its ast.literal_eval fallback for Python literals). Values are not trimmed.
 Json glm_value(std::string_view text, const Json* type) {
   if (type != nullptr && is_string_type(*type)) return Json(std::string(text));
-  Json value = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  Json value = parse_json_bounded<Json>(text);
   if (value.is_discarded()) return Json(std::string(text));
   return value;
 }
@@ -199,7 +201,7 @@ std::optional<CallText> parse_dsml_body(std::string_view body) {
     if (is_string && *is_string == "true") {
       value = std::string(text);
     } else {
-      value = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+      value = parse_json_bounded<Json>(text);
       if (value.is_discarded()) value = std::string(text);
     }
     arguments[std::string(*key)] = std::move(value);

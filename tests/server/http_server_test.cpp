@@ -2,7 +2,7 @@
 // model loads, 200 once ready; 429 when the engine's queue is full; a drain lets the
 // request in flight finish while new ones get 503; Content-Length headers that disagree
 // get 400; data-parallel replicas share the requests, a conversation staying on the one
-// that holds its prefix.
+// that holds its prefix; deeply nested JSON is refused or kept as text, never a crash.
 #include <gtest/gtest.h>
 
 #include <httplib.h>
@@ -313,6 +313,49 @@ TEST(HttpServer, ContentLengthsThatDisagreeAre400) {
   EXPECT_EQ(error["error"]["message"], "the request has Content-Length headers that disagree");
   const std::string agreed = raw_exchange(*port, request(kMessages.size()));
   EXPECT_EQ(agreed.rfind("HTTP/1.1 503", 0), 0u) << agreed;
+  http.stop();
+}
+
+// JSON nested far deeper than any API needs, where the parser's copies and the template's
+// rendering would recurse once a level: 50,000 levels in a field, followed by another field
+// (which overflowed a server thread's stack and ended the process), is a 400 naming the
+// depth; a tool call's `arguments` string nested as deep (it crashed the same way) is kept
+// as a string; and the server answers afterwards.
+TEST(HttpServer, DeeplyNestedJsonIsRefusedOrKeptAsTextNeverACrash) {
+  HttpServer http({.port = 0});
+  auto port = http.start();
+  ASSERT_TRUE(port.ok()) << port.status().to_string();
+  Served s = load(4, 16);
+  http.set_ready(s.engine.get(), s.model.get());
+  httplib::Client c("127.0.0.1", *port);
+  c.set_read_timeout(120, 0);
+  const int levels = 50000;
+  const std::string deep = std::string(levels, '[') + std::string(levels, ']');
+  const std::string seed = R"({"model": "kiln-demo", "max_tokens": 4, "seed": )" + deep +
+                           R"(, "stop": "x", "messages": [{"role": "user", "content": "Hi"}]})";
+  auto refused = c.Post("/v1/chat/completions", seed, "application/json");
+  ASSERT_TRUE(refused) << "no answer: the server is gone";
+  EXPECT_EQ(refused->status, 400) << refused->body;
+  EXPECT_EQ(json::parse(refused->body)["error"]["message"],
+            "the request body nests JSON 50000 levels deep (at most 128)");
+
+  json chat = json::parse(kChat);
+  chat["messages"].push_back({{"role", "assistant"},
+                              {"content", nullptr},
+                              {"tool_calls", {{{"id", "call_1"},
+                                               {"type", "function"},
+                                               {"function", {{"name", "f"}, {"arguments", "{\"a\": " + deep + "}"}}}}}}});
+  chat["messages"].push_back({{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "ok"}});
+  auto served = c.Post("/v1/chat/completions", chat.dump(), "application/json");
+  ASSERT_TRUE(served) << "no answer: the server is gone";
+  // The arguments went into the prompt as text: 100,000 brackets are longer than the context.
+  EXPECT_EQ(served->status, 400) << served->body;
+  const std::string message = json::parse(served->body)["error"]["message"];
+  EXPECT_NE(message.find("maximum context length is 2048 tokens"), std::string::npos) << message;
+
+  auto after = c.Post("/v1/chat/completions", kChat, "application/json");
+  ASSERT_TRUE(after);
+  EXPECT_EQ(after->status, 200) << after->body;
   http.stop();
 }
 
