@@ -319,6 +319,28 @@ function generate(total, seed, ctx) {
       }
       add("tools", `${name}: tool ${JSON.stringify(tn)?.slice(0, 20)} schema ${JSON.stringify(s)?.slice(0, 40)}`, name, post(name, toJson(b)));
     }],
+    // 7b. Hostile constraints: groups nested past any parser's stack, counted repetitions
+    // that would take billions of grammar rules, a chain of 10,000 references, 100,000
+    // groups or object keys (each once quadratic: seconds to hours of a server thread).
+    [4, () => {
+      const name = r.pick(["chat", "completions"]);
+      const b = clone(base[name]);
+      const n = r.pick([129, 100000]);
+      const chain = Object.fromEntries(Array.from({ length: 10000 }, (_, i) => ["d" + i, { $ref: "#/$defs/d" + (i + 1) }]));
+      chain.d10000 = { type: "string" };
+      const many = Object.fromEntries(Array.from({ length: 50000 }, (_, i) => ["p" + i, { type: "string" }]));
+      const constraints = [
+        { regex: "(".repeat(n) + "a" + ")".repeat(n) }, { grammar: "root ::= " + "(".repeat(n) + "\"a\"" + ")".repeat(n) },
+        { regex: "(a{0,10000})".repeat(30) }, { grammar: "root ::= " + "\"a\"{0,10000} ".repeat(30) },
+        { regex: "(a)".repeat(100000) }, { regex: "((a{10000}){10000}){10000}" },
+        { json: { $ref: "#/$defs/d0", $defs: chain } }, { json: { type: "object", properties: many } },
+        { json: "{\"type\":\"array\",\"items\":".repeat(n) + "{}" + "}".repeat(n) },
+        { json: { type: "object", properties: Object.fromEntries(Array.from({ length: 30 }, (_, i) => ["s" + i, { type: "string", maxLength: 10000 }])) } },
+      ];
+      b.structured_outputs = r.pick(constraints);
+      b.max_tokens = 4;
+      add("constraint", `${name}: structured_outputs ${JSON.stringify(b.structured_outputs).slice(0, 60)}`, name, post(name, toJson(b)));
+    }],
     // 8. Bad HTTP: methods, request lines, headers, URIs, lengths, chunked bodies.
     [14, () => {
       const name = r.pick(names);

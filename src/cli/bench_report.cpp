@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <string_view>
@@ -19,6 +20,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "core/json_bounded.h"
 
 namespace kiln::cli {
 namespace {
@@ -548,9 +551,9 @@ Status write_bench_report_html(const json& report, const std::string& html_path)
 Status bench_report_from_file(const std::string& json_path, const std::string& html_path) {
   std::ifstream f(json_path);
   if (!f) return not_found("cannot read " + json_path);
-  const json report = json::parse(f, nullptr, false);
-  if (report.is_discarded())
-    return invalid_argument(json_path + ": not JSON (expected a report of kiln bench serve --json)");
+  std::string why;
+  const json report = parse_json_explained<json>(std::string(std::istreambuf_iterator<char>(f), {}), &why);
+  if (!why.empty()) return invalid_argument(json_path + ": " + why + " (expected a report of kiln bench serve --json)");
   Result<std::string> html = bench_report_html(report);
   if (!html.ok()) return html.status().with_context(json_path);
   return write_file(*html, html_path);

@@ -26,6 +26,7 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -42,6 +43,7 @@
 #include "cli/bench_report.h"
 #include "cli/common.h"
 #include "cli/subcommand.h"
+#include "core/json_bounded.h"
 #include "core/status.h"
 
 namespace kiln::cli {
@@ -150,7 +152,7 @@ std::string excerpt(std::string_view s, size_t n = 200) {
 
 // The message of an OpenAI-style error body ({"error": {"message": ...}}), else the text.
 std::string error_text(std::string_view body) {
-  const json j = json::parse(body, nullptr, false);
+  const json j = parse_json_bounded<json>(body);
   if (j.is_object() && j.contains("error")) {
     const json& e = j["error"];
     if (e.is_object() && e.contains("message") && e["message"].is_string()) return e["message"].get<std::string>();
@@ -213,7 +215,7 @@ Result<std::string> first_model(const Target& t, const BenchOptions& o) {
   if (!r) return not_found("cannot reach " + o.url + " (GET " + path + ": " + transport_error(r.error()) + ")");
   if (r->status != 200)
     return not_found(o.url + ": GET " + path + " answered HTTP " + std::to_string(r->status) + ": " + error_text(r->body));
-  const json j = json::parse(r->body, nullptr, false);
+  const json j = parse_json_bounded<json>(r->body);
   if (!j.is_object() || !j.contains("data") || !j["data"].is_array() || j["data"].empty() ||
       !j["data"][0].is_object() || !j["data"][0].contains("id") || !j["data"][0]["id"].is_string())
     return not_found(o.url + ": GET " + path + " lists no model id; pass --model");
@@ -329,7 +331,7 @@ class StreamReader {
       done_ = true;
       return true;
     }
-    const json j = json::parse(l, nullptr, false);
+    const json j = parse_json_bounded<json>(l);
     if (!j.is_object()) {
       error_ = "malformed stream: " + excerpt(l);
       return false;
@@ -682,8 +684,11 @@ int run_bench(BenchOptions o) {
   std::signal(SIGPIPE, SIG_IGN);  // a server gone mid-request is a failed request
   if (o.request_rate == 0 && o.concurrency.empty()) return fail(invalid_argument("--concurrency is empty"));
   if (!o.json_schema_path.empty()) {
-    std::ifstream f(o.json_schema_path);
-    o.json_schema = json::parse(f, nullptr, /*allow_exceptions=*/false);
+    std::ifstream f(o.json_schema_path, std::ios::binary);
+    if (!f) return fail_msg("--json-schema: cannot open " + o.json_schema_path);
+    std::string why;
+    o.json_schema = parse_json_explained<json>(std::string(std::istreambuf_iterator<char>(f), {}), &why);
+    if (!why.empty()) return fail_msg("--json-schema " + o.json_schema_path + ": " + why);
     if (!o.json_schema.is_object()) return fail_msg("--json-schema " + o.json_schema_path + " is not a JSON object");
   }
   Result<Target> target = parse_url(o.url);

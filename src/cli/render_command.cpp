@@ -8,7 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "core/json_error.h"
+#include "core/json_bounded.h"
 #include "formats/hf_config.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/deepseek_v32.h"
@@ -28,8 +28,9 @@ Result<json> read_json_file(const std::string& path, const char* flag) {
   if (!in) return not_found(std::string(flag) + ": cannot open " + path);
   std::ostringstream ss;
   ss << in.rdbuf();
-  json j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return invalid_argument(std::string(flag) + ": " + path + " is not valid JSON at " + json_error(ss.str()));
+  std::string why;
+  json j = parse_json_explained<json>(ss.str(), &why);
+  if (!why.empty()) return invalid_argument(std::string(flag) + ": " + path + ": " + why);
   return j;
 }
 
@@ -68,7 +69,7 @@ int run_render(const RenderCommandOptions& o, std::ostream& out, std::ostream& e
   }
   request.add_generation_prompt = !o.no_generation_prompt;
   if (!o.kwargs.empty()) {
-    request.kwargs = json::parse(o.kwargs, nullptr, /*allow_exceptions=*/false);
+    request.kwargs = parse_json_bounded<json>(o.kwargs);
     if (!request.kwargs.is_object())
       return fail(err, invalid_argument("--kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'"));
   }

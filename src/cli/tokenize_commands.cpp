@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "core/json_bounded.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kiln::cli {
@@ -70,7 +71,7 @@ int run_tokenize(const TokenizeOptions& o, std::ostream& out, std::ostream& err)
   std::string result, line;
   for (size_t n = 1; std::getline(f, line); ++n) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const json j = parse_json_bounded<json>(line);
     if (!j.is_string()) {
       return fail(err, invalid_argument(o.file + ":" + std::to_string(n) +
                                         ": expected one JSON string per line"));

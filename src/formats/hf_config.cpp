@@ -1,6 +1,6 @@
 #include "formats/hf_config.h"
 
-#include "core/json_error.h"
+#include "core/json_bounded.h"
 
 #include <algorithm>
 #include <fstream>
@@ -210,8 +210,9 @@ int64_t ModelConfig::sliding_window_of_layer(int64_t i) const {
 }
 
 Result<ModelConfig> parse_config(const std::string& json_text, const std::string& source) {
-  json root = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded()) return corrupt(source + ": not valid JSON at " + json_error(json_text));
+  std::string why;
+  json root = parse_json_explained<json>(json_text, &why);
+  if (!why.empty()) return corrupt(source + ": " + why);
   if (!root.is_object()) return corrupt(source + ": top level should be a JSON object");
 
   ModelConfig c;
@@ -340,8 +341,9 @@ Result<ModelConfig> load_config(const std::string& dir) {
   if (!g) return c;
   std::stringstream gs;
   gs << g.rdbuf();
-  const json gen = json::parse(gs.str(), nullptr, /*allow_exceptions=*/false);
-  if (gen.is_discarded()) return corrupt(gen_path + ": not valid JSON at " + json_error(gs.str()));
+  std::string why;
+  const json gen = parse_json_explained<json>(gs.str(), &why);
+  if (!why.empty()) return corrupt(gen_path + ": " + why);
   if (!gen.is_object()) return corrupt(gen_path + " is not a JSON object");
   KILN_RETURN_IF_ERROR(Reader(gen, gen_path).get_int_list("eos_token_id", &c.generation_eos_token_ids));
   return c;

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/json_error.h"
+#include "core/json_bounded.h"
 
 namespace kiln::formats {
 namespace {
@@ -126,8 +126,9 @@ Result<json> read_json_file(const std::string& path) {
   std::ifstream f(path);
   std::stringstream ss;
   ss << f.rdbuf();
-  json j = json::parse(ss.str(), nullptr, false);
-  if (j.is_discarded()) return corrupt(path + ": not valid JSON at " + json_error(ss.str()));
+  std::string why;
+  json j = parse_json_explained<json>(ss.str(), &why);
+  if (!why.empty()) return corrupt(path + ": " + why);
   return j;
 }
 
@@ -146,14 +147,15 @@ bool QuantConfig::is_quantized(const std::string& name) const {
 Result<QuantConfig> parse_quant_config(const std::string& config_json, const std::string& hf_quant_json,
                                        const std::string& source) {
   QuantConfig c;
-  json cfg = json::parse(config_json, nullptr, false);
-  if (cfg.is_discarded()) return corrupt(source + ": not valid JSON at " + json_error(config_json));
+  std::string why;
+  json cfg = parse_json_explained<json>(config_json, &why);
+  if (!why.empty()) return corrupt(source + ": " + why);
   if (!cfg.is_object()) return corrupt(source + ": top level should be a JSON object");
   json q = cfg.value("quantization_config", json());
   const std::string src = source + " (quantization_config)";
   if (q.is_null() && !hf_quant_json.empty()) {
-    q = json::parse(hf_quant_json, nullptr, false);
-    if (q.is_discarded()) return corrupt("hf_quant_config.json: not valid JSON at " + json_error(hf_quant_json));
+    q = parse_json_explained<json>(hf_quant_json, &why);
+    if (!why.empty()) return corrupt("hf_quant_config.json: " + why);
     if (!q.contains("quant_method")) q["quant_method"] = "modelopt";
   }
   if (q.is_null()) return c;

@@ -16,6 +16,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/json_bounded.h"
+
 namespace kiln::formats {
 namespace {
 
@@ -224,13 +226,9 @@ Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string
   const uint64_t data_start = 8 + header_len;
   const uint64_t data_bytes = size - data_start;
 
-  Json header;
-  try {
-    header = Json::parse(bytes + 8, bytes + data_start);
-  } catch (const Json::exception& e) {
-    return corrupt(path + ": header (" + std::to_string(header_len) +
-                   " bytes) is not valid JSON: " + e.what());
-  }
+  std::string why;
+  const Json header = parse_json_explained<Json>(std::string_view(reinterpret_cast<const char*>(bytes) + 8, header_len), &why);
+  if (!why.empty()) return corrupt(path + ": header (" + std::to_string(header_len) + " bytes): " + why);
   if (!header.is_object())
     return corrupt(path + ": header is a JSON " + header.type_name() + ", not an object");
 
@@ -337,12 +335,9 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
   const fs::path index_path = root / kIndexName;
   if (fs::exists(index_path, ec)) {
     KILN_ASSIGN_OR_RETURN(std::string text, read_text(index_path.string()));
-    Json index;
-    try {
-      index = Json::parse(text);
-    } catch (const Json::exception& e) {
-      return corrupt(index_path.string() + ": not valid JSON: " + e.what());
-    }
+    std::string why;
+    const Json index = parse_json_explained<Json>(text, &why);
+    if (!why.empty()) return corrupt(index_path.string() + ": " + why);
     if (!index.is_object() || !index.contains("weight_map") || !index.at("weight_map").is_object())
       return corrupt(index_path.string() + ": no \"weight_map\" object");
     const Json& weight_map = index.at("weight_map");

@@ -125,6 +125,7 @@ class Parser {
       skip(depth > 0);
       const char c = peek();
       if (at_end() || c == '|' || c == ')' || c == '\n') break;
+      if (g_.too_large()) return error(too_large_message());
       KILN_ASSIGN_OR_RETURN(Sequence item, primary(depth));
       KILN_ASSIGN_OR_RETURN(item, postfix(std::move(item)));
       seq.insert(seq.end(), item.begin(), item.end());
@@ -167,6 +168,7 @@ class Parser {
       return regex_to_sequence(g_, "(?:.|\\n)", RegexMode::kFullMatch);
     }
     if (c == '(') {
+      if (depth == kMaxGroupDepth) return error("groups nested deeper than " + std::to_string(kMaxGroupDepth));
       ++i_;
       KILN_ASSIGN_OR_RETURN(std::vector<Sequence> alts, alternatives(depth + 1));
       skip(true);

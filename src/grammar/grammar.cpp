@@ -59,9 +59,20 @@ std::string ByteSet::to_string() const {
   return out + "]";
 }
 
+std::string too_large_message() {
+  return "the grammar is too large: more than " + std::to_string(kMaxRules) +
+         " rules (a counted repetition {m,n} costs n + 2 of them)";
+}
+
 uint32_t Grammar::add_rule(std::string name, std::vector<Sequence> alternatives) {
   std::string unique = name;
-  for (int i = 2; names_.count(unique); ++i) unique = name + "_" + std::to_string(i);
+  if (names_.count(unique)) {
+    // The first free name_N from 2, as a search from 2 each time would find: names are never
+    // removed, so every N below where the last search stopped is still taken.
+    int& next = next_suffix_.try_emplace(name, 2).first->second;
+    do unique = name + "_" + std::to_string(next++);
+    while (names_.count(unique));
+  }
   names_.insert(unique);
   rules_.push_back({.name = std::move(unique), .alternatives = std::move(alternatives)});
   return static_cast<uint32_t>(rules_.size() - 1);
@@ -150,6 +161,10 @@ Element Grammar::repeat(std::string name, Sequence body, uint32_t min, std::opti
   // Counting rules C_0 ::= <empty>, C_i ::= C_{i-1} body, all left-linear so that after i
   // copies the recognizer holds a constant number of items, whatever the bound.
   const uint32_t top_count = max ? *max : min;
+  if (rules_.size() + top_count + 2 > kMaxRules) {
+    too_large_ = true;
+    return Element::ref(add_rule(std::move(name)));
+  }
   std::vector<uint32_t> counts{add_rule(name + "_0", {{}})};
   for (uint32_t i = 1; i <= top_count; ++i) {
     Sequence seq{Element::ref(counts.back())};
@@ -202,6 +217,7 @@ size_t Grammar::n_elements() const {
 }
 
 Status Grammar::validate() const {
+  if (too_large()) return invalid_argument(too_large_message());
   if (start_ >= rules_.size()) return internal_error("grammar has no start rule");
   for (const Rule& r : rules_)
     for (const Sequence& a : r.alternatives)

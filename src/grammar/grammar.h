@@ -15,12 +15,22 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include "core/status.h"
 
 namespace kiln::grammar {
+
+// What a grammar from a request may cost. Rules: a counted repetition {m,n} adds n + 2 of
+// them, so a short pattern could otherwise ask for billions. Group depth: each level of a
+// regex's or GBNF rule's parentheses is a few stack frames of its parser (100,000 levels
+// overflowed a server thread's stack).
+inline constexpr size_t kMaxRules = 250000;
+inline constexpr int kMaxGroupDepth = 128;
+// "the grammar is too large: more than 250000 rules (...)", for a front end's error.
+std::string too_large_message();
 
 // A set of byte values: bit b set iff byte b is in the set.
 struct ByteSet {
@@ -104,11 +114,15 @@ class Grammar {
   static Sequence cat(std::initializer_list<Sequence> parts);
 
   const std::vector<Rule>& rules() const { return rules_; }
+  // More than kMaxRules rules: validate refuses the grammar; a counted repetition past the
+  // budget adds one empty rule instead of its count; front ends stop early.
+  bool too_large() const { return too_large_ || rules_.size() > kMaxRules; }
   uint32_t start() const { return start_; }
   size_t n_elements() const;  // total elements over all alternatives (size measure)
 
   // Every rule reference in range and a start rule set. Broken grammars are bugs of the
-  // front end, but a Status lets a front end report them as such.
+  // front end, but a Status lets a front end report them as such. A too_large grammar is
+  // an InvalidArgument that says so.
   Status validate() const;
   // One rule a line: `name ::= "lit" [a-z] other | ...`; the start rule first.
   std::string to_string() const;
@@ -117,6 +131,10 @@ class Grammar {
   std::vector<Rule> rules_;
   uint32_t start_ = UINT32_MAX;
   std::unordered_set<std::string> names_;  // for uniqueness
+  // Where add_rule's search for a free name_N stopped, by name (n rules of one name cost
+  // n lookups, not n^2 / 2: 10,000 regex groups took 16 s).
+  std::unordered_map<std::string, int> next_suffix_;
+  bool too_large_ = false;
 };
 
 }  // namespace kiln::grammar

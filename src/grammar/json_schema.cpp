@@ -5,6 +5,7 @@
 #include <optional>
 #include <set>
 
+#include "core/json_bounded.h"
 #include "grammar/regex.h"
 
 namespace kiln::grammar {
@@ -185,7 +186,15 @@ class Compiler {
   }
 
   // ---- schemas ----
+  // The schema at `path`; the innermost one that takes the grammar past its rule budget is
+  // the one the error names.
   Result<Sequence> compile(const json& s, const std::string& path, int depth) {
+    Result<Sequence> seq = compile_node(s, path, depth);
+    if (seq.ok() && g_.too_large()) return invalid_at(path, too_large_message());
+    return seq;
+  }
+
+  Result<Sequence> compile_node(const json& s, const std::string& path, int depth) {
     if (depth > kMaxSchemaDepth) return invalid_at(path, "nested deeper than " + std::to_string(kMaxSchemaDepth));
     if (s.is_boolean()) {
       if (s.get<bool>()) return Sequence{value()};
@@ -202,7 +211,7 @@ class Compiler {
     };
     if (s.contains("$ref")) {
       if (auto other = constraining({"$ref"})) return unsupported_at(path, *other, "beside $ref");
-      return compile_ref(s["$ref"], child(path, "$ref"));
+      return compile_ref(s["$ref"], child(path, "$ref"), depth);
     }
     if (s.contains("const")) return literal_value(s["const"]);
     if (s.contains("enum")) {
@@ -275,7 +284,9 @@ class Compiler {
     return out;
   }
 
-  Result<Sequence> compile_ref(const json& ref, const std::string& path) {
+  // A reference's target nests one level below the reference: a chain of definitions, each
+  // a reference to the next, recursed once a link (100,000 of them overflowed the stack).
+  Result<Sequence> compile_ref(const json& ref, const std::string& path, int depth) {
     if (!ref.is_string()) return invalid_at(path, "$ref must be a string");
     const std::string r = ref.get<std::string>();
     if (auto it = refs_.find(r); it != refs_.end()) return Sequence{Element::ref(it->second)};
@@ -303,7 +314,7 @@ class Compiler {
     // The rule exists before its body is compiled, so recursion refers to it.
     const uint32_t rule = g_.add_rule(name);
     refs_[r] = rule;
-    KILN_ASSIGN_OR_RETURN(Sequence body, compile(*target, r.substr(1), 0));
+    KILN_ASSIGN_OR_RETURN(Sequence body, compile(*target, r.substr(1), depth + 1));
     g_.set_alternatives(rule, {std::move(body)});
     return Sequence{Element::ref(rule)};
   }
@@ -693,12 +704,9 @@ class Compiler {
 Result<Grammar> json_schema_to_grammar(const nlohmann::ordered_json& schema) { return Compiler(schema).run(); }
 
 Result<Grammar> json_schema_text_to_grammar(std::string_view schema_text) {
-  nlohmann::ordered_json schema;
-  try {
-    schema = nlohmann::ordered_json::parse(schema_text);
-  } catch (const std::exception& e) {
-    return invalid_argument(std::string("JSON schema is not valid JSON: ") + e.what());
-  }
+  std::string why;
+  const nlohmann::ordered_json schema = parse_json_explained<nlohmann::ordered_json>(schema_text, &why);
+  if (!why.empty()) return invalid_argument("JSON schema: " + why);
   return json_schema_to_grammar(schema);
 }
 

@@ -40,6 +40,7 @@ class Parser {
       if (at_end()) break;
       if (!eat('|')) return error(peek() == ')' ? "unbalanced ')'" : "unexpected character");
     }
+    if (g_.too_large()) return too_large();
     if (branches.size() == 1) return std::move(branches[0]);
     return Sequence{g_.alternation("regex_alt", std::move(branches))};
   }
@@ -53,8 +54,11 @@ class Parser {
     return true;
   }
   Status error(const std::string& what) const {
-    return invalid_argument("regex '" + std::string(p_) + "' at offset " + std::to_string(i_) + ": " + what);
+    // A long pattern is quoted by its first 80 bytes (the error goes back in a response).
+    const std::string quoted = p_.size() <= 80 ? std::string(p_) : std::string(p_.substr(0, 80)) + "...";
+    return invalid_argument("regex '" + quoted + "' at offset " + std::to_string(i_) + ": " + what);
   }
+  Status too_large() const { return error(too_large_message()); }
 
   Result<Sequence> alternation() {
     std::vector<Sequence> branches;
@@ -71,6 +75,7 @@ class Parser {
     Sequence out;
     while (!at_end() && peek() != '|' && peek() != ')') {
       if (peek() == '$' && top && (i_ + 1 == p_.size() || p_[i_ + 1] == '|')) break;
+      if (g_.too_large()) return too_large();
       KILN_ASSIGN_OR_RETURN(Sequence atom_seq, atom());
       KILN_ASSIGN_OR_RETURN(Sequence q, quantified(std::move(atom_seq)));
       out.insert(out.end(), q.begin(), q.end());
@@ -128,6 +133,7 @@ class Parser {
   Result<Sequence> atom() {
     const char c = p_[i_];
     if (c == '(') {
+      if (depth_ == kMaxGroupDepth) return error("groups nested deeper than " + std::to_string(kMaxGroupDepth));
       ++i_;
       if (eat('?')) {
         if (eat(':')) {
@@ -141,7 +147,9 @@ class Parser {
           return error("unsupported group syntax '(?'");
         }
       }
+      ++depth_;
       KILN_ASSIGN_OR_RETURN(Sequence inner, alternation());
+      --depth_;
       if (!eat(')')) return error("missing ')'");
       return Sequence{g_.alternation("regex_group", {std::move(inner)})};
     }
@@ -328,6 +336,7 @@ class Parser {
   size_t i_ = 0;
   uint32_t code_point_ = 0;
   bool bad_count_ = false;
+  int depth_ = 0;  // groups open at i_
   std::optional<Element> any_;
 };
 

@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "core/log.h"
-#include "core/json_error.h"
+#include "core/json_bounded.h"
 #include "grammar/matcher.h"
 #include "grammar/token_mask.h"
 #include "tokenizer/deepseek_v32.h"
@@ -104,8 +104,9 @@ Status ServedModel::load_sampling_defaults(const std::string& dir) {
   if (!f) return Status::Ok();
   std::stringstream ss;
   ss << f.rdbuf();
-  const ordered_json g = ordered_json::parse(ss.str(), nullptr, false);
-  if (g.is_discarded()) return corrupt(path + ": not valid JSON at " + json_error(ss.str()));
+  std::string why;
+  const ordered_json g = parse_json_explained<ordered_json>(ss.str(), &why);
+  if (!why.empty()) return corrupt(path + ": " + why);
   if (!g.is_object()) return corrupt(path + " is not a JSON object");
   // do_sample false means greedy, whatever temperature says.
   const bool greedy = g.contains("do_sample") && g["do_sample"].is_boolean() && !g["do_sample"].get<bool>();

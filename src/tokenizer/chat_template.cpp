@@ -4,7 +4,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "core/json_error.h"
+#include "core/json_bounded.h"
 
 namespace kiln::tokenizer {
 
@@ -27,8 +27,9 @@ Result<std::string> read_file(const fs::path& path) {
 
 Result<json> read_json(const fs::path& path) {
   KILN_ASSIGN_OR_RETURN(std::string text, read_file(path));
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return corrupt(path.string() + ": not valid JSON at " + json_error(text));
+  std::string why;
+  json j = parse_json_explained<json>(text, &why);
+  if (!why.empty()) return corrupt(path.string() + ": " + why);
   return j;
 }
 

@@ -3,6 +3,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/json_bounded.h"
 #include "tokenizer/harmony.h"
 
 namespace kiln::tokenizer {
@@ -120,7 +121,7 @@ Result<std::string> render_call(const Json& call) {
   const Json* name = field(fn, "name");
   if (name == nullptr || !name->is_string()) return invalid_argument("DeepSeek-V3.2: a tool call without a name");
   Json args = fn.contains("arguments") ? fn["arguments"] : Json::object();
-  if (args.is_string()) args = Json::parse(args.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+  if (args.is_string()) args = parse_json_bounded<Json>(args.get<std::string>());
   if (!args.is_object()) {
     return invalid_argument("DeepSeek-V3.2: the arguments of tool call '" + name->get<std::string>() +
                             "' are not a JSON object");

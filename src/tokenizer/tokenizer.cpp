@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/json_error.h"
+#include "core/json_bounded.h"
 #include "core/log.h"
 #include "tokenizer/added_vocab.h"
 #include "tokenizer/bpe.h"
@@ -47,8 +47,9 @@ std::optional<std::string> token_field(const json& config, const char* key) {
 Result<TokenizerConfig> parse_config(std::string_view text) {
   TokenizerConfig c;
   if (text.empty()) return c;
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return corrupt("tokenizer_config.json: not valid JSON at " + json_error(text));
+  std::string why;
+  json j = parse_json_explained<json>(text, &why);
+  if (!why.empty()) return corrupt("tokenizer_config.json: " + why);
   if (!j.is_object()) return corrupt("tokenizer_config.json is not a JSON object");
   if (auto it = j.find("add_bos_token"); it != j.end() && it->is_boolean()) {
     c.add_bos_token = it->get<bool>();
@@ -140,8 +141,9 @@ Result<Tokenizer> Tokenizer::load(const std::string& dir) {
 
 Result<Tokenizer> Tokenizer::load_from_json(std::string_view tokenizer_json,
                                             std::string_view config_json) {
-  json j = json::parse(tokenizer_json, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return corrupt("tokenizer.json: not valid JSON at " + json_error(tokenizer_json));
+  std::string why;
+  json j = parse_json_explained<json>(tokenizer_json, &why);
+  if (!why.empty()) return corrupt("tokenizer.json: " + why);
   if (!j.is_object()) return corrupt("tokenizer.json must be a JSON object");
   auto impl = std::make_unique<Impl>();
   try {

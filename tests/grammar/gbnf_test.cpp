@@ -115,6 +115,16 @@ TEST(Gbnf, ErrorsNameTheLineAndColumn) {
   EXPECT_NE(message("root ::= \"\\q\"").find("unknown escape"), std::string::npos);
   EXPECT_NE(message("root ::= \"a\" ;").find("line 1, column 14: unexpected character ';'"), std::string::npos)
       << message("root ::= \"a\" ;");
+  // Bounds (grammar.h): groups 128 deep, 250,000 rules.
+  const auto nested = [](int levels) {
+    return "root ::= " + std::string(size_t(levels), '(') + "\"a\"" + std::string(size_t(levels), ')');
+  };
+  EXPECT_EQ(message(nested(128)), "ok");
+  EXPECT_EQ(message(nested(100000)), "GBNF grammar at line 1, column 138: groups nested deeper than 128");
+  std::string counts = "root ::=";
+  for (int i = 0; i < 30; ++i) counts += " \"a\"{0,10000}";
+  EXPECT_NE(message(counts).find("the grammar is too large: more than 250000 rules"), std::string::npos)
+      << message(counts);
 }
 
 }  // namespace

@@ -182,6 +182,26 @@ TEST(JsonSchema, RefusedKeywordsNameTheKeywordAndPath) {
   EXPECT_NE(error_of("false").find("matches no value"), std::string::npos);
 }
 
+// A schema's text nested past 128 levels is refused as it is read (never built: a deep value
+// overflows the stack when copied); a schema whose counted lengths ask for more than 250,000
+// rules is refused where the budget runs out.
+TEST(JsonSchema, DeepTextAndLargeGrammarsAreRefused) {
+  std::string deep;
+  for (int i = 0; i < 100000; ++i) deep += R"({"type":"array","items":)";
+  deep += "{}" + std::string(100000, '}');
+  EXPECT_EQ(error_of(deep), "JSON schema: JSON nested 100000 levels deep (kiln reads at most 128)");
+  std::string wide = R"({"type":"object","properties":{)";
+  for (int i = 0; i < 30; ++i) wide += (i ? "," : "") + ("\"p" + std::to_string(i)) + R"(":{"type":"string","maxLength":10000})";
+  wide += "}}";
+  EXPECT_NE(error_of(wide).find("at /properties/p24: the grammar is too large: more than 250000 rules"), std::string::npos)
+      << error_of(wide);
+  // A chain of references, each to the next definition, nests as deep as the chain is long.
+  std::string chain = R"({"$ref":"#/$defs/d0","$defs":{)";
+  for (int i = 0; i < 100000; ++i) chain += (i ? "," : "") + ("\"d" + std::to_string(i)) + R"(":{"$ref":"#/$defs/d)" + std::to_string(i + 1) + "\"}";
+  chain += R"(,"d100000":{"type":"string"}}})";
+  EXPECT_NE(error_of(chain).find(": nested deeper than 64"), std::string::npos) << error_of(chain).substr(0, 300);
+}
+
 // ---- property tests ----
 
 const char* kPropertySchemas[] = {

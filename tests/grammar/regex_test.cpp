@@ -80,5 +80,38 @@ TEST(Regex, RefusedConstructsHaveClearErrors) {
   }
 }
 
+// What a request's pattern may cost (grammar.h): groups nest at most kMaxGroupDepth deep
+// (100,000 levels overflowed the server's stack), counted repetitions add at most
+// kMaxRules rules, and an error quotes a long pattern by its start.
+TEST(Regex, NestingAndSizeAreBounded) {
+  const auto nested = [](int levels) { return std::string(size_t(levels), '(') + "a" + std::string(size_t(levels), ')'); };
+  EXPECT_TRUE(full_match(nested(kMaxGroupDepth), "a"));
+  for (int levels : {kMaxGroupDepth + 1, 100000}) {
+    auto g = regex_to_grammar(nested(levels));
+    ASSERT_FALSE(g.ok());
+    EXPECT_NE(g.status().message().find("offset 128: groups nested deeper than 128"), std::string::npos)
+        << g.status().message().substr(0, 300);
+    EXPECT_LT(g.status().message().size(), 200u);  // the pattern quoted by its first 80 bytes
+  }
+  std::string many;  // 30 x 10,002 rules
+  for (int i = 0; i < 30; ++i) many += "(a{0,10000})";
+  auto big = regex_to_grammar(many);
+  ASSERT_FALSE(big.ok());
+  EXPECT_NE(big.status().message().find("the grammar is too large: more than 250000 rules"), std::string::npos)
+      << big.status().message();
+  // Nested counts are not multiplied (a count's body is one rule reference).
+  auto deep_counts = regex_to_grammar("((a{10000}){10000}){10000}");
+  ASSERT_TRUE(deep_counts.ok()) << deep_counts.status().message();
+  EXPECT_LT(deep_counts->rules().size(), 31000u);
+  // 100,000 groups of one name get distinct names in linear time (once quadratic: 16 s
+  // for 10,000).
+  std::string groups;
+  for (int i = 0; i < 100000; ++i) groups += "(a)";
+  auto g = regex_to_grammar(groups);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  EXPECT_EQ(g->rules().back().name, "regex");
+  EXPECT_EQ(g->rules()[g->rules().size() - 2].name, "regex_group_100000");
+}
+
 }  // namespace
 }  // namespace kiln::grammar

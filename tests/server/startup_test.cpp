@@ -19,6 +19,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "temp_dir.h"
 
@@ -93,6 +94,19 @@ std::string read_file(const fs::path& p) {
 
 void write_file(const fs::path& p, const std::string& text) { std::ofstream(p, std::ios::binary) << text; }
 
+std::string nested(int levels) { return std::string(size_t(levels), '[') + std::string(size_t(levels), ']'); }
+
+// A JSON file whose member `key` is replaced by 200,000 nested arrays, with the other
+// members kept.
+void nest_in(const fs::path& p, const std::string& key) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(read_file(p));
+  ASSERT_TRUE(j.contains(key)) << p << " has no " << key;
+  j[key] = "@deep@";
+  std::string text = j.dump();
+  text.replace(text.find("\"@deep@\""), 8, nested(200000));
+  write_file(p, text);
+}
+
 // A copy of the demo model, then broken by `spoil`.
 struct BadModel {
   std::string kind;
@@ -135,6 +149,22 @@ std::vector<BadModel> bad_models() {
       {"no config.json",
        [](const fs::path& d) { fs::remove(d / "config.json"); },
        "has no config.json"},
+      // Nested 200,000 levels deep: each of these ended kiln with a stack overflow as it read
+      // the file (a corrupt file is an error naming it, never a crash).
+      {"a safetensors header nested deep",
+       [](const fs::path& d) {
+         const std::string header = "{\"w\": " + nested(200000) + ", \"v\": 1}";
+         std::string file(8, '\0');
+         for (int i = 0; i < 8; ++i) file[size_t(i)] = char((header.size() >> (8 * i)) & 0xff);
+         write_file(d / "model.safetensors", file + header);
+       },
+       "model.safetensors: header (400015 bytes): JSON nested 200000 levels deep", /*before_listening=*/false},
+      {"tokenizer.json nested deep",
+       [](const fs::path& d) { nest_in(d / "tokenizer.json", "added_tokens"); },
+       "tokenizer.json: JSON nested 200000 levels deep"},
+      {"generation_config.json nested deep",
+       [](const fs::path& d) { nest_in(d / "generation_config.json", "eos_token_id"); },
+       "generation_config.json: JSON nested 200000 levels deep"},
   };
 }
 

@@ -243,7 +243,7 @@ test("bench report: a file that is not a report fails naming the field", async (
   fs.writeFileSync(bad, "{ not json");
   run = await kiln(["bench", "report", "--json", bad, "--html", out]);
   assert.equal(run.code, 1);
-  assert.match(run.stderr, /not JSON/);
+  assert.match(run.stderr, /bad\.json: not valid JSON at line 1, column 4: .*\(expected a report of kiln bench serve --json\)/);
   run = await kiln(["bench", "report", "--json", path.join(dir, "missing.json"), "--html", out]);
   assert.equal(run.code, 1);
   assert.match(run.stderr, /cannot read .*missing\.json/);
