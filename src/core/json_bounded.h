@@ -9,15 +9,16 @@
 //
 // And its ordered_json looks every new key up in the object's members one by one: an
 // object of 50,000 keys took 3.3 s to parse, a 32 MB body of them would take hours of a
-// server thread. Here an object's keys are found through a hash once it has more than a
-// few, so n members cost O(n).
+// server thread. Here an object's keys are found through an ordered index once it has more
+// than a few, so n members cost O(n log n) string compares.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <string>
 #include <string_view>
-#include <unordered_map>
+#include <map>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -34,8 +35,9 @@ inline constexpr int kMaxJsonDepth = 128;
 namespace json_detail {
 
 // nlohmann's SAX events built into a Json: a value deeper than max_depth is skipped with
-// everything in it, and *depth ends as the deepest level any event of the text reached
-// (a container's own level for its start; its members one below).
+// everything in it, and deepest() is the deepest level any event of the text reached (a
+// container's own level for its start; its members one below). A skipped container costs a
+// count, not a frame: 32 MB of '[' is a counter, not 32 million frames.
 template <class Json>
 class BoundedBuilder {
  public:
@@ -60,7 +62,7 @@ class BoundedBuilder {
   bool end_array() { return close(); }
   bool key(string_t& k) {
     note(level());
-    if (!stack_.empty() && stack_.back().value != nullptr) stack_.back().key = std::move(k);
+    if (skipped_ == 0 && !stack_.empty()) stack_.back().key = std::move(k);
     return true;
   }
   template <class Exception>
@@ -73,18 +75,21 @@ class BoundedBuilder {
 
  private:
   struct Frame {
-    Json* value;  // nullptr: a skipped container (deeper than max_depth, or inside one)
+    Json* value;
     string_t key;
-    std::unordered_map<string_t, std::size_t> index;  // an object's keys, once it has more than kLinear
+    // An ordered object's keys once it has more than kLinear members: an ordered map, so
+    // that keys crafted to collide in a hash cannot make it quadratic again.
+    std::unique_ptr<std::map<string_t, std::size_t, std::less<>>> index;
   };
   static constexpr std::size_t kLinear = 16;
 
-  int level() const { return int(stack_.size()); }
+  // Open containers: the kept ones on the stack, the skipped ones counted.
+  int level() const { return int(stack_.size()) + skipped_; }
   void note(int d) { deepest_ = std::max(deepest_, d); }
-  bool skipping() const { return !stack_.empty() && stack_.back().value == nullptr; }
 
   // v at the current level: the root, an array's next element or the pending key's value
   // (a repeated key keeps its first place and takes the last value, as nlohmann's parse).
+  // Only the innermost open container gets members, so pointers to the open ones hold.
   Json* insert(Json&& v) {
     if (stack_.empty()) {
       root_ = std::move(v);
@@ -101,8 +106,8 @@ class BoundedBuilder {
       // nlohmann::ordered_map: a vector of members, whose own lookups are linear.
       auto& vec = static_cast<typename Json::object_t::Container&>(members);
       std::size_t at = vec.size();
-      if (!f.index.empty()) {
-        if (auto it = f.index.find(f.key); it != f.index.end()) at = it->second;
+      if (f.index) {
+        if (auto it = f.index->find(f.key); it != f.index->end()) at = it->second;
       } else {
         for (std::size_t i = 0; i < vec.size(); ++i)
           if (vec[i].first == f.key) at = i;
@@ -111,9 +116,11 @@ class BoundedBuilder {
         vec[at].second = std::move(v);
         return &vec[at].second;
       }
-      if (vec.size() == kLinear)
-        for (std::size_t i = 0; i < vec.size(); ++i) f.index.emplace(vec[i].first, i);
-      if (vec.size() >= kLinear) f.index.emplace(f.key, vec.size());
+      if (vec.size() == kLinear) {
+        f.index = std::make_unique<std::map<string_t, std::size_t, std::less<>>>();
+        for (std::size_t i = 0; i < vec.size(); ++i) f.index->emplace(vec[i].first, i);
+      }
+      if (f.index) f.index->emplace(f.key, vec.size());
       vec.emplace_back(std::move(f.key), std::move(v));
       return &vec.back().second;
     } else {
@@ -125,24 +132,30 @@ class BoundedBuilder {
 
   bool put(Json&& v) {
     note(level());
-    if (!skipping() && level() <= max_depth_) insert(std::move(v));
+    if (skipped_ == 0 && level() <= max_depth_) insert(std::move(v));
     return true;
   }
 
   bool open(Json&& empty) {
     note(level());
-    Json* at = skipping() || level() > max_depth_ ? nullptr : insert(std::move(empty));
-    stack_.push_back({.value = at, .key = {}, .index = {}});
+    if (skipped_ > 0 || level() > max_depth_) {
+      ++skipped_;
+    } else {
+      Json* at = insert(std::move(empty));
+      stack_.push_back({.value = at, .key = {}, .index = nullptr});
+    }
     return true;
   }
 
   bool close() {
-    stack_.pop_back();
+    if (skipped_ > 0) --skipped_;
+    else stack_.pop_back();
     return true;
   }
 
   int max_depth_;
   int deepest_ = 0;
+  int skipped_ = 0;  // skipped containers open (inside the innermost kept one)
   Json root_;
   std::vector<Frame> stack_;
 };

@@ -142,6 +142,11 @@ Element Grammar::text_without(std::string name, std::string_view stop) {
 
 Element Grammar::embed(const Grammar& other) {
   KILN_CHECK_LT(other.start_, other.rules_.size()) << "embed: a grammar without a start rule";
+  // Grammars built apart (each tool's arguments) share this one's budget.
+  if (other.too_large() || rules_.size() + other.rules_.size() > kMaxRules) {
+    too_large_ = true;
+    return Element::ref(add_rule("embedded"));
+  }
   const uint32_t base = static_cast<uint32_t>(rules_.size());
   for (const Rule& r : other.rules_) add_rule(r.name);
   for (size_t i = 0; i < other.rules_.size(); ++i) {
@@ -161,10 +166,13 @@ Element Grammar::repeat(std::string name, Sequence body, uint32_t min, std::opti
   // Counting rules C_0 ::= <empty>, C_i ::= C_{i-1} body, all left-linear so that after i
   // copies the recognizer holds a constant number of items, whatever the bound.
   const uint32_t top_count = max ? *max : min;
-  if (rules_.size() + top_count + 2 > kMaxRules) {
+  if (rules_.size() + top_count + 3 > kMaxRules) {
     too_large_ = true;
     return Element::ref(add_rule(std::move(name)));
   }
+  // A body of several elements becomes a rule of its own, so that each count costs two
+  // elements, not a copy of it: "<1,000 bytes>"{10000} was 10 million elements.
+  if (body.size() > 1) body = {Element::ref(add_rule(name + "_body", {std::move(body)}))};
   std::vector<uint32_t> counts{add_rule(name + "_0", {{}})};
   for (uint32_t i = 1; i <= top_count; ++i) {
     Sequence seq{Element::ref(counts.back())};

@@ -94,7 +94,8 @@ class Grammar {
   Element optional(std::string name, Sequence body);  // body?
   Element star(std::string name, Sequence body);      // body*
   Element plus(std::string name, Sequence body);      // body+
-  // body{min,max}; max nullopt = unbounded. Costs max + 2 rules when bounded.
+  // body{min,max}; max nullopt = unbounded. Costs max + 2 rules when bounded (one more for
+  // a body of several elements, which becomes a rule of its own).
   Element repeat(std::string name, Sequence body, uint32_t min, std::optional<uint32_t> max);
 
   // Free text: any bytes that do not contain `stop` (which must not overlap itself: no
@@ -102,7 +103,8 @@ class Grammar {
   // the states of its string-matching automaton. Followed by `stop`, it matches up to the
   // first `stop`: a reasoning block before a constrained answer.
   Element text_without(std::string name, std::string_view stop);
-  // Copies `other`'s rules into this grammar; the reference is to its start rule.
+  // Copies `other`'s rules into this grammar; the reference is to its start rule. Past the
+  // budget (together) it copies nothing and this grammar is too_large.
   Element embed(const Grammar& other);
 
   // The bytes of `s`, one element each.

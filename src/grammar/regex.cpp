@@ -1,5 +1,6 @@
 #include "grammar/regex.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "core/utf8.h"
@@ -55,7 +56,9 @@ class Parser {
   }
   Status error(const std::string& what) const {
     // A long pattern is quoted by its first 80 bytes (the error goes back in a response).
-    const std::string quoted = p_.size() <= 80 ? std::string(p_) : std::string(p_.substr(0, 80)) + "...";
+    size_t cut = std::min<size_t>(p_.size(), 80);
+    while (cut < p_.size() && cut > 0 && (uint8_t(p_[cut]) & 0xC0) == 0x80) --cut;  // not inside a character
+    const std::string quoted = cut == p_.size() ? std::string(p_) : std::string(p_.substr(0, cut)) + "...";
     return invalid_argument("regex '" + quoted + "' at offset " + std::to_string(i_) + ": " + what);
   }
   Status too_large() const { return error(too_large_message()); }

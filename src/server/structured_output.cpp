@@ -186,6 +186,7 @@ Result<Sequence> tagged_arguments(Grammar& g, const ordered_json& fn, const Argu
         return invalid_argument("function '" + fn.value("name", std::string()) + "' parameter '" + key +
                                 "': " + v.status().message());
       value = cat({lit(syntax.close_other), {g.embed(v.ok() ? *v : grammar::json_value_grammar())}});
+      if (g.too_large()) return invalid_argument("the tool-call grammar of 'tools': " + grammar::too_large_message());
     }
     Sequence one = argument(lit(key), std::move(value));
     const bool is_required = std::find(required.begin(), required.end(), ordered_json(key)) != required.end();
@@ -239,6 +240,8 @@ Result<Grammar> tool_call_grammar(const ToolSyntax& syntax, const ordered_json& 
       }
     }
     calls.push_back(std::move(call));
+    // The tools' grammars share one budget: stop at the first that spends it.
+    if (g.too_large()) return invalid_argument("the tool-call grammar of 'tools': " + grammar::too_large_message());
   }
   if (calls.empty()) {
     return invalid_argument(rule.name ? "tool_choice names function '" + *rule.name + "', which is not in 'tools'"

@@ -125,6 +125,34 @@ TEST(Gbnf, ErrorsNameTheLineAndColumn) {
   for (int i = 0; i < 30; ++i) counts += " \"a\"{0,10000}";
   EXPECT_NE(message(counts).find("the grammar is too large: more than 250000 rules"), std::string::npos)
       << message(counts);
+  // A counted body of many elements is a rule of its own, not a copy a count (1,000 bytes
+  // x 10,000 counts was 10 million elements).
+  auto long_body = gbnf_to_grammar("root ::= \"" + std::string(1000, 'a') + "\"{10000}");
+  ASSERT_TRUE(long_body.ok()) << long_body.status().message();
+  EXPECT_LT(long_body->n_elements(), 40000u);
+  auto counted = gbnf_to_grammar("root ::= \"ab\"{2,3} \"ab\"{2,}");
+  ASSERT_TRUE(counted.ok()) << counted.status().message();
+  for (int n = 0; n <= 8; ++n) {
+    std::string s;
+    for (int i = 0; i < n; ++i) s += "ab";
+    EXPECT_EQ(matches(*counted, s), n >= 4) << s;
+  }
+  EXPECT_FALSE(matches(*counted, "ababa"));
+}
+
+// Grammars built apart and embedded (each tool's arguments) share one budget.
+TEST(Gbnf, EmbeddedGrammarsShareTheBudget) {
+  std::string text = "root ::=";
+  for (int i = 0; i < 12; ++i) text += " \"a\"{0,10000}";  // 120,000+ rules
+  auto part = gbnf_to_grammar(text);
+  ASSERT_TRUE(part.ok()) << part.status().message();
+  Grammar all;
+  std::vector<Sequence> alts;
+  for (int i = 0; i < 3; ++i) alts.push_back({all.embed(*part)});
+  all.set_start(all.add_rule("root", std::move(alts)));
+  EXPECT_TRUE(all.too_large());
+  EXPECT_LE(all.rules().size(), kMaxRules + 2);  // the third copy was never made
+  EXPECT_NE(all.validate().message().find("the grammar is too large"), std::string::npos);
 }
 
 }  // namespace
