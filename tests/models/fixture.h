@@ -3,6 +3,7 @@
 
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -24,19 +25,17 @@ inline std::string fixture_dir(const std::string& name) {
   return std::string(KILN_TEST_DATA) + "/models/" + name;
 }
 
+// The file's bytes; a file that cannot be opened throws, naming it (a fixture left out of a
+// checkout is then "cannot read <path>", not a JSON syntax error at line 1, column 1).
 inline std::string read_text_file(const std::string& path) {
-  std::ifstream f(path);
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error("cannot read " + path);
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
 }
 
-inline nlohmann::json read_json(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return nlohmann::json::parse(ss.str());
-}
+inline nlohmann::json read_json(const std::string& path) { return nlohmann::json::parse(read_text_file(path)); }
 
 // The golden logits [T][vocab] of `which` ("short", "long" or, in the 2026 fixtures, "xlong");
 // file "golden_bf16.safetensors": transformers' own bf16 logits (the yardstick's baseline).
