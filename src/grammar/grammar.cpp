@@ -1,5 +1,6 @@
 #include "grammar/grammar.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstdio>
 
@@ -83,8 +84,97 @@ void Grammar::set_alternatives(uint32_t rule, std::vector<Sequence> alternatives
   rules_[rule].alternatives = std::move(alternatives);
 }
 
+namespace {
+
+// The byte of a one-byte element, or -1 (a rule, or a set of several bytes).
+int single_byte(const Element& e) {
+  if (e.kind != Element::Kind::kBytes || e.bytes.count() != 1) return -1;
+  for (int w = 0; w < 4; ++w)
+    if (e.bytes.bits[size_t(w)]) return 64 * w + std::countr_zero(e.bytes.bits[size_t(w)]);
+  return -1;
+}
+
+}  // namespace
+
 Element Grammar::alternation(std::string name, std::vector<Sequence> alternatives) {
+  // Many literals (an enum, tool names, a regex's words) become a trie, unless its rules
+  // would take the grammar past half its budget (then one rule, as any other alternation).
+  if (alternatives.size() >= kLiteralTrieMin) {
+    std::vector<std::string> words;
+    for (const Sequence& alt : alternatives) {
+      std::string w;
+      for (const Element& e : alt) {
+        const int b = single_byte(e);
+        if (b < 0) break;
+        w += static_cast<char>(b);
+      }
+      if (w.size() != alt.size()) break;
+      words.push_back(std::move(w));
+    }
+    if (words.size() == alternatives.size())
+      if (const std::optional<uint32_t> root = literal_trie(name, std::move(words))) return Element::ref(*root);
+  }
   return Element::ref(add_rule(std::move(name), std::move(alternatives)));
+}
+
+// The trie's nodes are the sorted, distinct words' points of parting: node k holds the
+// words of [lo, hi), which share their first `depth` bytes; each of its alternatives is a
+// branch: the bytes up to the branch's next point of parting (or where one of its words
+// ends), then that node's rule, or the bytes alone where the branch is one word. A node
+// where a word ends has an empty alternative. Planned breadth-first with a list, not
+// recursion (a chain of words each a prefix of the next nests deep), then made rules.
+std::optional<uint32_t> Grammar::literal_trie(const std::string& name, std::vector<std::string> words) {
+  std::sort(words.begin(), words.end());
+  words.erase(std::unique(words.begin(), words.end()), words.end());
+  struct Branch {
+    size_t word, from, to;  // the bytes words[word][from, to)
+    size_t child;           // the node after them, or 0: none (the root is no one's child)
+  };
+  struct Node {
+    size_t lo, hi, depth;
+    std::vector<Branch> branches;
+    bool ends = false;  // a word ends here: an empty alternative
+  };
+  std::vector<Node> nodes{{0, words.size(), 0, {}}};
+  for (size_t k = 0; k < nodes.size(); ++k) {
+    const size_t lo = nodes[k].lo, hi = nodes[k].hi, depth = nodes[k].depth;
+    std::vector<Branch> branches;
+    size_t i = lo;
+    const bool ends = words[i].size() == depth;  // (sorted: the one that ends here is first)
+    if (ends) ++i;
+    while (i < hi) {
+      size_t j = i + 1;  // the branch: the words whose byte at depth is words[i]'s
+      while (j < hi && words[j][depth] == words[i][depth]) ++j;
+      // Sorted, so the branch's common prefix is its first and last words'.
+      const std::string& a = words[i];
+      const std::string& b = words[j - 1];
+      size_t end = depth + 1;
+      while (end < a.size() && end < b.size() && a[end] == b[end]) ++end;
+      size_t child = 0;
+      if (j - i > 1 || a.size() > end) {
+        child = nodes.size();
+        nodes.push_back({i, j, end, {}});
+      }
+      branches.push_back({i, depth, end, child});
+      i = j;
+    }
+    nodes[k].branches = std::move(branches);
+    nodes[k].ends = ends;
+    if (rules_.size() + nodes.size() > kMaxRules / 2) return std::nullopt;
+  }
+  const uint32_t base = static_cast<uint32_t>(rules_.size());
+  for (size_t k = 0; k < nodes.size(); ++k) add_rule(name);
+  for (size_t k = 0; k < nodes.size(); ++k) {
+    std::vector<Sequence> alts;
+    if (nodes[k].ends) alts.emplace_back();
+    for (const Branch& br : nodes[k].branches) {
+      Sequence alt = literal(std::string_view(words[br.word]).substr(br.from, br.to - br.from));
+      if (br.child != 0) alt.push_back(Element::ref(base + static_cast<uint32_t>(br.child)));
+      alts.push_back(std::move(alt));
+    }
+    rules_[base + k].alternatives = std::move(alts);
+  }
+  return base;
 }
 
 Element Grammar::optional(std::string name, Sequence body) {

@@ -171,6 +171,63 @@ TEST(Matcher, TextWithoutAStopEndsAtItsFirstOccurrence) {
   }
 }
 
+// alternation of kLiteralTrieMin or more literals builds a trie of rules; against the same
+// words as one flat rule (add_rule), byte by byte: accepted, complete, the allowed bytes.
+// Word sets with an empty word, duplicates, words that are prefixes of others (a chain
+// "q", "qq", ... 40 deep: the trie's work list), bytes above 0x7F, and one word alone in
+// its branch; then a quoted value around the trie, as an enum compiles.
+TEST(Matcher, LiteralAlternationsAsATrieMatchTheFlatRule) {
+  std::mt19937 rng(17);
+  for (int trial = 0; trial < 60; ++trial) {
+    std::vector<std::string> words;
+    const int n = int(Grammar::kLiteralTrieMin) + int(rng() % 200);
+    const std::string alphabet = trial % 3 == 0 ? "ab" : trial % 3 == 1 ? "abcdxyz\x80\xff" : "q";
+    for (int i = 0; i < n; ++i) {
+      std::string w;
+      const int len = trial % 3 == 2 ? 1 + i % 40 : int(rng() % 7);
+      for (int k = 0; k < len; ++k) w += alphabet[rng() % alphabet.size()];
+      words.push_back(w);
+    }
+    if (trial % 5 == 0) words.push_back("a very long word alone in its branch");
+    std::vector<Sequence> alts;
+    for (const std::string& w : words) alts.push_back(Grammar::literal(w));
+    Grammar trie, flat;
+    trie.set_start(trie.add_rule("top", {Grammar::cat({Grammar::literal("\""), {trie.alternation("enum", alts)},
+                                                       Grammar::literal("\"")})}));
+    flat.set_start(flat.add_rule(
+        "top", {Grammar::cat({Grammar::literal("\""), {Element::ref(flat.add_rule("enum", alts))},
+                              Grammar::literal("\"")})}));
+    ASSERT_GT(trie.rules().size(), 2u) << "the trie was built";
+    auto ct = compile(trie), cf = compile(flat);
+    // Every word and every prefix and one-byte extension of a word, byte by byte.
+    std::vector<std::string> inputs;
+    for (const std::string& w : words) {
+      const std::string q = "\"" + w + "\"";
+      inputs.push_back(q);
+      inputs.push_back(q + "x");
+      inputs.push_back("\"" + w + "a\"");
+      inputs.push_back("\"" + w.substr(0, w.size() / 2) + "\"");
+    }
+    for (const std::string& in : inputs) {
+      Matcher mt(ct), mf(cf);
+      for (size_t i = 0; i < in.size(); ++i) {
+        const bool at = mt.accept(in.substr(i, 1)), af = mf.accept(in.substr(i, 1));
+        ASSERT_EQ(at, af) << "trial " << trial << ", '" << in << "' at byte " << i;
+        if (!af) break;
+        ASSERT_EQ(mt.is_complete(), mf.is_complete()) << "'" << in << "' at byte " << i;
+        ASSERT_EQ(mt.allowed_bytes(), mf.allowed_bytes()) << "'" << in << "' at byte " << i;
+      }
+    }
+  }
+  // Fewer than kLiteralTrieMin literals, or one element that is not a single byte: one rule.
+  Grammar g;
+  g.alternation("few", {Grammar::literal("a"), Grammar::literal("b")});
+  std::vector<Sequence> mixed(Grammar::kLiteralTrieMin, Grammar::literal("ab"));
+  mixed.push_back({Element::byte_set(ByteSet::range('a', 'z'))});
+  g.alternation("mixed", mixed);
+  EXPECT_EQ(g.rules().size(), 2u);
+}
+
 TEST(Matcher, EmbeddedGrammarsKeepTheirRules) {
   Grammar inner;  // balanced parentheses, as parens()
   uint32_t s = inner.add_rule("s");

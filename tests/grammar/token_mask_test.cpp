@@ -94,16 +94,18 @@ std::vector<uint32_t> tokenize(const std::string& doc, const std::vector<std::st
 
 bool bit(const std::vector<uint32_t>& mask, uint32_t t) { return (mask[t >> 5] >> (t & 31)) & 1; }
 
-TEST(TokenMask, EqualsBruteForceAlongGeneratedDocuments) {
-  auto g = schema_grammar(kSchema);
+// Documents generated from the schema, token by token through a toy vocabulary: every
+// state's mask against brute force, with and without a MaskCache.
+void expect_masks_along_documents(const std::string& schema_text, int n_docs) {
+  auto g = schema_grammar(schema_text.c_str());
   const std::vector<std::string> vocab = toy_vocab(3000, 5);
   const uint32_t eos = static_cast<uint32_t>(vocab.size() - 1);
   TokenMasker masker(vocab, eos);
-  const ojson schema = ojson::parse(kSchema);
+  const ojson schema = ojson::parse(schema_text);
   testing::InstanceGenerator gen(schema, 99);
   MaskCache cache;
   int n_states = 0;
-  for (int d = 0; d < 8; ++d) {
+  for (int d = 0; d < n_docs; ++d) {
     const std::string doc = gen.serialize(gen.generate(schema));
     const std::vector<uint32_t> tokens = tokenize(doc, vocab);
     Matcher m(g);
@@ -124,6 +126,27 @@ TEST(TokenMask, EqualsBruteForceAlongGeneratedDocuments) {
   }
   std::printf("[ masks ] %d states compared with brute force over %zu tokens; cache %zu hits, %zu misses\n",
               n_states, vocab.size(), cache.n_hits(), cache.n_misses());
+}
+
+TEST(TokenMask, EqualsBruteForceAlongGeneratedDocuments) { expect_masks_along_documents(kSchema, 8); }
+
+// An enum of 300 strings (a trie of rules: Grammar::alternation) made of the toy
+// vocabulary's pieces, many of them prefixes of others, and an array of them.
+TEST(TokenMask, LargeEnumMasksEqualBruteForce) {
+  static const char* kParts[] = {"cat", "dog", "ch", "ild", "c", "a", "é", "na", "me", "1", "\\\"", " "};
+  std::mt19937 rng(41);
+  ojson values = ojson::array();
+  for (int i = 0; i < 300; ++i) {
+    std::string w;
+    const int n = 1 + int(rng() % 5);
+    for (int k = 0; k < n; ++k) w += kParts[rng() % (sizeof kParts / sizeof *kParts)];
+    values.push_back(ojson::parse("\"" + w + "\""));
+  }
+  ojson schema = ojson::parse(R"({"type":"object","properties":{"kind":{},"more":{"type":"array","items":{}}},
+      "required":["kind","more"],"additionalProperties":false})");
+  schema["properties"]["kind"]["enum"] = values;
+  schema["properties"]["more"]["items"]["enum"] = values;
+  expect_masks_along_documents(schema.dump(), 12);
 }
 
 // The cache along hand-written documents heavy in what it keys on: long strings, escapes,
