@@ -97,7 +97,7 @@ int single_byte(const Element& e) {
 }  // namespace
 
 Element Grammar::alternation(std::string name, std::vector<Sequence> alternatives) {
-  // Many literals (an enum, tool names, a regex's words) become a trie, unless its rules
+  // Many literals (an enum, a regex's words) become a trie, unless its rules
   // would take the grammar past half its budget (then one rule, as any other alternation).
   if (alternatives.size() >= kLiteralTrieMin) {
     std::vector<std::string> words;
