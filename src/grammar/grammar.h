@@ -93,7 +93,7 @@ class Grammar {
   // alternation: kLiteralTrieMin or more alternatives that are all literals (one byte an
   // element) become a trie of rules (one a point where the words part), so that an Earley
   // set holds the branches at that point rather than every word: an enum of 10,000
-  // strings cost up to 43 ms a token mask at its first byte (docs/perf/structured-output.md).
+  // strings cost up to 34 ms a token mask at its first byte (docs/perf/structured-output.md).
   static constexpr size_t kLiteralTrieMin = 16;
   Element alternation(std::string name, std::vector<Sequence> alternatives);
   Element optional(std::string name, Sequence body);  // body?
