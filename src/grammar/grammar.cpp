@@ -14,6 +14,13 @@ int ByteSet::count() const {
   return n;
 }
 
+int ByteSet::single() const {
+  if (count() != 1) return -1;
+  for (int w = 0; w < 4; ++w)
+    if (bits[size_t(w)]) return 64 * w + std::countr_zero(bits[size_t(w)]);
+  return -1;
+}
+
 namespace {
 
 std::string byte_text(unsigned b, bool in_class) {
@@ -37,10 +44,7 @@ std::string byte_text(unsigned b, bool in_class) {
 }  // namespace
 
 std::string ByteSet::to_string() const {
-  if (count() == 1) {
-    for (unsigned b = 0; b < 256; ++b)
-      if (has(b)) return "\"" + byte_text(b, false) + "\"";
-  }
+  if (const int b = single(); b >= 0) return "\"" + byte_text(unsigned(b), false) + "\"";
   if (count() == 256) return "[\\x00-\\xFF]";
   // Print the shorter of the set and its complement.
   bool negate = count() > 128;
@@ -84,18 +88,6 @@ void Grammar::set_alternatives(uint32_t rule, std::vector<Sequence> alternatives
   rules_[rule].alternatives = std::move(alternatives);
 }
 
-namespace {
-
-// The byte of a one-byte element, or -1 (a rule, or a set of several bytes).
-int single_byte(const Element& e) {
-  if (e.kind != Element::Kind::kBytes || e.bytes.count() != 1) return -1;
-  for (int w = 0; w < 4; ++w)
-    if (e.bytes.bits[size_t(w)]) return 64 * w + std::countr_zero(e.bytes.bits[size_t(w)]);
-  return -1;
-}
-
-}  // namespace
-
 Element Grammar::alternation(std::string name, std::vector<Sequence> alternatives) {
   // Many literals (an enum, a regex's words) become a trie, unless its rules
   // would take the grammar past half its budget (then one rule, as any other alternation).
@@ -104,7 +96,7 @@ Element Grammar::alternation(std::string name, std::vector<Sequence> alternative
     for (const Sequence& alt : alternatives) {
       std::string w;
       for (const Element& e : alt) {
-        const int b = single_byte(e);
+        const int b = e.kind == Element::Kind::kBytes ? e.bytes.single() : -1;
         if (b < 0) break;
         w += static_cast<char>(b);
       }

@@ -53,6 +53,7 @@ struct ByteSet {
   bool has(uint8_t b) const { return (bits[b >> 6] >> (b & 63)) & 1; }
   bool empty() const { return (bits[0] | bits[1] | bits[2] | bits[3]) == 0; }
   int count() const;
+  int single() const;  // the byte of a one-byte set, else -1
   ByteSet complement() const {
     ByteSet r;
     for (int i = 0; i < 4; ++i) r.bits[i] = ~bits[i];

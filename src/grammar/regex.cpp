@@ -246,11 +246,9 @@ class Parser {
       if (peek() == '-' && i_ + 1 < p_.size() && p_[i_ + 1] != ']') {
         ++i_;
         KILN_ASSIGN_OR_RETURN(std::optional<CharSet> hi, class_char());
-        if (!hi || lo->ascii.count() != 1 || hi->ascii.count() != 1 || lo->non_ascii || hi->non_ascii)
+        if (!hi || lo->ascii.single() < 0 || hi->ascii.single() < 0 || lo->non_ascii || hi->non_ascii)
           return error("bad range in class");
-        int a = 0, b = 0;
-        while (!lo->ascii.has(a)) ++a;
-        while (!hi->ascii.has(b)) ++b;
+        const int a = lo->ascii.single(), b = hi->ascii.single();
         if (a > b) return error("reversed range in class");
         s.ascii.add(a, b);
         continue;
